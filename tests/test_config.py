@@ -1,0 +1,123 @@
+"""Config loading: defaults, base inheritance, overrides, validation, hashing; every shipped config."""
+
+from pathlib import Path
+
+import pytest
+
+from tiedlm.config import ALL_KEYS, config_hash, diff_keys, load_config, to_dict, to_yaml
+from tiedlm.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGET = ["train.max_steps=5"]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_validates(path):
+    if path.name.startswith("sweep"):
+        pytest.skip("a sweep grid, not a run config (loaded by test_sweep)")
+    cfg = load_config(path)
+    assert cfg.name
+    assert (cfg.train.max_steps is None) != (cfg.train.max_tokens is None)
+
+
+def test_precedence_defaults_base_file_set_seed(tmp_path):
+    write(tmp_path / "a.yaml", "model:\n  n_embd: 64\n  n_head: 2\ntrain:\n  lr: 0.01\n  max_steps: 3\n")
+    write(tmp_path / "b.yaml", "base: a.yaml\nmodel:\n  n_embd: 32\nseed: 4\n")
+    cfg = load_config(tmp_path / "b.yaml", ["train.lr=2e-3"], seed=9)
+    assert cfg.model.n_embd == 32  # file over base
+    assert cfg.model.n_head == 2  # from base
+    assert cfg.model.n_layer == 4  # dataclass default
+    assert cfg.train.lr == 0.002  # --set over file; '2e-3' (a string to PyYAML) read as a number
+    assert cfg.seed == 9  # --seed last
+
+
+def test_base_chain_relative_to_including_file_and_list(tmp_path):
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "root.yaml", "train:\n  max_steps: 7\n")
+    write(tmp_path / "sub" / "mid.yaml", "base: ../root.yaml\nmodel:\n  n_layer: 3\n")
+    write(tmp_path / "other.yaml", "model:\n  n_layer: 5\n  dropout: 0.1\n")
+    write(tmp_path / "top.yaml", "base: [sub/mid.yaml, other.yaml]\nname: top\n")
+    cfg = load_config(tmp_path / "top.yaml")
+    assert (cfg.train.max_steps, cfg.model.n_layer, cfg.model.dropout, cfg.name) == (7, 5, 0.1, "top")
+
+
+def test_base_cycle_is_an_error(tmp_path):
+    write(tmp_path / "a.yaml", "base: b.yaml\n")
+    write(tmp_path / "b.yaml", "base: a.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(tmp_path / "a.yaml")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.n_emb=3"], "unknown key model.n_emb — did you mean model.n_embd?"),
+    (["data.n_embd=3"], "did you mean model.n_embd?"),
+    (["model.n_embd=abc"], "model.n_embd must be an integer, got 'abc'"),
+    (["model.tie_embeddings=yes please"], "model.tie_embeddings must be true/false"),
+    (["model.n_embd=100", "model.n_head=3"], "divisible by model.n_head"),
+    (["train.lr=-0.1"], "train.lr must be positive"),
+    (["model.untie_at=1.5"], "fraction in (0, 1)"),
+    (["model.dropout=1"], "model.dropout must be in [0, 1)"),
+    (["data.validation_fraction=1.2"], "data.validation_fraction"),
+    (["tokenizer.kind=wordpiece"], "tokenizer.kind must be one of"),
+    (["train.device=gpu"], "train.device must be"),
+    (["model.embed_scale=2"], "embed_scale must be 1 or sqrt_d"),
+    (["model.n_embd"], "must look like key=value"),
+])
+def test_bad_values_are_one_line_errors(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, BUDGET + overrides)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+    assert info.value.exit_code == 2
+
+
+def test_budget_is_required_and_exclusive():
+    with pytest.raises(ConfigError, match="training budget"):
+        load_config(None, [])
+    with pytest.raises(ConfigError, match="only one training budget"):
+        load_config(None, ["train.max_steps=3", "train.max_tokens=1000"])
+
+
+def test_unknown_key_in_file_and_wrong_section(tmp_path):
+    write(tmp_path / "c.yaml", "model:\n  n_layers: 2\ntrain:\n  max_steps: 1\n")
+    with pytest.raises(ConfigError, match="unknown key model.n_layers — did you mean model.n_layer"):
+        load_config(tmp_path / "c.yaml")
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    write(tmp_path / "bad.yaml", "model:\n  n_layer: [1,\n")
+    with pytest.raises(ConfigError, match="bad.yaml line"):
+        load_config(tmp_path / "bad.yaml")
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("/nonexistent/x.yaml")
+
+
+def test_hash_ignores_seed_and_name_but_not_tying():
+    a = load_config(None, BUDGET, seed=1)
+    b = load_config(None, BUDGET + ["name=other"], seed=2)
+    c = load_config(None, BUDGET + ["model.tie_embeddings=false"], seed=1)
+    assert config_hash(a) == config_hash(b)
+    assert config_hash(a) != config_hash(c)
+    assert diff_keys(to_dict(a), to_dict(c)) == ["model.tie_embeddings"]
+
+
+def test_yaml_round_trip():
+    import yaml
+
+    from tiedlm.config import from_dict
+
+    cfg = load_config(None, BUDGET + ["model.untie_at=0.5", "eval.buckets=[0.2, 0.6]"])
+    again = from_dict(yaml.safe_load(to_yaml(cfg)))
+    assert again == cfg
+
+
+def test_all_keys_lists_nested_fields():
+    assert "data.synthetic.zipf" in ALL_KEYS and "model.tie_embeddings" in ALL_KEYS

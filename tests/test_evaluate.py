@@ -1,0 +1,98 @@
+"""Perplexity arithmetic, window coverage, buckets — against independent computations."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tiedlm.evaluate import frequency_buckets, perplexity, score_tokens, summarize_nll, windows
+
+
+class UniformLM(torch.nn.Module):
+    """Logits all zero: every token has probability 1/V."""
+
+    def __init__(self, V):
+        super().__init__()
+        self.V = V
+
+    def forward(self, idx):
+        return torch.zeros(*idx.shape, self.V)
+
+
+class BigramLM(torch.nn.Module):
+    """Logits depend only on the previous token, so the score is independent of context length."""
+
+    def __init__(self, V):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.table = torch.randn(V, V, generator=g)
+
+    def forward(self, idx):
+        return self.table[idx]
+
+
+def test_perplexity_is_exp_mean_nll():
+    assert perplexity(0.0, 10) == 1.0
+    assert perplexity(10 * math.log(7), 10) == pytest.approx(7.0)
+
+
+@pytest.mark.parametrize("n, T, s", [(2, 4, 4), (10, 4, 4), (101, 8, 8), (101, 8, 3), (57, 16, 1), (9, 4, 2)])
+def test_windows_score_every_target_once(n, T, s):
+    seen = np.zeros(n, dtype=int)
+    for start, length, first in windows(n, T, s):
+        assert 1 <= length <= T and 0 <= first < length
+        seen[start + 1 + first:start + 1 + length] += 1
+    assert seen[0] == 0 and (seen[1:] == 1).all()
+
+
+def test_uniform_logits_give_perplexity_V():
+    V = 50
+    tokens = np.random.default_rng(0).integers(0, V, 1000)
+    targets, nll = score_tokens(UniformLM(V), tokens, block_size=16, stride=16, batch_size=7, device="cpu")
+    assert len(nll) == 999
+    res = summarize_nll(targets, nll, len(tokens))
+    assert res["perplexity"] == pytest.approx(V, rel=1e-6)  # fp32 log-softmax
+
+
+def test_scores_match_direct_computation_for_any_stride():
+    V = 11
+    model = BigramLM(V)
+    tokens = np.random.default_rng(1).integers(0, V, 300)
+    logp = torch.log_softmax(model.table, dim=-1).double().numpy()
+    direct = -logp[tokens[:-1], tokens[1:]]
+    for stride in (16, 5, 1):
+        targets, nll = score_tokens(model, tokens, block_size=16, stride=stride, batch_size=4, device="cpu")
+        np.testing.assert_allclose(nll, direct, rtol=1e-5)
+        assert (targets == tokens[1:]).all()
+
+
+def test_bits_per_byte_and_word_perplexity():
+    nll = np.full(99, math.log(4.0))  # 2 bits per token
+    res = summarize_nll(np.zeros(99, dtype=int), nll, n_tokens=100, n_bytes=400, n_words=50)
+    # 99 predicted of 100 tokens -> 396 bytes and 49.5 words apportioned
+    assert res["bits_per_byte"] == pytest.approx(99 * 2 / 396)
+    assert res["word_perplexity"] == pytest.approx(math.exp(99 * math.log(4) / 49.5))
+
+
+def test_frequency_buckets():
+    counts = np.array([0, 50, 40, 30, 20, 10, 9, 8, 7, 6, 5, 0])  # 10 seen types, 2 unseen
+    bucket, names = frequency_buckets(counts, [0.1, 0.5])
+    assert names == ["top 10%", "next 40%", "rest 50%", "unseen"]
+    assert bucket[1] == 0
+    assert list(bucket[2:6]) == [1, 1, 1, 1]
+    assert list(bucket[6:11]) == [2] * 5
+    assert bucket[0] == 3 and bucket[11] == 3
+
+
+def test_bucket_losses_are_means_within_bucket():
+    counts = np.array([100, 1, 0, 0])
+    targets = np.array([0, 0, 1, 2, 3])
+    nll = np.array([1.0, 3.0, 5.0, 7.0, 9.0])
+    res = summarize_nll(targets, nll, 6, train_counts=counts, fractions=[0.5])
+    by = {b["name"]: b for b in res["buckets"]}
+    assert by["top 50%"]["loss"] == 2.0 and by["top 50%"]["tokens"] == 2
+    assert by["rest 50%"]["loss"] == 5.0
+    assert by["unseen"]["loss"] == 8.0 and by["unseen"]["tokens"] == 2
+    total = sum(b["loss"] * b["tokens"] for b in res["buckets"])
+    assert total == pytest.approx(nll.sum())

@@ -1,0 +1,474 @@
+"""Experiment configuration: typed dataclasses, YAML with `base:` inheritance, `--set` overrides.
+
+Precedence, lowest first (written down once, here):
+    dataclass defaults -> `base:` file(s), in order -> this file -> `--set a.b=value` (in order) -> `--seed`
+
+This module imports no torch, so `tiedlm --help` and config errors are instant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+from .errors import ConfigError
+
+TOKENIZER_KINDS = ("bpe", "word", "char", "byte", "pretrained")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "fp32", "bf16")
+EMBED_SCALES = ("1", "sqrt_d")
+
+
+@dataclass
+class SyntheticConfig:
+    """Parameters of `builtin:synthetic`: a class-based Markov language with an exact entropy rate."""
+
+    vocab_size: int = 2048  # number of distinct words
+    n_classes: int = 32  # latent word classes; each word belongs to exactly one
+    successors: int = 4  # each class can be followed by this many classes (a sparse Markov chain)
+    zipf: float = 1.1  # exponent of the Zipf law of words within a class
+    train_tokens: int = 1_000_000  # words generated for each split
+    validation_tokens: int = 100_000
+    test_tokens: int = 100_000
+    seed: int = 0  # the corpus seed; independent of the run seed so that seeds share data
+
+
+@dataclass
+class DataConfig:
+    """Where the text comes from and how it is split."""
+
+    path: str = "builtin:synthetic"  # hub id, local folder/file, builder name, load_from_disk folder or builtin:NAME
+    name: str | None = None  # the Hugging Face config name, e.g. wikitext-2-raw-v1
+    data_files: Any = None  # path, glob, list, or {split: files}, for builders and local folders
+    revision: str | None = None  # hub revision (branch, tag or commit)
+    text_column: str = "text"
+    train_split: str = "train"
+    validation_split: str | None = "validation"  # used when the dataset has it, else carved from train
+    test_split: str | None = "test"
+    validation_fraction: float = 0.05  # of the training documents, when there is no validation split
+    test_fraction: float = 0.05  # of the training documents, when there is no test split
+    split_seed: int = 0  # the carving is deterministic for this seed (not the run seed: seeds share data)
+    streaming: bool = False  # stream from the hub instead of downloading whole; needs max_train_tokens
+    max_train_tokens: int | None = None  # keep at most this many training tokens
+    max_eval_tokens: int | None = None  # keep at most this many tokens of each evaluation split
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass
+class TokenizerConfig:
+    kind: str = "word"  # bpe | word | char | byte | pretrained
+    vocab_size: int = 8192  # the most the tokenizer may have; the model gets the real size
+    path: str | None = None  # tokenizer.json for kind=pretrained
+    max_train_bytes: int = 50_000_000  # text used to train bpe/word/char vocabularies
+    pad_to_multiple: int = 1  # pad the model's vocabulary to a multiple of this (64 is common on GPUs)
+
+
+@dataclass
+class ModelConfig:
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 128
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear layers and LayerNorms (GPT-2: true)
+    tie_embeddings: bool = True  # W_out = E, one Parameter used twice (Press & Wolf 2017)
+    untie_at: float | None = None  # fraction of training after which a tied model splits in two
+    embed_scale: str = "1"  # "1" or "sqrt_d": multiply token embeddings by sqrt(n_embd) (Vaswani et al.)
+    lm_head_bias: bool = False  # a bias on the output projection; never shared
+
+
+@dataclass
+class TrainConfig:
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    dtype: str = "auto"  # auto (bf16 autocast where the hardware has it, else fp32) | fp32 | bf16
+    compile: bool = False  # torch.compile the model
+    threads: int = 0  # CPU threads for torch; 0 keeps torch's default
+    batch_size: int = 32  # sequences per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    max_tokens: int | None = None  # training budget in tokens (one of max_tokens / max_steps)
+    max_steps: int | None = None  # training budget in optimizer steps
+    lr: float = 1e-3
+    min_lr: float = 1e-4  # cosine decay ends here
+    warmup_steps: int = 100  # linear warmup from 0
+    weight_decay: float = 0.1  # on matrices; never on biases and LayerNorm gains
+    decay_embeddings: bool = True  # whether E, W_out and the position embeddings are weight-decayed
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    eval_every: int = 200  # steps between evaluations on a fixed validation slice; 0 disables
+    eval_tokens: int = 65_536  # tokens in that slice
+    checkpoint_every: int = 500  # steps between checkpoints; 0 writes only the final one
+    log_every: int = 10  # steps between training-loss lines in metrics.jsonl
+    max_skipped: int = 0  # non-finite steps to skip before the run counts as diverged
+
+
+@dataclass
+class EvalConfig:
+    splits: list[str] = field(default_factory=lambda: ["validation", "test"])  # scored at the end
+    stride: int | None = None  # window stride; None = block_size (every token scored once, no overlap)
+    buckets: list[float] = field(default_factory=lambda: [0.1, 0.5])  # cumulative vocabulary fractions
+    batch_size: int = 16
+
+
+@dataclass
+class Config:
+    name: str = "run"
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# --------------------------------------------------------------------------------------------
+# Building dataclasses from nested dicts, with type checks and "did you mean" for unknown keys
+
+
+def _all_keys(cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        keys.append(key)
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys.extend(_all_keys(hints[f.name], key + "."))
+    return keys
+
+
+ALL_KEYS = _all_keys(Config)
+
+
+def _unknown_key(key: str) -> ConfigError:
+    leaf = key.rsplit(".", 1)[-1]
+    # a known field put in the wrong section (data.n_embd -> model.n_embd) first, then a typo
+    close = [k for k in ALL_KEYS if k.rsplit(".", 1)[-1] == leaf][:1]
+    close = close or difflib.get_close_matches(key, ALL_KEYS, n=1, cutoff=0.6)
+    hint = f" — did you mean {close[0]}?" if close else " (see the config reference in the README)"
+    return ConfigError(f"unknown key {key}{hint}")
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        (arg,) = typing.get_args(tp)
+        return f"a list of {_type_name(arg)}"
+    return {int: "an integer", float: "a number", bool: "true/false", str: "a string"}.get(tp, str(tp))
+
+
+_NO = object()
+
+
+def _coerce(value: Any, tp: Any) -> Any:
+    """Return value as type tp, or _NO. Accepts ints for floats and '1e-3' strings for numbers."""
+    if tp is Any:
+        return value
+    if tp is type(None):
+        return None if value is None else _NO
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            out = _coerce(value, arg)
+            if out is not _NO:
+                return out
+        return _NO
+    if origin is list:
+        (arg,) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            return _NO
+        items = [_coerce(v, arg) for v in value]
+        return _NO if any(i is _NO for i in items) else items
+    if tp is bool:
+        return value if isinstance(value, bool) else _NO
+    if tp is int:
+        if isinstance(value, bool):
+            return _NO
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)  # 1e6 in YAML is a float
+        if isinstance(value, str):
+            try:
+                f = float(value.replace("_", ""))
+            except ValueError:
+                return _NO
+            return int(f) if f.is_integer() else _NO
+        return _NO
+    if tp is float:
+        if isinstance(value, bool):
+            return _NO
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                return _NO
+        return _NO
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # embed_scale: 1
+        return _NO
+    return _NO
+
+
+def _build(cls: type, data: dict, prefix: str = "") -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'the config'} must be a mapping of keys, not {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            raise _unknown_key(prefix + str(key))
+    kwargs = {}
+    for name, value in data.items():
+        tp = hints[name]
+        key = prefix + name
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, value if value is not None else {}, key + ".")
+            continue
+        out = _coerce(value, tp)
+        if out is _NO:
+            raise ConfigError(f"{key} must be {_type_name(tp)}, got {value!r}")
+        kwargs[name] = out
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict) -> Config:
+    cfg = _build(Config, data)
+    validate(cfg)
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# Validation of values (types are checked while building)
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def validate(cfg: Config) -> None:
+    m, t, d, tok, e = cfg.model, cfg.train, cfg.data, cfg.tokenizer, cfg.eval
+    _check(bool(cfg.name) and "/" not in cfg.name and "\\" not in cfg.name and cfg.name not in (".", ".."),
+           f"name {cfg.name!r} must be a plain folder name without path separators")
+    for key in ("n_layer", "n_head", "n_embd", "block_size"):
+        _check(getattr(m, key) > 0, f"model.{key} must be positive, got {getattr(m, key)}")
+    _check(m.n_embd % m.n_head == 0,
+           f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
+    _check(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
+    if m.untie_at is not None:
+        _check(0.0 < m.untie_at < 1.0, f"model.untie_at must be a fraction in (0, 1), got {m.untie_at}")
+        _check(m.tie_embeddings, "model.untie_at needs model.tie_embeddings: true (only a tied model can untie)")
+    if m.embed_scale in ("1.0", "none", "None"):
+        m.embed_scale = "1"
+    if m.embed_scale in ("sqrt", "sqrt(d)", "sqrt_n_embd"):
+        m.embed_scale = "sqrt_d"
+    _check(m.embed_scale in EMBED_SCALES, f"model.embed_scale must be 1 or sqrt_d, got {m.embed_scale!r}")
+
+    _check(t.device in DEVICES or (t.device.startswith("cuda:") and t.device[5:].isdigit()),
+           f"train.device must be auto, cpu, cuda, cuda:N or mps, got {t.device!r}")
+    _check(t.dtype in DTYPES, f"train.dtype must be one of {', '.join(DTYPES)}, got {t.dtype!r}")
+    _check(t.max_tokens is not None or t.max_steps is not None,
+           "set a training budget: train.max_tokens or train.max_steps")
+    _check(t.max_tokens is None or t.max_steps is None,
+           "set only one training budget: train.max_tokens or train.max_steps, not both")
+    for key in ("batch_size", "grad_accum"):
+        _check(getattr(t, key) > 0, f"train.{key} must be positive, got {getattr(t, key)}")
+    for key in ("max_tokens", "max_steps"):
+        v = getattr(t, key)
+        _check(v is None or v > 0, f"train.{key} must be positive, got {v}")
+    _check(t.lr > 0 and math.isfinite(t.lr), f"train.lr must be positive, got {t.lr}")
+    _check(0 <= t.min_lr <= t.lr, f"train.min_lr must be between 0 and train.lr ({t.lr}), got {t.min_lr}")
+    for key in ("warmup_steps", "weight_decay", "grad_clip", "eval_every", "checkpoint_every",
+                "max_skipped", "threads"):
+        _check(getattr(t, key) >= 0, f"train.{key} must not be negative, got {getattr(t, key)}")
+    _check(t.log_every > 0, f"train.log_every must be positive, got {t.log_every}")
+    _check(t.eval_tokens > 0, f"train.eval_tokens must be positive, got {t.eval_tokens}")
+    _check(0.0 <= t.beta1 < 1.0 and 0.0 <= t.beta2 < 1.0, "train.beta1 and train.beta2 must be in [0, 1)")
+
+    _check(tok.kind in TOKENIZER_KINDS,
+           f"tokenizer.kind must be one of {', '.join(TOKENIZER_KINDS)}, got {tok.kind!r}")
+    _check(tok.kind != "pretrained" or bool(tok.path),
+           "tokenizer.kind: pretrained needs tokenizer.path (a tokenizer.json file)")
+    _check(tok.vocab_size > 0, f"tokenizer.vocab_size must be positive, got {tok.vocab_size}")
+    _check(tok.pad_to_multiple > 0, f"tokenizer.pad_to_multiple must be positive, got {tok.pad_to_multiple}")
+    _check(tok.max_train_bytes > 0, f"tokenizer.max_train_bytes must be positive, got {tok.max_train_bytes}")
+
+    for key in ("validation_fraction", "test_fraction"):
+        v = getattr(d, key)
+        _check(0.0 <= v < 1.0, f"data.{key} must be a fraction in [0, 1), got {v}")
+    _check(d.validation_fraction + d.test_fraction < 1.0,
+           "data.validation_fraction + data.test_fraction must leave some training data")
+    for key in ("max_train_tokens", "max_eval_tokens"):
+        v = getattr(d, key)
+        _check(v is None or v > 0, f"data.{key} must be positive, got {v}")
+    _check(not d.streaming or d.max_train_tokens is not None,
+           "data.streaming: true needs data.max_train_tokens (how much of the stream to take)")
+    s = d.synthetic
+    for key in ("vocab_size", "n_classes", "successors", "train_tokens", "validation_tokens", "test_tokens"):
+        _check(getattr(s, key) > 0, f"data.synthetic.{key} must be positive, got {getattr(s, key)}")
+    _check(s.n_classes <= s.vocab_size, "data.synthetic.n_classes must not exceed data.synthetic.vocab_size")
+    _check(s.successors <= s.n_classes, "data.synthetic.successors must not exceed data.synthetic.n_classes")
+    _check(s.zipf > 0, f"data.synthetic.zipf must be positive, got {s.zipf}")
+
+    _check(len(e.splits) > 0, "eval.splits must name at least one split")
+    for sp in e.splits:
+        _check(sp in ("train", "validation", "test"), f"eval.splits: {sp!r} must be train, validation or test")
+    _check(e.stride is None or 0 < e.stride <= m.block_size,
+           f"eval.stride must be in [1, model.block_size={m.block_size}], got {e.stride}")
+    _check(all(0.0 < b < 1.0 for b in e.buckets) and list(e.buckets) == sorted(set(e.buckets)),
+           f"eval.buckets must be increasing fractions in (0, 1), got {e.buckets}")
+    _check(e.batch_size > 0, f"eval.batch_size must be positive, got {e.batch_size}")
+
+
+# --------------------------------------------------------------------------------------------
+# YAML files, `base:` inheritance, overrides
+
+
+def _read_yaml(path: Path) -> dict:
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist — check the path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}{where}: {problem} — fix the YAML syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of keys (name:, model:, train:, ...)")
+    return data
+
+
+def deep_merge(low: dict, high: dict) -> dict:
+    out = dict(low)
+    for key, value in high.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _load_with_bases(path: Path, stack: tuple[Path, ...] = ()) -> dict:
+    path = path.resolve()
+    if path in stack:
+        chain = " -> ".join(p.name for p in (*stack, path))
+        raise ConfigError(f"base: cycle in config files ({chain}) — remove one of the base: references")
+    data = _read_yaml(path)
+    bases = data.pop("base", None)
+    if bases is None:
+        return data
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError(f"{path.name}: base must be a file path or a list of file paths")
+    merged: dict = {}
+    for base in bases:
+        merged = deep_merge(merged, _load_with_bases(path.parent / base, (*stack, path)))
+    return deep_merge(merged, data)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    import yaml
+
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r} must look like key=value, e.g. --set model.n_embd=256")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if key not in ALL_KEYS:
+        raise _unknown_key(key)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
+    data = json.loads(json.dumps(data, default=str))  # a deep copy
+    for item in overrides or []:
+        parts, value = parse_override(item)
+        node = data
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                seed: int | None = None) -> Config:
+    """Resolve a config: defaults -> base files -> file -> overrides -> seed."""
+    data = _load_with_bases(Path(path)) if path is not None else {}
+    data = apply_overrides(data, overrides)
+    if seed is not None:
+        data["seed"] = seed
+    return from_dict(data)
+
+
+def to_yaml(cfg: Config) -> str:
+    import yaml
+
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)
+
+
+def variant_dict(cfg: Config) -> dict:
+    """The resolved config without the keys that do not change what is trained (seed, name)."""
+    data = to_dict(cfg)
+    data.pop("seed", None)
+    data.pop("name", None)
+    return data
+
+
+def config_hash(cfg: Config) -> str:
+    """Identifies a variant: the hash of the resolved config, seed and name excluded."""
+    blob = json.dumps(variant_dict(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def flatten(data: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value and not key.endswith("data_files"):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def diff_keys(a: dict, b: dict) -> list[str]:
+    """Dotted keys whose values differ between two (nested) config dicts."""
+    fa, fb = flatten(a), flatten(b)
+    return sorted(k for k in set(fa) | set(fb) if fa.get(k, _NO) != fb.get(k, _NO))

@@ -1,0 +1,198 @@
+"""Perplexity, bits per byte, perplexity per word and loss per frequency bucket over whole splits.
+
+Perplexity is computed in exactly one place, `perplexity()`: exp(total NLL / total predicted
+tokens). Every token of a split but the first (which has nothing before it) is predicted once:
+windows do not overlap by default; with `eval.stride < block_size` each window re-reads
+`block_size - stride` tokens of context and scores only its last `stride` targets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import numpy as np
+
+LN2 = math.log(2.0)
+
+
+def perplexity(total_nll: float, n_tokens: int) -> float:
+    """exp(mean NLL in nats). The only place tiedlm turns a loss into a perplexity."""
+    if n_tokens <= 0:
+        return float("nan")
+    mean = total_nll / n_tokens
+    return math.exp(mean) if mean < 700 else float("inf")
+
+
+def windows(n_tokens: int, block_size: int, stride: int) -> list[tuple[int, int, int]]:
+    """(start, length, first_scored) for each window over a split of n_tokens tokens.
+
+    A window's inputs are tokens[start : start+length], its targets tokens[start+1 : start+length+1];
+    targets before `first_scored` (an index into the window) are context only. Together the
+    windows score target positions 1..n_tokens-1 exactly once."""
+    out = []
+    a = 1  # first target position not yet scored
+    while a < n_tokens:
+        b = min(a + stride, n_tokens)  # score targets [a, b)
+        start = max(0, b - 1 - block_size)
+        out.append((start, b - 1 - start, a - 1 - start))
+        a = b
+    return out
+
+
+def score_tokens(model, tokens: np.ndarray, block_size: int, stride: int, batch_size: int,
+                 device: Any, autocast: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token NLL (nats, float64) and target ids for every predicted token of `tokens`."""
+    import torch
+    from torch.nn import functional as F
+
+    wins = windows(len(tokens), block_size, stride)
+    n_pred = max(len(tokens) - 1, 0)
+    nll = np.empty(n_pred, dtype=np.float64)
+    targets = np.asarray(tokens[1:], dtype=np.int64)
+    # group windows of equal length so each batch is one dense tensor
+    by_len: dict[int, list[tuple[int, int]]] = {}
+    for start, length, first in wins:
+        by_len.setdefault(length, []).append((start, first))
+    was_training = model.training
+    model.eval()
+    ctx = autocast if autocast is not None else contextlib.nullcontext()
+    try:
+        with torch.no_grad():
+            for length, group in by_len.items():
+                for i in range(0, len(group), batch_size):
+                    chunk = group[i:i + batch_size]
+                    rows = np.stack([np.asarray(tokens[s:s + length + 1], dtype=np.int64) for s, _ in chunk])
+                    xy = torch.from_numpy(rows).to(device)
+                    x, y = xy[:, :-1], xy[:, 1:]  # (b, length)
+                    with ctx:
+                        logits = model(x)
+                    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1),
+                                           reduction="none").view(len(chunk), length)
+                    loss = loss.double().cpu().numpy()
+                    for row, (start, first) in zip(loss, chunk):
+                        # target index t in the window is split position start+1+t
+                        nll[start + first:start + length] = row[first:]
+    finally:
+        model.train(was_training)
+    return targets, nll
+
+
+def frequency_buckets(train_counts: np.ndarray, fractions: list[float]) -> tuple[np.ndarray, list[str]]:
+    """Bucket every token id by its training-set frequency rank.
+
+    Token types seen in training are ranked by count (ties by id); `fractions` are cumulative
+    cut points over those types, e.g. [0.1, 0.5] -> top 10%, next 40%, rest 50%. Types never seen
+    in training (and padding ids) form the last bucket, "unseen". Returns (bucket id per token
+    id, bucket names)."""
+    counts = np.asarray(train_counts)
+    seen = np.flatnonzero(counts > 0)
+    order = seen[np.lexsort((seen, -counts[seen]))]  # by count descending, then id
+    cuts = [0] + [int(round(f * len(order))) for f in fractions] + [len(order)]
+    bucket = np.full(len(counts), len(cuts) - 1, dtype=np.int64)  # default: unseen
+    names = []
+    prev = 0.0
+    for b, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
+        bucket[order[lo:hi]] = b
+        frac = fractions[b] if b < len(fractions) else 1.0
+        label = "top" if b == 0 else ("rest" if b == len(fractions) else "next")
+        names.append(f"{label} {round(100 * (frac - prev))}%")
+        prev = frac
+    names.append("unseen")
+    return bucket, names
+
+
+def summarize_nll(targets: np.ndarray, nll: np.ndarray, n_tokens: int, n_bytes: int | None = None,
+                  n_words: int | None = None, train_counts: np.ndarray | None = None,
+                  fractions: list[float] | None = None) -> dict:
+    """Aggregate per-token NLL into the figures of a report. Bytes and words are apportioned to the
+    predicted tokens (all but the first of n_tokens), so bits per byte and perplexity per word use
+    the same text as the token perplexity."""
+    total = float(nll.sum())
+    n = int(len(nll))
+    out: dict[str, Any] = {"tokens": n, "loss": total / n if n else float("nan"),
+                           "perplexity": perplexity(total, n)}
+    share = n / n_tokens if n_tokens else 0.0
+    if n_bytes:
+        out["bits_per_byte"] = total / LN2 / (n_bytes * share)
+    if n_words:
+        out["word_perplexity"] = perplexity(total, n_words * share)
+    if train_counts is not None and fractions is not None:
+        bucket_of, names = frequency_buckets(train_counts, fractions)
+        b = bucket_of[np.clip(targets, 0, len(bucket_of) - 1)]
+        sums = np.bincount(b, weights=nll, minlength=len(names))
+        cnts = np.bincount(b, minlength=len(names))
+        out["buckets"] = [
+            {"name": name, "tokens": int(c), "loss": float(s / c) if c else None,
+             "perplexity": perplexity(float(s), int(c)) if c else None}
+            for name, s, c in zip(names, sums, cnts)
+        ]
+    return out
+
+
+def evaluate_split(model, split, block_size: int, stride: int | None, batch_size: int, device: Any,
+                   autocast: Any = None, train_counts: np.ndarray | None = None,
+                   fractions: list[float] | None = None, max_tokens: int | None = None) -> dict:
+    """Score a whole split (or its first max_tokens+1 tokens, for the periodic evaluation)."""
+    tokens = split.tokens
+    n_bytes, n_words = split.n_bytes, split.n_words
+    if max_tokens is not None and len(tokens) > max_tokens + 1:
+        keep = max_tokens + 1
+        n_bytes = n_bytes * keep / len(tokens) if n_bytes else n_bytes
+        n_words = n_words * keep / len(tokens) if n_words else n_words
+        tokens = tokens[:keep]
+    targets, nll = score_tokens(model, tokens, block_size, stride or block_size, batch_size, device, autocast)
+    return summarize_nll(targets, nll, len(tokens), n_bytes, n_words, train_counts, fractions)
+
+
+def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = None) -> dict:
+    """`tiedlm eval RUN`: rebuild a run's model from its checkpoint and score whole splits.
+
+    The data are prepared from the run's own config (a token-cache hit when nothing changed); the
+    tokenizer must have the size the checkpoint was trained with."""
+    from pathlib import Path
+
+    from . import runs
+    from .config import from_dict
+    from .data import prepare_data
+    from .errors import RunError
+    from .model import GPT, load_model_tensors
+    from .train import autocast_ctx, resolve_device, resolve_dtype
+
+    run_dir = Path(run_dir)
+    raw = runs.read_config(run_dir)
+    if raw is None:
+        raise RunError(f"{run_dir} has no config.yaml — is it a tiedlm run folder?")
+    cfg = from_dict(raw)
+    ckpt = runs.latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise RunError(f"{run_dir} has no checkpoint yet — train it first (tiedlm train --config ...)")
+    tensors, state, manifest = runs.load_checkpoint(ckpt, with_state=False)
+    tied = str(manifest.get("tied")) == "True"
+    data = prepare_data(cfg, progress=False)
+    vocab = int(manifest.get("vocab_size", data.model_vocab_size))
+    if vocab != data.model_vocab_size:
+        raise RunError(f"the checkpoint has a vocabulary of {vocab} but the data prepared from the run's config "
+                       f"gives {data.model_vocab_size} — the tokenizer changed; re-train the run")
+    device = resolve_device(cfg.train.device)
+    dtype = resolve_dtype(cfg.train.dtype, device)
+    model = GPT(cfg.model, vocab)
+    if not tied:
+        if model.is_tied:  # a run untied late (untie_at) is stored as two matrices
+            model.untie()
+    load_model_tensors(model, tensors, tied=tied)
+    model.to(device)
+    results = {}
+    for split in splits or cfg.eval.splits:
+        if split not in data.splits:
+            raise RunError(f"split {split!r} is not in this run's data (it has {', '.join(data.splits)})")
+        results[split] = evaluate_split(model, data.splits[split], cfg.model.block_size, stride or cfg.eval.stride,
+                                        cfg.eval.batch_size, device, autocast_ctx(device, dtype),
+                                        train_counts=data.train_counts, fractions=cfg.eval.buckets)
+    lines = [f"{run_dir.name} ({ckpt.name}, {'tied' if tied else 'untied'})"]
+    for split, r in results.items():
+        bpb = f"  bits/byte {r['bits_per_byte']:.4f}" if "bits_per_byte" in r else ""
+        lines.append(f"{split:>10}: loss {r['loss']:.4f}  perplexity {r['perplexity']:.3f}{bpb}  "
+                     f"({r['tokens']:,} tokens)")
+    return {"results": results, "text": "\n".join(lines)}
