@@ -15,3 +15,40 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     yield
+
+
+# A model and corpus small enough that a whole run takes about a second on one CPU core.
+TINY = [
+    "name=tiny",
+    "data.synthetic.vocab_size=60", "data.synthetic.n_classes=6", "data.synthetic.successors=2",
+    "data.synthetic.train_tokens=6000", "data.synthetic.validation_tokens=800",
+    "data.synthetic.test_tokens=800",
+    "tokenizer.kind=word",
+    "model.n_layer=2", "model.n_head=2", "model.n_embd=16", "model.block_size=16",
+    "train.batch_size=4", "train.max_steps=12", "train.warmup_steps=2", "train.log_every=1",
+    "train.eval_every=4", "train.checkpoint_every=4", "train.eval_tokens=256", "train.threads=1",
+    "eval.batch_size=16",
+]
+
+
+@pytest.fixture
+def tiny():
+    """A function returning the tiny config with extra overrides applied."""
+    from tiedlm.config import load_config
+
+    def make(*extra, seed=None):
+        return load_config(None, TINY + list(extra), seed)
+
+    return make
+
+
+@pytest.fixture
+def tiny_yaml(tmp_path):
+    """The tiny config as a YAML file, for the CLI."""
+    import yaml
+
+    from tiedlm.config import apply_overrides
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(apply_overrides({}, TINY)))
+    return path

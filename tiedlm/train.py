@@ -293,6 +293,10 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
 
     t_start = time.time()
     tcfg = cfg.train
+    # Verify the checkpoint to resume from before writing anything: a damaged one is refused
+    # with the folder left exactly as it was.
+    ckpt = runs.latest_checkpoint(run_dir)
+    loaded = runs.load_checkpoint(ckpt) if ckpt is not None else None
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     device = resolve_device(tcfg.device)
@@ -342,9 +346,8 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
 
         step, tokens_seen, skipped, train_time = 0, 0, 0, 0.0
         untied_at: int | None = None
-        ckpt = runs.latest_checkpoint(run_dir)
-        if ckpt is not None:
-            tensors, st, manifest = runs.load_checkpoint(ckpt)
+        if loaded is not None:
+            tensors, st, manifest = loaded
             if st["untied"]:
                 untie_with_optimizer(model, optimizer)
             load_model_tensors(model, tensors, tied=not st["untied"] and cfg.model.tie_embeddings)
@@ -494,6 +497,8 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
                      tokens_per_s=tokens_seen / train_time if train_time else None,
                      peak_memory_bytes=mem, peak_memory_kind=mem_kind, untied_at_step=untied_at,
                      skipped_steps=skipped, finished_at=now(),
+                     params_after_untie=({**count_params(model), "model_vocab_size": data.model_vocab_size,
+                                          "vocab_size": data.vocab_size} if untied_at is not None else None),
                      checkpoint=str(runs.latest_checkpoint(run_dir).relative_to(run_dir)))
         log(f"finished {run_dir}: " + ", ".join(f"{s} ppl {r['perplexity']:.2f}" for s, r in final.items()))
     except (Interrupted, DivergedError):

@@ -1,0 +1,94 @@
+"""The command line, through typer's CliRunner and one real subprocess."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tiedlm import __version__
+from tiedlm.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_version():
+    r = invoke("--version")
+    assert r.exit_code == 0 and r.output.strip() == f"tiedlm {__version__}"
+
+
+def test_train_writes_the_run_folder_and_eval_reproduces_it(tiny_yaml, tmp_path):
+    r = invoke("train", "--config", tiny_yaml, "--out", tmp_path, "--quiet", "--seed", "3")
+    assert r.exit_code == 0, r.output
+    run = tmp_path / "tiny-s3"
+    assert r.stdout.strip() == str(run / "report.md")
+    report = json.loads((run / "report.json").read_text())
+    assert report["seed"] == 3 and report["status"] == "finished"
+    r = invoke("eval", run, "--json")
+    assert r.exit_code == 0, r.output
+    again = json.loads(r.stdout)
+    for split in ("validation", "test"):
+        assert again[split]["loss"] == pytest.approx(report["final"][split]["loss"], rel=1e-9)
+    # a second identical command has nothing to do
+    r = invoke("train", "--config", tiny_yaml, "--out", tmp_path, "--quiet", "--seed", "3")
+    assert r.exit_code == 0 and "nothing to do" in r.output
+
+
+def test_print_config_round_trips(tiny_yaml):
+    r = invoke("train", "--config", tiny_yaml, "--set", "model.n_embd=32", "--print-config")
+    assert r.exit_code == 0
+    data = yaml.safe_load(r.stdout)
+    assert data["model"]["n_embd"] == 32 and data["name"] == "tiny"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "model.n_emb=3"], "unknown key model.n_emb — did you mean model.n_embd?"),
+    (["--set", "model.n_embd=big"], "model.n_embd must be an integer"),
+    (["--set", "train.lr=-1"], "train.lr must be positive"),
+    (["--set", "model.n_head=3"], "divisible"),
+])
+def test_config_errors_exit_2_with_one_line(tiny_yaml, tmp_path, args, message):
+    r = invoke("train", "--config", tiny_yaml, "--out", tmp_path / "runs", *args)
+    assert r.exit_code == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("tiedlm: error:")
+    assert "Traceback" not in r.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_config_file(tmp_path):
+    r = invoke("train", "--config", tmp_path / "nope.yaml")
+    assert r.exit_code == 2 and "does not exist" in r.stderr
+
+
+def test_params_side_by_side(tiny_yaml):
+    r = invoke("params", "--config", tiny_yaml, "--vocab-size", 100, "--json")
+    assert r.exit_code == 0
+    out = json.loads(r.stdout)
+    assert out["untied"]["total"] - out["tied"]["total"] == 100 * 16
+    r = invoke("params", "--config", tiny_yaml, "--vocab-size", 100)
+    assert "saved by tying" in r.stdout and "tying saves 1,600 parameters" in r.stdout
+
+
+def test_eval_of_a_missing_run(tmp_path):
+    r = invoke("eval", tmp_path / "nothing")
+    assert r.exit_code == 1 and "no config.yaml" in r.stderr
+
+
+def test_real_subprocess_train(tiny_yaml, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tiedlm", "train", "--config", str(tiny_yaml), "--out",
+                           str(tmp_path), "--name", "sub"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    run = tmp_path / "sub"
+    assert {"config.yaml", "metrics.jsonl", "report.json", "report.md", "tokenizer", "checkpoints"} <= {
+        p.name for p in run.iterdir()}
+    assert json.loads((run / "report.json").read_text())["status"] == "finished"
+    bad = subprocess.run([sys.executable, "-m", "tiedlm", "train", "--config", str(tiny_yaml), "--set",
+                          "model.n_emb=1"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
