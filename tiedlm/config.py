@@ -67,6 +67,7 @@ class TokenizerConfig:
     kind: str = "word"  # bpe | word | char | byte | pretrained
     vocab_size: int = 8192  # the most the tokenizer may have; the model gets the real size
     path: str | None = None  # tokenizer.json for kind=pretrained
+    eot_token: str | None = None  # pretrained: the token between documents; None = find <|endoftext|>, </s>, ...
     max_train_bytes: int = 50_000_000  # text used to train bpe/word/char vocabularies
     pad_to_multiple: int = 1  # pad the model's vocabulary to a multiple of this (64 is common on GPUs)
 
@@ -313,6 +314,13 @@ def validate(cfg: Config) -> None:
     _check(tok.vocab_size > 0, f"tokenizer.vocab_size must be positive, got {tok.vocab_size}")
     _check(tok.pad_to_multiple > 0, f"tokenizer.pad_to_multiple must be positive, got {tok.pad_to_multiple}")
     _check(tok.max_train_bytes > 0, f"tokenizer.max_train_bytes must be positive, got {tok.max_train_bytes}")
+    # the smallest vocabulary each kind can have: its fixed symbols plus the specials (<unk>, <eot>)
+    least = {"byte": (257, "256 byte values + <eot>"), "bpe": (257, "256 byte values + <|endoftext|>"),
+             "word": (3, "<unk> + <eot> + one word"), "char": (3, "<unk> + <eot> + one character")}
+    if tok.kind in least:
+        n, why = least[tok.kind]
+        _check(tok.vocab_size >= n, f"tokenizer.vocab_size={tok.vocab_size} is too small for tokenizer.kind={tok.kind}: "
+                                    f"it needs at least {n} ({why}) — raise tokenizer.vocab_size")
 
     for key in ("validation_fraction", "test_fraction"):
         v = getattr(d, key)
