@@ -79,8 +79,8 @@ def test_bad_values_are_one_line_errors(overrides, message):
 def test_budget_is_required_and_exclusive():
     with pytest.raises(ConfigError, match="training budget"):
         load_config(None, [])
-    with pytest.raises(ConfigError, match="only one training budget"):
-        load_config(None, ["train.max_steps=3", "train.max_tokens=1000"])
+    cfg = load_config(None, ["train.max_steps=3", "train.max_tokens=1000"])  # the later one wins
+    assert (cfg.train.max_steps, cfg.train.max_tokens) == (None, 1000)
 
 
 def test_unknown_key_in_file_and_wrong_section(tmp_path):
@@ -121,3 +121,16 @@ def test_yaml_round_trip():
 
 def test_all_keys_lists_nested_fields():
     assert "data.synthetic.zipf" in ALL_KEYS and "model.tie_embeddings" in ALL_KEYS
+
+
+def test_a_later_budget_replaces_an_earlier_one(tmp_path):
+    write(tmp_path / "a.yaml", "train:\n  max_tokens: 1000\n")
+    write(tmp_path / "b.yaml", "base: a.yaml\ntrain:\n  max_steps: 5\n")
+    cfg = load_config(tmp_path / "b.yaml")
+    assert (cfg.train.max_steps, cfg.train.max_tokens) == (5, None)
+    cfg = load_config(tmp_path / "a.yaml", ["train.max_steps=7"])
+    assert (cfg.train.max_steps, cfg.train.max_tokens) == (7, None)
+    # both in one layer is still an error
+    write(tmp_path / "c.yaml", "train:\n  max_tokens: 1000\n  max_steps: 5\n")
+    with pytest.raises(ConfigError, match="only one training budget"):
+        load_config(tmp_path / "c.yaml")

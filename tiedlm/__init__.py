@@ -1,23 +1,32 @@
-"""tiedlm: measure whether weight tying (W_out = E) helps a small GPT on your data."""
+"""tiedlm: measure whether weight tying (W_out = E) helps a small GPT on your data.
+
+The library is usable without the CLI:
+
+    from tiedlm import load_config, train_run, compare_runs
+    cfg = load_config("configs/base.yaml", ["model.tie_embeddings=false"], seed=1)
+    run_dir = train_run(cfg)
+    result = compare_runs(["runs/*"])
+
+Names are resolved lazily, so `import tiedlm` (and `tiedlm --help`) does not import torch.
+"""
 
 __version__ = "0.1.0"
 
-# Heavy imports (torch, datasets) stay inside the functions, so `import tiedlm` is instant.
+_EXPORTS = {
+    "load_config": "config",
+    "train_run": "train",
+    "compare_runs": "compare",
+    "compare_config": "compare",
+    "prepare_data": "data",
+    "evaluate_run": "evaluate",
+    "count_params_config": "model",
+}
+__all__ = ["__version__", *_EXPORTS]
 
 
-def load_config(*args, **kwargs):
-    from .config import load_config as _load
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        import importlib
 
-    return _load(*args, **kwargs)
-
-
-def train(*args, **kwargs):
-    from .train import train_run
-
-    return train_run(*args, **kwargs)
-
-
-def compare(*args, **kwargs):
-    from .compare import compare_runs
-
-    return compare_runs(*args, **kwargs)
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'tiedlm' has no attribute {name!r}")

@@ -159,8 +159,14 @@ def cache_list() -> None:
         typer.echo(f"cache: {cache_root()}")
         if not entries:
             typer.echo("(empty)")
+        total = 0
         for e in entries:
-            typer.echo("  ".join(f"{k}={v}" for k, v in e.items()))
+            total += e.get("bytes") or 0
+            tokens = f"{e['tokens']:,} tokens" if e.get("tokens") is not None else ""
+            typer.echo(f"  {e.get('kind', ''):<9} {str(e.get('source', ''))[:48]:<48} {e.get('split') or '':<10} "
+                       f"{str(e.get('tokenizer') or ''):<14} {tokens:>16} {(e.get('bytes') or 0) / 2**20:8.1f} MiB")
+        if entries:
+            typer.echo(f"  {len(entries)} entries, {total / 2**20:.1f} MiB")
 
     run_command(go)
 
@@ -211,6 +217,10 @@ def compare(
                 raise TiedlmError("--set and --match need --config", exit_code=2)
             result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline)
         typer.echo(format_terminal_table(result))
+        failures = result.get("train_failures") or []
+        if failures:
+            raise TiedlmError(f"{len(failures)} run(s) failed to train: "
+                              + ", ".join(f["name"] for f in failures) + " — see the reasons above")
 
     run_command(go)
 
@@ -224,9 +234,11 @@ def sweep(
     """Run a grid of overrides x seeds one after another (finished runs are skipped)."""
 
     def go():
-        from .sweep import load_grid, run_sweep
+        from .sweep import format_sweep_summary, load_grid, run_sweep
 
         summary = run_sweep(load_grid(grid), dry_run=dry_run, progress=not quiet)
+        if not dry_run:
+            typer.echo(format_sweep_summary(summary))
         if summary.get("failed"):
             raise TiedlmError(f"{len(summary['failed'])} of {summary['total']} runs failed: "
                               + ", ".join(summary["failed"]))

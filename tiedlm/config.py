@@ -386,6 +386,22 @@ def deep_merge(low: dict, high: dict) -> dict:
     return out
 
 
+_BUDGETS = ("max_tokens", "max_steps")
+
+
+def _one_budget(merged: dict, layer: dict) -> dict:
+    """A layer that sets one training budget replaces the other one set by a lower layer, so that
+    `--set train.max_steps=200` on a config with `max_tokens` means what it says."""
+    train = layer.get("train")
+    if isinstance(train, dict) and isinstance(merged.get("train"), dict):
+        given = [b for b in _BUDGETS if train.get(b) is not None]
+        if len(given) == 1:
+            other = _BUDGETS[1 - _BUDGETS.index(given[0])]
+            if other not in train:
+                merged["train"][other] = None
+    return merged
+
+
 def _load_with_bases(path: Path, stack: tuple[Path, ...] = ()) -> dict:
     path = path.resolve()
     if path in stack:
@@ -401,8 +417,9 @@ def _load_with_bases(path: Path, stack: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path.name}: base must be a file path or a list of file paths")
     merged: dict = {}
     for base in bases:
-        merged = deep_merge(merged, _load_with_bases(path.parent / base, (*stack, path)))
-    return deep_merge(merged, data)
+        layer = _load_with_bases(path.parent / base, (*stack, path))
+        merged = _one_budget(deep_merge(merged, layer), layer)
+    return _one_budget(deep_merge(merged, data), data)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -433,6 +450,8 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
                 node[part] = child
             node = child
         node[parts[-1]] = value
+        if parts[0] == "train" and len(parts) == 2 and parts[1] in _BUDGETS and value is not None:
+            node[_BUDGETS[1 - _BUDGETS.index(parts[1])]] = None  # one budget replaces the other
     return data
 
 

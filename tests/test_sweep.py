@@ -1,0 +1,207 @@
+"""sweep.py and scripts/sweep.sh: grid files, --dry-run commands, sequential runs with failures."""
+
+import io
+import json
+import os
+import shlex
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from tiedlm.config import config_hash, load_config, to_dict
+from tiedlm.errors import ConfigError, DataError
+from tiedlm.sweep import load_grid, run_sweep, sweep_commands, yaml_value
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_grid(tmp_path: Path, grid_text: str) -> Path:
+    (tmp_path / "configs").mkdir(exist_ok=True)
+    (tmp_path / "configs" / "base.yaml").write_text(
+        "name: base\nmodel:\n  n_layer: 2\n  n_head: 2\n  n_embd: 32\ntrain:\n  max_steps: 10\n")
+    (tmp_path / "grids").mkdir(exist_ok=True)
+    path = tmp_path / "grids" / "grid.yaml"
+    path.write_text(grid_text)
+    return path
+
+
+GRID = """\
+config: ../configs/base.yaml
+set: ["train.max_steps=200"]
+grid:
+  model.tie_embeddings: [true, false]
+  model.n_embd: [64, 128]
+seeds: [0, 1, 2]
+out: ../runs
+"""
+
+
+def test_dry_run_prints_one_command_per_run_that_parses_back(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    grid = load_grid(write_grid(tmp_path, GRID))
+    buf = io.StringIO()
+    summary = run_sweep(grid, dry_run=True, stream=buf)
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 12 == summary["total"]
+    expected = set()
+    for tie in ("true", "false"):
+        for n in (64, 128):
+            for s in (0, 1, 2):
+                expected.add(("tiedlm", "train", "--config", "configs/base.yaml",
+                              "--set", "train.max_steps=200", "--set", f"model.tie_embeddings={tie}",
+                              "--set", f"model.n_embd={n}", "--seed", str(s),
+                              "--name", f"base-tie_embeddings={tie}-n_embd={n}-s{s}", "--out", "runs"))
+    parsed = {tuple(shlex.split(line)) for line in lines}
+    assert parsed == expected
+    assert {tuple(c) for c in sweep_commands(grid)} == expected
+    # each command's --set values resolve to the config its name says
+    for cmd in parsed:
+        sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+        cfg = load_config(cmd[cmd.index("--config") + 1], sets, seed=int(cmd[cmd.index("--seed") + 1]))
+        name = cmd[cmd.index("--name") + 1]
+        assert name == f"base-tie_embeddings={'true' if cfg.model.tie_embeddings else 'false'}-n_embd={cfg.model.n_embd}-s{cfg.seed}"
+        assert cfg.train.max_steps == 200
+
+
+def test_names_are_unique_sanitised_and_values_quoted(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    grid = load_grid(write_grid(tmp_path, """\
+config: ../configs/base.yaml
+name: my sweep
+set: ["train.min_lr=0"]
+grid:
+  data.path: ["builtin:synthetic", "data/my corpus", "data/my_corpus", "it's"]
+  train.lr: [1.0e-5, 0.001]
+seeds: 2
+"""))
+    cmds = sweep_commands(grid)
+    assert len(cmds) == 4 * 2 * 2
+    names = [c[c.index("--name") + 1] for c in cmds]
+    assert len(set(names)) == len(names)
+    for name in names:
+        assert "/" not in name and " " not in name and "'" not in name and not name.startswith(".")
+    assert "my_sweep-path=builtin_synthetic-lr=1e-05-s0" in names
+    buf = io.StringIO()
+    run_sweep(grid, dry_run=True, stream=buf)
+    values = set()
+    for line in buf.getvalue().splitlines():
+        args = shlex.split(line)
+        sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+        cfg = load_config(args[args.index("--config") + 1], sets)
+        values.add((cfg.data.path, cfg.train.lr))
+    assert values == {(p, lr) for p in ("builtin:synthetic", "data/my corpus", "data/my_corpus", "it's")
+                      for lr in (1e-5, 0.001)}
+    assert grid.out == Path("runs")  # default: the working directory's runs/
+
+
+def test_yaml_value_round_trips():
+    import yaml
+
+    for v in (True, False, None, 3, 1e-5, 0.25, "abc", "true", "a: b", [0.1, 0.5], "1e-3"):
+        assert yaml.safe_load(yaml_value(v)) == v
+
+
+@pytest.mark.parametrize("text, message", [
+    ("config: ../configs/base.yaml\ngrids: {}\n", "did you mean grid"),
+    ("config: ../configs/base.yaml\ngrid:\n  model.n_emb: [1]\n", "did you mean model.n_embd"),
+    ("config: ../configs/nope.yaml\n", "does not exist"),
+    ("grid: {}\n", "config: must name"),
+    ("config: ../configs/base.yaml\nseeds: [0, zero]\n", "seeds: must be a list"),
+    ("config: ../configs/base.yaml\nseeds: [1, 1]\n", "repeats a seed"),
+    ("config: ../configs/base.yaml\ngrid:\n  model.n_embd: []\n", "has no values"),
+    ("config: ../configs/base.yaml\nset: [train.max_step=3]\n", "did you mean train.max_steps"),
+    ("- just a list\n", "must be a mapping"),
+    ("config: [unclosed\n", "invalid YAML"),
+])
+def test_load_grid_errors_say_what_is_wrong(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_grid(write_grid(tmp_path, text))
+
+
+def test_invalid_grid_point_names_the_point(tmp_path):
+    grid = load_grid(write_grid(tmp_path, "config: ../configs/base.yaml\ngrid:\n  model.n_embd: [64, 33]\n"))
+    with pytest.raises(ConfigError, match=r"grid point model.n_embd=33: .*divisible"):
+        sweep_commands(grid)
+    with pytest.raises(ConfigError):
+        load_grid(tmp_path / "missing.yaml")
+
+
+@pytest.fixture
+def fake_train(monkeypatch):
+    calls, fail = [], set()
+
+    def train_run(cfg, out=Path("runs"), name=None, overwrite=False, progress=True, **_):
+        calls.append(name)
+        if name in fail:
+            raise DataError(f"{name}: the validation split is empty")
+        run = Path(out) / name
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "report.json").write_text(json.dumps({"format": 1, "status": "finished", "seed": cfg.seed,
+                                                     "config_hash": config_hash(cfg), "config": to_dict(cfg)}))
+        return run
+
+    mod = types.ModuleType("tiedlm.train")
+    mod.train_run = train_run
+    monkeypatch.setitem(sys.modules, "tiedlm.train", mod)
+    return types.SimpleNamespace(calls=calls, fail=fail)
+
+
+def test_run_sweep_runs_in_order_survives_failures_and_skips_finished(tmp_path, fake_train, capsys):
+    grid = load_grid(write_grid(tmp_path, GRID.replace("seeds: [0, 1, 2]", "seeds: [0, 1]")))
+    bad = "base-tie_embeddings=false-n_embd=64-s1"
+    fake_train.fail.add(bad)
+    summary = run_sweep(grid, dry_run=False, progress=False)
+    assert len(fake_train.calls) == 8
+    assert fake_train.calls[0] == "base-tie_embeddings=true-n_embd=64-s0"
+    assert summary["failed"] == [bad] and summary["trained"] == 7 and summary["skipped"] == 0
+    entry = next(r for r in summary["runs"] if r["name"] == bad)
+    assert entry["status"] == "failed" and "validation split is empty" in entry["error"]
+    assert bad in capsys.readouterr().err  # failures are shown even without progress
+    assert (tmp_path / "runs" / "base-tie_embeddings=true-n_embd=128-s1" / "report.json").exists()
+
+    fake_train.calls.clear()
+    fake_train.fail.clear()
+    again = run_sweep(grid, dry_run=False, progress=False)
+    assert fake_train.calls == [bad]  # only the failed run is tried again
+    assert again["skipped"] == 7 and again["trained"] == 1 and again["failed"] == []
+    from tiedlm.sweep import format_sweep_summary
+
+    assert "7 already finished" in format_sweep_summary(again)
+
+
+def test_shipped_example_grid_loads():
+    if not (ROOT / "configs" / "base.yaml").exists():
+        pytest.skip("configs/base.yaml, which the example grid names, is not in the tree yet")
+    grid = load_grid(ROOT / "configs" / "sweep-example.yaml")
+    assert grid.config == ROOT / "configs" / "base.yaml"
+    assert grid.grid == {"model.tie_embeddings": [True, False], "model.n_embd": [64, 128]}
+    assert grid.seeds == [0, 1, 2] and grid.out == ROOT / "runs"
+    assert len(sweep_commands(grid)) == 12
+
+
+def test_sweep_sh_loops_over_seeds_and_tying_then_compares(tmp_path):
+    log = tmp_path / "calls.txt"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "tiedlm"  # records its arguments, one call per line; fails for one run
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\t" "$@" >> "$TIEDLM_LOG"\necho >> "$TIEDLM_LOG"\n'
+                    'case "$*" in *"--name tiny-untied-s0 "*) exit 1;; esac\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "TIEDLM_LOG": str(log)}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "sweep.sh"), "configs/tiny.yaml", "2", "out",
+                           "--set", "train.max_steps=5"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "failed: tiny-untied-s0" in proc.stderr
+    calls = [line.rstrip("\t").split("\t") for line in log.read_text().splitlines()]
+    trains = [c for c in calls if c[0] == "train"]
+    assert len(trains) == 4  # the failure did not stop the loop
+    names = {c[c.index("--name") + 1] for c in trains}
+    assert names == {"tiny-tied-s0", "tiny-untied-s0", "tiny-tied-s1", "tiny-untied-s1"}
+    for c in trains:
+        tie = "true" if "-tied-" in c[c.index("--name") + 1] else "false"
+        assert c[c.index("--config") + 1] == "configs/tiny.yaml"
+        assert f"model.tie_embeddings={tie}" in c and "train.max_steps=5" in c
+        assert c[c.index("--out") + 1] == "out"
+    assert calls[-1] == ["compare", "out/tiny-tied-s*", "out/tiny-untied-s*", "--out", "out"]

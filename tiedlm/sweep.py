@@ -1,0 +1,252 @@
+"""Sweeps: one base config, a grid of `--set` overrides (their cartesian product) and seeds.
+
+A grid file (paths in it are relative to the grid file itself):
+
+    config: base.yaml                  # the base config
+    set: ["train.max_steps=200"]       # overrides applied to every run, before the grid's
+    grid:                              # dotted key -> list of values; every combination is a run
+      model.tie_embeddings: [true, false]
+      model.n_embd: [64, 128]
+    seeds: [0, 1, 2]                   # or a count: 3 means 0, 1, 2
+    out: ../runs                       # the runs folder (default: runs/ in the working directory)
+    name: base                         # prefix of the run names (default: the config's name)
+
+Each run is named after its grid point and seed (`base-tie_embeddings=true-n_embd=64-s0`), so
+re-running a sweep finds its finished runs and skips them. `run_sweep(grid, dry_run=True)` prints
+one `tiedlm train ...` command per line instead, for `xargs -P`, GNU parallel or a job array.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import itertools
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from .errors import ConfigError, TiedlmError
+
+GRID_KEYS = ("config", "set", "grid", "seeds", "out", "name")
+
+
+@dataclass
+class Grid:
+    path: Path  # the grid file
+    config: Path  # the base config, resolved against the grid file's folder
+    set: list[str] = field(default_factory=list)  # overrides for every run
+    grid: dict[str, list] = field(default_factory=dict)  # dotted key -> values, in file order
+    seeds: list[int] = field(default_factory=lambda: [0])
+    out: Path = Path("runs")
+    name: str | None = None
+
+
+@dataclass
+class SweepRun:
+    name: str
+    seed: int
+    overrides: list[str]  # grid.set followed by this grid point's
+    point: dict[str, Any]  # this grid point: dotted key -> value
+    cfg: Any  # the resolved Config
+
+
+def _fail(path: Path, message: str) -> ConfigError:
+    return ConfigError(f"{path}: {message}")
+
+
+def load_grid(path: str | Path) -> Grid:
+    """Read and check a grid file. Paths in it are taken relative to the grid file's folder."""
+    import yaml
+
+    from .config import parse_override
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"grid file {path} does not exist — check the path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read grid file {path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: invalid YAML — fix the syntax") from None
+    if not isinstance(data, dict):
+        raise _fail(path, "a grid file must be a mapping with config:, grid: and seeds:")
+    for key in data:
+        if key not in GRID_KEYS:
+            close = difflib.get_close_matches(str(key), GRID_KEYS, n=1)
+            hint = f" — did you mean {close[0]}?" if close else f" (the keys are {', '.join(GRID_KEYS)})"
+            raise _fail(path, f"unknown key {key}{hint}")
+    here = path.parent
+    if not isinstance(data.get("config"), str) or not data["config"]:
+        raise _fail(path, "config: must name the base config file (relative to the grid file)")
+    config = Path(os.path.normpath(here / data["config"]))
+    if not config.exists():
+        raise _fail(path, f"config: {data['config']} does not exist (looked for {config}; paths are "
+                          "relative to the grid file)")
+    sets = data.get("set") or []
+    if isinstance(sets, str):
+        sets = [sets]
+    if not isinstance(sets, list) or not all(isinstance(s, str) for s in sets):
+        raise _fail(path, 'set: must be a list of "key=value" strings')
+    for item in sets:
+        parse_override(item)  # names the key and suggests the right one
+    raw_grid = data.get("grid") or {}
+    if not isinstance(raw_grid, dict):
+        raise _fail(path, "grid: must map dotted keys to lists of values, e.g. model.n_embd: [64, 128]")
+    grid: dict[str, list] = {}
+    for key, values in raw_grid.items():
+        parse_override(f"{key}=")  # an unknown key is an error with a suggestion
+        if not isinstance(values, list):
+            values = [values]
+        if not values:
+            raise _fail(path, f"grid: {key} has no values")
+        grid[str(key)] = values
+    seeds = data.get("seeds", [0])
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        if seeds < 1:
+            raise _fail(path, f"seeds: a count must be at least 1, got {seeds}")
+        seeds = list(range(seeds))
+    if (not isinstance(seeds, list) or not seeds
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+        raise _fail(path, "seeds: must be a list of integers, e.g. [0, 1, 2], or a count")
+    if len(set(seeds)) != len(seeds):
+        raise _fail(path, f"seeds: {seeds} repeats a seed")
+    out = Path(os.path.normpath(here / str(data["out"]))) if data.get("out") else Path("runs")
+    name = data.get("name")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise _fail(path, "name: must be a string (the prefix of the run names)")
+    return Grid(path=path, config=config, set=list(sets), grid=grid, seeds=list(seeds), out=out, name=name)
+
+
+def yaml_value(value: Any) -> str:
+    """A value as the text of `--set key=TEXT` that YAML reads back as the same value."""
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, width=1_000_000)
+    if text.endswith("\n...\n"):
+        text = text[: -len("\n...\n")]
+    return text.strip()
+
+
+def _sanitize(text: str) -> str:
+    """Keep run names portable folder names: letters, digits and . _ = + - only."""
+    text = re.sub(r"[^A-Za-z0-9._=+-]+", "_", text)
+    return text.lstrip(".") or "run"
+
+
+def expand(grid: Grid) -> list[SweepRun]:
+    """Every (grid point, seed) of the sweep as a resolved config and a unique, readable name."""
+    from .compare import _scalar, short_keys
+    from .config import load_config
+
+    keys = list(grid.grid)
+    short = short_keys(keys)
+    points = [dict(zip(keys, combo)) for combo in itertools.product(*(grid.grid[k] for k in keys))]
+    runs: list[SweepRun] = []
+    names: set[str] = set()
+    for point in points:
+        sets = list(grid.set) + [f"{k}={yaml_value(v)}" for k, v in point.items()]
+        for seed in grid.seeds:
+            try:
+                cfg = load_config(grid.config, sets, seed=seed)
+            except ConfigError as exc:
+                where = ", ".join(f"{k}={yaml_value(v)}" for k, v in point.items()) or "the base config"
+                raise ConfigError(f"{grid.path}: grid point {where}: {exc}") from None
+            prefix = grid.name or cfg.name
+            label = "-".join(f"{short[k]}={_scalar(v)}" for k, v in point.items())
+            name = _sanitize("-".join(p for p in (prefix, label, f"s{seed}") if p))
+            if name in names:  # two values that sanitise alike: make the name unique, stably
+                digest = hashlib.sha256(repr(sorted(point.items(), key=str)).encode()).hexdigest()[:6]
+                name = _sanitize(f"{prefix}-{label}-{digest}-s{seed}")
+            names.add(name)
+            runs.append(SweepRun(name=name, seed=seed, overrides=sets, point=point, cfg=cfg))
+    return runs
+
+
+def _shown(path: Path) -> str:
+    """A path for a printed command: relative to the working directory when it is under it."""
+    rel = os.path.relpath(Path(path).resolve(), Path.cwd())
+    return rel if not rel.startswith("..") else str(Path(path).resolve())
+
+
+def _command(grid: Grid, run: SweepRun) -> list[str]:
+    cmd = ["tiedlm", "train", "--config", _shown(grid.config)]
+    for item in run.overrides:
+        cmd += ["--set", item]
+    return cmd + ["--seed", str(run.seed), "--name", run.name, "--out", _shown(grid.out)]
+
+
+def sweep_commands(grid: Grid) -> list[list[str]]:
+    """One `tiedlm train ...` argument list per run of the sweep."""
+    return [_command(grid, run) for run in expand(grid)]
+
+
+def _say(progress: bool, message: str) -> None:
+    if progress:
+        print(message, file=sys.stderr, flush=True)
+
+
+def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: TextIO | None = None) -> dict:
+    """Run every point of the grid one after another (finished runs skipped, failures noted and
+    passed over), or with dry_run print the commands, one per line, shell-quoted. Returns a summary:
+    summary["failed"] holds the names of the runs that failed (the CLI exits 1 when there are any),
+    summary["runs"] one entry per run with its status and error."""
+    from .compare import run_is_finished
+    from .errors import Interrupted
+
+    runs = expand(grid)
+    summary: dict[str, Any] = {"dry_run": dry_run, "out": str(grid.out), "total": len(runs),
+                               "runs": [], "failed": [], "trained": 0, "skipped": 0}
+    if dry_run:
+        stream = stream or sys.stdout
+        summary["commands"] = [shlex.join(_command(grid, r)) for r in runs]
+        for line in summary["commands"]:
+            print(line, file=stream)
+        return summary
+    from .train import train_run
+
+    for i, run in enumerate(runs, 1):
+        entry = {"name": run.name, "seed": run.seed, "point": run.point, "path": str(grid.out / run.name),
+                 "status": None, "error": None}
+        summary["runs"].append(entry)
+        if run_is_finished(grid.out / run.name, run.cfg):
+            entry["status"] = "skipped"
+            summary["skipped"] += 1
+            _say(progress, f"[{i}/{len(runs)}] {run.name}: finished already, skipped")
+            continue
+        _say(progress, f"[{i}/{len(runs)}] training {run.name}")
+        try:
+            train_run(run.cfg, out=grid.out, name=run.name, progress=progress)
+        except (Interrupted, KeyboardInterrupt):
+            raise  # the user stopped the sweep; the run resumes when the sweep is re-run
+        except TiedlmError as exc:
+            entry.update(status="failed", error=str(exc))
+        except Exception as exc:  # a bug in one run must not cost the rest of the sweep
+            entry.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        else:
+            entry["status"] = "finished"
+            summary["trained"] += 1
+        if entry["status"] == "failed":
+            summary["failed"].append(run.name)
+            # always shown, --quiet or not: a failure must not scroll past unseen
+            print(f"[{i}/{len(runs)}] {run.name} failed: {entry['error']}", file=sys.stderr, flush=True)
+    return summary
+
+
+def format_sweep_summary(summary: dict) -> str:
+    """A few lines for the terminal: counts, failures, and how to compare the results."""
+    if summary.get("dry_run"):
+        return f"{summary['total']} commands"
+    lines = [f"sweep: {summary['total']} runs — {summary['trained']} trained, {summary['skipped']} already "
+             f"finished, {len(summary['failed'])} failed"]
+    for entry in summary["runs"]:
+        if entry["status"] == "failed":
+            lines.append(f"  failed {entry['name']}: {entry['error']}")
+    lines.append(f"compare them with: tiedlm compare {shlex.quote(summary['out'])}")
+    return "\n".join(lines)
