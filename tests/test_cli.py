@@ -92,3 +92,19 @@ def test_real_subprocess_train(tiny_yaml, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tiedlm", "train", "--config", str(tiny_yaml), "--set",
                           "model.n_emb=1"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_eval_stride_out_of_range(tiny_yaml, tmp_path):
+    assert invoke("train", "--config", tiny_yaml, "--out", tmp_path, "--quiet").exit_code == 0
+    for stride in (0, 17, -1):
+        r = invoke("eval", tmp_path / "tiny-s0", "--stride", stride)
+        assert r.exit_code == 2 and "--stride must be between 1" in r.stderr
+
+
+def test_unwritable_out_is_one_line(tiny_yaml, tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    r = invoke("train", "--config", tiny_yaml, "--out", blocker / "runs", "--quiet")
+    assert r.exit_code == 1
+    assert "Traceback" not in r.output and len(r.stderr.strip().splitlines()) == 1
+    assert "check the path" in r.stderr

@@ -18,7 +18,7 @@ import yaml
 from tiedlm.config import config_hash, load_config, to_dict
 from tiedlm.errors import ConfigError, DivergedError, RunError
 
-# tiedlm/__init__.py has a function named compare; the module is reached through importlib
+# the module itself (tiedlm exports compare_runs; the module is reached by its full name)
 C = importlib.import_module("tiedlm.compare")
 scipy_stats = pytest.importorskip("scipy.stats")  # the cross-check only; tiedlm itself needs no scipy
 scipy_special = pytest.importorskip("scipy.special")
@@ -599,3 +599,12 @@ train: {device: cpu, dtype: fp32, batch_size: 4, max_steps: 6, warmup_steps: 1, 
         assert matplotlib.image.imread(out / plot).ndim == 3
     md = (out / "comparison.md").read_text()
     assert "paired over 2 seeds" in md and "## Loss by token frequency" in md
+
+    # the config edited: the old finished runs are refused and left out, never compared as new
+    with pytest.raises(RunError, match="no finished runs"):
+        C.compare_config(cfg, ["train.lr=2e-3"], seeds=1, match=None, runs_dir=runs, progress=False)
+    again = C.compare_config(cfg, ["train.lr=2e-3"], seeds=1, match=None, runs_dir=runs, progress=False,
+                             overwrite=True)
+    assert not again["train_failures"]
+    assert sorted(r["name"] for r in again["runs"]) == ["tiny-tied-s0", "tiny-untied-s0"]
+    assert {v["config"]["train"]["lr"] for v in again["variants"]} == {2e-3}

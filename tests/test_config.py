@@ -134,3 +134,11 @@ def test_a_later_budget_replaces_an_earlier_one(tmp_path):
     write(tmp_path / "c.yaml", "train:\n  max_tokens: 1000\n  max_steps: 5\n")
     with pytest.raises(ConfigError, match="only one training budget"):
         load_config(tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize("key", ["data.split_seed", "data.synthetic.seed"])
+def test_negative_seeds_are_refused(key):
+    with pytest.raises(ConfigError, match="must not be negative"):
+        load_config(None, BUDGET + [f"{key}=-1"])
+    with pytest.raises(ConfigError, match="seed must not be negative"):
+        load_config(None, BUDGET, seed=-3)

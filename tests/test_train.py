@@ -305,3 +305,74 @@ def test_foreign_folder_is_not_clobbered(tiny, tmp_path):
     with pytest.raises(RunError, match="not a tiedlm run"):
         train_run(tiny(), out=tmp_path, progress=False)
     assert (run / "notes.txt").read_text() == "mine"
+
+
+def test_failed_overwrite_leaves_the_finished_run_alone(tiny, tmp_path):
+    from tiedlm.errors import ConfigError
+
+    run = train_run(tiny(), out=tmp_path, progress=False)
+    before = snapshot(run)
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        train_run(tiny("train.device=cuda"), out=tmp_path, overwrite=True, progress=False)
+    assert snapshot(run) == before
+
+
+def test_eval_split_missing_from_the_data_is_refused_before_anything_is_written(tiny, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("".join(f"line {i} of a small text file with words\n" for i in range(400)))
+    cfg = tiny("data.path=text", f"data.data_files={text}", "data.test_fraction=0")
+    with pytest.raises(Exception, match="eval.splits names 'test'") as info:
+        train_run(cfg, out=tmp_path / "runs", progress=False)
+    assert info.value.exit_code == 2
+    assert not (tmp_path / "runs" / "tiny-s0").exists()
+
+
+def test_resume_refuses_when_the_data_changed(tiny, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("".join(f"line {i % 50} of a small text file with words\n" for i in range(600)))
+    cfg = tiny("data.path=text", f"data.data_files={text}")
+    with pytest.raises(Interrupted):
+        train_run(cfg, out=tmp_path / "runs", progress=False, stop_after_step=5)
+    run = tmp_path / "runs" / "tiny-s0"
+    before = snapshot(run)
+    text.write_text(text.read_text() + "a new line with new words entirely\n")
+    with pytest.raises(RunError, match="changed since the run started"):
+        train_run(cfg, out=tmp_path / "runs", progress=False)
+    assert snapshot(run) == before
+
+
+def test_trim_metrics_drops_final_records(tmp_path):
+    runs.append_metrics(tmp_path, [{"kind": "train", "step": 1}, {"kind": "train", "step": 2},
+                                   {"kind": "final", "step": 2, "split": "validation"},
+                                   {"kind": "train", "step": 3}])
+    with open(tmp_path / runs.METRICS, "a") as f:
+        f.write('{"kind": "train", "st')  # a line torn by a kill
+    runs.trim_metrics(tmp_path, 2)
+    assert [(r["kind"], r["step"]) for r in runs.read_metrics(tmp_path)] == [("train", 1), ("train", 2)]
+
+
+def test_run_files_are_readable_by_others(tiny, tmp_path):
+    import stat
+
+    run = train_run(tiny(), out=tmp_path, progress=False)
+    for name in ("report.json", "report.md", "config.yaml"):
+        assert stat.S_IMODE((run / name).stat().st_mode) & 0o044, name  # not mkstemp's 0600
+
+
+def test_untie_at_needs_two_steps(tiny, tmp_path):
+    from tiedlm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="at least 2 training steps"):
+        train_run(tiny("model.untie_at=0.5", "train.max_steps=1"), out=tmp_path, progress=False)
+    assert not any(tmp_path.iterdir())
+
+
+def test_checkpoint_saved_twice_at_one_step_keeps_a_valid_latest(tmp_path):
+    for _ in range(2):
+        runs.save_checkpoint(tmp_path, 4, {"w": torch.zeros(2)}, {"tied": True}, {"step": 4})
+    latest = runs.latest_checkpoint(tmp_path)
+    assert latest.name == "step-0000004-1"
+    runs.verify_checkpoint(latest)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir()] == ["step-0000004-1"]

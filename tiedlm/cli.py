@@ -43,6 +43,11 @@ def run_command(fn: Callable[[], object]) -> object:
         if _state["debug"]:
             raise
         _fail("interrupted", 130)
+    except OSError as exc:  # a path that cannot be written, a full disk: no traceback for those
+        if _state["debug"]:
+            raise
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        _fail(f"{exc.strerror or exc}{where} — check the path, its permissions and the free disk space", 1)
     return None
 
 
@@ -119,6 +124,7 @@ def eval_(
     run: Path = typer.Argument(..., help="A run folder."),
     split: Optional[List[str]] = typer.Option(None, "--split", help="Split(s) to score (default: the config's)."),
     stride: Optional[int] = typer.Option(None, "--stride", help="Window stride (default: the config's)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Re-evaluate a run's checkpoint on whole splits."""
@@ -126,7 +132,7 @@ def eval_(
     def go():
         from .evaluate import evaluate_run
 
-        result = evaluate_run(run, splits=split, stride=stride)
+        result = evaluate_run(run, splits=split, stride=stride, device=device)
         typer.echo(json.dumps(result["results"], indent=2) if as_json else result["text"])
 
     run_command(go)
@@ -196,6 +202,8 @@ def compare(
                                         "matching the untied parameter count."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="The variant to compare against."),
     out: Path = typer.Option(Path("runs"), "--out", help="Runs folder; the comparison goes to OUT/compare/."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="With --config: retrain runs whose folders hold "
+                                   "another config (say, after editing it) instead of refusing them."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Compare finished runs (tied vs untied), across seeds, with intervals and plots."""
@@ -211,10 +219,10 @@ def compare(
             if seeds < 1:
                 raise TiedlmError("--seeds must be at least 1", exit_code=2)
             result = compare_config(config, set_ or [], seeds=seeds, match=match, runs_dir=out,
-                                    baseline=baseline, progress=not quiet)
+                                    baseline=baseline, progress=not quiet, overwrite=overwrite)
         else:
-            if set_ or match:
-                raise TiedlmError("--set and --match need --config", exit_code=2)
+            if set_ or match or overwrite:
+                raise TiedlmError("--set, --match and --overwrite need --config", exit_code=2)
             result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline)
         typer.echo(format_terminal_table(result))
         failures = result.get("train_failures") or []

@@ -554,7 +554,9 @@ def _aggregate(label: str, runs: list[dict]) -> dict:
             "by_seed": {r["seed"]: _final(r, split, "perplexity") for r in runs},
             "buckets": buckets,
         }
-    params = report.get("params") if isinstance(report.get("params"), dict) else {}
+    # a run untied part-way (model.untie_at) ends with both matrices: count what it ends with
+    final_params = report.get("params_after_untie") or report.get("params")
+    params = final_params if isinstance(final_params, dict) else {}
     variant["params"] = params
     variant["flops_per_token"] = report.get("flops_per_token")
     variant["cost"] = {key: summarize(r["report"].get(key) for r in runs)
@@ -789,10 +791,12 @@ def _compare(run_dirs: list[Path], missing: list[dict], out: Path, baseline: str
     runs, skipped = [], list(missing)
     for d in run_dirs:
         run, reason = load_run(d)
+        extra = (reasons or {}).get(Path(d).name)
+        if run is not None and extra:  # e.g. a finished run of an older config: not this comparison's
+            run, reason = None, "training this run failed"
         if run is None:
-            extra = (reasons or {}).get(Path(d).name)
             skipped.append({"path": str(d), "name": Path(d).name,
-                            "reason": reason if not extra else f"{reason}; training said: {extra}"})
+                            "reason": reason if not extra else f"{reason}: {extra}"})
         else:
             runs.append(run)
     if not runs:
@@ -866,7 +870,7 @@ def _say(progress: bool, message: str) -> None:
 
 def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, seeds: int = 1,
                    match: str | None = None, runs_dir: Path = Path("runs"), baseline: str | None = None,
-                   progress: bool = True, out: Path | None = None) -> dict:
+                   progress: bool = True, out: Path | None = None, overwrite: bool = False) -> dict:
     """Train the tied and untied variants of a config (seeds cfg.seed .. cfg.seed+seeds-1; finished
     runs are reused) and compare exactly those runs. match="params" adds a tied variant with extra
     layers whose total is as close as possible to the untied one's. Training failures do not stop
@@ -914,7 +918,15 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
             continue
         _say(progress, f"[{i}/{len(jobs)}] training {name}")
         try:
-            train_run(cfg, out=runs_dir, name=name, progress=progress)
+            try:
+                train_run(cfg, out=runs_dir, name=name, progress=progress)
+            except TiedlmError as exc:
+                # --overwrite replaces a folder that holds another config (an edited base config);
+                # an unfinished run of this config is still resumed, never thrown away
+                if not (overwrite and exc.exit_code == 2 and "different config" in str(exc)):
+                    raise
+                _say(progress, f"[{i}/{len(jobs)}] {name}: holds another config, retraining (--overwrite)")
+                train_run(cfg, out=runs_dir, name=name, progress=progress, overwrite=True)
         except (Interrupted, KeyboardInterrupt):
             raise
         except TiedlmError as exc:

@@ -272,6 +272,8 @@ def validate(cfg: Config) -> None:
     m, t, d, tok, e = cfg.model, cfg.train, cfg.data, cfg.tokenizer, cfg.eval
     _check(bool(cfg.name) and "/" not in cfg.name and "\\" not in cfg.name and cfg.name not in (".", ".."),
            f"name {cfg.name!r} must be a plain folder name without path separators")
+    for key, value in (("seed", cfg.seed), ("data.split_seed", d.split_seed), ("data.synthetic.seed", d.synthetic.seed)):
+        _check(value >= 0, f"{key} must not be negative, got {value}")
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
         _check(getattr(m, key) > 0, f"model.{key} must be positive, got {getattr(m, key)}")
     _check(m.n_embd % m.n_head == 0,

@@ -146,7 +146,8 @@ def evaluate_split(model, split, block_size: int, stride: int | None, batch_size
     return summarize_nll(targets, nll, len(tokens), n_bytes, n_words, train_counts, fractions)
 
 
-def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = None) -> dict:
+def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = None,
+                 device: str = "auto") -> dict:
     """`tiedlm eval RUN`: rebuild a run's model from its checkpoint and score whole splits.
 
     The data are prepared from the run's own config (a token-cache hit when nothing changed); the
@@ -156,26 +157,32 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
     from . import runs
     from .config import from_dict
     from .data import prepare_data
-    from .errors import RunError
+    from .errors import ConfigError, RunError
     from .model import GPT, load_model_tensors
-    from .train import autocast_ctx, resolve_device, resolve_dtype
+    from .train import autocast_ctx, data_identity, resolve_device, resolve_dtype
 
     run_dir = Path(run_dir)
     raw = runs.read_config(run_dir)
     if raw is None:
         raise RunError(f"{run_dir} has no config.yaml — is it a tiedlm run folder?")
     cfg = from_dict(raw)
+    if stride is not None and not 1 <= stride <= cfg.model.block_size:
+        raise ConfigError(f"--stride must be between 1 and the run's block_size ({cfg.model.block_size}), got {stride}")
     ckpt = runs.latest_checkpoint(run_dir)
     if ckpt is None:
         raise RunError(f"{run_dir} has no checkpoint yet — train it first (tiedlm train --config ...)")
     tensors, state, manifest = runs.load_checkpoint(ckpt, with_state=False)
     tied = str(manifest.get("tied")) == "True"
     data = prepare_data(cfg, progress=False)
+    recorded = (runs.read_report(run_dir) or {}).get("data_identity")
+    if recorded is not None and recorded != data_identity(data):
+        raise RunError(f"the data or tokenizer of {run_dir} changed since it was trained (source fingerprint or "
+                       "tokenizer key differ), so its checkpoint no longer fits the tokens — restore the data")
     vocab = int(manifest.get("vocab_size", data.model_vocab_size))
     if vocab != data.model_vocab_size:
         raise RunError(f"the checkpoint has a vocabulary of {vocab} but the data prepared from the run's config "
                        f"gives {data.model_vocab_size} — the tokenizer changed; re-train the run")
-    device = resolve_device(cfg.train.device)
+    device = resolve_device(device)
     dtype = resolve_dtype(cfg.train.dtype, device)
     model = GPT(cfg.model, vocab)
     if not tied:
@@ -184,7 +191,7 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
     load_model_tensors(model, tensors, tied=tied)
     model.to(device)
     results = {}
-    for split in splits or cfg.eval.splits:
+    for split in splits or [s for s in cfg.eval.splits if s in data.splits]:
         if split not in data.splits:
             raise RunError(f"split {split!r} is not in this run's data (it has {', '.join(data.splits)})")
         results[split] = evaluate_split(model, data.splits[split], cfg.model.block_size, stride or cfg.eval.stride,

@@ -58,10 +58,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; run files are for everyone who may read the folder
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -301,7 +311,8 @@ def trim_metrics(run_dir: Path, up_to_step: int) -> None:
     path = Path(run_dir) / METRICS
     if not path.exists():
         return
-    keep = [r for r in read_metrics(run_dir) if int(r.get("step", 0)) <= up_to_step]
+    # final-evaluation records are written after the last checkpoint: a resume writes them again
+    keep = [r for r in read_metrics(run_dir) if int(r.get("step", 0)) <= up_to_step and r.get("kind") != "final"]
     atomic_write_text(path, "".join(json.dumps(r, default=_json_default) + "\n" for r in keep))
 
 
@@ -335,19 +346,18 @@ def save_checkpoint(run_dir: Path, step: int, tensors: dict, metadata: dict, sta
         manifest = {"format": FORMAT, "step": step, "files": files, **{k: v for k, v in metadata.items()}}
         atomic_write_json(tmp / MANIFEST, manifest)
         final = root / name
-        if final.exists():  # the same step written again (a resume that re-saves): replace it
-            trash = root / f".old-{name}-{os.getpid()}"
-            os.rename(final, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+        n = 1
+        while final.exists():  # the same step saved again (a resume at it): a new name, the old one kept
+            final, n = root / f"{name}-{n}", n + 1
         os.rename(tmp, final)
         _fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    atomic_write_text(root / "LATEST", name + "\n")
+    atomic_write_text(root / "LATEST", final.name + "\n")
     if not keep_previous:
         for old in root.iterdir():
-            if old.name != name and old.name != "LATEST" and old.is_dir():
+            if old.name != final.name and old.name != "LATEST" and old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
     return final
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from . import __version__, runs
 from .config import Config, config_hash, to_dict, to_yaml
-from .errors import ConfigError, DivergedError, Interrupted, TiedlmError
+from .errors import ConfigError, DivergedError, Interrupted, RunError, TiedlmError
 
 
 def log(msg: str) -> None:
@@ -270,20 +270,31 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
         if state == "finished":
             log(f"{run_dir} is already finished with this config: nothing to do (--overwrite to retrain)")
             return run_dir
-    with runs.RunLock(run_dir) as lock:
-        if lock.took_over:
-            log(f"took over the lock of {run_dir}, left by process {lock.took_over.get('pid')} which is gone")
-        state = "new" if overwrite else runs.existing_state(run_dir, config_dict)
-        if state == "finished":
-            log(f"{run_dir} is already finished with this config: nothing to do")
-            return run_dir
-        if overwrite:
-            runs.clear_run_dir(run_dir)
-        _train(cfg, run_dir, progress, stop_after_step)
+    created = not run_dir.exists()
+    try:
+        with runs.RunLock(run_dir) as lock:
+            if lock.took_over:
+                log(f"took over the lock of {run_dir}, left by process {lock.took_over.get('pid')} which is gone")
+            state = "new" if overwrite else runs.existing_state(run_dir, config_dict)
+            if state == "finished":
+                log(f"{run_dir} is already finished with this config: nothing to do")
+                return run_dir
+            _train(cfg, run_dir, progress, stop_after_step, fresh=overwrite)
+    finally:
+        if created:  # a run that failed before writing anything leaves no empty folder behind
+            try:
+                run_dir.rmdir()
+            except OSError:
+                pass
     return run_dir
 
 
-def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | None) -> None:
+def data_identity(data) -> dict:
+    """What the tokens of a run depend on: the source's fingerprint and the tokenizer's key."""
+    return {"fingerprint": data.info.get("fingerprint"), "tokenizer": data.info.get("tokenizer", {}).get("key")}
+
+
+def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | None, fresh: bool) -> None:
     import torch
     from torch.nn import functional as F
 
@@ -293,25 +304,46 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
 
     t_start = time.time()
     tcfg = cfg.train
-    # Verify the checkpoint to resume from before writing anything: a damaged one is refused
-    # with the folder left exactly as it was.
-    ckpt = runs.latest_checkpoint(run_dir)
-    loaded = runs.load_checkpoint(ckpt) if ckpt is not None else None
+    # Everything that can refuse the run happens before anything is written to its folder:
+    # the device, the data, and (resuming) a verified checkpoint trained on the same tokens.
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     device = resolve_device(tcfg.device)
     dtype = resolve_dtype(tcfg.dtype, device)
     amp = autocast_ctx(device, dtype)
+    total = budget_steps(cfg)
+    if cfg.model.untie_at is not None and total < 2:
+        raise ConfigError(f"model.untie_at needs at least 2 training steps, the budget gives {total} — "
+                          "raise train.max_steps / train.max_tokens or drop model.untie_at")
+    ckpt = None if fresh else runs.latest_checkpoint(run_dir)
+    loaded = runs.load_checkpoint(ckpt) if ckpt is not None else None
+    old = None if fresh else runs.read_report(run_dir)
+    data = prepare_data(cfg, progress=progress)
+    identity = data_identity(data)
+    for split in cfg.eval.splits:
+        if split not in data.splits:
+            raise TiedlmError(f"eval.splits names {split!r} but the data has no such split (it has "
+                              f"{', '.join(data.splits)}) — set eval.splits to the splits there are, "
+                              "or give the data that split", exit_code=2)
+    n_train = data.splits["train"].tokens.size
+    if n_train < cfg.model.block_size + 1:
+        raise TiedlmError(f"the training split has {n_train} tokens, fewer than model.block_size + 1 = "
+                          f"{cfg.model.block_size + 1} — use more data or a smaller model.block_size")
+    if loaded is not None and old and old.get("data_identity") not in (None, identity):
+        raise RunError(f"the data or tokenizer of {run_dir} changed since the run started (source fingerprint "
+                       "or tokenizer key differ), so its checkpoint no longer fits the tokens — restore the "
+                       "data, or start afresh with --overwrite")
+    if fresh:
+        runs.clear_run_dir(run_dir)
 
     runs.atomic_write_text(run_dir / runs.CONFIG, to_yaml(cfg))
     report: dict[str, Any] = {
         "format": runs.FORMAT, "tiedlm_version": __version__, "name": run_dir.name, "status": "running",
         "error": None, "seed": cfg.seed, "config_hash": config_hash(cfg), "config": to_dict(cfg),
-        "started_at": now(), "device": str(device), "dtype": dtype, "versions": None,
-        "git_commit": git_commit(), "command": " ".join(sys.argv),
+        "started_at": now(), "device": str(device), "dtype": dtype, "versions": versions(),
+        "git_commit": git_commit(), "command": " ".join(sys.argv), "data_identity": identity,
     }
-    old = runs.read_report(run_dir)
-    if old:  # a resumed run keeps its history
+    if old and loaded is not None:  # a resumed run keeps its history
         for key in ("started_at", "resumed_at_steps", "wall_time_s"):
             if key in old:
                 report[key] = old[key]
@@ -323,13 +355,9 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
 
     write_report()
     try:
-        data = prepare_data(cfg, progress=progress)
         tok_dir = run_dir / runs.TOKENIZER
         tok_dir.mkdir(exist_ok=True)
         data.tokenizer.save(tok_dir)
-        if data.splits["train"].tokens.size < cfg.model.block_size + 2:
-            raise TiedlmError(f"the training split has {data.splits['train'].tokens.size} tokens, fewer than "
-                              f"one block of {cfg.model.block_size} — use more data or a smaller model.block_size")
 
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
@@ -340,7 +368,6 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
         params = count_params(model)
         params.update(model_vocab_size=data.model_vocab_size, vocab_size=data.vocab_size,
                       vocab_padding=data.model_vocab_size - data.vocab_size)
-        total = budget_steps(cfg)
         split_at = untie_step(cfg, total)
         optimizer = build_optimizer(model, tcfg)
 
@@ -365,7 +392,7 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
 
         fwd = torch.compile(model) if tcfg.compile else model
         fpt = flops_per_token(cfg.model, data.model_vocab_size)
-        write_report(params=params, flops_per_token=fpt, total_steps=total, versions=versions(),
+        write_report(params=params, flops_per_token=fpt, total_steps=total,
                      data=data.info, floor=data.floor, untie_step=split_at,
                      decay_embeddings=tcfg.decay_embeddings)
 
@@ -503,15 +530,42 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
         log(f"finished {run_dir}: " + ", ".join(f"{s} ppl {r['perplexity']:.2f}" for s, r in final.items()))
     except (Interrupted, DivergedError):
         raise
-    except TiedlmError as exc:
-        write_report(status="failed", error=str(exc))
-        raise
     except KeyboardInterrupt:
-        write_report(status="interrupted", error="KeyboardInterrupt outside a training step")
+        _best_effort(write_report, status="interrupted", error="interrupted outside a training step")
         raise
     except Exception as exc:
-        write_report(status="failed", error=f"{type(exc).__name__}: {exc}")
+        err = _as_tiedlm_error(exc)
+        _best_effort(write_report, status="failed", error=str(err) if err else f"{type(exc).__name__}: {exc}")
+        if err is not None and err is not exc:
+            raise err from exc
         raise
+
+
+def _best_effort(fn, **kwargs: Any) -> None:
+    """Record a failure in the report if the disk allows; never hide the original error."""
+    try:
+        fn(**kwargs)
+    except OSError:
+        pass
+
+
+def _as_tiedlm_error(exc: BaseException) -> TiedlmError | None:
+    """Expected runtime failures as one-line errors: out of memory, a full disk, no permission."""
+    import errno
+
+    import torch
+
+    if isinstance(exc, TiedlmError):
+        return exc
+    if isinstance(exc, torch.OutOfMemoryError):
+        return RunError("out of memory on the device — lower train.batch_size (raise train.grad_accum to keep "
+                        "the same batch), model.block_size or the model size; the last checkpoint is kept")
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        hint = ("free some disk space, then run the same command to resume from the last checkpoint"
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "check the path and its permissions")
+        return RunError(f"{exc.strerror or exc}{where} — {hint}")
+    return None
 
 
 # ------------------------------------------------------------------------- report.md
