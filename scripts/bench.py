@@ -31,12 +31,15 @@ def matmul_ceiling(device, dtype, n=2048, reps=5) -> float:
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     a @ b
-    sync(device)
-    t = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    sync(device)
-    return 2 * n**3 * reps / (time.perf_counter() - t)
+    best = 0.0
+    for _ in range(3):  # the best of three: the ceiling, not an average
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        sync(device)
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - t))
+    return best
 
 
 def sync(device) -> None:
@@ -115,7 +118,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--no-data", action="store_true", help="skip the data preparation timings")
     args = ap.parse_args()
     device = resolve_device(args.device)
@@ -123,7 +126,7 @@ def main() -> None:
     ceiling = matmul_ceiling(device, torch.bfloat16 if dtype == "bf16" else torch.float32)
     print(f"device {device}, dtype {dtype}, torch threads {torch.get_num_threads()}, "
           f"2048^3 matmul ceiling {ceiling / 1e9:.0f} GFLOP/s\n")
-    print("| model (L, d, T, batch, V) | tying | tokens/s | GFLOP/s | % of matmul ceiling |")
+    print("| model (L, d, T, batch, V) | tying | tokens/s | GFLOP/s | % of the 2048³ matmul rate |")
     print("| --- | --- | ---: | ---: | ---: |")
     for shape in SHAPES:
         name, L, H, d, T, B, V = shape
