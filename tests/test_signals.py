@@ -114,3 +114,40 @@ def test_two_concurrent_starts_one_wins(tmp_path):
     a.send_signal(signal.SIGTERM)
     a.communicate(timeout=60)
     assert a.returncode == 143
+
+
+SLOW_FINAL_EVAL = (
+    "import sys, time, tiedlm.evaluate as e\n"
+    "orig = e.evaluate_split\n"
+    "def slow(*a, **k):\n"
+    "    if k.get('max_tokens') is None:\n"
+    "        print('FINAL-EVAL', file=sys.stderr, flush=True)\n"
+    "        time.sleep(1.0)\n"
+    "    return orig(*a, **k)\n"
+    "e.evaluate_split = slow\n"
+    "from tiedlm.cli import app\n"
+    "sys.exit(app(prog_name='tiedlm'))\n"
+)
+
+
+def test_sigterm_during_the_final_evaluation_resumes_to_finished(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(apply_overrides({}, TINY)))
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_FINAL_EVAL, "train", "--config", str(cfg), "--out",
+                             str(tmp_path / "runs"), "--name", "run", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = ""
+    while "FINAL-EVAL" not in line:
+        line = proc.stderr.readline()
+        assert line or proc.poll() is None, "child ended before the final evaluation"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "interrupted during the final evaluation" in err
+    run = tmp_path / "runs" / "run"
+    assert json.loads((run / "report.json").read_text())["status"] == "interrupted"
+    train_run(load_config(None, TINY), out=tmp_path / "runs", name="run", progress=False)
+    r = json.loads((run / "report.json").read_text())
+    assert r["status"] == "finished" and set(r["final"]) == {"validation", "test"}
+    finals = [m["split"] for m in runs.read_metrics(run) if m["kind"] == "final"]
+    assert finals == ["validation", "test"]  # no duplicate from the interrupted attempt

@@ -376,3 +376,41 @@ def test_checkpoint_saved_twice_at_one_step_keeps_a_valid_latest(tmp_path):
     assert latest.name == "step-0000004-1"
     runs.verify_checkpoint(latest)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir()] == ["step-0000004-1"]
+
+
+def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tiny, tmp_path, monkeypatch):
+    import errno
+
+    real = runs.save_checkpoint
+    calls = {"n": 0}
+
+    def failing(run_dir, step, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the checkpoint at step 8
+            raise OSError(errno.ENOSPC, "No space left on device", str(run_dir))
+        return real(run_dir, step, *a, **k)
+
+    monkeypatch.setattr(runs, "save_checkpoint", failing)
+    with pytest.raises(RunError, match="No space left on device.*free some disk space"):
+        train_run(tiny(), out=tmp_path, progress=False)
+    run = tmp_path / "tiny-s0"
+    r = json.loads((run / "report.json").read_text())
+    assert r["status"] == "failed" and "No space left" in r["error"]
+    assert runs.latest_checkpoint(run).name == "step-0000004"
+    monkeypatch.setattr(runs, "save_checkpoint", real)
+    train_run(tiny(), out=tmp_path, progress=False)  # the same command resumes
+    r = json.loads((run / "report.json").read_text())
+    assert r["status"] == "finished" and r["resumed_at_steps"] == [4]
+
+
+def test_out_of_memory_is_a_one_line_error(tiny, tmp_path, monkeypatch):
+    from tiedlm.model import GPT
+
+    def oom(self, idx):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(GPT, "forward", oom)
+    with pytest.raises(RunError, match="out of memory on the device — lower train.batch_size"):
+        train_run(tiny(), out=tmp_path, progress=False)
+    r = json.loads((tmp_path / "tiny-s0" / "report.json").read_text())
+    assert r["status"] == "failed"

@@ -198,10 +198,14 @@ class StopSignals:
         log(f"\n{signal.Signals(signum).name} received: stopping after this step and writing a checkpoint "
             "(send it again to stop at once)")
 
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
+    def install(self) -> None:
+        """From here on a signal stops the run at the next step boundary (or between the final
+        evaluation's splits). Before it (data preparation) Ctrl-C stops at once: nothing to save."""
+        if threading.current_thread() is threading.main_thread() and not self._old:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old[sig] = signal.signal(sig, self._handler)
+
+    def __enter__(self) -> "StopSignals":
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -279,7 +283,8 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
             if state == "finished":
                 log(f"{run_dir} is already finished with this config: nothing to do")
                 return run_dir
-            _train(cfg, run_dir, progress, stop_after_step, fresh=overwrite)
+            with StopSignals() as signals:
+                _train(cfg, run_dir, progress, stop_after_step, fresh=overwrite, signals=signals)
     finally:
         if created:  # a run that failed before writing anything leaves no empty folder behind
             try:
@@ -294,7 +299,8 @@ def data_identity(data) -> dict:
     return {"fingerprint": data.info.get("fingerprint"), "tokenizer": data.info.get("tokenizer", {}).get("key")}
 
 
-def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | None, fresh: bool) -> None:
+def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | None, fresh: bool,
+           signals: StopSignals) -> None:
     import torch
     from torch.nn import functional as F
 
@@ -335,6 +341,7 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
                        "data, or start afresh with --overwrite")
     if fresh:
         runs.clear_run_dir(run_dir)
+    signals.install()
 
     runs.atomic_write_text(run_dir / runs.CONFIG, to_yaml(cfg))
     report: dict[str, Any] = {
@@ -429,89 +436,93 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
             bar = tqdm(total=total, initial=step, desc=run_dir.name, unit="step", file=sys.stderr,
                        dynamic_ncols=True, disable=None, mininterval=0.5)
         pending: list[dict] = []
-        with StopSignals() as signals:
-            while step < total:
-                t0 = time.perf_counter()
-                lr = lr_at(step, total, tcfg)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                loss_sum = 0.0
-                for _ in range(tcfg.grad_accum):
-                    x, y = get_batch()
-                    with amp:
-                        logits = fwd(x)  # (B, T, V)
-                    loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
-                    (loss / tcfg.grad_accum).backward()
-                    loss_sum += loss.item()
-                loss_val = loss_sum / tcfg.grad_accum
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(
-                    params_list, tcfg.grad_clip if tcfg.grad_clip > 0 else float("inf")))
-                finite = math.isfinite(loss_val) and math.isfinite(grad_norm)
-                if finite:
-                    optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                tokens_seen += tokens_per_step
-                train_time += time.perf_counter() - t0
-                if not finite:
-                    skipped += 1
-                    pending.append({"kind": "skipped", "step": step, "tokens": tokens_seen,
-                                    "loss": loss_val if math.isfinite(loss_val) else str(loss_val),
-                                    "grad_norm": grad_norm if math.isfinite(grad_norm) else str(grad_norm)})
-                    if skipped > tcfg.max_skipped:
-                        runs.append_metrics(run_dir, pending)
-                        last = runs.latest_checkpoint(run_dir)
-                        keep = f"the last good checkpoint ({last.name}) is kept" if last else "no checkpoint was written yet"
-                        write_report(status="diverged", diverged_at_step=step,
-                                     error=f"non-finite loss ({loss_val}) or gradient norm ({grad_norm}) at step {step}")
-                        raise DivergedError(
-                            f"training diverged at step {step} (loss {loss_val}, gradient norm {grad_norm}); "
-                            f"{keep} — lower train.lr, lengthen train.warmup_steps or set train.grad_clip")
-                    log(f"step {step}: non-finite loss or gradient, step skipped ({skipped}/{tcfg.max_skipped})")
-                if split_at is not None and step == split_at and model.is_tied:
-                    untie_with_optimizer(model, optimizer)
-                    params_list = [p for p in model.parameters()]
-                    fwd = torch.compile(model) if tcfg.compile else model
-                    untied_at = step
-                    pending.append({"kind": "untie", "step": step, "tokens": tokens_seen})
-                if step % tcfg.log_every == 0 or step == total:
-                    pending.append({"kind": "train", "step": step, "tokens": tokens_seen, "loss": loss_val,
-                                    "lr": lr, "grad_norm": grad_norm,
-                                    "tokens_per_s": tokens_seen / train_time if train_time else None,
-                                    "time": round(train_time, 3)})
-                if tcfg.eval_every and (step % tcfg.eval_every == 0 or step == total):
-                    ev = quick_eval()
-                    pending.append({"kind": "eval", "step": step, "tokens": tokens_seen, "split": "validation",
-                                    "loss": ev["loss"], "perplexity": ev["perplexity"]})
-                    if bar is None or bar.disable:
-                        log(f"step {step}/{total}  val loss {ev['loss']:.4f}  val ppl {ev['perplexity']:.2f}")
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{loss_val:.3f}", ppl=f"{perplexity(loss_val, 1):.1f}",
-                                    tok_s=f"{tokens_seen / max(train_time, 1e-9):.0f}", refresh=False)
-                stopping = signals.received is not None or (stop_after_step is not None and step >= stop_after_step)
-                if stopping or step == total or (tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
+        while step < total:
+            t0 = time.perf_counter()
+            lr = lr_at(step, total, tcfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = 0.0
+            for _ in range(tcfg.grad_accum):
+                x, y = get_batch()
+                with amp:
+                    logits = fwd(x)  # (B, T, V)
+                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+                (loss / tcfg.grad_accum).backward()
+                loss_sum += loss.item()
+            loss_val = loss_sum / tcfg.grad_accum
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(
+                params_list, tcfg.grad_clip if tcfg.grad_clip > 0 else float("inf")))
+            finite = math.isfinite(loss_val) and math.isfinite(grad_norm)
+            if finite:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            tokens_seen += tokens_per_step
+            train_time += time.perf_counter() - t0
+            if not finite:
+                skipped += 1
+                pending.append({"kind": "skipped", "step": step, "tokens": tokens_seen,
+                                "loss": loss_val if math.isfinite(loss_val) else str(loss_val),
+                                "grad_norm": grad_norm if math.isfinite(grad_norm) else str(grad_norm)})
+                if skipped > tcfg.max_skipped:
                     runs.append_metrics(run_dir, pending)
-                    pending = []
-                    checkpoint()
-                if stopping:
-                    signum = signals.received
-                    code = 143 if signum == signal.SIGTERM else 130
-                    write_report(status="interrupted", interrupted_at_step=step,
-                                 wall_time_s=report.get("wall_time_s", 0) + time.time() - t_start)
-                    if bar is not None:
-                        bar.close()
-                    raise Interrupted(f"interrupted at step {step} of {total}; a checkpoint was written — run "
-                                      "the same command again to resume", exit_code=code)
+                    last = runs.latest_checkpoint(run_dir)
+                    keep = f"the last good checkpoint ({last.name}) is kept" if last else "no checkpoint was written yet"
+                    write_report(status="diverged", diverged_at_step=step,
+                                 error=f"non-finite loss ({loss_val}) or gradient norm ({grad_norm}) at step {step}")
+                    raise DivergedError(
+                        f"training diverged at step {step} (loss {loss_val}, gradient norm {grad_norm}); "
+                        f"{keep} — lower train.lr, lengthen train.warmup_steps or set train.grad_clip")
+                log(f"step {step}: non-finite loss or gradient, step skipped ({skipped}/{tcfg.max_skipped})")
+            if split_at is not None and step == split_at and model.is_tied:
+                untie_with_optimizer(model, optimizer)
+                params_list = [p for p in model.parameters()]
+                fwd = torch.compile(model) if tcfg.compile else model
+                untied_at = step
+                pending.append({"kind": "untie", "step": step, "tokens": tokens_seen})
+            if step % tcfg.log_every == 0 or step == total:
+                pending.append({"kind": "train", "step": step, "tokens": tokens_seen, "loss": loss_val,
+                                "lr": lr, "grad_norm": grad_norm,
+                                "tokens_per_s": tokens_seen / train_time if train_time else None,
+                                "time": round(train_time, 3)})
+            if tcfg.eval_every and (step % tcfg.eval_every == 0 or step == total):
+                ev = quick_eval()
+                pending.append({"kind": "eval", "step": step, "tokens": tokens_seen, "split": "validation",
+                                "loss": ev["loss"], "perplexity": ev["perplexity"]})
+                if bar is None or bar.disable:
+                    log(f"step {step}/{total}  val loss {ev['loss']:.4f}  val ppl {ev['perplexity']:.2f}")
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_val:.3f}", ppl=f"{perplexity(loss_val, 1):.1f}",
+                                tok_s=f"{tokens_seen / max(train_time, 1e-9):.0f}", refresh=False)
+            stopping = signals.received is not None or (stop_after_step is not None and step >= stop_after_step)
+            if stopping or step == total or (tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
+                runs.append_metrics(run_dir, pending)
+                pending = []
+                checkpoint()
+            if stopping:
+                signum = signals.received
+                code = 143 if signum == signal.SIGTERM else 130
+                write_report(status="interrupted", interrupted_at_step=step,
+                             wall_time_s=report.get("wall_time_s", 0) + time.time() - t_start)
+                if bar is not None:
+                    bar.close()
+                raise Interrupted(f"interrupted at step {step} of {total}; a checkpoint was written — run "
+                                  "the same command again to resume", exit_code=code)
         if bar is not None:
             bar.close()
         runs.append_metrics(run_dir, pending)
 
-        # final full evaluation of every requested split
+        # final full evaluation of every requested split; a signal here stops between splits, and
+        # the same command then redoes the evaluation from the final checkpoint
         final = {}
         for split in cfg.eval.splits:
-            if split not in data.splits:
-                continue
+            if signals.received is not None:
+                write_report(status="interrupted", interrupted_at_step=step,
+                             wall_time_s=report.get("wall_time_s", 0) + time.time() - t_start)
+                raise Interrupted(f"interrupted during the final evaluation (training is complete and "
+                                  "checkpointed) — run the same command again to evaluate",
+                                  exit_code=143 if signals.received == signal.SIGTERM else 130)
             res = evaluate_split(model, data.splits[split], T, cfg.eval.stride, cfg.eval.batch_size, device,
                                  amp, train_counts=data.train_counts, fractions=cfg.eval.buckets)
             final[split] = res
