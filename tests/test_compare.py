@@ -504,7 +504,9 @@ def test_compare_config_trains_both_variants_and_reuses_finished_runs(tmp_path, 
     cfg_path = write_config(tmp_path)
     runs = tmp_path / "runs"
     result = C.compare_config(cfg_path, ["train.lr=2e-3"], seeds=2, match=None, runs_dir=runs, progress=False)
-    assert fake_training.calls == ["tiny-tied-s0", "tiny-tied-s1", "tiny-untied-s0", "tiny-untied-s1"]
+    # --set overrides name the runs, so they never clash with the plain config's runs
+    assert fake_training.calls == ["tiny-lr=2e-3-tied-s0", "tiny-lr=2e-3-tied-s1",
+                                   "tiny-lr=2e-3-untied-s0", "tiny-lr=2e-3-untied-s1"]
     assert [v["label"] for v in result["variants"]] == ["untied", "tied"]
     assert variant(result, "tied")["config"]["train"]["lr"] == 2e-3  # --set applies to every variant
     assert (runs / "compare" / "comparison.md").exists()
@@ -514,9 +516,9 @@ def test_compare_config_trains_both_variants_and_reuses_finished_runs(tmp_path, 
     fake_training.calls.clear()
     make_run(runs, "unrelated-s0", 0, TIED + ["model.n_layer=3"])  # compares exactly its own runs
     again = C.compare_config(cfg_path, ["train.lr=2e-3"], seeds=3, match=None, runs_dir=runs, progress=False)
-    assert fake_training.calls == ["tiny-tied-s2", "tiny-untied-s2"]  # seeds 0 and 1 reused
+    assert fake_training.calls == ["tiny-lr=2e-3-tied-s2", "tiny-lr=2e-3-untied-s2"]  # seeds 0, 1 reused
     assert sorted(r["name"] for r in again["runs"]) == sorted(
-        f"tiny-{t}-s{s}" for t in ("tied", "untied") for s in range(3))
+        f"tiny-lr=2e-3-{t}-s{s}" for t in ("tied", "untied") for s in range(3))
 
 
 def test_compare_config_seeds_offset_from_config_seed_and_failures_listed(tmp_path, fake_training):
@@ -582,7 +584,7 @@ train: {device: cpu, dtype: fp32, batch_size: 4, max_steps: 6, warmup_steps: 1, 
         eval_tokens: 256, checkpoint_every: 0, log_every: 3}
 """)
     runs = tmp_path / "runs"
-    result = C.compare_config(cfg, ["train.lr=3e-3"], seeds=2, match=None, runs_dir=runs, progress=False)
+    result = C.compare_config(cfg, [], seeds=2, match=None, runs_dir=runs, progress=False)
     assert not result["skipped"] and not result["train_failures"]
     assert sorted(r["name"] for r in result["runs"]) == ["tiny-tied-s0", "tiny-tied-s1",
                                                          "tiny-untied-s0", "tiny-untied-s1"]
@@ -601,10 +603,13 @@ train: {device: cpu, dtype: fp32, batch_size: 4, max_steps: 6, warmup_steps: 1, 
     assert "paired over 2 seeds" in md and "## Loss by token frequency" in md
 
     # the config edited: the old finished runs are refused and left out, never compared as new
+    cfg.write_text(cfg.read_text().replace("max_steps: 6", "max_steps: 5"))
     with pytest.raises(RunError, match="no finished runs"):
-        C.compare_config(cfg, ["train.lr=2e-3"], seeds=1, match=None, runs_dir=runs, progress=False)
-    again = C.compare_config(cfg, ["train.lr=2e-3"], seeds=1, match=None, runs_dir=runs, progress=False,
-                             overwrite=True)
+        C.compare_config(cfg, [], seeds=1, match=None, runs_dir=runs, progress=False)
+    again = C.compare_config(cfg, [], seeds=1, match=None, runs_dir=runs, progress=False, overwrite=True)
     assert not again["train_failures"]
     assert sorted(r["name"] for r in again["runs"]) == ["tiny-tied-s0", "tiny-untied-s0"]
-    assert {v["config"]["train"]["lr"] for v in again["variants"]} == {2e-3}
+    assert {v["config"]["train"]["max_steps"] for v in again["variants"]} == {5}
+    # --set overrides get folders of their own, next to the plain runs
+    other = C.compare_config(cfg, ["train.lr=2e-3"], seeds=1, match=None, runs_dir=runs, progress=False)
+    assert sorted(r["name"] for r in other["runs"]) == ["tiny-lr=2e-3-tied-s0", "tiny-lr=2e-3-untied-s0"]

@@ -120,3 +120,13 @@ def test_pydoc_splits_are_deterministic_and_disjoint():
     assert all(p.strip() for v in a.values() for p in v)
     assert len(corpora.pydoc_fingerprint()) == 16
     assert sum(len(p) for p in a["train"]) > 300_000  # about 0.4 MB of English in CPython 3.11
+
+
+def test_pydoc_evaluation_text_is_not_in_training():
+    from tiedlm.corpora import pydoc_splits
+
+    splits = pydoc_splits()
+    train = set(splits["train"])
+    assert splits["validation"] and splits["test"]
+    assert not train & set(splits["validation"]) and not train & set(splits["test"])
+    assert not set(splits["validation"]) & set(splits["test"])

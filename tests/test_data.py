@@ -130,7 +130,7 @@ def test_builtin_pydoc_is_deterministic_real_text():
     p = prepare("data.path=builtin:pydoc", "tokenizer.kind=word", "tokenizer.vocab_size=2000")
     assert set(p.splits) == {"train", "validation", "test"}
     assert p.splits["train"].n_chars > 200_000 and p.splits["validation"].n_docs > 50
-    assert 0 < p.splits["validation"].oov_rate < 0.2  # real English: some words unseen in train
+    assert 0 < p.splits["validation"].oov_rate < 0.3  # real English, 2,000 words: some unseen in train
     assert p.floor is None
 
 

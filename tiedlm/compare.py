@@ -1,6 +1,6 @@
 """Compare finished runs: group them into variants, aggregate seeds, test the differences.
 
-A *variant* is a resolved config apart from its seed and name (runs with the same `config_hash`).
+A *variant* is a resolved config apart from its seed, name and operational keys (runs with the same `config_hash`).
 Each variant is labelled by the keys in which its config differs from the other variants
 (`tied`/`untied` for model.tie_embeddings, `n_embd=128` for the rest).
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import hashlib
 import io
 import json
 import math
@@ -326,11 +327,13 @@ def load_run(run_dir: Path) -> tuple[dict | None, str | None]:
     report["final"] = final
     if not isinstance(report.get("params"), dict):
         report["params"] = {}
-    chash = report.get("config_hash")
-    if not isinstance(chash, str) or not chash:
-        try:
-            chash = _hash_of(config)
-        except TiedlmError as exc:
+    # recompute the hash from the stored config, so that runs written before a config field
+    # existed (it gets its default) or a key became operational group with newer runs
+    try:
+        chash = _hash_of(config)
+    except TiedlmError as exc:
+        chash = report.get("config_hash")
+        if not isinstance(chash, str) or not chash:
             return None, f"no config_hash in {REPORT} and its config does not load: {exc}"
     seed = report.get("seed", config.get("seed"))
     if not isinstance(seed, int) or isinstance(seed, bool):
@@ -420,7 +423,9 @@ def short_keys(keys: list[str]) -> dict[str, str]:
 
 
 def _variant_config(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k not in ("seed", "name")}
+    from .config import strip_variant_keys
+
+    return strip_variant_keys(config)
 
 
 def label_variants(configs: list[dict]) -> tuple[list[str], list[str]]:
@@ -825,19 +830,6 @@ def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("r
 # ============================================================================ compare --config
 
 
-def run_is_finished(run_dir: Path, cfg: Any) -> bool:
-    """True when run_dir holds a finished run of exactly this config (seed included)."""
-    from .config import config_hash
-    from .runs import read_report
-
-    try:
-        report = read_report(Path(run_dir))
-    except (TiedlmError, OSError):
-        return False
-    return (isinstance(report, dict) and report.get("status") == "finished"
-            and report.get("config_hash") == config_hash(cfg) and report.get("seed") == cfg.seed)
-
-
 def match_layers(model_cfg: Any, vocab_size: int, count: Any = None) -> dict:
     """The n_layer of a tied model whose total is closest to the untied model's (MobileLLM's
     argument: reinvest the V·d parameters tying frees in depth). `count` is count_params_config."""
@@ -863,9 +855,25 @@ def match_layers(model_cfg: Any, vocab_size: int, count: Any = None) -> dict:
             "vocab_size": vocab_size}
 
 
-def _say(progress: bool, message: str) -> None:
-    if progress:
-        print(message, file=sys.stderr, flush=True)
+def _override_tag(overrides: list[str]) -> str:
+    """'-n_embd=256,lr=0.002' for --set model.n_embd=256 --set train.lr=2e-3, so that runs of the
+    config with other overrides get folders of their own instead of clashing with the plain runs
+    (a hash when that would be long). Seed and name overrides name nothing new."""
+    from .config import parse_override
+    from .sweep import _sanitize
+
+    parts = []
+    for item in overrides:
+        keys, value = parse_override(item)
+        if keys[0] in ("seed", "name"):
+            continue
+        parts.append(f"{keys[-1]}={_scalar(value)}")
+    if not parts:
+        return ""
+    tag = _sanitize(",".join(parts))
+    if len(tag) > 48:
+        tag = "set-" + hashlib.sha256(" ".join(overrides).encode()).hexdigest()[:10]
+    return "-" + tag
 
 
 def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, seeds: int = 1,
@@ -876,7 +884,6 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
     layers whose total is as close as possible to the untied one's. Training failures do not stop
     the others; they are listed in result["train_failures"] and among the runs left out."""
     from .config import load_config
-    from .errors import Interrupted
 
     if match not in (None, "params"):
         raise ConfigError(f"--match {match!r} is not supported — the only option is --match params")
@@ -902,39 +909,17 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
         else:
             variants.append(("tied-matched", ["model.tie_embeddings=true",
                                               f"model.n_layer={match_info['matched_n_layer']}"]))
+    prefix = base.name + _override_tag(overrides)
     jobs = []
     for tag, extra in variants:
         for seed in seed_list:
             cfg = load_config(cfg_path, overrides + extra, seed=seed)
-            jobs.append((f"{base.name}-{tag}-s{seed}", cfg))
+            jobs.append((f"{prefix}-{tag}-s{seed}", cfg))
 
-    from .train import train_run
+    from .sweep import train_jobs
 
-    failures: dict[str, str] = {}
-    for i, (name, cfg) in enumerate(jobs, 1):
-        run_dir = runs_dir / name
-        if run_is_finished(run_dir, cfg):
-            _say(progress, f"[{i}/{len(jobs)}] {name}: finished already, reused")
-            continue
-        _say(progress, f"[{i}/{len(jobs)}] training {name}")
-        try:
-            try:
-                train_run(cfg, out=runs_dir, name=name, progress=progress)
-            except TiedlmError as exc:
-                # --overwrite replaces a folder that holds another config (an edited base config);
-                # an unfinished run of this config is still resumed, never thrown away
-                if not (overwrite and exc.exit_code == 2 and "different config" in str(exc)):
-                    raise
-                _say(progress, f"[{i}/{len(jobs)}] {name}: holds another config, retraining (--overwrite)")
-                train_run(cfg, out=runs_dir, name=name, progress=progress, overwrite=True)
-        except (Interrupted, KeyboardInterrupt):
-            raise
-        except TiedlmError as exc:
-            failures[name] = str(exc)
-        except Exception as exc:  # out of memory in one variant is a result, not a reason to stop
-            failures[name] = f"{type(exc).__name__}: {exc}"
-        if name in failures:  # shown --quiet or not
-            print(f"[{i}/{len(jobs)}] {name} failed: {failures[name]}", file=sys.stderr, flush=True)
+    entries = train_jobs(jobs, runs_dir, progress, overwrite_other_config=overwrite)
+    failures = {e["name"]: e["error"] for e in entries if e["status"] == "failed"}
     out = Path(out) if out is not None else runs_dir / COMPARE_DIR
     result = _compare([runs_dir / name for name, _ in jobs], [], out, baseline, runs_dir,
                       match=match_info, reasons=failures)

@@ -473,16 +473,33 @@ def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)
 
 
+# Keys that change how a run is carried out but not what it trains: a run may resume with other
+# values (another machine's thread count, a different checkpoint interval), and runs that differ
+# only in them are seeds of one variant. Device, dtype and everything in the model, data and
+# optimizer do change results, and are not here.
+OPERATIONAL_KEYS = ("train.threads", "train.compile", "train.checkpoint_every", "train.log_every",
+                    "train.eval_every", "train.eval_tokens", "eval.batch_size")
+
+
+def strip_variant_keys(data: dict) -> dict:
+    """A config dict without seed, name and the operational keys: what identifies a variant."""
+    out = json.loads(json.dumps(data, default=str))
+    out.pop("seed", None)
+    out.pop("name", None)
+    for key in OPERATIONAL_KEYS:
+        section, leaf = key.split(".")
+        if isinstance(out.get(section), dict):
+            out[section].pop(leaf, None)
+    return out
+
+
 def variant_dict(cfg: Config) -> dict:
-    """The resolved config without the keys that do not change what is trained (seed, name)."""
-    data = to_dict(cfg)
-    data.pop("seed", None)
-    data.pop("name", None)
-    return data
+    """The resolved config without the keys that do not change what is trained."""
+    return strip_variant_keys(to_dict(cfg))
 
 
 def config_hash(cfg: Config) -> str:
-    """Identifies a variant: the hash of the resolved config, seed and name excluded."""
+    """Identifies a variant: the hash of the resolved config, seed, name and OPERATIONAL_KEYS excluded."""
     blob = json.dumps(variant_dict(cfg), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

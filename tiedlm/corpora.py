@@ -229,19 +229,25 @@ def _pydoc_topics() -> dict[str, str]:
     return topics
 
 
+PYDOC_VERSION = 2  # the splitting rule; bumped whenever pydoc_splits changes (v2: duplicates removed)
+
+
 def pydoc_fingerprint() -> str:
-    """Changes when the Python version ships different documentation text."""
-    h = hashlib.sha256()
+    """Changes when the Python version ships different documentation text, or the split rule changes."""
+    h = hashlib.sha256(f"pydoc-v{PYDOC_VERSION}\0".encode())
     for name, text in sorted(_pydoc_topics().items()):
         h.update(name.encode() + b"\0" + text.encode() + b"\0")
     return h.hexdigest()[:16]
 
 
 def pydoc_splits() -> dict[str, list[str]]:
-    """The paragraphs of every topic (in topic-name order) are the documents; of every 20,
+    """The distinct paragraphs of every topic (in topic-name order) are the documents; of every 20,
     the 10th goes to validation and the 20th to test (90/5/5), so each split covers all topics."""
     paragraphs = [p.strip("\n") for _, text in sorted(_pydoc_topics().items())
                   for p in re.split(r"\n[ \t]*\n", text) if p.strip()]
+    # The documentation repeats paragraphs ("Changed in version 3.7: ...", operator tables): keep
+    # the first of each, or validation and test would hold text seen word for word in training.
+    paragraphs = list(dict.fromkeys(paragraphs))
     out: dict[str, list[str]] = {s: [] for s in SPLITS}
     for i, p in enumerate(paragraphs):
         out["validation" if i % 20 == 9 else "test" if i % 20 == 19 else "train"].append(p)

@@ -853,7 +853,7 @@ def _documents(source: _Source, d: DataConfig, progress: bool) -> tuple[dict[str
     docs: dict[str, _Docs] = {}
     for role, ds in chosen.items():
         if isinstance(ds, datasets.IterableDataset):
-            docs[role] = _StreamDocs(_stream_texts(ds, d.text_column, role, what))
+            docs[role] = _StreamDocs(_stream_texts(ds, d.text_column, role, what, source, d))
         else:
             docs[role] = _ArrowDocs(*_arrow_docs(_text_column(ds, d.text_column, role, what)))
 
@@ -901,9 +901,24 @@ def _text_column(ds: Any, column: str, role: str, what: str) -> Any:
     return col
 
 
-def _stream_texts(ds: Any, column: str, role: str, what: str) -> Callable[[], Iterator[str]]:
+def _stream_texts(ds: Any, column: str, role: str, what: str, source: "_Source",
+                  d: DataConfig) -> Callable[[], Iterator[str]]:
+    def examples() -> Iterator[dict]:
+        # a stream fails while it is read (a file that is not UTF-8, the network gone): one line too
+        it = iter(ds)
+        while True:
+            try:
+                example = next(it)
+            except StopIteration:
+                return
+            except DataError:
+                raise
+            except Exception as exc:
+                raise _translate(exc, source, d) from exc
+            yield example
+
     def texts() -> Iterator[str]:
-        for example in ds:
+        for example in examples():
             if column not in example:
                 raise DataError(f"{what} has no column {column!r} in its {role} split; its columns are: "
                                 f"{', '.join(example)} — set data.text_column")

@@ -241,7 +241,7 @@ def existing_state(run_dir: Path, config: dict) -> str:
     """What to do with a run folder: 'new', 'finished' (nothing to do), or 'resume'.
 
     A folder holding a different config is refused with the keys that differ."""
-    from .config import diff_keys
+    from .config import OPERATIONAL_KEYS, diff_keys
 
     run_dir = Path(run_dir)
     if not run_dir.exists():
@@ -255,7 +255,7 @@ def existing_state(run_dir: Path, config: dict) -> str:
                            "— choose another --name, or --overwrite to replace it")
         return "new"
     if old is not None:
-        differ = diff_keys(old, config)
+        differ = [k for k in diff_keys(old, config) if k not in OPERATIONAL_KEYS]
         if differ:
             shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
             raise RunError(f"{run_dir} holds a run with a different config ({shown} differ) — "

@@ -192,14 +192,65 @@ def _say(progress: bool, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+def run_is_finished(run_dir: Path, cfg: Any) -> bool:
+    """True when run_dir holds a finished run of exactly this variant and seed."""
+    from .config import config_hash
+    from .runs import read_report
+
+    try:
+        report = read_report(Path(run_dir))
+    except (TiedlmError, OSError):
+        return False
+    return (isinstance(report, dict) and report.get("status") == "finished"
+            and report.get("config_hash") == config_hash(cfg) and report.get("seed") == cfg.seed)
+
+
+def train_jobs(jobs: list[tuple[str, Any]], out: Path, progress: bool = True,
+               overwrite_other_config: bool = False) -> list[dict]:
+    """Train (name, config) jobs one after another into `out`, as `tiedlm compare --config` and
+    `tiedlm sweep` do: finished runs are skipped, a failure is noted and passed over (always shown,
+    --quiet or not), an interrupt stops everything (the run resumes when the command is re-run).
+    With overwrite_other_config, a folder holding another config is retrained instead of refused;
+    an unfinished run of the same config is still resumed, never thrown away.
+    Returns one entry per job: name, status (skipped | finished | failed) and error."""
+    from .errors import Interrupted
+    from .train import train_run
+
+    entries = []
+    for i, (name, cfg) in enumerate(jobs, 1):
+        entry = {"name": name, "status": None, "error": None}
+        entries.append(entry)
+        if run_is_finished(Path(out) / name, cfg):
+            entry["status"] = "skipped"
+            _say(progress, f"[{i}/{len(jobs)}] {name}: finished already, skipped")
+            continue
+        _say(progress, f"[{i}/{len(jobs)}] training {name}")
+        try:
+            try:
+                train_run(cfg, out=out, name=name, progress=progress)
+            except TiedlmError as exc:
+                if not (overwrite_other_config and exc.exit_code == 2 and "different config" in str(exc)):
+                    raise
+                _say(progress, f"[{i}/{len(jobs)}] {name}: holds another config, retraining (--overwrite)")
+                train_run(cfg, out=out, name=name, progress=progress, overwrite=True)
+        except (Interrupted, KeyboardInterrupt):
+            raise
+        except TiedlmError as exc:
+            entry.update(status="failed", error=str(exc))
+        except Exception as exc:  # a bug or out-of-memory in one run must not cost the others
+            entry.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        else:
+            entry["status"] = "finished"
+        if entry["status"] == "failed":
+            print(f"[{i}/{len(jobs)}] {name} failed: {entry['error']}", file=sys.stderr, flush=True)
+    return entries
+
+
 def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: TextIO | None = None) -> dict:
     """Run every point of the grid one after another (finished runs skipped, failures noted and
     passed over), or with dry_run print the commands, one per line, shell-quoted. Returns a summary:
     summary["failed"] holds the names of the runs that failed (the CLI exits 1 when there are any),
     summary["runs"] one entry per run with its status and error."""
-    from .compare import run_is_finished
-    from .errors import Interrupted
-
     runs = expand(grid)
     summary: dict[str, Any] = {"dry_run": dry_run, "out": str(grid.out), "total": len(runs),
                                "runs": [], "failed": [], "trained": 0, "skipped": 0}
@@ -209,33 +260,14 @@ def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: 
         for line in summary["commands"]:
             print(line, file=stream)
         return summary
-    from .train import train_run
-
-    for i, run in enumerate(runs, 1):
-        entry = {"name": run.name, "seed": run.seed, "point": run.point, "path": str(grid.out / run.name),
-                 "status": None, "error": None}
+    entries = train_jobs([(r.name, r.cfg) for r in runs], grid.out, progress)
+    for run, entry in zip(runs, entries):
+        entry.update(seed=run.seed, point=run.point, path=str(grid.out / run.name))
         summary["runs"].append(entry)
-        if run_is_finished(grid.out / run.name, run.cfg):
-            entry["status"] = "skipped"
-            summary["skipped"] += 1
-            _say(progress, f"[{i}/{len(runs)}] {run.name}: finished already, skipped")
-            continue
-        _say(progress, f"[{i}/{len(runs)}] training {run.name}")
-        try:
-            train_run(run.cfg, out=grid.out, name=run.name, progress=progress)
-        except (Interrupted, KeyboardInterrupt):
-            raise  # the user stopped the sweep; the run resumes when the sweep is re-run
-        except TiedlmError as exc:
-            entry.update(status="failed", error=str(exc))
-        except Exception as exc:  # a bug in one run must not cost the rest of the sweep
-            entry.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-        else:
-            entry["status"] = "finished"
-            summary["trained"] += 1
         if entry["status"] == "failed":
             summary["failed"].append(run.name)
-            # always shown, --quiet or not: a failure must not scroll past unseen
-            print(f"[{i}/{len(runs)}] {run.name} failed: {entry['error']}", file=sys.stderr, flush=True)
+    summary["trained"] = sum(e["status"] == "finished" for e in entries)
+    summary["skipped"] = sum(e["status"] == "skipped" for e in entries)
     return summary
 
 
