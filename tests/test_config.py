@@ -142,3 +142,12 @@ def test_negative_seeds_are_refused(key):
         load_config(None, BUDGET + [f"{key}=-1"])
     with pytest.raises(ConfigError, match="seed must not be negative"):
         load_config(None, BUDGET, seed=-3)
+
+
+def test_operational_keys_do_not_change_the_variant():
+    base = load_config(None, BUDGET)
+    for override in ("train.threads=8", "train.checkpoint_every=7", "train.log_every=3", "train.eval_every=9",
+                     "eval.batch_size=2", "train.compile=true", "train.eval_tokens=100"):
+        assert config_hash(load_config(None, BUDGET + [override])) == config_hash(base), override
+    for override in ("train.device=cpu", "train.dtype=bf16", "train.lr=0.01", "eval.stride=64"):
+        assert config_hash(load_config(None, BUDGET + [override])) != config_hash(base), override

@@ -414,3 +414,15 @@ def test_out_of_memory_is_a_one_line_error(tiny, tmp_path, monkeypatch):
         train_run(tiny(), out=tmp_path, progress=False)
     r = json.loads((tmp_path / "tiny-s0" / "report.json").read_text())
     assert r["status"] == "failed"
+
+
+def test_resume_accepts_other_operational_settings(tiny, tmp_path):
+    with pytest.raises(Interrupted):
+        train_run(tiny("train.threads=1"), out=tmp_path, progress=False, stop_after_step=5)
+    run = train_run(tiny("train.threads=2", "train.checkpoint_every=3", "train.log_every=2"), out=tmp_path,
+                    progress=False)
+    r = json.loads((run / "report.json").read_text())
+    assert r["status"] == "finished" and r["resumed_at_steps"] == [5]
+    assert r["config"]["train"]["threads"] == 2  # the folder records the settings it finished with
+    with pytest.raises(RunError, match="train.lr"):
+        train_run(tiny("train.lr=0.5"), out=tmp_path, progress=False)

@@ -391,7 +391,7 @@ def _training_batches(docs: "_Docs", max_bytes: int, progress: bool) -> Iterator
 
     seen = 0
     with tqdm(unit="B", unit_scale=True, desc="tokenizer text", file=sys.stderr,
-              disable=not progress, leave=False) as bar:
+              disable=None if progress else True, leave=False) as bar:  # None: off when not a terminal
         for batch in docs.head(max_bytes):
             batch = [piece for text in batch for piece in _cut(text)]  # see _cut: same counts, faster
             out = []
@@ -950,7 +950,8 @@ def encode_split(name: str, docs: _Docs, tok: Tokenizer, limit: int | None,
     parts: list[np.ndarray] = []
     n_tokens = 0
     stats = Counter()  # docs, chars, bytes, words, separators, unk
-    with tqdm(total=docs.n, unit="doc", desc=f"encoding {name}", file=sys.stderr, disable=not progress,
+    with tqdm(total=docs.n, unit="doc", desc=f"encoding {name}", file=sys.stderr,
+              disable=None if progress else True,  # None: off when stderr is not a terminal
               leave=False) as bar:
         for batch in docs.batches():
             encoded = tok.encode_batch(batch)

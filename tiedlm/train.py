@@ -633,7 +633,8 @@ def render_report_md(r: dict) -> str:
             lines.append(row)
         lines.append("")
         if floor and floor.get("note"):
-            lines += [f"Floor: {floor['note']}", ""]
+            lines += [f"The floor is the synthetic language's true entropy rate: no model can do better on "
+                      f"average. Note: {floor['note']}.", ""]
         first = next(iter(final.values()))
         if first.get("buckets"):
             lines += ["### Loss by training-set frequency of the target token", "",
