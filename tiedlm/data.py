@@ -24,6 +24,7 @@ import glob as globlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -623,6 +624,8 @@ def _offline() -> bool:
 def _hub_revision(path: str, revision: str | None) -> str:
     """The commit the hub serves for this dataset revision, so that the cache key changes when the
     dataset does. Offline (or unreachable), the last commit seen, so cached tokens are still used."""
+    if revision and re.fullmatch(r"[0-9a-f]{40}", revision):
+        return revision  # a pinned commit names itself: no need to ask the hub
     memo_file = cache_root() / "hub-revisions.json"
     memo = _read_json(memo_file) or {}
     name = f"{path}@{revision or 'main'}"
