@@ -180,8 +180,8 @@ def test_lr_schedule():
     assert lr_at(100, 100, t) == pytest.approx(0.1)
 
 
-def _nan_after(monkeypatch, step_calls: int):
-    """Make the model's forward return NaN from its step_calls-th training call on."""
+def _poison_forward(monkeypatch, bad_calls, value=float("nan")):
+    """Make the model's training forward return non-finite logits on the calls in bad_calls."""
     from tiedlm.model import GPT
 
     real = GPT.forward
@@ -191,16 +191,15 @@ def _nan_after(monkeypatch, step_calls: int):
         out = real(self, idx)
         if self.training:
             calls["n"] += 1
-            if calls["n"] >= step_calls:
-                return out * float("nan")
+            if calls["n"] in bad_calls:
+                return out * value
         return out
 
     monkeypatch.setattr(GPT, "forward", forward)
-    return calls
 
 
 def test_nan_loss_stops_as_diverged_keeping_the_last_checkpoint(tiny, tmp_path, monkeypatch):
-    _nan_after(monkeypatch, 6)  # step 6 goes bad; checkpoint at step 4 exists
+    _poison_forward(monkeypatch, range(6, 100))  # step 6 on goes bad; the checkpoint at step 4 exists
     with pytest.raises(DivergedError) as info:
         train_run(tiny(), out=tmp_path, progress=False)
     assert info.value.exit_code == 1 and "step 6" in str(info.value) and "step-0000004" in str(info.value)
@@ -212,20 +211,7 @@ def test_nan_loss_stops_as_diverged_keeping_the_last_checkpoint(tiny, tmp_path, 
 
 
 def test_max_skipped_skips_bounded_non_finite_steps(tiny, tmp_path, monkeypatch):
-    from tiedlm.model import GPT
-
-    real = GPT.forward
-    calls = {"n": 0}
-
-    def forward(self, idx):
-        out = real(self, idx)
-        if self.training:
-            calls["n"] += 1
-            if calls["n"] == 5:
-                return out * float("inf")
-        return out
-
-    monkeypatch.setattr(GPT, "forward", forward)
+    _poison_forward(monkeypatch, {5}, float("inf"))
     run = train_run(tiny("train.max_skipped=1"), out=tmp_path, progress=False)
     r = json.loads((run / "report.json").read_text())
     assert r["status"] == "finished" and r["skipped_steps"] == 1
