@@ -108,3 +108,40 @@ def test_unwritable_out_is_one_line(tiny_yaml, tmp_path):
     assert r.exit_code == 1
     assert "Traceback" not in r.output and len(r.stderr.strip().splitlines()) == 1
     assert "check the path" in r.stderr
+
+
+def test_compare_and_sweep_through_the_cli(tiny_yaml, tmp_path):
+    """compare --config, compare of folders, sweep --dry-run and a real sweep, end to end."""
+    import shlex
+
+    out = tmp_path / "runs"
+    r = invoke("compare", "--config", tiny_yaml, "--seeds", 2, "--out", out, "--quiet")
+    assert r.exit_code == 0, r.output
+    assert "tied" in r.stdout and "untied" in r.stdout and "paired over 2 seeds" in r.stdout
+    assert (out / "compare" / "comparison.md").exists()
+    # comparing the folders again gives the same numbers, without training
+    again = invoke("compare", str(out / "tiny-*"), "--out", out)
+    assert again.exit_code == 0 and again.stdout.splitlines()[:4] == r.stdout.splitlines()[:4]
+    # a broken run is left out with its reason, not a crash
+    (out / "broken-s0").mkdir()
+    (out / "broken-s0" / "report.json").write_text("{not json")
+    r = invoke("compare", "--out", out)
+    assert r.exit_code == 0 and "broken-s0" in r.output
+    # --set without --config is a usage error
+    r = invoke("compare", "--set", "model.n_embd=8", "--out", out)
+    assert r.exit_code == 2 and "need --config" in r.stderr
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"config: {tiny_yaml.name}\nset: [train.max_steps=4]\n"
+                    "grid: {model.tie_embeddings: [true, false]}\nseeds: 1\nout: sweep-runs\n")
+    r = invoke("sweep", grid, "--dry-run")
+    assert r.exit_code == 0
+    commands = [shlex.split(line) for line in r.stdout.strip().splitlines()]
+    assert len(commands) == 2 and all(c[:2] == ["tiedlm", "train"] for c in commands)
+    r = invoke("sweep", grid, "--quiet")
+    assert r.exit_code == 0, r.output
+    assert "2 trained" in r.stdout
+    finished = [p for p in (tmp_path / "sweep-runs").iterdir() if (p / "report.json").exists()]
+    assert len(finished) == 2
+    r = invoke("sweep", grid, "--quiet")  # again: nothing left to do
+    assert r.exit_code == 0 and "0 trained, 2 already finished" in r.stdout
