@@ -20,6 +20,7 @@ matplotlib is imported inside the plotting functions so that `tiedlm --help` sta
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import glob
 import hashlib
@@ -1271,6 +1272,19 @@ def _pyplot():
     return plt
 
 
+@contextlib.contextmanager
+def _figure(path: Path, title: str):
+    """One plot: yields its axes, then titles it, writes the PNG atomically and frees the figure."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    try:
+        yield ax
+        ax.set_title(title, fontsize=10)
+        _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
 def _save(fig: Any, path: Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
@@ -1306,9 +1320,7 @@ def _floor_ppl(variants: list[dict]) -> float | None:
 
 
 def plot_curve(result: dict, path: Path) -> None:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    try:
+    with _figure(path, "Validation perplexity during training (mean, min–max band over seeds)") as ax:
         drawn = False
         for i, v in enumerate(result["variants"]):
             pts = v["curve"]
@@ -1334,16 +1346,10 @@ def plot_curve(result: dict, path: Path) -> None:
             ax.legend(fontsize=8)
         else:
             _empty(ax, "no validation evaluations in metrics.jsonl (train.eval_every = 0?)")
-        ax.set_title("Validation perplexity during training (mean, min–max band over seeds)", fontsize=10)
-        _save(fig, path)
-    finally:
-        plt.close(fig)
 
 
 def plot_params(result: dict, path: Path) -> None:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    try:
+    with _figure(path, "Final validation perplexity against parameters (seeds, mean and 95% CI)") as ax:
         drawn = False
         for i, v in enumerate(result["variants"]):
             total = v["params"].get("total")
@@ -1366,16 +1372,10 @@ def plot_params(result: dict, path: Path) -> None:
             ax.legend(fontsize=8)
         else:
             _empty(ax, "no final validation perplexity or parameter counts")
-        ax.set_title("Final validation perplexity against parameters (seeds, mean and 95% CI)", fontsize=10)
-        _save(fig, path)
-    finally:
-        plt.close(fig)
 
 
 def plot_buckets(result: dict, path: Path) -> None:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    try:
+    with _figure(path, "Validation loss by token frequency (mean ± SD over seeds)") as ax:
         names: list[str] = []
         for v in result["variants"]:
             for b in (v["metrics"].get("validation") or {}).get("buckets", []):
@@ -1403,7 +1403,3 @@ def plot_buckets(result: dict, path: Path) -> None:
             ax.legend(fontsize=8)
         else:
             _empty(ax, "no per-bucket losses in the reports")
-        ax.set_title("Validation loss by token frequency (mean ± SD over seeds)", fontsize=10)
-        _save(fig, path)
-    finally:
-        plt.close(fig)
