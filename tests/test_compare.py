@@ -613,3 +613,26 @@ train: {device: cpu, dtype: fp32, batch_size: 4, max_steps: 6, warmup_steps: 1, 
     # --set overrides get folders of their own, next to the plain runs
     other = C.compare_config(cfg, ["train.lr=2e-3"], seeds=1, match=None, runs_dir=runs, progress=False)
     assert sorted(r["name"] for r in other["runs"]) == ["tiny-lr=2e-3-tied-s0", "tiny-lr=2e-3-untied-s0"]
+
+
+def test_bucket_differences_are_tested_by_seed(tmp_path):
+    """Each frequency bucket's loss difference gets the same paired test as perplexity."""
+    runs = tmp_path / "runs"
+    rare = {0: 7.30, 1: 7.36, 2: 7.41}
+    base = {0: 7.10, 1: 7.22, 2: 7.19}
+    for seed in range(3):
+        for tied, table in ((True, rare), (False, base)):
+            name = f"{'tied' if tied else 'untied'}-s{seed}"
+            make_run(runs, name, seed, TIED if tied else UNTIED)
+            report = json.loads((runs / name / "report.json").read_text())
+            for split in report["final"].values():
+                split["buckets"] = [{"name": "rest 50%", "loss": table[seed], "tokens": 100}]
+            (runs / name / "report.json").write_text(json.dumps(report))
+    result = C.compare_runs(None, runs_dir=runs)
+    test = variant(result, "tied")["vs_baseline"]["validation"]["buckets"]["rest 50%"]
+    expected = scipy_stats.ttest_rel([rare[s] for s in range(3)], [base[s] for s in range(3)])
+    assert test["test"] == "paired"
+    assert test["difference"] == pytest.approx(sum(rare.values()) / 3 - sum(base.values()) / 3)
+    assert test["p_value"] == pytest.approx(expected.pvalue, rel=1e-6)
+    md = (runs / "compare" / "comparison.md").read_text()
+    assert f"p={expected.pvalue:.3f}" in md

@@ -550,6 +550,7 @@ def _aggregate(label: str, runs: list[dict]) -> dict:
         for name in _bucket_names(runs, split):
             found = [_bucket(r, split, name) or {} for r in runs]
             buckets.append({"name": name, "loss": summarize(b.get("loss") for b in found),
+                            "by_seed": {r["seed"]: b.get("loss") for r, b in zip(runs, found)},
                             "perplexity": summarize(b.get("perplexity") for b in found),
                             "tokens": _number(next((b.get("tokens") for b in found if b.get("tokens") is not None), None))})
         variant["metrics"][split] = {
@@ -588,6 +589,10 @@ def _versus(variant: dict, base: dict) -> dict:
         diff["relative_ci_low"], diff["relative_ci_high"] = rel(diff.get("ci_low")), rel(diff.get("ci_high"))
         diff["significant"] = (diff["p_value"] < ALPHA) if diff.get("p_value") is not None else None
         diff["variant_mean"], diff["baseline_mean"] = mv["perplexity"]["mean"], base_mean
+        # the tying literature's claim is about rare tokens: test each bucket's loss difference too
+        base_buckets = {b["name"]: b for b in mb.get("buckets", [])}
+        diff["buckets"] = {b["name"]: compare_by_seed(b["by_seed"], base_buckets[b["name"]]["by_seed"])
+                           for b in mv.get("buckets", []) if b["name"] in base_buckets}
         out[split] = diff
     tv, tb = variant["params"].get("total"), base["params"].get("total")
     if isinstance(tv, int) and isinstance(tb, int) and tb:
@@ -1155,14 +1160,18 @@ def to_markdown(result: dict) -> str:
                 cell = _mean_sd(b["loss"], 3)
                 ref = base_b.get(n)
                 if not v["is_baseline"] and ref and ref["loss"]["mean"] is not None:
-                    cell += f" ({_fmt_signed(b['loss']['mean'] - ref['loss']['mean'], 3)})"
+                    test = (((v["vs_baseline"] or {}).get("validation") or {}).get("buckets") or {}).get(n) or {}
+                    p = test.get("p_value")
+                    cell += (f" ({_fmt_signed(b['loss']['mean'] - ref['loss']['mean'], 3)}"
+                             + (f", {_fmt_p(p)}" if p is not None else "") + ")")
                 row.append(cell)
             bucket_rows.append(row)
         first_buckets = {b["name"]: b for v in variants for b in (v["metrics"].get("validation") or {}).get("buckets", [])}
         md += ["", "## Loss by token frequency (validation)", ""]
         md.append("Mean loss in nats per token of each frequency bucket (vocabulary ranked by training-set "
-                  "count), ± SD over seeds; in brackets the difference from the baseline. The weight-tying "
-                  "literature expects tying to help rare tokens most.")
+                  "count), ± SD over seeds; in brackets the difference from the baseline and its p-value (the same "
+                  "test as for perplexity: paired by seed where the seeds match). The weight-tying literature "
+                  "expects tying to help rare tokens most.")
         md.append("")
         header = ["variant"] + [f"{n} ({_fmt_count(first_buckets[n].get('tokens'))} tokens)"
                                 if first_buckets[n].get("tokens") else n for n in bucket_names]
