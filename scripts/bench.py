@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 SHAPES = [  # (name, n_layer, n_head, n_embd, block_size, batch_size, vocab)
-    ("base.yaml", 2, 4, 128, 64, 32, 4098),
+    ("base.yaml", 2, 4, 128, 64, 32, 4096),
     ("wide vocab", 2, 4, 128, 64, 32, 16384),
-    ("deeper", 6, 6, 384, 128, 8, 4098),
+    ("deeper", 6, 6, 384, 128, 8, 4096),
 ]
 
 
@@ -55,7 +55,8 @@ def train_throughput(shape, tied: bool, device, dtype: str, steps: int) -> tuple
 
     from tiedlm.config import ModelConfig, TrainConfig
     from tiedlm.model import GPT, flops_per_token
-    from tiedlm.train import autocast_ctx, build_optimizer
+    from tiedlm.model import autocast_ctx
+    from tiedlm.train import build_optimizer
 
     _, L, H, d, T, B, V = shape
     cfg = ModelConfig(n_layer=L, n_head=H, n_embd=d, block_size=T, tie_embeddings=tied)
@@ -113,7 +114,7 @@ def data_times() -> list[tuple[str, float, float]]:
 def main() -> None:
     import torch
 
-    from tiedlm.train import resolve_device, resolve_dtype
+    from tiedlm.model import resolve_device, resolve_dtype
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")

@@ -179,7 +179,7 @@ def cache_list() -> None:
 
 @cache_app.command("clear")
 def cache_clear() -> None:
-    """Delete everything in the token cache."""
+    """Delete the entries tiedlm made in the token cache (nothing else in its folder)."""
 
     def go():
         from .data import cache_root, clear_cache

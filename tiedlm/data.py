@@ -1069,6 +1069,11 @@ def _split_settings(d: DataConfig, source: _Source) -> dict:
             "stream_limit": d.max_train_tokens if d.streaming else None}
 
 
+def data_identity(data) -> dict:
+    """What the tokens of a run depend on: the source's fingerprint and the tokenizer's key."""
+    return {"fingerprint": data.info.get("fingerprint"), "tokenizer": data.info.get("tokenizer", {}).get("key")}
+
+
 def prepare_data(cfg: Config, progress: bool = True) -> PreparedData:
     """Load, split, tokenize and cache the data that cfg.data and cfg.tokenizer describe."""
     t_start = time.perf_counter()

@@ -156,10 +156,9 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
 
     from . import runs
     from .config import from_dict
-    from .data import prepare_data
+    from .data import data_identity, prepare_data
     from .errors import ConfigError, RunError
-    from .model import GPT, load_model_tensors
-    from .train import autocast_ctx, data_identity, resolve_device, resolve_dtype
+    from .model import GPT, autocast_ctx, load_model_tensors, resolve_device, resolve_dtype
 
     run_dir = Path(run_dir)
     raw = runs.read_config(run_dir)

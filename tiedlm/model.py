@@ -10,13 +10,14 @@ used twice, so its gradient is the sum of the gradients of both uses and AdamW k
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
 from .config import ModelConfig
-from .errors import RunError
+from .errors import ConfigError, RunError
 
 
 class CausalSelfAttention(nn.Module):
@@ -139,6 +140,45 @@ class GPT(nn.Module):
             x = block(x)
         x = self.transformer.ln_f(x)
         return self.lm_head(x)  # (B, T, V)
+
+
+# -------------------------------------------------------------------- where the model runs
+
+
+def resolve_device(name: str):
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"train.device is {name} but no CUDA device is visible — "
+                              "use --set train.device=auto (or cpu)")
+        idx = int(name.split(":")[1]) if ":" in name else 0
+        if idx >= torch.cuda.device_count():
+            raise ConfigError(f"train.device is {name} but only {torch.cuda.device_count()} CUDA "
+                              "device(s) are visible — choose one of them")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ConfigError("train.device is mps but MPS is not available — use --set train.device=auto")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device) -> str:
+    """auto: bf16 autocast on CUDA devices that support it, fp32 elsewhere (bf16 on a CPU without
+    bf16 units is ~100x slower than fp32)."""
+    if name != "auto":
+        return name
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+def autocast_ctx(device, dtype: str):
+    if dtype == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
 
 
 # -------------------------------------------------------------------- weights in and out

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -31,51 +30,6 @@ from .errors import ConfigError, DivergedError, Interrupted, RunError, TiedlmErr
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-# ------------------------------------------------------------------------- device and dtype
-
-
-def resolve_device(name: str):
-    import torch
-
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"train.device is {name} but no CUDA device is visible — "
-                              "use --set train.device=auto (or cpu)")
-        idx = int(name.split(":")[1]) if ":" in name else 0
-        if idx >= torch.cuda.device_count():
-            raise ConfigError(f"train.device is {name} but only {torch.cuda.device_count()} CUDA "
-                              "device(s) are visible — choose one of them")
-    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError("train.device is mps but MPS is not available — use --set train.device=auto")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device) -> str:
-    """auto: bf16 autocast on CUDA devices that support it, fp32 elsewhere (bf16 on a CPU without
-    bf16 units is ~100x slower than fp32)."""
-    import torch
-
-    if name != "auto":
-        return name
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return "bf16"
-    return "fp32"
-
-
-def autocast_ctx(device, dtype: str):
-    import torch
-
-    if dtype == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return nullcontext()
 
 
 # ------------------------------------------------------------------------- optimizer and schedule
@@ -294,19 +248,15 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
     return run_dir
 
 
-def data_identity(data) -> dict:
-    """What the tokens of a run depend on: the source's fingerprint and the tokenizer's key."""
-    return {"fingerprint": data.info.get("fingerprint"), "tokenizer": data.info.get("tokenizer", {}).get("key")}
-
-
 def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | None, fresh: bool,
            signals: StopSignals) -> None:
     import torch
     from torch.nn import functional as F
 
-    from .data import prepare_data
+    from .data import data_identity, prepare_data
     from .evaluate import evaluate_split, perplexity
-    from .model import GPT, count_params, flops_per_token, load_model_tensors, model_tensors
+    from .model import (GPT, autocast_ctx, count_params, flops_per_token, load_model_tensors, model_tensors,
+                        resolve_device, resolve_dtype)
 
     t_start = time.time()
     tcfg = cfg.train
