@@ -145,3 +145,20 @@ def test_compare_and_sweep_through_the_cli(tiny_yaml, tmp_path):
     assert len(finished) == 2
     r = invoke("sweep", grid, "--quiet")  # again: nothing left to do
     assert r.exit_code == 0 and "0 trained, 2 already finished" in r.stdout
+
+
+def test_ctrl_c_and_data_errors_while_preparing_write_nothing(tiny_yaml, tmp_path, monkeypatch):
+    import tiedlm.data
+
+    def interrupted(cfg, progress=True):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tiedlm.data, "prepare_data", interrupted)
+    r = invoke("train", "--config", tiny_yaml, "--out", tmp_path / "runs", "--quiet")
+    assert r.exit_code == 130 and r.stderr.strip() == "tiedlm: error: interrupted"
+    assert not (tmp_path / "runs" / "tiny-s0").exists()
+    monkeypatch.undo()
+    r = invoke("train", "--config", tiny_yaml, "--out", tmp_path / "runs", "--quiet",
+               "--set", "data.path=./no/such/folder")
+    assert r.exit_code == 1 and "does not exist" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs" / "tiny-s0").exists()
