@@ -452,8 +452,8 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
                 node[part] = child
             node = child
         node[parts[-1]] = value
-        if parts[0] == "train" and len(parts) == 2 and parts[1] in _BUDGETS and value is not None:
-            node[_BUDGETS[1 - _BUDGETS.index(parts[1])]] = None  # one budget replaces the other
+        if parts[0] == "train" and len(parts) == 2:  # an override is a layer of its own
+            _one_budget(data, {"train": {parts[1]: value}})
     return data
 
 

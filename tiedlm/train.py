@@ -322,9 +322,20 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
         sampler = np.random.default_rng(cfg.seed)
         model = GPT(cfg.model, data.model_vocab_size).to(device)
         model.check_tie(cfg.model.tie_embeddings)
-        params = count_params(model)
-        params.update(model_vocab_size=data.model_vocab_size, vocab_size=data.vocab_size,
-                      vocab_padding=data.model_vocab_size - data.vocab_size)
+
+        def params_now() -> dict:
+            """The model's parameter breakdown, with the tokenizer's and the padded vocabulary."""
+            return {**count_params(model), "model_vocab_size": data.model_vocab_size,
+                    "vocab_size": data.vocab_size, "vocab_padding": data.model_vocab_size - data.vocab_size}
+
+        def wall_time() -> float:  # over every attempt of a resumed run
+            return report.get("wall_time_s", 0) + time.time() - t_start
+
+        def interrupted(message: str) -> Interrupted:
+            write_report(status="interrupted", interrupted_at_step=step, wall_time_s=wall_time())
+            return Interrupted(message, exit_code=143 if signals.received == signal.SIGTERM else 130)
+
+        params = params_now()
         split_at = untie_step(cfg, total)
         optimizer = build_optimizer(model, tcfg)
 
@@ -378,7 +389,7 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
             runs.save_checkpoint(run_dir, step, tensors, meta, state)
 
         tokens_per_step = B * tcfg.grad_accum * T
-        params_list = [p for p in model.parameters()]
+        params_list = list(model.parameters())
         bar = None
         if progress:
             from tqdm import tqdm
@@ -426,7 +437,7 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
                 log(f"step {step}: non-finite loss or gradient, step skipped ({skipped}/{tcfg.max_skipped})")
             if split_at is not None and step == split_at and model.is_tied:
                 untie_with_optimizer(model, optimizer)
-                params_list = [p for p in model.parameters()]
+                params_list = list(model.parameters())
                 fwd = torch.compile(model) if tcfg.compile else model
                 untied_at = step
                 pending.append({"kind": "untie", "step": step, "tokens": tokens_seen})
@@ -451,14 +462,10 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
                 pending = []
                 checkpoint()
             if stopping:
-                signum = signals.received
-                code = 143 if signum == signal.SIGTERM else 130
-                write_report(status="interrupted", interrupted_at_step=step,
-                             wall_time_s=report.get("wall_time_s", 0) + time.time() - t_start)
                 if bar is not None:
                     bar.close()
-                raise Interrupted(f"interrupted at step {step} of {total}; a checkpoint was written — run "
-                                  "the same command again to resume", exit_code=code)
+                raise interrupted(f"interrupted at step {step} of {total}; a checkpoint was written — run "
+                                  "the same command again to resume")
         if bar is not None:
             bar.close()
         runs.append_metrics(run_dir, pending)
@@ -468,25 +475,20 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
         final = {}
         for split in cfg.eval.splits:
             if signals.received is not None:
-                write_report(status="interrupted", interrupted_at_step=step,
-                             wall_time_s=report.get("wall_time_s", 0) + time.time() - t_start)
-                raise Interrupted(f"interrupted during the final evaluation (training is complete and "
-                                  "checkpointed) — run the same command again to evaluate",
-                                  exit_code=143 if signals.received == signal.SIGTERM else 130)
+                raise interrupted("interrupted during the final evaluation (training is complete and "
+                                  "checkpointed) — run the same command again to evaluate")
             res = evaluate_split(model, data.splits[split], T, cfg.eval.stride, cfg.eval.batch_size, device,
                                  amp, train_counts=data.train_counts, fractions=cfg.eval.buckets)
             final[split] = res
             runs.append_metrics(run_dir, [{"kind": "final", "step": step, "tokens": tokens_seen, "split": split,
                                            "loss": res["loss"], "perplexity": res["perplexity"]}])
         mem, mem_kind = peak_memory(device)
-        wall = report.get("wall_time_s", 0) + time.time() - t_start
         write_report(status="finished", final=final, steps=step, tokens_seen=tokens_seen,
-                     train_time_s=train_time, wall_time_s=wall,
+                     train_time_s=train_time, wall_time_s=wall_time(),
                      tokens_per_s=tokens_seen / train_time if train_time else None,
                      peak_memory_bytes=mem, peak_memory_kind=mem_kind, untied_at_step=untied_at,
                      skipped_steps=skipped, finished_at=now(),
-                     params_after_untie=({**count_params(model), "model_vocab_size": data.model_vocab_size,
-                                          "vocab_size": data.vocab_size} if untied_at is not None else None),
+                     params_after_untie=params_now() if untied_at is not None else None,
                      checkpoint=str(runs.latest_checkpoint(run_dir).relative_to(run_dir)))
         log(f"finished {run_dir}: " + ", ".join(f"{s} ppl {r['perplexity']:.2f}" for s, r in final.items()))
     except (Interrupted, DivergedError):
