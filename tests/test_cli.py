@@ -18,6 +18,14 @@ def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
+def assert_one_line_error(r, message, code=2):
+    """The error design: one `tiedlm: error:` line on stderr naming the problem, no traceback."""
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == code, r.output
+    assert len(lines) == 1 and lines[0].startswith("tiedlm: error:") and message in lines[0], r.stderr
+    assert "Traceback" not in r.output and isinstance(r.exception, SystemExit)  # not a crash
+
+
 def test_version():
     r = invoke("--version")
     assert r.exit_code == 0 and r.output.strip() == f"tiedlm {__version__}"
@@ -94,11 +102,19 @@ def test_real_subprocess_train(tiny_yaml, tmp_path):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
 
 
-def test_eval_stride_out_of_range(tiny_yaml, tmp_path):
+def test_eval_option_values_are_one_line_errors(tiny_yaml, tmp_path):
+    """Bad --stride, --split and --device on a real run: exit 2, one line, before the model is loaded
+    (--device bogus used to reach torch.device and end in a traceback)."""
     assert invoke("train", "--config", tiny_yaml, "--out", tmp_path, "--quiet").exit_code == 0
-    for stride in (0, 17, -1):
-        r = invoke("eval", tmp_path / "tiny-s0", "--stride", stride)
-        assert r.exit_code == 2 and "--stride must be between 1" in r.stderr
+    run = tmp_path / "tiny-s0"
+    for args, message in ((["--stride", 0], "--stride must be positive, got 0"),
+                          (["--stride", -1], "--stride must be positive, got -1"),
+                          (["--stride", 17], "--stride must be between 1 and the run's block_size (16)"),
+                          (["--device", "bogus"], "--device must be auto, cpu, cuda, cuda:N or mps, got 'bogus'"),
+                          (["--device", "cuda:x"], "--device must be auto"),
+                          (["--split", "dev"], "--split: 'dev' must be train, validation or test")):
+        r = invoke("eval", run, *args)
+        assert_one_line_error(r, message)
 
 
 def test_unwritable_out_is_one_line(tiny_yaml, tmp_path):
@@ -129,7 +145,7 @@ def test_compare_and_sweep_through_the_cli(tiny_yaml, tmp_path):
     assert r.exit_code == 0 and "broken-s0" in r.output
     # --set without --config is a usage error
     r = invoke("compare", "--set", "model.n_embd=8", "--out", out)
-    assert r.exit_code == 2 and "need --config" in r.stderr
+    assert r.exit_code == 2 and "--set only applies with --config" in r.stderr
 
     grid = tmp_path / "grid.yaml"
     grid.write_text(f"config: {tiny_yaml.name}\nset: [train.max_steps=4]\n"
@@ -162,3 +178,119 @@ def test_ctrl_c_and_data_errors_while_preparing_write_nothing(tiny_yaml, tmp_pat
                "--set", "data.path=./no/such/folder")
     assert r.exit_code == 1 and "does not exist" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs" / "tiny-s0").exists()
+
+
+# ------------------------------------------------------------------ hardening of options and files
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Make a run that slips past validation fail at once instead of training."""
+    import tiedlm.train
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("train_run was reached: the value should have been refused before")
+
+    monkeypatch.setattr(tiedlm.train, "train_run", refuse)
+
+
+def test_duplicate_keys_in_a_config_file_are_refused(tmp_path, no_training):
+    """Two `train:` blocks used to train with the second one only."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("name: dup\nmodel:\n  n_layer: 2\ntrain:\n  max_steps: 5\n  lr: 0.01\n"
+                   "eval:\n  batch_size: 4\ntrain:\n  max_steps: 7\n")
+    r = invoke("train", "--config", cfg, "--out", tmp_path / "runs")
+    assert_one_line_error(r, "cfg.yaml: duplicate key 'train' (lines 4 and 9) — keep one of them")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_duplicate_nested_keys_in_a_base_file_are_refused(tmp_path, no_training):
+    (tmp_path / "base.yaml").write_text("model:\n  n_embd: 64\n  n_head: 2\n  n_embd: 32\n")
+    (tmp_path / "top.yaml").write_text("base: base.yaml\ntrain:\n  max_steps: 3\n")
+    r = invoke("params", "--config", tmp_path / "top.yaml")
+    assert_one_line_error(r, "base.yaml: duplicate key 'n_embd' (lines 2 and 4)")
+
+
+def test_yaml_merge_keys_are_not_duplicates(tmp_path):
+    cfg = tmp_path / "merge.yaml"
+    cfg.write_text("common: &m {n_layer: 2, n_head: 2, n_embd: 32}\n"
+                   "model:\n  <<: *m\n  n_layer: 3\ntrain: {max_steps: 2}\n")
+    from tiedlm.config import load_yaml
+
+    data = load_yaml(cfg.read_text(), "merge.yaml")
+    assert data["model"] == {"n_layer": 3, "n_head": 2, "n_embd": 32}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--seed", "-1"], "--seed must not be negative, got -1"),
+    (["train", "--seed", str(2**64)], "--seed must be below 2**64"),
+    (["train", "--seed", "abc"], "Invalid value for '--seed'"),  # click's own check, one line too
+    (["train", "--name", "-rf"], "--name '-rf' starts with '-'"),
+    (["train", "--name", " lead"], "--name ' lead' holds ' '"),
+    (["train", "--name", "two\nlines"], "holds '\\n'"),
+    (["train", "--name", ".hidden"], "starts with '.'"),
+    (["train", "--name", ".."], "starts with '.'"),
+    (["train", "--name", "a/b"], "holds '/'"),
+    (["train", "--name", ""], "--name '' is empty"),
+    (["train", "--name", "x" * 300], "is 300 characters long"),
+    (["train", "--set", "name=a b"], "name 'a b' holds ' '"),
+    (["train", "--set", "name=-x"], "name '-x' starts with '-'"),
+    (["params", "--vocab-size", "0"], "--vocab-size must be positive, got 0"),
+    (["params", "--vocab-size", "-5"], "--vocab-size must be positive, got -5"),
+    (["params", "--vocab-size", "100", "--data"], "--vocab-size and --data contradict each other"),
+    (["compare", "--seeds", "0"], "--seeds must be positive, got 0"),
+    (["compare", "--seeds", "-2"], "--seeds must be positive"),
+    (["compare", "--seeds", "1001"], "--seeds must be at most 1,000, got 1,001"),
+    (["compare", "--match", "flops"], "--match 'flops' is not known"),
+])
+def test_bad_option_values_are_one_line_errors_and_create_nothing(tiny_yaml, tmp_path, monkeypatch, no_training,
+                                                                     args, message):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # the default --out is ./runs: nothing may appear here
+    r = invoke(*args[:1], "--config", tiny_yaml, *args[1:])
+    assert_one_line_error(r, message)
+    assert not list(work.iterdir())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["compare", "--seeds", "3"], "--seeds only applies with --config"),  # was silently ignored
+    (["compare", "--match", "params", "--overwrite"], "--match, --overwrite only apply with --config"),
+    (["eval", "somewhere", "--device", "gpu"], "--device must be auto, cpu, cuda, cuda:N or mps, got 'gpu'"),
+    (["eval", "somewhere", "--split", "dev"], "--split: 'dev' must be train, validation or test"),
+    (["eval", "somewhere", "--stride", "0"], "--stride must be positive, got 0"),
+    (["trian"], "No such command 'trian'"),
+    (["train"], "Missing option '--config'"),
+])
+def test_usage_errors_without_a_config_are_one_line(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(invoke(*args), message)
+    assert not list(tmp_path.iterdir())
+
+
+def test_option_errors_come_before_heavy_imports(tmp_path):
+    """A bad option is refused before torch is imported (instantly), in a real process."""
+    code = ("import sys\nfrom tiedlm.cli import app\n"
+            "try:\n    app(sys.argv[1:], prog_name='tiedlm')\n"
+            "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n")
+    for args in (["eval", str(tmp_path), "--device", "bogus"], ["compare", "--seeds", "0", "--config", "x.yaml"],
+                 ["train", "--config", "x.yaml", "--name", "-x"]):
+        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,
+                              cwd=tmp_path)
+        assert proc.stdout.split() == ["2", "False"], (args, proc.stdout, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("tiedlm: error:")
+
+
+def test_names_tiedlm_builds_follow_the_run_name_rule(tiny_yaml):
+    """compare and sweep put '=' and '+' into folder names: the rule for --name allows them, so a
+    folder tiedlm made can always be named again with --name (and checked by the same rule)."""
+    from tiedlm.compare import _override_tag
+    from tiedlm.config import check_run_name
+
+    for tag in (_override_tag(["model.n_embd=256", "train.lr=2e-3"]), _override_tag(["eval.buckets=[0.2, 0.6]"]),
+                _override_tag(["train.lr=1e+3"])):
+        check_run_name(f"base{tag}-untied-s0")
+    r = invoke("train", "--config", tiny_yaml, "--name", "base-n_embd=256,lr=0.002-tied-s0", "--print-config")
+    assert_one_line_error(r, "holds ','")
+    r = invoke("train", "--config", tiny_yaml, "--name", "base-n_embd=256_lr=1e+3-tied-s0", "--print-config")
+    assert r.exit_code == 0, r.output

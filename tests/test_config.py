@@ -151,3 +151,63 @@ def test_operational_keys_do_not_change_the_variant():
         assert config_hash(load_config(None, BUDGET + [override])) == config_hash(base), override
     for override in ("train.device=cpu", "train.dtype=bf16", "train.lr=0.01", "eval.stride=64"):
         assert config_hash(load_config(None, BUDGET + [override])) != config_hash(base), override
+
+
+@pytest.mark.parametrize("name", ["run", "tiny-s0", "base-n_embd=256-tied-s0", "lr=1e+3", "a.b_c", "9", "x" * 200])
+def test_check_run_name_accepts_plain_names(name):
+    from tiedlm.config import check_run_name
+
+    check_run_name(name)
+
+
+@pytest.mark.parametrize("name, problem", [
+    ("", "is empty"), (".", "starts with '.'"), ("..", "starts with '.'"), (".git", "starts with '.'"),
+    ("-rf", "starts with '-'"), ("a/b", "holds '/'"), ("a\\b", "holds '\\\\'"), ("a\nb", "holds '\\n'"),
+    (" a", "holds ' '"), ("a\0", "holds '\\x00'"), ("café", "holds 'é'"), ("a,b;c", "holds ',;'"),
+    ("x" * 201, "is 201 characters long"),
+])
+def test_check_run_name_refuses_what_the_rule_excludes(name, problem):
+    from tiedlm.config import RUN_NAME_RULE, check_run_name
+
+    with pytest.raises(ConfigError) as info:
+        check_run_name(name, "--name")
+    message = str(info.value)
+    assert problem in message and message.endswith(RUN_NAME_RULE) and "\n" not in message
+    assert info.value.exit_code == 2 and len(message) < 400  # a long name is shortened in the message
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.weight_decay=inf", "train.weight_decay must be a finite number, got inf"),
+    ("train.grad_clip=nan", "train.grad_clip must be a finite number, got nan"),
+    ("data.synthetic.zipf=.inf", "data.synthetic.zipf must be a finite number"),
+    ("train.min_lr=nan", "train.min_lr must be a finite number"),
+    ("eval.buckets=[0.1, .nan]", "eval.buckets must hold finite numbers, got [0.1, nan]"),
+    ("data.synthetic.train_tokens=1e15", "data.synthetic.train_tokens must be at most 100,000,000"),
+    ("data.synthetic.vocab_size=1e7", "data.synthetic.vocab_size must be at most 1,000,000"),
+    ("data.synthetic.n_classes=2000", "data.synthetic.n_classes must be at most 1,024"),
+    ("data.synthetic.zipf=1000", "data.synthetic.zipf must be at most 10"),
+    ("train.threads=100000", "train.threads must be at most 1,024"),
+    ("tokenizer.pad_to_multiple=1e15", "tokenizer.pad_to_multiple must be at most 4,096"),
+    ("seed=1e30", "seed must be below 2**64"),
+    ("train.lr=20", "train.lr x train.weight_decay must be below 1"),
+    ("data.data_files=5", "data.data_files must be a path, a glob, a list of them or a mapping"),
+    ("data.data_files={train: [a.txt, 3]}", "data.data_files must be a path"),
+])
+def test_absurd_and_non_finite_values_are_refused(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, BUDGET + [override])
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_valid_edge_values_still_load():
+    cfg = load_config(None, BUDGET + ["train.lr=20", "train.weight_decay=0", "data.data_files={train: [a.txt]}",
+                                      "data.synthetic.train_tokens=1e8", "seed=18446744073709551615"])
+    assert cfg.train.lr == 20 and cfg.seed == 2**64 - 1
+
+
+def test_duplicate_keys_name_both_lines(tmp_path):
+    write(tmp_path / "d.yaml", "train:\n  max_steps: 5\nmodel:\n  n_layer: 2\n  dropout: 0.1\n  n_layer: 3\n")
+    with pytest.raises(ConfigError, match=r"d.yaml: duplicate key 'n_layer' \(lines 4 and 6\) — keep one of them"):
+        load_config(tmp_path / "d.yaml")
+    with pytest.raises(ConfigError, match=r"--set data.data_files: duplicate key 'train' \(line 1\)"):
+        load_config(None, BUDGET + ["data.data_files={train: a.txt, train: b.txt}"])

@@ -205,3 +205,13 @@ def test_sweep_sh_loops_over_seeds_and_tying_then_compares(tmp_path):
         assert f"model.tie_embeddings={tie}" in c and "train.max_steps=5" in c
         assert c[c.index("--out") + 1] == "out"
     assert calls[-1] == ["compare", "out/tiny-tied-s*", "out/tiny-untied-s*", "--out", "out"]
+
+
+def test_duplicate_keys_in_a_grid_file_are_refused(tmp_path):
+    from tiedlm.errors import ConfigError
+    from tiedlm.sweep import load_grid
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("config: base.yaml\nseeds: [0]\ngrid:\n  model.n_embd: [64]\nseeds: [1, 2]\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'seeds' \(lines 2 and 5\)"):
+        load_grid(grid)

@@ -11,16 +11,50 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from . import __version__
-from .errors import TiedlmError
+from .errors import ConfigError, TiedlmError
+
+
+# click's UsageError (the base of typer's public BadParameter), from whichever click typer uses:
+# recent typer versions vendor their own copy, so `import click` would catch nothing.
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class _OneLineUsageErrors(TyperGroup):
+    """Usage errors that click finds itself (a value that is not an integer, an unknown option or
+    command, a missing --config) as one line with exit 2, like every other error, not a usage box."""
+
+    def make_context(self, *args, **kwargs):  # the options before the command
+        try:
+            return super().make_context(*args, **kwargs)
+        except _UsageError as exc:
+            _usage_error(exc)
+
+    def invoke(self, ctx):  # the command's name and its options
+        try:
+            return super().invoke(ctx)
+        except _UsageError as exc:
+            _usage_error(exc)
+
+
+def _usage_error(exc) -> None:
+    if type(exc).__name__ == "NoArgsIsHelpError":  # `tiedlm` alone prints the help
+        raise exc
+    where = exc.ctx.command_path if exc.ctx is not None else "tiedlm"
+    message = " ".join(exc.format_message().split()).rstrip(".")
+    _fail(f"{message} — see '{where} --help'", exc.exit_code)
+
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  cls=_OneLineUsageErrors,
                   help="Train small GPTs with tied and untied embeddings and compare them honestly.")
 cache_app = typer.Typer(no_args_is_help=True, help="The token cache: list or clear prepared datasets.")
 app.add_typer(cache_app, name="cache")
 
 _state = {"debug": False}
+SEEDS_LIMIT = 1000  # compare --seeds: a typo (1000000) would queue a million trainings per variant
 
 ConfigOpt = typer.Option(..., "--config", "-c", help="YAML config file.")
 SetOpt = typer.Option(None, "--set", "-s", help="Override a config key, e.g. --set model.n_embd=256 (repeatable).")
@@ -29,6 +63,20 @@ SetOpt = typer.Option(None, "--set", "-s", help="Override a config key, e.g. --s
 def _fail(message: str, code: int) -> None:
     typer.echo(f"tiedlm: error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def _silence_closed_streams() -> None:
+    """Point stdout and stderr at /dev/null so that the interpreter's final flush of a closed pipe
+    prints no 'Exception ignored' message and exits 0."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):  # not a real file (a test runner's capture): nothing to flush
+            pass
+    os.close(devnull)
 
 
 def run_command(fn: Callable[[], object]) -> object:
@@ -43,6 +91,11 @@ def run_command(fn: Callable[[], object]) -> object:
         if _state["debug"]:
             raise
         _fail("interrupted", 130)
+    except BrokenPipeError:
+        # The reader of our output went away (`tiedlm ... | head -1`). The work itself is done and
+        # recorded; there is nobody left to tell, so end quietly, as `cat` and `ls` do.
+        _silence_closed_streams()
+        raise typer.Exit(0)
     except OSError as exc:  # a path that cannot be written, a full disk: no traceback for those
         if _state["debug"]:
             raise
@@ -85,6 +138,12 @@ def train(
     """Train one model. Re-running a finished run does nothing; an unfinished one resumes."""
 
     def go():
+        from .config import check_run_name, check_seed
+
+        if seed is not None:
+            check_seed(seed, "--seed")
+        if name is not None:
+            check_run_name(name, "--name")
         cfg = _load(config, set_, seed)
         if print_config:
             from .config import to_yaml
@@ -110,9 +169,16 @@ def params(
     """Parameter breakdown of the tied and untied forms side by side (no training, instant)."""
 
     def go():
+        from .config import check_positive
+
+        if vocab_size is not None:
+            if data:
+                raise ConfigError("--vocab-size and --data contradict each other (--data counts with the prepared "
+                                  "tokenizer's real size) — give one of them")
+            check_positive(vocab_size, "--vocab-size")
+        cfg = _load(config, set_)
         from .model import params_table
 
-        cfg = _load(config, set_)
         result = params_table(cfg, vocab_size=vocab_size, use_data=data)
         typer.echo(json.dumps(result, indent=2) if as_json else result["text"])
 
@@ -130,6 +196,13 @@ def eval_(
     """Re-evaluate a run's checkpoint on whole splits."""
 
     def go():
+        from .config import check_device, check_positive, check_split
+
+        for sp in split or []:
+            check_split(sp, "--split")
+        if stride is not None:
+            check_positive(stride, "--stride")
+        check_device(device, "--device")
         from .evaluate import evaluate_run
 
         result = evaluate_run(run, splits=split, stride=stride, device=device)
@@ -182,10 +255,16 @@ def cache_clear() -> None:
     """Delete the entries tiedlm made in the token cache (nothing else in its folder)."""
 
     def go():
-        from .data import cache_root, clear_cache
+        from .data import clear_cache
 
-        freed = clear_cache()
-        typer.echo(f"cleared {cache_root()} ({freed / 2**20:.1f} MiB freed)")
+        done = clear_cache()
+        n = len(done.removed)  # paths: an entry, or one of the files and folders `datasets` made
+        typer.echo(f"cleared {done.root}: {n} item{'s' * (n != 1)} removed, {done.freed_bytes / 2**20:.1f} MiB freed")
+        shown = 5  # a cache folder shared with other things may hold many: the first few say enough
+        for path, why in done.left_alone[:shown]:
+            typer.echo(f"left alone: {path} ({why})")
+        if len(done.left_alone) > shown:
+            typer.echo(f"left alone: {len(done.left_alone) - shown} more, not made by tiedlm or in use")
 
     run_command(go)
 
@@ -197,7 +276,7 @@ def compare(
     config: Optional[Path] = typer.Option(None, "--config", "-c",
                                           help="Train the tied and untied variants of this config first."),
     set_: Optional[List[str]] = SetOpt,
-    seeds: int = typer.Option(1, "--seeds", help="Seeds per variant with --config."),
+    seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds per variant with --config (default 1)."),
     match: Optional[str] = typer.Option(None, "--match", help="'params': add a tied variant with extra layers "
                                         "matching the untied parameter count."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="The variant to compare against."),
@@ -209,20 +288,28 @@ def compare(
     """Compare finished runs (tied vs untied), across seeds, with intervals and plots."""
 
     def go():
-        from .compare import compare_config, compare_runs, format_terminal_table
+        from .config import check_at_most, check_positive
 
         if match not in (None, "params"):
-            raise TiedlmError(f"--match {match!r} is not known — the one choice is --match params", exit_code=2)
+            raise ConfigError(f"--match {match!r} is not known — the one choice is --match params")
+        if config is None:
+            given = [opt for opt, value in (("--set", set_), ("--seeds", seeds is not None), ("--match", match),
+                                            ("--overwrite", overwrite)) if value]
+            if given:
+                one = len(given) == 1
+                raise ConfigError(f"{', '.join(given)} only {'applies' if one else 'apply'} with --config, which "
+                                  f"names the runs to train — add --config FILE or drop {'it' if one else 'them'}")
+        elif runs_:
+            raise ConfigError("give either --config or run folders, not both — drop one of them")
+        if seeds is not None:
+            check_positive(seeds, "--seeds")
+            check_at_most(seeds, SEEDS_LIMIT, "--seeds", "each seed trains every variant once more")
+        from .compare import compare_config, compare_runs, format_terminal_table
+
         if config is not None:
-            if runs_:
-                raise TiedlmError("give either --config or run folders, not both", exit_code=2)
-            if seeds < 1:
-                raise TiedlmError("--seeds must be at least 1", exit_code=2)
-            result = compare_config(config, set_ or [], seeds=seeds, match=match, runs_dir=out,
+            result = compare_config(config, set_ or [], seeds=seeds or 1, match=match, runs_dir=out,
                                     baseline=baseline, progress=not quiet, overwrite=overwrite)
         else:
-            if set_ or match or overwrite:
-                raise TiedlmError("--set, --match and --overwrite need --config", exit_code=2)
             result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline)
         typer.echo(format_terminal_table(result))
         failures = result.get("train_failures") or []

@@ -62,11 +62,11 @@ def load_grid(path: str | Path) -> Grid:
     """Read and check a grid file. Paths in it are taken relative to the grid file's folder."""
     import yaml
 
-    from .config import parse_override
+    from .config import load_yaml, parse_override
 
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"), str(path))  # duplicate keys refused, as in configs
     except FileNotFoundError:
         raise ConfigError(f"grid file {path} does not exist — check the path") from None
     except (OSError, UnicodeDecodeError) as exc:
