@@ -10,7 +10,9 @@ used twice, so its gradient is the sum of the gradients of both uses and AdamW k
 from __future__ import annotations
 
 import math
+import os
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -175,6 +177,49 @@ def resolve_dtype(name: str, device) -> str:
     return "fp32"
 
 
+def device_memory(device) -> tuple[int | None, str]:
+    """(bytes, description) of the memory a run on `device` can use: the GPU's total memory, or
+    for the CPU the physical memory capped by a cgroup limit (a container or a Slurm job)."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return int(props.total_memory), f"{props.name} ({device})"
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None, "this machine"
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limit = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and 0 < int(limit) < total:
+            return int(limit), "this machine's memory limit (cgroup)"
+    return int(total), "this machine"
+
+
+def check_fits(model_cfg: ModelConfig, vocab_size: int | None, batch_size: int, device) -> None:
+    """Refuse a model that cannot fit in memory before anything is allocated or written: a
+    typo like n_layer=100000000000 would otherwise hang while the model is built. With
+    vocab_size None (the data not prepared yet) only the layers are counted."""
+    need = training_memory(model_cfg, vocab_size or 0, batch_size)
+    have, where = device_memory(device)
+    if have is not None and need["total_bytes"] > have:
+        what = "this model" if vocab_size is not None else "this model's layers alone (without embeddings)"
+        raise ConfigError(
+            f"{what} need{'s' if vocab_size is not None else ''} at least {format_bytes(need['total_bytes'])} to train "
+            f"({need['params']:,} parameters x 16 bytes for weights, gradients and AdamW state, plus a batch's "
+            f"activations), more than the {format_bytes(have)} of {where} — lower model.n_layer, model.n_embd, "
+            "model.block_size, tokenizer.vocab_size or train.batch_size")
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.3g} EiB"
+
+
 def autocast_ctx(device, dtype: str):
     if dtype == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
@@ -246,10 +291,39 @@ def count_params(model: GPT) -> dict:
 
 
 def count_params_config(model_cfg: ModelConfig, vocab_size: int) -> dict:
-    """Parameter breakdown of a config, built on the meta device: instant even for GPT-2 XL."""
-    with torch.device("meta"):
-        model = GPT(model_cfg, vocab_size)
-    return count_params(model)
+    """The breakdown count_params gives for GPT(model_cfg, vocab_size), by arithmetic: instant for
+    any size (nothing is built), so absurd configs can be refused before they are allocated.
+    tests/test_model.py checks it against count_params on built models of every option."""
+    d, L, V, b = model_cfg.n_embd, model_cfg.n_layer, vocab_size, int(model_cfg.bias)
+    ln = d * (1 + b)  # gain, and a bias when bias=True
+    attn = d * 3 * d + b * 3 * d + d * d + b * d  # c_attn, c_proj
+    mlp = d * 4 * d + b * 4 * d + 4 * d * d + b * d  # c_fc, c_proj
+    block = 2 * ln + attn + mlp
+    tied = model_cfg.tie_embeddings
+    wte, wpe = V * d, model_cfg.block_size * d
+    lm_head = 0 if tied else V * d
+    lm_head_bias = V if model_cfg.lm_head_bias else 0
+    total = wte + wpe + L * block + ln + lm_head + lm_head_bias
+    return {"total": total, "wte": wte, "lm_head": lm_head, "lm_head_bias": lm_head_bias, "wpe": wpe,
+            "non_embedding": total - wte - lm_head - wpe, "saved_by_tying": wte if tied else 0,
+            "tied": tied, "vocab_size": V}
+
+
+# Bytes per parameter while training in fp32 with AdamW: the weight, its gradient, two moments.
+TRAIN_BYTES_PER_PARAM = 16
+
+
+def training_memory(model_cfg: ModelConfig, vocab_size: int, batch_size: int) -> dict:
+    """A lower bound on the memory one fp32 training step needs, by arithmetic: weights, gradients
+    and AdamW moments (16 bytes per parameter), plus what autograd must keep of one micro-batch:
+    at least 16 floats per token and layer (the block's inputs, q/k/v, the MLP's 4d hidden layer
+    and its GELU) and two (B, T, V) logit-sized tensors (the logits and their gradient). Real use
+    is higher (allocator slack, temporaries): this only refuses what can never fit."""
+    P = count_params_config(model_cfg, vocab_size)["total"]
+    tokens = batch_size * model_cfg.block_size
+    activations = 4 * tokens * (16 * model_cfg.n_embd * model_cfg.n_layer + 2 * vocab_size)
+    return {"params": P, "state_bytes": TRAIN_BYTES_PER_PARAM * P, "activation_bytes": activations,
+            "total_bytes": TRAIN_BYTES_PER_PARAM * P + activations}
 
 
 def flops_per_token(model_cfg: ModelConfig, vocab_size: int) -> dict:

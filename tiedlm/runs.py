@@ -19,14 +19,17 @@ previous one is deleted only after LATEST points at the new one.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .errors import RunError
 
@@ -40,6 +43,44 @@ REPORT_MD = "report.md"
 TOKENIZER = "tokenizer"
 CHECKPOINTS = "checkpoints"
 LOCK = ".lock"
+
+
+# ------------------------------------------------------------------------- write failures
+
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+RESUME_HINT = "then run the same command to resume from the last checkpoint"
+
+
+def write_failure(exc: BaseException, what: Path | str) -> RunError:
+    """A failed write of a run file as one line. A full disk, a quota or a file-size limit
+    (`ulimit -f`) surface as OSError from plain writes, but as RuntimeError ("unexpected pos")
+    from torch.save and as SafetensorError from safetensors: every one of them is a write that did
+    not happen, and the previous checkpoint is intact, so the advice is the same."""
+    if isinstance(exc, RunError):
+        return exc
+    code = getattr(exc, "errno", None)
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if code in _NO_ROOM or "No space left" in text or "File too large" in text:
+        why = os.strerror(code) if code in _NO_ROOM else ("File too large" if "File too large" in text
+                                                          else "No space left on device")
+        return RunError(f"{why} while writing {what} — free some disk space (or raise the file-size "
+                        f"limit, ulimit -f), {RESUME_HINT}")
+    if isinstance(exc, OSError):
+        return RunError(f"{exc.strerror or text} while writing {what} — check the path and its permissions, "
+                        f"{RESUME_HINT}")
+    return RunError(f"cannot write {what} ({type(exc).__name__}: {text}) — check the free disk space "
+                    f"and the file-size limit (ulimit -f), {RESUME_HINT}")
+
+
+@contextlib.contextmanager
+def writing(what: Path | str) -> Iterator[None]:
+    """Turn any failure of the writes inside into write_failure's one-line RunError."""
+    try:
+        yield
+    except RunError:
+        raise
+    except Exception as exc:
+        raise write_failure(exc, what) from exc
 
 
 # ------------------------------------------------------------------------- atomic files
@@ -69,20 +110,19 @@ _UMASK = _read_umask()
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; run files are for everyone who may read the folder
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; run files are for everyone who may read the folder
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     _fsync_dir(path.parent)
 
 
@@ -114,12 +154,11 @@ def sha256_file(path: Path) -> str:
 
 
 def run_dir_for(out: Path, name: str) -> Path:
-    """The folder of run `name` under `out`; names that would escape `out` are refused."""
-    bad = (not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name
-           or os.path.isabs(name) or name.startswith("."))
-    if bad:
-        raise RunError(f"run name {name!r} is not a plain folder name — use letters, digits, '-', '_' "
-                       "and '.', without path separators", exit_code=2)
+    """The folder of run `name` under `out`; a name that is not a plain folder name (one that
+    would escape `out`, hide itself or read as an option) is a ConfigError (config.check_run_name)."""
+    from .config import check_run_name
+
+    check_run_name(name)
     return Path(out) / name
 
 
@@ -280,9 +319,12 @@ def clear_run_dir(run_dir: Path) -> None:
 
 
 def append_metrics(run_dir: Path, records: list[dict]) -> None:
+    """Append records; a torn last line (a kill or a full disk mid-write) is skipped on reading and
+    cut away by trim_metrics on resume."""
     if not records:
         return
-    with open(Path(run_dir) / METRICS, "a", encoding="utf-8") as f:
+    path = Path(run_dir) / METRICS
+    with writing(path), open(path, "a", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r, default=_json_default) + "\n")
         f.flush()
@@ -328,13 +370,26 @@ def save_checkpoint(run_dir: Path, step: int, tensors: dict, metadata: dict, sta
     """Write checkpoints/step-N atomically: weights (safetensors), training state (torch.save),
     and a manifest with each file's SHA-256, in a temporary folder renamed into place; then
     LATEST is pointed at it and older checkpoints are removed."""
+    root = Path(run_dir) / CHECKPOINTS
+    name = f"step-{step:07d}"
+    with writing(root / name):
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+        final = _write_checkpoint_folder(tmp, root, name, step, tensors, metadata, state)
+    atomic_write_text(root / "LATEST", final.name + "\n")
+    if not keep_previous:
+        for old in root.iterdir():
+            if old.name != final.name and old.name != "LATEST" and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write_checkpoint_folder(tmp: Path, root: Path, name: str, step: int, tensors: dict, metadata: dict,
+                             state: dict) -> Path:
+    """Fill tmp and rename it to root/name (or name-1, ... if that exists); tmp is removed on failure."""
     import torch
     from safetensors.torch import save_file
 
-    root = Path(run_dir) / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
-    name = f"step-{step:07d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
     try:
         save_file(tensors, str(tmp / MODEL_FILE), metadata={k: str(v) for k, v in metadata.items()})
         torch.save(state, tmp / STATE_FILE)
@@ -354,25 +409,74 @@ def save_checkpoint(run_dir: Path, step: int, tensors: dict, metadata: dict, sta
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    atomic_write_text(root / "LATEST", final.name + "\n")
-    if not keep_previous:
-        for old in root.iterdir():
-            if old.name != final.name and old.name != "LATEST" and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
+_STEP_DIR = re.compile(r"step-(\d+)(?:-(\d+))?")
+
+
+def _checkpoint_folders(root: Path) -> list[Path]:
+    """Complete checkpoint folders (step-N, or step-N-k for a step saved again), newest first.
+    Temporary folders (.tmp-*) are never complete: they are renamed only once fsynced."""
+    found = []
+    for child in root.iterdir() if root.is_dir() else []:
+        m = _STEP_DIR.fullmatch(child.name)
+        if m and child.is_dir():
+            found.append(((int(m.group(1)), int(m.group(2) or 0)), child))
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def resolve_checkpoint(run_dir: Path) -> tuple[Path | None, str | None]:
+    """The checkpoint to resume from, and a note when it was not found through LATEST.
+
+    LATEST is written after its folder is renamed into place, so a kill between the two, or a
+    LATEST deleted by hand, leaves complete checkpoints without a pointer: then the newest one
+    that verifies against its manifest is used. A folder whose checkpoints exist but none
+    verifies is refused, never silently restarted (a restart would delete them)."""
     root = Path(run_dir) / CHECKPOINTS
     latest = root / "LATEST"
-    if not latest.exists():
-        return None
-    name = latest.read_text().strip()
-    path = root / name
-    if not name.startswith("step-") or not path.is_dir():
-        raise RunError(f"{latest} points at a missing checkpoint {name!r} — the run folder is damaged; "
-                       "use --overwrite to start afresh")
-    return path
+    try:
+        name = latest.read_text(encoding="utf-8").strip() if latest.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        name = "(unreadable)"
+    if name is not None and _STEP_DIR.fullmatch(name) and (root / name).is_dir():
+        return root / name, None
+    problem = "checkpoints/LATEST is missing" if name is None else \
+        f"checkpoints/LATEST points at a missing checkpoint {name!r}"
+    candidates = _checkpoint_folders(root)
+    for path in candidates:
+        try:
+            verify_checkpoint(path)
+        except RunError:
+            continue
+        return path, f"{problem}: using {path.name}, the newest checkpoint that verifies"
+    if candidates:
+        raise RunError(f"{problem} and none of the checkpoints in {root} ({', '.join(p.name for p in candidates[:3])}) "
+                       "matches its manifest — restore the checkpoint files, or use --overwrite to start afresh")
+    if name is not None:
+        raise RunError(f"{problem} and {root} holds no checkpoint — the run folder is damaged; restore the "
+                       "checkpoint, or use --overwrite to start afresh")
+    return None, None
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    return resolve_checkpoint(run_dir)[0]
+
+
+def clean_temporary_files(run_dir: Path) -> list[str]:
+    """Remove what a killed writer left: `.NAME.*.tmp` files (atomic_write_bytes) in the run folder
+    and its checkpoints folder, and `.tmp-step-*` folders (save_checkpoint). Only called by the
+    process holding the run's lock, so no other writer can own them. Returns what was removed."""
+    removed = []
+    for folder in (Path(run_dir), Path(run_dir) / CHECKPOINTS):
+        for child in folder.iterdir() if folder.is_dir() else []:
+            stray_file = child.name.startswith(".") and child.name.endswith(".tmp") and child.is_file()
+            stray_dir = child.name.startswith(".tmp-step-") and child.is_dir()
+            if stray_file or stray_dir:
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(child) if stray_dir else child.unlink()
+                    removed.append(child.name)
+    return removed
 
 
 def verify_checkpoint(ckpt: Path) -> dict:

@@ -28,8 +28,41 @@ from .config import Config, config_hash, to_dict, to_yaml
 from .errors import ConfigError, DivergedError, Interrupted, RunError, TiedlmError
 
 
+class _Stderr:
+    """stderr that survives its reader going away (`tiedlm train ... 2>&1 | head -1`): once a write
+    fails because the pipe is closed, output is dropped and training carries on, since a progress
+    line nobody reads is no reason to lose a run. Progress bars write through it too."""
+
+    closed_pipe = False
+
+    def write(self, text: str) -> int:
+        if not self.closed_pipe:
+            try:
+                sys.stderr.write(text)
+            except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+                self.closed_pipe = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_pipe:
+            try:
+                sys.stderr.flush()
+            except (BrokenPipeError, ValueError):
+                self.closed_pipe = True
+
+    def isatty(self) -> bool:
+        return not self.closed_pipe and sys.stderr.isatty()
+
+    def __getattr__(self, name: str) -> Any:  # encoding, fileno, ... as the real stderr has them
+        return getattr(sys.stderr, name)
+
+
+STDERR = _Stderr()
+
+
 def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    STDERR.write(msg + "\n")
+    STDERR.flush()
 
 
 # ------------------------------------------------------------------------- optimizer and schedule
@@ -136,14 +169,29 @@ def _tuplify(x: Any) -> Any:
 # ------------------------------------------------------------------------- signals
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM before training started (data preparation): handled exactly like Ctrl-C there,
+    unwinding so that nothing half-made is left, but ending with SIGTERM's exit code."""
+
+
 class StopSignals:
     """SIGINT / SIGTERM set a flag that the loop reads at the next step boundary, where it writes
     a checkpoint and stops. A second signal gets the default action: the process ends at once,
-    and the previous checkpoint (written atomically) stays intact."""
+    and the previous checkpoint (written atomically) stays intact.
+
+    Before install() (the lock, the data preparation) there is nothing to save: SIGINT raises
+    KeyboardInterrupt as Python does by default, and SIGTERM raises Terminated, so both unwind the
+    same way (the lock released, a new run folder removed) instead of SIGTERM killing the process
+    on the spot and leaving a folder holding only `.lock`."""
 
     def __init__(self):
         self.received: int | None = None
         self._old: dict = {}
+        self._early: Any = None
+
+    @staticmethod
+    def _terminate(signum, frame):
+        raise Terminated()
 
     def _handler(self, signum, frame):
         self.received = signum
@@ -160,11 +208,15 @@ class StopSignals:
                 self._old[sig] = signal.signal(sig, self._handler)
 
     def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            self._early = signal.signal(signal.SIGTERM, self._terminate)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+        if self._early is not None:  # SIGTERM's handler from before __enter__
+            signal.signal(signal.SIGTERM, self._early)
 
 
 # ------------------------------------------------------------------------- facts for the report
@@ -228,17 +280,24 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
         if state == "finished":
             log(f"{run_dir} is already finished with this config: nothing to do (--overwrite to retrain)")
             return run_dir
+    from .model import check_fits, resolve_device
+
+    # The vocabulary is known only once the data are prepared (that check follows in _train):
+    # here the model without its embeddings, which is what an absurd depth or width is about.
+    check_fits(cfg.model, None, max(cfg.train.batch_size, cfg.eval.batch_size), resolve_device(cfg.train.device))
     created = not run_dir.exists()
     try:
-        with runs.RunLock(run_dir) as lock:
+        with StopSignals() as signals, runs.RunLock(run_dir) as lock:
             if lock.took_over:
                 log(f"took over the lock of {run_dir}, left by process {lock.took_over.get('pid')} which is gone")
             state = "new" if overwrite else runs.existing_state(run_dir, config_dict)
             if state == "finished":
                 log(f"{run_dir} is already finished with this config: nothing to do")
                 return run_dir
-            with StopSignals() as signals:
-                _train(cfg, run_dir, progress, stop_after_step, fresh=overwrite, signals=signals)
+            _train(cfg, run_dir, progress, stop_after_step, fresh=overwrite, signals=signals)
+    except Terminated:
+        raise Interrupted("terminated (SIGTERM) before training started; nothing of the run was written — "
+                          "run the same command again", exit_code=143) from None
     finally:
         if created:  # a run that failed before writing anything leaves no empty folder behind
             try:
@@ -255,8 +314,8 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
 
     from .data import data_identity, prepare_data
     from .evaluate import evaluate_split, perplexity
-    from .model import (GPT, autocast_ctx, count_params, flops_per_token, load_model_tensors, model_tensors,
-                        resolve_device, resolve_dtype)
+    from .model import (GPT, autocast_ctx, check_fits, count_params, flops_per_token, load_model_tensors,
+                        model_tensors, resolve_device, resolve_dtype)
 
     t_start = time.time()
     tcfg = cfg.train
@@ -271,7 +330,7 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
     if cfg.model.untie_at is not None and total < 2:
         raise ConfigError(f"model.untie_at needs at least 2 training steps, the budget gives {total} — "
                           "raise train.max_steps / train.max_tokens or drop model.untie_at")
-    ckpt = None if fresh else runs.latest_checkpoint(run_dir)
+    ckpt, ckpt_note = (None, None) if fresh else runs.resolve_checkpoint(run_dir)
     loaded = runs.load_checkpoint(ckpt) if ckpt is not None else None
     old = None if fresh else runs.read_report(run_dir)
     data = prepare_data(cfg, progress=progress)
@@ -289,9 +348,13 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
         raise RunError(f"the data or tokenizer of {run_dir} changed since the run started (source fingerprint "
                        "or tokenizer key differ), so its checkpoint no longer fits the tokens — restore the "
                        "data, or start afresh with --overwrite")
+    check_fits(cfg.model, data.model_vocab_size, max(tcfg.batch_size, cfg.eval.batch_size), device)
     if fresh:
         runs.clear_run_dir(run_dir)
     signals.install()
+    runs.clean_temporary_files(run_dir)
+    if ckpt_note:
+        log(f"{run_dir}: {ckpt_note}")
 
     runs.atomic_write_text(run_dir / runs.CONFIG, to_yaml(cfg))
     report: dict[str, Any] = {
@@ -313,8 +376,9 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
     write_report()
     try:
         tok_dir = run_dir / runs.TOKENIZER
-        tok_dir.mkdir(exist_ok=True)
-        data.tokenizer.save(tok_dir)
+        with runs.writing(tok_dir):  # the Rust tokenizer reports a full disk as a plain Exception
+            tok_dir.mkdir(exist_ok=True)
+            data.tokenizer.save(tok_dir)
 
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
@@ -394,7 +458,7 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=total, initial=step, desc=run_dir.name, unit="step", file=sys.stderr,
+            bar = tqdm(total=total, initial=step, desc=run_dir.name, unit="step", file=STDERR,
                        dynamic_ncols=True, disable=None, mininterval=0.5)
         pending: list[dict] = []
         while step < total:
@@ -508,26 +572,24 @@ def _best_effort(fn, **kwargs: Any) -> None:
     """Record a failure in the report if the disk allows; never hide the original error."""
     try:
         fn(**kwargs)
-    except OSError:
+    except Exception:  # the disk that failed the run may fail this write too
         pass
 
 
 def _as_tiedlm_error(exc: BaseException) -> TiedlmError | None:
-    """Expected runtime failures as one-line errors: out of memory, a full disk, no permission."""
-    import errno
-
+    """Expected runtime failures as one-line errors: out of memory (GPU or CPU), a failed write."""
     import torch
 
     if isinstance(exc, TiedlmError):
         return exc
-    if isinstance(exc, torch.OutOfMemoryError):
-        return RunError("out of memory on the device — lower train.batch_size (raise train.grad_accum to keep "
+    # The CPU allocator raises a plain RuntimeError; its message is the only sign of what it is.
+    cpu_oom = isinstance(exc, RuntimeError) and "DefaultCPUAllocator" in str(exc)
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or cpu_oom:
+        where = "the device" if isinstance(exc, torch.OutOfMemoryError) else "this machine (CPU memory)"
+        return RunError(f"out of memory on {where} — lower train.batch_size (raise train.grad_accum to keep "
                         "the same batch), model.block_size or the model size; the last checkpoint is kept")
     if isinstance(exc, OSError):
-        where = f" ({exc.filename})" if exc.filename else ""
-        hint = ("free some disk space, then run the same command to resume from the last checkpoint"
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "check the path and its permissions")
-        return RunError(f"{exc.strerror or exc}{where} — {hint}")
+        return runs.write_failure(exc, exc.filename or "the run folder")
     return None
 
 
