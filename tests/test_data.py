@@ -4,8 +4,12 @@ Everything here is offline and CPU-only: the tests write their own small files. 
 real corpora in ../shared/data skip when that folder is absent.
 """
 
+import errno
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -13,10 +17,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from typer.testing import CliRunner
+
 from .conftest import SHARED_DATA
 from tiedlm import data
+from tiedlm.cli import app
 from tiedlm.config import load_config
 from tiedlm.errors import ConfigError, DataError
+
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None
 
 # Three distinct, easily recognised documents per "paragraph" so that carving can be checked by text.
 DOCS = [f"document {i}: the quick brown fox {i} jumps over the lazy dog; ünïcödé ✓ {i * i}" for i in range(60)]
@@ -362,7 +374,7 @@ def test_cache_is_invalidated_by_the_file_and_the_tokenizer(text_file, monkeypat
 
 
 def test_cache_list_and_clear(text_file):
-    assert data.cache_entries() == [] and data.clear_cache() == 0
+    assert data.cache_entries() == [] and data.clear_cache().freed_bytes == 0
     p = prepare("data.path=text", f"data.data_files={text_file}", "tokenizer.kind=byte")
     entries = data.cache_entries()
     tokens = [e for e in entries if e["kind"] == "tokens"]
@@ -371,8 +383,9 @@ def test_cache_list_and_clear(text_file):
     assert all(e["bytes"] > 0 and os.path.isdir(e["path"]) and "text files" in e["source"] for e in tokens)
     assert any(e["kind"] == "tokenizer" for e in entries)
     assert str(data.cache_root()) in p.info["cache"]["split_folders"]["train"]
-    freed = data.clear_cache()
-    assert freed >= sum(e["bytes"] for e in entries) and data.cache_entries() == []
+    cleared = data.clear_cache()
+    assert cleared.freed_bytes >= sum(e["bytes"] for e in entries) and data.cache_entries() == []
+    assert cleared.left_alone == [] and not data.cache_root().exists() or not any(data.cache_root().iterdir())
 
 
 def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
@@ -464,8 +477,14 @@ def test_empty_and_too_short_splits(tmp_path):
     (tmp_path / "blank.txt").write_text("\n \n\t\n", encoding="utf-8")
     (tmp_path / "ok.txt").write_text("\n".join(DOCS), encoding="utf-8")
     files = json.dumps({"train": str(tmp_path / "ok.txt"), "validation": str(tmp_path / "blank.txt")})
-    with pytest.raises(DataError, match=r"the validation split .* has no non-empty documents"):
+    with pytest.raises(ConfigError, match=r"data file .*blank.txt is empty — give a file with text"):
         prepare("data.path=text", f"data.data_files={files}")
+    # records whose text is blank: the file is not empty, the split is
+    (tmp_path / "blank.jsonl").write_text('{"text": "  "}\n{"text": ""}\n', encoding="utf-8")
+    (tmp_path / "ok.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in DOCS), encoding="utf-8")
+    files = json.dumps({"train": str(tmp_path / "ok.jsonl"), "validation": str(tmp_path / "blank.jsonl")})
+    with pytest.raises(DataError, match=r"the validation split .* has no non-empty documents"):
+        prepare("data.path=json", f"data.data_files={files}")
     with pytest.raises(DataError, match=r"validation split has \d+ tokens, fewer than model.block_size \+ 1 = 1001"):
         prepare("data.path=text", f"data.data_files={tmp_path / 'ok.txt'}", "tokenizer.kind=byte", block_size=1000)
     with pytest.raises(DataError, match=r"raise data.max_eval_tokens"):
@@ -494,6 +513,226 @@ def test_vocab_size_too_small_for_the_kind():
 def test_streaming_needs_a_limit():
     with pytest.raises(ConfigError, match="max_train_tokens"):
         cfg_for("data.streaming=true")
+
+
+# --------------------------------------------------------------------------------------------
+# Through the command line: `cache clear`, a full disk, empty data files
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def data_command(tmp_path, *overrides) -> list[str]:
+    """The arguments of `tiedlm data` with a small config and --set overrides."""
+    config = tmp_path / "config.yaml"
+    config.write_text("name: t\ntrain:\n  max_steps: 1\nmodel:\n  block_size: 8\n", encoding="utf-8")
+    return ["data", "--config", str(config), *(x for o in overrides for x in ("--set", o))]
+
+
+def cli_data(tmp_path, *overrides):
+    return cli(*data_command(tmp_path, *overrides))
+
+
+def assert_one_line_error(r, message, code):
+    lines = [line for line in r.stderr.strip().splitlines() if "examples/s]" not in line]  # datasets' progress
+    assert r.exit_code == code, r.output
+    assert lines == [f"tiedlm: error: {message}"], r.stderr
+    assert "Traceback" not in r.output and isinstance(r.exception, SystemExit)
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_cache_clear_leaves_alone_what_tiedlm_did_not_make(text_file):
+    root = data.cache_root()
+    (root / "datasets").mkdir(parents=True)
+    (root / "datasets" / "precious.csv").write_text("d\n")
+    (root / "notes.txt").write_text("mine\n")
+    prepare("data.path=text", f"data.data_files={text_file}", "tokenizer.kind=byte")
+    (root / "tokens" / "mine").mkdir()
+    (root / "tokens" / "mine" / "manifest.json").write_text("{}")  # a manifest, but not a tiedlm one
+    tokens = root / "tokens"
+    dead = tokens / f".tmp-{'0' * 20}-{data._HOST}-{dead_pid()}-0000dead"  # left by a killed process
+    live = tokens / f".tmp-{'1' * 20}-{data._HOST}-{os.getpid()}-0000beef"  # a process still writing it
+    old = tokens / f".tmp-{'2' * 20}-{os.getpid()}-0000001d"  # an older name, without the host
+    for folder in (dead, live, old):
+        folder.mkdir()
+        (folder / "tokens.npy").write_bytes(b"x" * 100)
+    week_ago = time.time() - 7 * 86400
+    for f in (old / "tokens.npy", old):
+        os.utime(f, (week_ago, week_ago))
+    memo_tmp = root / f".hub-revisions.json.{data._HOST}-{dead_pid()}-0000dead.tmp"  # see _replace_atomically
+    memo_tmp.write_text("{")
+
+    r = cli("cache", "clear")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"cleared {root}: ") and "MiB freed" in lines[0]
+    assert lines[1:] == [f"left alone: {root / 'datasets' / 'precious.csv'} (not made by tiedlm)",
+                         f"left alone: {root / 'notes.txt'} (not made by tiedlm)",
+                         f"left alone: {live} (being written by process {os.getpid()} on this machine)",
+                         f"left alone: {tokens / 'mine'} (not made by tiedlm)"]
+    assert (root / "datasets" / "precious.csv").read_text() == "d\n" and (root / "notes.txt").exists()
+    assert sorted(p.name for p in (root / "datasets").iterdir()) == ["precious.csv"]  # the arrow copy is gone
+    assert sorted(p.name for p in tokens.iterdir()) == sorted([live.name, "mine"])
+    assert not (root / "tokenizers").exists() and not memo_tmp.exists() and data.cache_entries() == []
+
+
+def test_cache_clear_removes_only_what_tiedlm_made_in_the_datasets_folder(text_file):
+    root = data.cache_root()
+    prepare("data.path=text", f"data.data_files={text_file}", "tokenizer.kind=byte")
+    assert (root / "datasets").is_dir()  # made by tiedlm's load; then someone puts files in it
+    yours = [root / "datasets" / f"yours{i}.txt" for i in range(7)]
+    for f in yours:
+        f.write_text("keep me")
+    r = cli("cache", "clear")
+    assert r.exit_code == 0, r.output
+    assert sorted(p for p in (root / "datasets").iterdir() if p.name != ".tiedlm-made") == yours
+    assert r.stdout.splitlines()[1:] == [f"left alone: {f} (not made by tiedlm)" for f in yours[:5]] + [
+        "left alone: 2 more, not made by tiedlm or in use"]
+    for f in yours:
+        f.unlink()
+    r = cli("cache", "clear")  # the folder tiedlm made is removed once nothing else is in it
+    assert r.exit_code == 0 and r.stdout.splitlines()[1:] == [] and not (root / "datasets").exists()
+
+
+@pytest.mark.skipif(resource is None or not hasattr(resource, "RLIMIT_FSIZE") or not hasattr(signal, "SIGXFSZ"),
+                    reason="needs resource.RLIMIT_FSIZE and SIGXFSZ (POSIX)")
+@pytest.mark.parametrize("stage, kind", [("datasets", "byte"), ("tokenizers", "bpe"), ("tokens", "byte")])
+def test_a_full_disk_leaves_no_temporary_folder_and_says_what_to_do(tmp_path, stage, kind):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(DOCS * 3), encoding="utf-8")  # about 15 KB: every file it makes is > 4 KB
+    sets = ["data.path=text", f"data.data_files={corpus}", f"tokenizer.kind={kind}", "tokenizer.vocab_size=300"]
+    if stage != "datasets":  # `datasets` has made its arrow copy: the first big write is tiedlm's own
+        prepare(*sets[:2], "tokenizer.kind=char")
+    root = data.cache_root()
+    published = sorted(root.glob("tokens/*/manifest.json"))
+
+    def small_files():  # in the child: a write past 4 KB fails with EFBIG, as on a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (instead of killing it); stays ignored across exec
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    r = subprocess.run([sys.executable, "-m", "tiedlm", *data_command(tmp_path, *sets)],
+                       preexec_fn=small_files, capture_output=True, text=True, timeout=300)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("tiedlm")]
+    assert r.returncode == 1, r.stderr
+    assert errors == [f"tiedlm: error: File too large while writing the token cache ({root / stage}) — free some "
+                      "disk space (or set TIEDLM_CACHE to a disk with room, or raise the file-size limit: "
+                      "ulimit -f), then run the same command again"], r.stderr
+    assert r.stderr.strip().splitlines()[-1] == errors[0] and "Traceback" not in r.stderr
+    assert not list(root.rglob(".tmp-*")) and not list(root.rglob("*.incomplete"))
+    assert sorted(root.glob("tokens/*/manifest.json")) == published  # (the byte tokenizer's entry fits in 4 KB)
+    # the same command with room succeeds, and what the failed one left is tiedlm's to clear
+    prepare(*sets)
+    assert data.clear_cache().left_alone == []
+
+
+def _wrapped(code):
+    """What torch.save or safetensors raise: their own error, with the OSError as its cause."""
+    try:
+        raise OSError(code, os.strerror(code))
+    except OSError as cause:
+        exc = RuntimeError("unexpected pos 128 vs 64")
+        exc.__cause__ = cause
+        return exc
+
+
+@pytest.mark.parametrize("exc, code", [
+    pytest.param(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), errno.ENOSPC, id="OSError"),
+    pytest.param(_wrapped(errno.EDQUOT), errno.EDQUOT, id="wrapped"),
+    pytest.param(Exception(f"{os.strerror(errno.ENOSPC)} (os error {errno.ENOSPC})"), errno.ENOSPC,
+                 id="rust"),  # as the Rust tokenizer says it
+])
+def test_a_write_failure_in_the_token_cache_is_one_line(tmp_path, monkeypatch, exc, code):
+    def refuse(path, array):  # half a file, then the failure
+        path.write_bytes(b"\x93NUMPY half")
+        raise exc
+
+    monkeypatch.setattr(data, "_save_npy", refuse)
+    r = cli_data(tmp_path, "data.path=builtin:synthetic", "tokenizer.kind=byte")
+    root = data.cache_root()
+    assert_one_line_error(r, f"{os.strerror(code)} while writing the token cache ({root / 'tokens'}) — free some "
+                             "disk space (or set TIEDLM_CACHE to a disk with room), then run the same command again", 1)
+    assert not list(root.rglob(".tmp-*")) and not list((root / "tokens").iterdir())
+
+
+def test_a_cache_folder_that_cannot_be_written_names_the_path(tmp_path, monkeypatch):
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file")
+    monkeypatch.setenv("TIEDLM_CACHE", str(not_a_folder))
+    r = cli_data(tmp_path, "data.path=builtin:synthetic", "tokenizer.kind=byte")
+    assert_one_line_error(r, f"cannot write the token cache ({not_a_folder / 'tokenizers'}): "
+                             f"{os.strerror(errno.ENOTDIR)} — check the path and its permissions (or set "
+                             "TIEDLM_CACHE to a folder you can write), then run the same command again", 1)
+
+
+def test_write_json_removes_its_temporary_file_when_the_write_fails(tmp_path, monkeypatch):
+    target = tmp_path / "manifest.json"
+    target.write_text('{"old": 1}')
+
+    def refuse(src, dst):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as m:
+        m.setattr(data.os, "replace", refuse)
+        with pytest.raises(OSError):
+            data._write_json(target, {"new": 2})
+    assert os.listdir(tmp_path) == ["manifest.json"] and json.loads(target.read_text()) == {"old": 1}
+
+
+def test_a_hub_memo_that_cannot_be_written_leaves_no_temporary_file(monkeypatch):
+    import huggingface_hub
+
+    class Api:
+        def dataset_info(self, path, revision=None, timeout=None):
+            return type("Info", (), {"sha": "c" * 40})()
+
+    def refuse(src, dst):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.delenv("HF_DATASETS_OFFLINE")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    with monkeypatch.context() as m:
+        m.setattr(data.os, "replace", refuse)
+        assert data._hub_revision("someone/corpus", None) == "c" * 40  # the memo only helps offline
+    assert os.listdir(data.cache_root()) == []
+
+
+@pytest.mark.parametrize("files, content, overrides, message", [
+    (["empty.txt"], "", ["data.path=text", "data.data_files=empty.txt"],
+     "data file empty.txt is empty — give a file with text, or check data.data_files"),
+    (["blank.txt"], "\n   \n\t\n", ["data.path=text", "data.data_files=blank.txt"],
+     "data file blank.txt is empty — give a file with text, or check data.data_files"),
+    (["empty.txt"], "", ["data.path=./empty.txt"],
+     "data file empty.txt is empty — give a file with text, or check data.path"),
+    (["a.csv", "b.csv"], "", ["data.path=csv", "data.data_files=[good.csv, a.csv, b.csv]"],
+     "data files a.csv, b.csv are empty — give files with text, or check data.data_files"),
+    (["blank.jsonl"], "\n\n", ["data.path=json", "data.data_files=[blank.jsonl, good.jsonl]"],
+     "data file blank.jsonl is empty — give a file with text, or check data.data_files"),
+    # a local dataset folder: `datasets` finds the files, and its own error is recognised
+    (["folder/train.txt"], "", ["data.path=./folder"],
+     "data file folder/train.txt is empty — give a file with text, or check data.path"),
+])
+def test_an_empty_data_file_is_named(tmp_path, monkeypatch, files, content, overrides, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "good.csv").write_text("text\n" + "\n".join(DOCS), encoding="utf-8")
+    (tmp_path / "good.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in DOCS), encoding="utf-8")
+    (tmp_path / "folder").mkdir()
+    for name in files:
+        (tmp_path / name).write_text(content, encoding="utf-8")
+    assert_one_line_error(cli_data(tmp_path, *overrides, "tokenizer.kind=byte"), message, 2)
+
+
+def test_an_empty_text_file_among_others_adds_no_documents(tmp_path, text_file):
+    (tmp_path / "empty.txt").write_text("")
+    p = prepare("data.path=text", f"data.data_files={json.dumps([str(text_file), str(tmp_path / 'empty.txt')])}",
+                "tokenizer.kind=byte")
+    assert sum(s.n_docs for s in p.splits.values()) == len(DOCS)
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ The pipeline, and where each step's result is cached (under `cache_root()`):
       → token arrays, one per split (.npy, memory-mapped)     tokens/<key>/
 
 Every cache entry is a folder written under a temporary name and renamed into place, so two
-processes preparing the same data at once never see a half-written entry. A second prepare of the
+processes preparing the same data at once never see a half-written entry; a write that fails (a
+full disk) removes the temporary folder and says so in one line. A second prepare of the
 same data reads two JSON manifests and memory-maps the arrays: it imports neither `datasets` nor
 trains nor encodes anything.
 """
@@ -20,12 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import glob as globlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import socket
 import sys
 import time
 import uuid
@@ -38,7 +41,7 @@ import numpy as np
 
 from . import corpora
 from .config import Config, DataConfig, TokenizerConfig
-from .errors import DataError
+from .errors import ConfigError, DataError, TiedlmError
 
 CACHE_FORMAT = 1  # bump when the layout of cache entries changes; old entries are then ignored
 SPLITS = ("train", "validation", "test")
@@ -86,10 +89,31 @@ def _key(obj: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
+def _replace_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+    """write(tmp), then rename tmp onto path: a reader sees the old file or the new one, never half
+    of one. A failed write removes tmp, so a full disk does not keep holding its space."""
+    tmp = path.with_name(f".{path.name}.{_tmp_tag()}.tmp")  # the .tmp suffix, as runs.py names them
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=1, default=str)
+    _replace_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    """np.save, except that a failed write keeps its errno: np.save writes through C stdio and
+    reports a full disk as "N requested and M written", which says neither why nor what to do."""
+    array = np.ascontiguousarray(array)
+    with open(path, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, np.lib.format.header_data_from_array_1_0(array))
+        fh.write(array.data)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -99,16 +123,126 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def _folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+def _size(path: Path) -> int:
+    """Bytes of a file, or of every file in a folder (one removed meanwhile counts 0)."""
+    files = [path] if not path.is_dir() or path.is_symlink() else [p for p in path.rglob("*") if p.is_file()]
+    total = 0
+    for f in files:
+        with contextlib.suppress(OSError):
+            total += f.lstat().st_size
+    return total
 
 
-def _new_entry(kind: str, key: str) -> tuple[Path, Path]:
-    """A fresh temporary folder to fill, and the name it will be renamed to."""
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """exc and the exceptions it was raised from or while handling, outermost first."""
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return chain
+
+
+def _errno_of(exc: BaseException) -> int | None:
+    """The errno behind a failed write, wherever it hides: an OSError in the exception's chain, or
+    the text of one that wraps it (the Rust tokenizer raises "File too large (os error 27)")."""
+    chain = _chain(exc)
+    for e in chain:
+        if isinstance(e, OSError) and e.errno:
+            return e.errno
+    for e in chain:
+        text = str(e)
+        if m := re.search(r"os error (\d+)", text):
+            return int(m.group(1))
+        for code in _NO_ROOM:
+            if os.strerror(code) in text:
+                return code
+    return None
+
+
+def _write_failure(exc: BaseException, where: Path | str, what: str = "the token cache",
+                   elsewhere: str = "TIEDLM_CACHE") -> DataError:
+    """Any failed write into a cache as one line: what is wrong and what to do. `elsewhere` is the
+    variable that moves the cache to another disk."""
+    code = _errno_of(exc)
+    if code in _NO_ROOM:
+        limit = ", or raise the file-size limit: ulimit -f" if code == errno.EFBIG else ""
+        return DataError(f"{os.strerror(code)} while writing {what} ({where}) — free some disk space "
+                         f"(or set {elsewhere} to a disk with room{limit}), then run the same command again")
+    why = os.strerror(code) if code else _first_line(exc)
+    space = "" if code else ", and the free disk space"
+    return DataError(f"cannot write {what} ({where}): {why} — check the path and its permissions{space} "
+                     f"(or set {elsewhere} to a folder you can write), then run the same command again")
+
+
+@contextlib.contextmanager
+def _writing(where: Path, cleanup: Path | None = None) -> Iterator[None]:
+    """Writes into the cache: on any failure (an interrupt too) remove `cleanup`, the half-written
+    temporary folder, and turn the error into _write_failure's one line."""
+    try:
+        yield
+    except BaseException as exc:
+        if cleanup is not None:
+            _drop(cleanup)
+        if isinstance(exc, Exception) and not isinstance(exc, TiedlmError):
+            raise _write_failure(exc, where) from exc
+        raise
+
+
+# Temporary names carry host, pid and a random part, so that `cache clear` can tell a folder a
+# live process is filling from one a killed process left: the pid means something only on the
+# host that wrote it (a cache on a network disk is shared by several machines).
+_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64] or "host"
+_TMP_TAG = r"(?:(?P<host>[A-Za-z0-9._]+)-)?(?P<pid>\d+)-[0-9a-f]{8}"  # host is absent in older names
+_TMP_ENTRY = re.compile(rf"\.tmp-[0-9a-f]{{20}}-{_TMP_TAG}")
+_STALE_S = 6 * 3600  # a writer touches its files all along: untouched this long, nobody is writing
+
+
+def _tmp_tag() -> str:
+    return f"{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    if os.name != "posix":  # os.kill(pid, 0) would end the process on Windows
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, it is someone else's
+        return True
+    return True
+
+
+def _being_written(path: Path, m: re.Match) -> str | None:
+    """Why a temporary file or folder of tiedlm's may still be in use, or None if it is abandoned:
+    its process (on this host) is gone, or nothing in it changed for _STALE_S."""
+    pid = int(m.group("pid"))
+    if m.group("host") == _HOST and not _pid_alive(pid):
+        return None
+    newest = 0.0
+    for f in [path, *(path.rglob("*") if path.is_dir() else [])]:
+        with contextlib.suppress(OSError):  # the writer may rename or remove it meanwhile
+            newest = max(newest, f.lstat().st_mtime)
+    if time.time() - newest > _STALE_S:
+        return None
+    where = "this machine" if m.group("host") == _HOST else (m.group("host") or "an unknown machine")
+    return f"being written by process {pid} on {where}"
+
+
+@contextlib.contextmanager
+def _new_entry(kind: str, key: str) -> Iterator[Path]:
+    """A fresh temporary folder to fill, renamed to <kind>/<key> when the block ends. Any failure
+    removes it and becomes one line (see _write_failure): a full disk leaves nothing behind."""
     final = cache_root() / kind / key
-    tmp = final.parent / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
-    return tmp, final
+    tmp = final.parent / f".tmp-{key}-{_tmp_tag()}"
+    with _writing(final.parent, cleanup=tmp):
+        tmp.mkdir(parents=True)
+        yield tmp
+        _publish(tmp, final)
 
 
 def _publish(tmp: Path, final: Path) -> None:
@@ -124,6 +258,65 @@ def _publish(tmp: Path, final: Path) -> None:
 def _drop(folder: Path) -> None:
     """Remove a broken entry so it can be rebuilt (another process may be doing the same)."""
     shutil.rmtree(folder, ignore_errors=True)
+
+
+# `datasets` keeps arrow copies of local files under cache_root()/"datasets", where tiedlm points
+# it: <builder>/<config>/<version>/<hash>/ folders, with lock files beside them. Others may keep
+# files in that folder too, so each load marks what it created there (one small file per created
+# path, in _MARKS) and `cache clear` removes what is marked and nothing else.
+_MARKS = ".tiedlm-made"
+_MARK_DEPTH = 4  # builder/config/version/hash: the deepest level a load creates anew
+
+
+def _listing(folder: Path) -> set[str]:
+    """Relative POSIX paths of what is in folder, down to _MARK_DEPTH levels."""
+    out: set[str] = set()
+    level = [(folder, "")]
+    for _ in range(_MARK_DEPTH):
+        below = []
+        for path, rel in level:
+            with contextlib.suppress(OSError):
+                for e in os.scandir(path):
+                    if rel or e.name != _MARKS:
+                        out.add(rel + e.name)
+                        if e.is_dir(follow_symlinks=False):
+                            below.append((Path(e.path), f"{rel}{e.name}/"))
+        level = below
+    return out
+
+
+def _mark_name(rel: str) -> str:
+    return hashlib.sha256(rel.encode()).hexdigest()[:20]
+
+
+def _marked(folder: Path) -> set[str]:
+    """The marked paths of folder ("." for the folder itself). A marker is named by the hash of the
+    path it holds, so a torn one (a process killed while writing it) marks nothing."""
+    out = set()
+    for f in (folder / _MARKS).glob("*"):
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            rel = f.read_text(encoding="utf-8")
+            if _mark_name(rel) == f.name:
+                out.add(rel)
+    return out
+
+
+@contextlib.contextmanager
+def _marking(folder: Path) -> Iterator[None]:
+    """Mark what the block creates in folder: the top-most new paths, and "." if it made folder."""
+    existed = folder.exists()
+    before = _listing(folder)
+    try:
+        yield
+    finally:  # a failed or interrupted load leaves lock files and folders: tiedlm's to clear too
+        created = _listing(folder) - before
+        top = {r for r in created if r.rpartition("/")[0] not in created}
+        if not existed and folder.is_dir():
+            top.add(".")
+        with contextlib.suppress(OSError):  # unmarked is left alone by `cache clear`: the safe side
+            (folder / _MARKS).mkdir(exist_ok=True)
+            for rel in top:
+                (folder / _MARKS / _mark_name(rel)).write_text(rel, encoding="utf-8")
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,11 +468,8 @@ class HFTokenizer(Tokenizer):
         return super().prefix_text(text, n_tokens)
 
     def save(self, folder: Path) -> None:
-        folder = Path(folder)
-        tmp = folder / f".{_HF_FILE}.{os.getpid()}.tmp"
-        self._tok.save(str(tmp))
-        os.replace(tmp, folder / _HF_FILE)
-        _write_json(folder / _META, {"kind": self.kind, "eot_token": self.eot_token})
+        _replace_atomically(Path(folder) / _HF_FILE, lambda tmp: self._tok.save(str(tmp)))
+        _write_json(Path(folder) / _META, {"kind": self.kind, "eot_token": self.eot_token})
 
 
 _PIECE = 1 << 16  # characters
@@ -743,19 +933,83 @@ def _first_non_utf8(files: list[Path]) -> tuple[Path, int, int] | None:
     return None
 
 
-def _translate(exc: BaseException, source: _Source, d: DataConfig) -> DataError:
+def _local_files(source: _Source) -> list[Path]:
+    files = [f for fs in (source.files or {}).values() for f in fs]
+    if source.kind == "folder" and not files:
+        files = [Path(s[0]) for s in source.fingerprint["files"]]
+    return files
+
+
+def _is_blank(path: Path) -> bool:
+    """0 bytes, or (a text format) nothing but whitespace: read up to the first other byte."""
+    try:
+        if path.stat().st_size == 0:
+            return True
+        if path.suffix.lower() == ".parquet":
+            return False
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 16):
+                if chunk.strip():
+                    return False
+        return True
+    except OSError:  # unreadable: datasets says so
+        return False
+
+
+def _shown(path: Path) -> str:
+    """A path as the user probably wrote it: relative to the working folder when it is inside it."""
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _empty_files(files: list[Path], source: _Source) -> ConfigError:
+    """Data files with nothing in them are what the config names: a config error, like a wrong path."""
+    key = "data.data_files" if source.files and (source.kind == "folder" or source.path in _BUILDERS) \
+        else "data.path"
+    names = ", ".join(_shown(f) for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    if len(files) == 1:
+        return ConfigError(f"data file {names} is empty — give a file with text, or check {key}")
+    return ConfigError(f"data files {names} are empty — give files with text, or check {key}")
+
+
+def _check_not_empty(source: _Source) -> None:
+    """Name empty data files before `datasets` reads them: it says only "An error occurred while
+    generating the dataset". An empty file among others adds no documents to a text split, which
+    is harmless; the csv, json and parquet builders fail on one (json on whitespace, not 0 bytes)."""
+    for files in (source.files or {}).values():
+        empty = [f for f in files if _is_blank(f)]
+        fatal = empty if len(empty) == len(files) else \
+            [f for f in empty if _EXTENSIONS.get(f.suffix.lower(), source.builder) != "text"]
+        if fatal:
+            raise _empty_files(fatal, source)
+
+
+# What `datasets` raises for a file with no data in it: the text builder ("at least one example"),
+# pandas for csv, and the json builder (StopIteration, or "Instruction "train" corresponds to no
+# data!"). Only taken to mean that when an empty file is found.
+_EMPTY_ERRORS = ("SchemaInferenceError", "EmptyDataError", "StopIteration")
+
+
+def _translate(exc: BaseException, source: _Source, d: DataConfig) -> TiedlmError:
     from datasets.exceptions import DataFilesNotFoundError, DatasetNotFoundError
 
-    chain, e = [], exc
-    while e is not None and e not in chain:
-        chain.append(e)
-        e = e.__cause__ or e.__context__
+    chain = _chain(exc)
     msg = _first_line(exc)
+    if _errno_of(exc) in _NO_ROOM:  # datasets writing its arrow copy of the data
+        if source.kind == "hub":
+            import datasets.config
+
+            return _write_failure(exc, datasets.config.HF_DATASETS_CACHE, "the Hugging Face datasets cache",
+                                  "HF_DATASETS_CACHE")
+        return _write_failure(exc, cache_root() / "datasets")
+    if any(type(e).__name__ in _EMPTY_ERRORS for e in chain) or "corresponds to no data" in msg:
+        empty = [f for f in _local_files(source) if _is_blank(f)]
+        if empty:
+            return _empty_files(empty, source)
     if any(isinstance(e, UnicodeDecodeError) for e in chain):
-        files = [f for fs in (source.files or {}).values() for f in fs]
-        if source.kind == "folder" and not files:
-            files = [Path(s[0]) for s in source.fingerprint["files"]]
-        bad = _first_non_utf8(files)
+        bad = _first_non_utf8(_local_files(source))
         if bad is None:
             return DataError(f"a data file of {source.description} is not UTF-8 text — convert it to UTF-8 "
                              "(e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8)")
@@ -793,11 +1047,13 @@ def _load_raw(source: _Source, d: DataConfig, progress: bool) -> dict[str, Any]:
             return {k: [v] for k, v in corpora.synthetic_splits(d.synthetic).items()}
         return corpora.pydoc_splits()
 
+    _check_not_empty(source)
     import datasets
 
     local_cache = str(cache_root() / "datasets")  # arrow copies of local files live with our cache
+    marking = _marking(Path(local_cache)) if source.kind in ("files", "folder") else contextlib.nullcontext()
     try:
-        with _datasets_progress(progress):
+        with _datasets_progress(progress), marking:
             if source.kind == "disk":
                 obj = datasets.load_from_disk(source.path)
             elif source.kind == "files":
@@ -811,7 +1067,7 @@ def _load_raw(source: _Source, d: DataConfig, progress: bool) -> dict[str, Any]:
             else:
                 obj = datasets.load_dataset(source.path, name=d.name, data_files=d.data_files, revision=d.revision,
                                             streaming=d.streaming)
-    except DataError:
+    except TiedlmError:
         raise
     except Exception as exc:
         raise _translate(exc, source, d) from exc
@@ -914,7 +1170,7 @@ def _stream_texts(ds: Any, column: str, role: str, what: str, source: "_Source",
                 example = next(it)
             except StopIteration:
                 return
-            except DataError:
+            except TiedlmError:
                 raise
             except Exception as exc:
                 raise _translate(exc, source, d) from exc
@@ -1001,15 +1257,14 @@ def _count(stats: Counter, texts: list[str], ids: np.ndarray, tok: Tokenizer) ->
 
 def _store_split(key: str, name: str, tokens: np.ndarray, stats: dict, counts: np.ndarray | None,
                  manifest: dict) -> Path:
-    tmp, final = _new_entry("tokens", key)
-    np.save(tmp / "tokens.npy", tokens)
-    if counts is not None:
-        np.save(tmp / "counts.npy", counts)
-    _write_json(tmp / "manifest.json", {**manifest, "format": CACHE_FORMAT, "kind": "tokens", "key": key,
-                                        "split": name, "n_tokens": int(len(tokens)), "dtype": str(tokens.dtype),
-                                        **stats, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
-    _publish(tmp, final)
-    return final
+    with _new_entry("tokens", key) as tmp:
+        _save_npy(tmp / "tokens.npy", tokens)
+        if counts is not None:
+            _save_npy(tmp / "counts.npy", counts)
+        _write_json(tmp / "manifest.json", {**manifest, "format": CACHE_FORMAT, "kind": "tokens", "key": key,
+                                            "split": name, "n_tokens": int(len(tokens)), "dtype": str(tokens.dtype),
+                                            **stats, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    return cache_root() / "tokens" / key
 
 
 def _read_split(key: str) -> tuple[SplitData, np.ndarray | None, Path] | None:
@@ -1031,12 +1286,12 @@ def _read_split(key: str) -> tuple[SplitData, np.ndarray | None, Path] | None:
 
 
 def _store_tokenizer(key: str, tok: Tokenizer, manifest: dict) -> tuple[Tokenizer, Path]:
-    tmp, final = _new_entry("tokenizers", key)
-    tok.save(tmp)
-    _write_json(tmp / "manifest.json", {**manifest, "format": CACHE_FORMAT, "kind": "tokenizer", "key": key,
-                                        "tokenizer_kind": tok.kind, "vocab_size": tok.vocab_size,
-                                        "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
-    _publish(tmp, final)
+    with _new_entry("tokenizers", key) as tmp:
+        tok.save(tmp)
+        _write_json(tmp / "manifest.json", {**manifest, "format": CACHE_FORMAT, "kind": "tokenizer", "key": key,
+                                            "tokenizer_kind": tok.kind, "vocab_size": tok.vocab_size,
+                                            "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    final = cache_root() / "tokenizers" / key
     # Read back what is in place: if another process published first, use its tokenizer so that
     # the token arrays always match the tokenizer stored beside them.
     return load_tokenizer(final), final
@@ -1208,6 +1463,22 @@ def summarize(prepared: PreparedData) -> str:
     return "\n".join(lines)
 
 
+_KINDS = {"tokenizers": "tokenizer", "tokens": "tokens"}  # cache folder → the kind its manifests name
+_MEMO = "hub-revisions.json"
+_MEMO_TMP = re.compile(rf"\.{re.escape(_MEMO)}\.{_TMP_TAG}\.tmp")  # see _replace_atomically
+
+
+def _is_entry(folder: Path, kind: str) -> bool:
+    """An entry tiedlm published: its manifest names its kind and, as its key, the folder's name."""
+    m = _read_json(folder / "manifest.json") if folder.is_dir() and not folder.is_symlink() else None
+    return isinstance(m, dict) and m.get("kind") == kind and m.get("key") == folder.name
+
+
+def _top_marks(marks: set[str]) -> set[str]:
+    """The marked paths that no other marked path holds ("." aside)."""
+    return {r for r in marks - {"."} if not any(r.startswith(o + "/") for o in marks)}
+
+
 def cache_entries() -> list[dict]:
     """The token cache, for `tiedlm cache list`: one dict per entry with key, kind ("tokens",
     "tokenizer" or "datasets"), source, split, tokenizer, tokens, bytes (on disk) and path."""
@@ -1215,31 +1486,110 @@ def cache_entries() -> list[dict]:
     out = []
     for kind in ("tokenizers", "tokens"):
         for folder in sorted((root / kind).glob("*")) if (root / kind).is_dir() else []:
-            m = _read_json(folder / "manifest.json")
-            if m is None or folder.name.startswith("."):
+            if not _is_entry(folder, _KINDS[kind]):
                 continue
+            m = _read_json(folder / "manifest.json")
             out.append({"key": folder.name, "kind": m.get("kind"), "source": m.get("source"),
                         "split": m.get("split"),
                         "tokenizer": m.get("tokenizer") or f"{m.get('tokenizer_kind')} {m.get('vocab_size')}",
-                        "tokens": m.get("n_tokens"), "bytes": _folder_bytes(folder), "path": str(folder),
+                        "tokens": m.get("n_tokens"), "bytes": _size(folder), "path": str(folder),
                         "created": m.get("created")})
-    if (root / "datasets").is_dir():
+    made = [root / "datasets" / r for r in sorted(_top_marks(_marked(root / "datasets")))]
+    if any(p.exists() for p in made):  # only what tiedlm's loads made there: what `cache clear` removes
         out.append({"key": "datasets", "kind": "datasets", "source": "arrow copies of local files made by `datasets`",
-                    "split": None, "tokenizer": None, "tokens": None, "bytes": _folder_bytes(root / "datasets"),
+                    "split": None, "tokenizer": None, "tokens": None, "bytes": sum(_size(p) for p in made),
                     "path": str(root / "datasets"), "created": None})
     return out
 
 
-def clear_cache() -> int:
-    """Remove every entry tiedlm made under cache_root() (and nothing else there); bytes freed."""
+@dataclass
+class ClearedCache:
+    """What `tiedlm cache clear` did under root."""
+
+    root: Path
+    freed_bytes: int = 0
+    removed: list[Path] = dataclasses.field(default_factory=list)
+    left_alone: list[tuple[Path, str]] = dataclasses.field(default_factory=list)  # (path, why it was kept)
+
+
+def _remove(path: Path, out: ClearedCache) -> None:
+    size = _size(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)  # another process may be removing it too
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    if os.path.lexists(path):
+        out.left_alone.append((path, "could not be removed — check its permissions"))
+        return
+    out.removed.append(path)
+    out.freed_bytes += size
+
+
+def _remove_unless_in_use(path: Path, m: re.Match, out: ClearedCache) -> None:
+    why = _being_written(path, m)
+    if why is None:
+        _remove(path, out)
+    else:
+        out.left_alone.append((path, why))
+
+
+def _clear_entries(folder: Path, kind: str, out: ClearedCache) -> None:
+    for path in sorted(folder.iterdir()):
+        m = _TMP_ENTRY.fullmatch(path.name)
+        if _is_entry(path, kind):
+            _remove(path, out)
+        elif m and path.is_dir() and not path.is_symlink():  # left by a killed process, or being written
+            _remove_unless_in_use(path, m, out)
+        else:
+            out.left_alone.append((path, "not made by tiedlm"))
+    with contextlib.suppress(OSError):  # only if nothing is left in it
+        folder.rmdir()
+
+
+def _clear_datasets(folder: Path, out: ClearedCache) -> None:
+    """Remove the marked paths (see _marking); go down into a folder that holds marked paths."""
+    marks = _marked(folder)
+
+    def walk(path: Path, rel: str) -> None:
+        for child in sorted(path.iterdir()):
+            r = rel + child.name
+            if r == _MARKS:
+                continue
+            if r in marks:
+                _remove(child, out)
+            elif child.is_dir() and not child.is_symlink() and any(m.startswith(r + "/") for m in marks):
+                walk(child, r + "/")
+            else:
+                out.left_alone.append((child, "not made by tiedlm"))
+
+    walk(folder, "")
+    for rel in marks - {"."}:  # markers of what is gone now (or was removed by hand)
+        if not os.path.lexists(folder / rel):
+            with contextlib.suppress(OSError):
+                (folder / _MARKS / _mark_name(rel)).unlink()
+    if "." in marks and [p.name for p in folder.iterdir()] == [_MARKS]:  # tiedlm made it, and it is empty
+        shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):  # only if no marker is left in it
+        (folder / _MARKS).rmdir()
+
+
+def clear_cache() -> ClearedCache:
+    """Remove what tiedlm made under cache_root(): entries with a tiedlm manifest, what its loads
+    marked in datasets/, hub-revisions.json, and temporary folders and files that no live process
+    is writing. Everything else there is left alone, and listed with the reason."""
     root = cache_root()
-    freed = 0
-    for name in ("tokens", "tokenizers", "datasets"):
-        if (root / name).is_dir():
-            freed += _folder_bytes(root / name)
-            shutil.rmtree(root / name, ignore_errors=True)
-    memo = root / "hub-revisions.json"
-    if memo.exists():
-        freed += memo.stat().st_size
-        memo.unlink()
-    return freed
+    out = ClearedCache(root)
+    for path in sorted(root.iterdir()) if root.is_dir() else []:
+        real_dir = path.is_dir() and not path.is_symlink()
+        if path.name in _KINDS and real_dir:
+            _clear_entries(path, _KINDS[path.name], out)
+        elif path.name == "datasets" and real_dir:
+            _clear_datasets(path, out)
+        elif path.name == _MEMO and path.is_file():
+            _remove(path, out)
+        elif (m := _MEMO_TMP.fullmatch(path.name)) and path.is_file():
+            _remove_unless_in_use(path, m, out)
+        else:
+            out.left_alone.append((path, "not made by tiedlm"))
+    return out
