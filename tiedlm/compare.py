@@ -4,6 +4,11 @@ A *variant* is a resolved config apart from its seed, name and operational keys 
 Each variant is labelled by the keys in which its config differs from the other variants
 (`tied`/`untied` for model.tie_embeddings, `n_embd=128` for the rest).
 
+Only runs trained and evaluated on the same tokens are contrasted (see data_groups: report.json's
+data_identity, else the config's data and tokenizer sections). Runs from several data sets are
+refused with a line saying how the data differ, unless --baseline picks one: then the variants
+on the baseline's data are compared and the others listed as not compared, with the reason.
+
 Statistics, all over seeds (the unit of replication):
 - mean ± sample standard deviation (n - 1 in the denominator) of the final metric;
 - a 95% Student-t confidence interval for the *mean* over seeds: mean ± t(0.975, n-1)·sd/√n;
@@ -341,7 +346,8 @@ def load_run(run_dir: Path) -> tuple[dict | None, str | None]:
         return None, f"{REPORT} has no integer seed"
     curve, notes = _read_curve(run_dir)
     run = {"name": run_dir.name, "path": str(run_dir), "seed": seed,
-           "config": config, "config_hash": chash, "report": report, "curve": curve, "notes": notes}
+           "config": config, "config_hash": chash, "report": report, "curve": curve, "notes": notes,
+           "data": _data_sections(config), "data_identity": _recorded_identity(report)}
     return run, None
 
 
@@ -392,6 +398,116 @@ def discover(paths: list[str | Path] | None, runs_dir: Path, out: Path) -> tuple
             seen.add(key)
             unique.append(p)
     return unique, missing
+
+
+# ============================================================================ data groups
+#
+# Runs are contrasted only with runs trained and evaluated on the same tokens. A run's data is
+# named by report.json's data_identity (written by train.py: the source fingerprint, which covers
+# the splits, and the tokenizer key) plus data.max_eval_tokens (how much of each evaluation split
+# is scored, which the identity leaves out). A report without data_identity (hand-made, or older
+# than the field) is named by its config's data and tokenizer sections instead.
+
+DATA_SECTIONS = ("data", "tokenizer")
+EVAL_SET_KEYS = ("max_eval_tokens",)
+
+
+def _data_sections(config: dict) -> dict:
+    """The config's data and tokenizer sections, with defaults filled in for fields it lacks."""
+    from .config import from_dict, to_dict
+
+    try:
+        full = to_dict(from_dict(config))
+    except (TiedlmError, TypeError, ValueError, AttributeError):
+        full = config
+    sections = {s: full.get(s) if isinstance(full.get(s), dict) else {} for s in DATA_SECTIONS}
+    return json.loads(json.dumps(sections, default=str))
+
+
+def _recorded_identity(report: dict) -> dict | None:
+    ident = report.get("data_identity")
+    if not isinstance(ident, dict):
+        return None
+    ident = {"fingerprint": ident.get("fingerprint"), "tokenizer": ident.get("tokenizer")}
+    return ident if any(v is not None for v in ident.values()) else None
+
+
+def _blob(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)
+
+
+def data_groups(runs: list[dict]) -> list[dict]:
+    """The runs grouped by the data they were trained and evaluated on, in order of their first run
+    name. Each group: {"runs", "data" (the data and tokenizer sections of its first run), "identity"}."""
+    ordered = sorted(runs, key=lambda r: (r["name"], r["path"]))
+    groups: dict[str, dict] = {}
+
+    def add(key: str, run: dict) -> None:
+        group = groups.setdefault(key, {"runs": [], "data": run["data"], "identity": run["data_identity"]})
+        group["runs"].append(run)
+
+    for run in ordered:
+        if run["data_identity"] is not None:
+            eval_set = {k: run["data"].get("data", {}).get(k) for k in EVAL_SET_KEYS}
+            add(_blob({"identity": run["data_identity"], "eval": eval_set}), run)
+    for run in ordered:  # no recorded identity: join a group whose runs have the same data config
+        if run["data_identity"] is None:
+            twin = next((k for k, g in groups.items() if any(r["data"] == run["data"] for r in g["runs"])), None)
+            add(twin or _blob({"config": run["data"]}), run)
+    out = sorted(groups.values(), key=lambda g: min((r["name"], r["path"]) for r in g["runs"]))
+    for group in out:
+        group["runs"].sort(key=lambda r: (r["name"], r["path"]))
+    return out
+
+
+def data_difference(a: dict, b: dict, sep: str = " vs ") -> str:
+    """How the data of two groups differ, in config keys: 'data.synthetic.vocab_size 1000 vs 4096'
+    (a's value first); or which recorded identity differs when their configs do not."""
+    from .config import diff_keys, flatten
+
+    keys = diff_keys(a["data"], b["data"])
+    if keys:
+        fa, fb = flatten(a["data"]), flatten(b["data"])
+        return ", ".join(f"{k} {_scalar(fa.get(k))}{sep}{_scalar(fb.get(k))}" for k in keys)
+    ia, ib = a["identity"] or {}, b["identity"] or {}
+    if ia.get("fingerprint") != ib.get("fingerprint"):
+        return "the data files changed between runs (source fingerprint differs)"
+    return ("the tokenizer changed between runs (tokenizer key differs: another tokenizer file, "
+            "or a tiedlm with another cache format)")
+
+
+def _run_pattern(group: dict, others: list[dict]) -> str:
+    """A glob that names a group's runs and no other group's (PARENT/PREFIX*), else the folders."""
+    runs = group["runs"]
+    parents = {str(Path(r["path"]).parent) for r in runs}
+    prefix = os.path.commonprefix([r["name"] for r in runs])
+    if len(runs) > 1 and len(parents) == 1 and prefix.strip("-_.="):
+        foreign = [r for g in others for r in g["runs"] if Path(r["path"]).name.startswith(prefix)]
+        if not foreign:
+            parent = parents.pop()
+            return f"{prefix}*" if parent in ("", ".") else str(Path(parent) / f"{prefix}*")
+    paths = [r["path"] for r in runs]
+    return " ".join(paths[:4]) + (" ..." if len(paths) > 4 else "")
+
+
+def _mixed_data_message(groups: list[dict]) -> str:
+    """The one-line refusal when runs on different data are given without --baseline."""
+    n = sum(len(g["runs"]) for g in groups)
+    patterns = [_run_pattern(g, [o for o in groups if o is not g]) for g in groups]
+
+    def named(i: int) -> str:
+        k = len(groups[i]["runs"])
+        return f"data set {i + 1} ({patterns[i]}: {k} run{'s' if k != 1 else ''})"
+
+    if len(groups) == 2:
+        how = f"{named(0)} and {named(1)} differ in {data_difference(groups[0], groups[1])}"
+    else:
+        how = f"{named(0)} differs from " + "; from ".join(
+            f"{named(i)} in {data_difference(groups[0], groups[i])}" for i in range(1, len(groups)))
+    return (f"these {n} runs were trained on {len(groups)} different data sets, and runs on different data are "
+            f"never compared: {how} — compare the runs of one data set at a time "
+            f"(tiedlm compare {patterns[0]}), or pass --baseline VARIANT (a label or a run name) to compare "
+            "the variants trained on that variant's data")
 
 
 # ============================================================================ variants and labels
@@ -716,9 +832,9 @@ def _params_sentence(variant: dict, base_label: str) -> str | None:
 # ============================================================================ the comparison
 
 
-def _build(runs: list[dict], skipped: list[dict], baseline: str | None, out: Path,
-           match: dict | None = None) -> dict:
-    # group by config hash, in a stable order (first appearance by run name)
+def _by_variant(runs: list[dict], skipped: list[dict]) -> dict[str, list[dict]]:
+    """Runs grouped by config hash in a stable order (first appearance by run name), one run per
+    seed; the duplicates are added to `skipped`."""
     groups: dict[str, list[dict]] = {}
     for run in sorted(runs, key=lambda r: (r["name"], r["path"])):
         groups.setdefault(run["config_hash"], []).append(run)
@@ -733,12 +849,64 @@ def _build(runs: list[dict], skipped: list[dict], baseline: str | None, out: Pat
             else:
                 by_seed[run["seed"]] = run
         kept[chash] = [by_seed[s] for s in sorted(by_seed)]
+    return kept
+
+
+def _labels(kept: dict[str, list[dict]]) -> tuple[list[str], list[str]]:
     hashes = list(kept)
     labels, keys = label_variants([kept[h][0]["config"] for h in hashes])
     if len(set(labels)) != len(labels):  # configs that differ only where the hash saw it
         labels = [f"{lab} [{h[:6]}]" for lab, h in zip(labels, hashes)]
+    return labels, keys
+
+
+def _pick_data_group(groups: list[dict], kept_by_group: list[dict[str, list[dict]]],
+                     baseline: str) -> tuple[int, str, str, list[dict]]:
+    """With runs on several data sets and --baseline: (the baseline's group, its config hash, why it
+    was chosen, the other groups' variants as "not compared" entries). The baseline is looked up
+    among labels computed over all the runs, which name the data keys that tell the groups apart."""
+    entries = [(gi, h) for gi, kept in enumerate(kept_by_group) for h in kept]
+    labels, _ = label_variants([kept_by_group[gi][h][0]["config"] for gi, h in entries])
+    if len(set(labels)) != len(labels):  # the same config on other data (the data files changed)
+        labels = [f"{lab} [data set {gi + 1}]" for lab, (gi, _h) in zip(labels, entries)]
+    light = [{"label": lab, "runs": [r["name"] for r in kept_by_group[gi][h]], "group": gi, "config_hash": h,
+              "seeds": [r["seed"] for r in kept_by_group[gi][h]],
+              "config": _variant_config(kept_by_group[gi][h][0]["config"])}
+             for lab, (gi, h) in zip(labels, entries)]
+    base, why = choose_baseline(light, baseline)
+    home = groups[base["group"]]
+    not_compared = []
+    for v in light:
+        if v["group"] == base["group"]:
+            continue
+        runs = kept_by_group[v["group"]][v["config_hash"]]
+        how = data_difference(groups[v["group"]], home, sep=" instead of ")
+        not_compared.append({"variant": v["label"], "runs": v["runs"], "paths": [r["path"] for r in runs],
+                             "seeds": v["seeds"], "data_set": v["group"] + 1, "difference": how,
+                             "reason": f"trained on other data ({how})"})
+    return base["group"], base["config_hash"], why, not_compared
+
+
+def _build(runs: list[dict], skipped: list[dict], baseline: str | None, out: Path,
+           match: dict | None = None) -> dict:
+    groups = data_groups(runs)
+    kept_by_group = [_by_variant(g["runs"], skipped) for g in groups]
+    not_compared: list[dict] = []
+    if len(groups) == 1:
+        home, base_hash = 0, None
+    elif not baseline or not baseline.strip():
+        raise RunError(_mixed_data_message(groups))
+    else:
+        home, base_hash, why, not_compared = _pick_data_group(groups, kept_by_group, baseline)
+    kept = kept_by_group[home]
+    runs = groups[home]["runs"]
+    hashes = list(kept)
+    labels, keys = _labels(kept)  # within the data set, so that labels name only what differs there
     variants = [_aggregate(lab, kept[h]) for lab, h in zip(labels, hashes)]
-    base, why = choose_baseline(variants, baseline)
+    if base_hash is None:
+        base, why = choose_baseline(variants, baseline)
+    else:
+        base = next(v for v in variants if v["config_hash"] == base_hash)
     variants.sort(key=lambda v: (v is not base, v["label"]))
     verdicts = []
     for v in variants:
@@ -793,6 +961,8 @@ def _build(runs: list[dict], skipped: list[dict], baseline: str | None, out: Pat
         "notes": notes,
         "match": match,
         "verdicts": verdicts,
+        "data_sets": len(groups),
+        "not_compared": not_compared,
         "files": {},
     }
 
@@ -973,7 +1143,8 @@ def _cell(x: Any) -> Any:
 
 
 def to_csv(result: dict) -> str:
-    """One row per run, one per variant and one per run left out; the row_type column tells them apart."""
+    """One row per run, one per variant, one per run not compared (other data) and one per run left out;
+    the row_type column tells them apart."""
     bucket_names: list[str] = []
     for v in result["variants"]:
         for b in (v["metrics"].get("validation") or {}).get("buckets", []):
@@ -1030,6 +1201,10 @@ def to_csv(result: dict) -> str:
         for k in ("tokens_per_s", "wall_time_s", "peak_memory_bytes", "tokens_seen", "steps"):
             row[k] = r[k]
         rows.append(row)
+    for n in result.get("not_compared") or []:
+        for name, seed, path in zip(n["runs"], n["seeds"], n["paths"]):
+            rows.append({"row_type": "not_compared", "variant": n["variant"], "run": name, "seeds": seed,
+                         "reason": n["reason"], "path": path})
     for s in result["skipped"]:
         rows.append({"row_type": "skipped", "run": s["name"], "reason": s["reason"], "path": s["path"]})
     buf = io.StringIO()
@@ -1063,6 +1238,12 @@ def to_markdown(result: dict) -> str:
     if result["differing_keys"]:
         md.append("")
         md.append("The variants differ in: " + ", ".join(f"`{k}`" for k in result["differing_keys"]) + ".")
+    if result.get("not_compared"):
+        n_other = len(result["not_compared"])
+        md.append("")
+        md.append(f"Only variants trained on the baseline's data are compared: the runs came from "
+                  f"{result['data_sets']} data sets, and {n_other} variant{'s' if n_other != 1 else ''} "
+                  f"trained on other data {'are' if n_other != 1 else 'is'} listed under *Not compared*.")
     md += ["", "## Verdict", ""]
     if result["verdicts"]:
         md.append("Percentages are of the baseline's mean perplexity; the interval is the 95% confidence "
@@ -1221,6 +1402,14 @@ def to_markdown(result: dict) -> str:
                      _fmt_int(r["params_total"]), _fmt_seconds(r["wall_time_s"])])
     md.append(_table(["run", "variant", "seed", "validation ppl", "test ppl", "validation bits/byte",
                       "parameters", "wall time"], rows, "lllrrrrr"))
+    if result.get("not_compared"):
+        md += ["", "## Not compared (trained on other data)", ""]
+        md.append("Runs trained or evaluated on other tokens than the baseline's (another data source, split, "
+                  "tokenizer or evaluation set) are never contrasted with it. Compare them among themselves, "
+                  "for example with `--baseline` set to one of them.")
+        md.append("")
+        md += [f"- **{n['variant']}** ({', '.join(f'`{r}`' for r in n['runs'])}): {n['reason']}"
+               for n in result["not_compared"]]
     if result["skipped"]:
         md += ["", "## Left out", ""]
         md += [f"- `{s['path']}`: {s['reason']}" for s in result["skipped"]]
@@ -1260,6 +1449,10 @@ def format_terminal_table(result: dict) -> str:
         lines.append(line.replace("**", ""))
     if any(v["n_seeds"] == 1 for v in variants):
         lines.append("Single-seed variants: no confidence interval or p-value can be given; use --seeds 3 or more.")
+    for n in result.get("not_compared") or []:
+        k = len(n["runs"])
+        lines.append(f"not compared: {n['variant']} ({k} run{'s' if k != 1 else ''}: {', '.join(n['runs'])}): "
+                     f"{n['reason']}")
     for s in result["skipped"]:
         lines.append(f"left out {s['path']}: {s['reason']}")
     for f in result.get("train_failures") or []:
