@@ -21,8 +21,19 @@ class ConfigError(TiedlmError):
     exit_code = 2
 
 
+class ConfigMismatchError(ConfigError):
+    """A run folder holds a run of another config than the one given (the keys that differ are in
+    the message); `--overwrite` retrains it."""
+
+    def __init__(self, message: str, keys: list[str]):
+        super().__init__(message)
+        self.keys = keys  # the dotted config keys whose values differ
+
+
 class DataError(TiedlmError):
-    """A dataset, file, split, column or tokenizer cannot be used."""
+    """The data cannot be had or used although the config is right: an offline hub, a full or
+    unwritable cache, a damaged cache entry, text that is not UTF-8, a split too small. (A path,
+    split, column or tokenizer that does not exist is the config's fault: a ConfigError.)"""
 
     exit_code = 1
 
