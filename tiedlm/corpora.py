@@ -23,12 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .checks import SPLITS
 from .config import SyntheticConfig
 
 # Bump when the generator changes, so cached token arrays of the old language are not reused.
 SYNTHETIC_VERSION = 1
 BUILTINS = ("synthetic", "pydoc")
-SPLITS = ("train", "validation", "test")
 WORDS_PER_LINE = 16
 
 # Syllables for pronounceable pseudo-words: onset + vowel (+ coda at the end of a word).

@@ -1,0 +1,381 @@
+"""Where the text comes from: what `data.path` names (a built-in corpus, a builder name with
+data.data_files, a local file or folder, a `save_to_disk` folder, or a hub id), a fingerprint
+that changes when the data does, loading it through `datasets`, and one line for each way that
+can fail.
+
+A path, file or dataset (config) that the config names and that is not there, or is empty, is a
+ConfigError (exit 2); what the world does (an unreachable hub, a full disk) and text that is not
+UTF-8 are a DataError (exit 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob as globlib
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import corpora
+from ..config import DataConfig
+from ..errors import ConfigError, DataError, TiedlmError
+from ..files import (
+    NO_ROOM,
+    atomic_write_json,
+    errno_of,
+    exception_chain,
+    first_line,
+    read_json,
+)
+from .cache import HUB_MEMO, cache_root, cache_write_failure, marking
+
+BUILDERS = {"text": "text", "json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}
+_EXTENSIONS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
+               ".csv": "csv", ".parquet": "parquet"}
+_TEXT_FREE = "local files (data.path: text, data.data_files: FILE) or a built-in corpus " \
+             "(data.path: builtin:synthetic or builtin:pydoc)"
+
+
+@dataclass
+class Source:
+    kind: str  # builtin | files | disk | folder | hub
+    description: str  # for people
+    fingerprint: dict  # JSON; changes when the data changes
+    path: str = ""
+    builder: str | None = None
+    files: dict[str, list[Path]] | None = None  # local files, for builders (and the UTF-8 check)
+
+
+# --------------------------------------------------------------------------------------------
+# Resolving data.path, without loading anything
+
+
+def _file_stamp(path: Path) -> list:
+    st = path.stat()
+    return [str(path), st.st_size, st.st_mtime_ns]
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _resolve_data_files(spec: Any, base: Path) -> dict[str, list[Path]]:
+    """data.data_files (a path, glob, list, or {split: files}, as config.validate admits) →
+    {split: sorted existing files}."""
+    if isinstance(spec, (str, Path)):
+        spec = {"train": [spec]}
+    elif isinstance(spec, (list, tuple)):
+        spec = {"train": list(spec)}
+    out: dict[str, list[Path]] = {}
+    for split, patterns in spec.items():
+        patterns = patterns if isinstance(patterns, (list, tuple)) else [patterns]
+        files: list[Path] = []
+        for pattern in patterns:
+            full = Path(str(pattern)).expanduser()
+            full = full if full.is_absolute() else base / full
+            matches = sorted(Path(m) for m in globlib.glob(str(full), recursive=True) if Path(m).is_file())
+            if not matches:
+                raise ConfigError(f"data.data_files: {pattern!r} matches no file (relative paths start at {base}) "
+                                  "— check the path or the glob")
+            files.extend(m.resolve() for m in matches if m.resolve() not in files)
+        out[str(split)] = files
+    return out
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE")
+               for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+
+
+def hub_revision(path: str, revision: str | None) -> str:
+    """The commit the hub serves for this dataset revision, so that the cache key changes when the
+    dataset does. Offline (or unreachable), the last commit seen, so cached tokens are still used."""
+    if revision and re.fullmatch(r"[0-9a-f]{40}", revision):
+        return revision  # a pinned commit names itself: no need to ask the hub
+    memo_file = cache_root() / HUB_MEMO
+    memo = read_json(memo_file) or {}
+    name = f"{path}@{revision or 'main'}"
+    if not _offline():
+        try:
+            from huggingface_hub import HfApi
+
+            sha = HfApi().dataset_info(path, revision=revision, timeout=10).sha
+            if sha and memo.get(name) != sha:
+                memo[name] = sha
+                memo_file.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_json(memo_file, memo, indent=1)
+            return sha or name
+        except Exception:  # unreachable, gated or missing: load_dataset will say which
+            pass
+    return memo.get(name, name)
+
+
+def resolve_source(d: DataConfig) -> Source:
+    """Decide what data.path names and fingerprint it, without loading anything."""
+    p = d.path.strip()
+    if p.startswith("builtin:"):
+        return _builtin_source(p, d)
+    if p in BUILDERS:
+        if d.data_files is None:
+            raise ConfigError(f"data.path: {p} needs data.data_files (a path, a glob, a list, or split: files)")
+        return _files_source(BUILDERS[p], _resolve_data_files(d.data_files, Path.cwd()), p)
+    local = Path(p).expanduser()
+    if p.startswith(("/", "./", "../", "~", ".\\")) or local.exists():
+        if not local.exists():
+            raise ConfigError(f"data.path {p} does not exist — check the path (hub ids look like owner/name)")
+        return _local_source(p, local.resolve(), d)
+    what = f"hub dataset {p}" + (f" ({d.name})" if d.name else "") + (f" @ {d.revision}" if d.revision else "")
+    return Source("hub", what, {"hub": p, "name": d.name, "revision": hub_revision(p, d.revision),
+                                "data_files": d.data_files}, p)
+
+
+def _builtin_source(p: str, d: DataConfig) -> Source:
+    name = p[len("builtin:"):]
+    if name == "synthetic":
+        s = d.synthetic
+        return Source("builtin", f"builtin:synthetic ({s.vocab_size} words in {s.n_classes} classes, "
+                                 f"zipf {s.zipf}, seed {s.seed})",
+                      {"builtin": "synthetic", "version": corpora.SYNTHETIC_VERSION, **dataclasses.asdict(s)}, p)
+    if name == "pydoc":
+        return Source("builtin", f"builtin:pydoc (CPython {sys.version_info[0]}.{sys.version_info[1]} "
+                                 "documentation topics)",
+                      {"builtin": "pydoc", "text": corpora.pydoc_fingerprint()}, p)
+    raise ConfigError(f"unknown built-in corpus {p} — use builtin:synthetic or builtin:pydoc")
+
+
+def _local_source(p: str, local: Path, d: DataConfig) -> Source:
+    """A local data file, a `save_to_disk` folder or a folder of data files."""
+    if local.is_file():
+        builder = _EXTENSIONS.get(local.suffix.lower())
+        if builder is None:
+            raise ConfigError(f"cannot tell the format of {p} from its extension — use data.path: text (or json, "
+                              f"csv, parquet) with data.data_files: {p}")
+        return _files_source(builder, {"train": [local]}, p)
+    listing = [_file_stamp(f) for f in sorted(local.rglob("*"))
+               if f.is_file() and not any(part.startswith(".") for part in f.relative_to(local).parts)]
+    if not listing:
+        raise ConfigError(f"data.path {p} is an empty folder — add data files (.txt, .json, .jsonl, .csv, "
+                          ".parquet) or point data.path elsewhere")
+    size = _human_bytes(sum(s[1] for s in listing))
+    if (local / "dataset_dict.json").exists() or (local / "state.json").exists():
+        return Source("disk", f"dataset saved with save_to_disk at {local} ({size})",
+                      {"disk": str(local), "files": listing}, str(local))
+    files = _resolve_data_files(d.data_files, local) if d.data_files is not None else None
+    return Source("folder", f"local dataset folder {local} ({len(listing)} files, {size})",
+                  {"folder": str(local), "files": listing, "name": d.name,
+                   "data_files": {k: [str(f) for f in v] for k, v in (files or {}).items()}},
+                  str(local), files=files)
+
+
+def _files_source(builder: str, files: dict[str, list[Path]], path: str) -> Source:
+    stamps = {split: [_file_stamp(f) for f in fs] for split, fs in files.items()}
+    n = sum(len(fs) for fs in files.values())
+    size = _human_bytes(sum(s[1] for fs in stamps.values() for s in fs))
+    names = ", ".join(f.name for fs in files.values() for f in fs[:3]) + (", ..." if n > 3 else "")
+    return Source("files", f"{builder} files: {names} ({n} file{'s' * (n != 1)}, {size})",
+                  {"builder": builder, "files": stamps}, path, builder=builder, files=files)
+
+
+# --------------------------------------------------------------------------------------------
+# Empty and non-UTF-8 data files
+
+
+def _first_non_utf8(files: list[Path]) -> tuple[Path, int, int] | None:
+    """The first file that is not UTF-8: (file, byte offset, byte value)."""
+    import codecs
+
+    for f in files:
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset = 0
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as exc:
+                    return f, offset + exc.start, chunk[exc.start]
+                offset += len(chunk)
+    return None
+
+
+def _local_files(source: Source) -> list[Path]:
+    files = [f for fs in (source.files or {}).values() for f in fs]
+    if source.kind == "folder" and not files:
+        files = [Path(s[0]) for s in source.fingerprint["files"]]
+    return files
+
+
+def _is_blank(path: Path) -> bool:
+    """0 bytes, or (a text format) nothing but whitespace: read up to the first other byte."""
+    try:
+        if path.stat().st_size == 0:
+            return True
+        if path.suffix.lower() == ".parquet":
+            return False
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 16):
+                if chunk.strip():
+                    return False
+        return True
+    except OSError:  # unreadable: datasets says so
+        return False
+
+
+def _shown(path: Path) -> str:
+    """A path as the user probably wrote it: relative to the working folder when it is inside it."""
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _empty_files(files: list[Path], source: Source) -> ConfigError:
+    """Data files with nothing in them are what the config names: a config error, like a wrong path."""
+    key = "data.data_files" if source.files and (source.kind == "folder" or source.path in BUILDERS) \
+        else "data.path"
+    names = ", ".join(_shown(f) for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    if len(files) == 1:
+        return ConfigError(f"data file {names} is empty — give a file with text, or check {key}")
+    return ConfigError(f"data files {names} are empty — give files with text, or check {key}")
+
+
+def _check_not_empty(source: Source) -> None:
+    """Name empty data files before `datasets` reads them: it says only "An error occurred while
+    generating the dataset". An empty file among others adds no documents to a text split, which
+    is harmless; the csv, json and parquet builders fail on one (json on whitespace, not 0 bytes)."""
+    for files in (source.files or {}).values():
+        empty = [f for f in files if _is_blank(f)]
+        fatal = empty if len(empty) == len(files) else \
+            [f for f in empty if _EXTENSIONS.get(f.suffix.lower(), source.builder) != "text"]
+        if fatal:
+            raise _empty_files(fatal, source)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading through `datasets`, and turning its exceptions into one-line errors
+
+# What `datasets` raises for a file with no data in it: the text builder ("at least one example"),
+# pandas for csv, and the json builder (StopIteration, or "Instruction "train" corresponds to no
+# data!"). Only taken to mean that when an empty file is found.
+_EMPTY_ERRORS = ("SchemaInferenceError", "EmptyDataError", "StopIteration")
+
+
+def _no_room(exc: BaseException, source: Source) -> DataError:
+    """`datasets` writing its arrow copy of the data ran out of room."""
+    if source.kind == "hub":
+        import datasets.config
+
+        return cache_write_failure(exc, datasets.config.HF_DATASETS_CACHE, "the Hugging Face datasets cache",
+                                   "HF_DATASETS_CACHE")
+    return cache_write_failure(exc, cache_root() / "datasets")
+
+
+def _not_utf8(source: Source) -> DataError:
+    bad = _first_non_utf8(_local_files(source))
+    if bad is None:
+        return DataError(f"a data file of {source.description} is not UTF-8 text — convert it to UTF-8 "
+                         "(e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8)")
+    return DataError(f"{bad[0]} is not UTF-8 text (byte 0x{bad[2]:02x} at offset {bad[1]}) — convert it to "
+                     f"UTF-8, e.g. iconv -f latin1 -t utf-8 {bad[0]} > {bad[0]}.utf8")
+
+
+def _hub_unreachable(source: Source) -> DataError:
+    if _offline():
+        return DataError(f"{source.description} is not in the local Hugging Face cache and the hub is switched "
+                         "off (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE is set) — unset it to download, "
+                         f"or use {_TEXT_FREE}")
+    return DataError(f"cannot reach the Hugging Face hub to load {source.description} — check the network, set "
+                     f"HF_DATASETS_OFFLINE=1 to use a copy downloaded before, or use {_TEXT_FREE}")
+
+
+def translate(exc: BaseException, source: Source, d: DataConfig) -> TiedlmError:
+    """What `datasets` raised, as one line: a ConfigError where the config names something that is
+    not there, a DataError where the world failed (or the cause is unknown)."""
+    from datasets.exceptions import DataFilesNotFoundError, DatasetNotFoundError
+
+    chain = exception_chain(exc)
+    msg = first_line(exc)
+    if errno_of(exc) in NO_ROOM:
+        return _no_room(exc, source)
+    if any(type(e).__name__ in _EMPTY_ERRORS for e in chain) or "corresponds to no data" in msg:
+        empty = [f for f in _local_files(source) if _is_blank(f)]
+        if empty:
+            return _empty_files(empty, source)
+    if any(isinstance(e, UnicodeDecodeError) for e in chain):
+        return _not_utf8(source)
+    if source.kind == "hub" and (isinstance(exc, ConnectionError) or "Couldn't reach" in msg):
+        return _hub_unreachable(source)
+    if isinstance(exc, DataFilesNotFoundError):
+        return ConfigError(f"{source.description}: {msg} — add .txt/.json/.jsonl/.csv/.parquet files "
+                           "or set data.data_files")
+    if isinstance(exc, DatasetNotFoundError):
+        return ConfigError(f"{source.description} was not found: {msg} — check data.path and data.revision "
+                           "(private or gated datasets need `hf auth login`)")
+    if isinstance(exc, ValueError) and ("BuilderConfig" in msg or "Config name is missing" in str(exc)):
+        configs = str(exc).split("[", 1)[-1].split("]", 1)[0] if "[" in str(exc) else "?"
+        if d.name:
+            return ConfigError(f"data.name {d.name!r} is not a config of {d.path}; it has: {configs} — "
+                               "set data.name to one of them")
+        return ConfigError(f"{d.path} has several configs: {configs} — set data.name to one of them")
+    if isinstance(exc, FileNotFoundError):
+        return ConfigError(f"{source.description}: {msg} — check data.path and data.data_files")
+    return DataError(f"datasets could not load {source.description}: {msg} — check data.path, data.data_files "
+                     "and the files' format (--debug shows the traceback)")
+
+
+@contextlib.contextmanager
+def _datasets_progress(progress: bool):
+    import datasets
+
+    was_disabled = datasets.are_progress_bars_disabled()
+    (datasets.enable_progress_bars if progress else datasets.disable_progress_bars)()
+    try:
+        yield
+    finally:
+        (datasets.disable_progress_bars if was_disabled else datasets.enable_progress_bars)()
+
+
+def _load_dataset(source: Source, d: DataConfig) -> Any:
+    import datasets
+
+    local_cache = str(cache_root() / "datasets")  # arrow copies of local files live with our cache
+    if source.kind == "disk":
+        return datasets.load_from_disk(source.path)
+    files = {s: [str(f) for f in fs] for s, fs in source.files.items()} if source.files else None
+    if source.kind == "files":
+        return datasets.load_dataset(source.builder, data_files=files, cache_dir=local_cache, streaming=d.streaming)
+    if source.kind == "folder":
+        return datasets.load_dataset(source.path, name=d.name, data_files=files, cache_dir=local_cache,
+                                     streaming=d.streaming)
+    return datasets.load_dataset(source.path, name=d.name, data_files=d.data_files, revision=d.revision,
+                                 streaming=d.streaming)
+
+
+def load_raw(source: Source, d: DataConfig, progress: bool) -> dict[str, Any]:
+    """{split name: datasets.Dataset | IterableDataset | list[str]} for the source."""
+    if source.kind == "builtin":
+        if d.path.strip() == "builtin:synthetic":
+            return {k: [v] for k, v in corpora.synthetic_splits(d.synthetic).items()}
+        return corpora.pydoc_splits()
+
+    _check_not_empty(source)
+    import datasets
+
+    mark = marking(cache_root() / "datasets") if source.kind in ("files", "folder") else contextlib.nullcontext()
+    try:
+        with _datasets_progress(progress), mark:
+            obj = _load_dataset(source, d)
+    except TiedlmError:
+        raise
+    except Exception as exc:
+        raise translate(exc, source, d) from exc
+    if isinstance(obj, (datasets.Dataset, datasets.IterableDataset)):
+        obj = {"train": obj}
+    return dict(obj)
