@@ -1,11 +1,10 @@
 """sweep.py and scripts/sweep.sh: grid files, --dry-run commands, sequential runs with failures."""
 
+import contextlib
 import io
-import json
 import os
 import shlex
 import subprocess
-import sys
 import types
 from pathlib import Path
 
@@ -13,9 +12,18 @@ import pytest
 
 from tiedlm.config import config_hash, load_config, to_dict
 from tiedlm.errors import ConfigError, DataError
+from tiedlm.runs import RunRecord, RunReport
 from tiedlm.sweep import load_grid, run_sweep, sweep_commands, yaml_value
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def raises_exactly(kind: type, match: str | None = None):
+    """pytest.raises, and the error is of exactly this type (not a subclass)."""
+    with pytest.raises(kind, match=match) as info:
+        yield info
+    assert info.type is kind, f"{info.type.__name__} raised, {kind.__name__} expected"
 
 
 def write_grid(tmp_path: Path, grid_text: str) -> Path:
@@ -45,7 +53,7 @@ def test_dry_run_prints_one_command_per_run_that_parses_back(tmp_path, monkeypat
     buf = io.StringIO()
     summary = run_sweep(grid, dry_run=True, stream=buf)
     lines = buf.getvalue().splitlines()
-    assert len(lines) == 12 == summary["total"]
+    assert len(lines) == 12 == summary.total and summary.commands == lines
     expected = set()
     for tie in ("true", "false"):
         for n in (64, 128):
@@ -117,20 +125,21 @@ def test_yaml_value_round_trips():
     ("config: [unclosed\n", "invalid YAML"),
 ])
 def test_load_grid_errors_say_what_is_wrong(tmp_path, text, message):
-    with pytest.raises(ConfigError, match=message):
+    with raises_exactly(ConfigError, match=message):
         load_grid(write_grid(tmp_path, text))
 
 
 def test_invalid_grid_point_names_the_point(tmp_path):
     grid = load_grid(write_grid(tmp_path, "config: ../configs/base.yaml\ngrid:\n  model.n_embd: [64, 33]\n"))
-    with pytest.raises(ConfigError, match=r"grid point model.n_embd=33: .*divisible"):
+    with raises_exactly(ConfigError, match=r"grid point model.n_embd=33: .*divisible"):
         sweep_commands(grid)
-    with pytest.raises(ConfigError):
+    with raises_exactly(ConfigError):
         load_grid(tmp_path / "missing.yaml")
 
 
 @pytest.fixture
-def fake_train(monkeypatch):
+def fake_train():
+    """A fake train_run, passed to run_sweep: writes a finished report through the report schema."""
     calls, fail = [], set()
 
     def train_run(cfg, out=Path("runs"), name=None, overwrite=False, progress=True, **_):
@@ -139,37 +148,39 @@ def fake_train(monkeypatch):
             raise DataError(f"{name}: the validation split is empty")
         run = Path(out) / name
         run.mkdir(parents=True, exist_ok=True)
-        (run / "report.json").write_text(json.dumps({"format": 1, "status": "finished", "seed": cfg.seed,
-                                                     "config_hash": config_hash(cfg), "config": to_dict(cfg)}))
+        report = RunReport(name=name, status="finished", seed=cfg.seed, config_hash=config_hash(cfg),
+                           config=to_dict(cfg))
+        RunRecord(run, report).write()
         return run
 
-    mod = types.ModuleType("tiedlm.train")
-    mod.train_run = train_run
-    monkeypatch.setitem(sys.modules, "tiedlm.train", mod)
-    return types.SimpleNamespace(calls=calls, fail=fail)
+    return types.SimpleNamespace(calls=calls, fail=fail, train=train_run)
 
 
 def test_run_sweep_runs_in_order_survives_failures_and_skips_finished(tmp_path, fake_train, capsys):
     grid = load_grid(write_grid(tmp_path, GRID.replace("seeds: [0, 1, 2]", "seeds: [0, 1]")))
     bad = "base-tie_embeddings=false-n_embd=64-s1"
     fake_train.fail.add(bad)
-    summary = run_sweep(grid, dry_run=False, progress=False)
-    assert len(fake_train.calls) == 8
-    assert fake_train.calls[0] == "base-tie_embeddings=true-n_embd=64-s0"
-    assert summary["failed"] == [bad] and summary["trained"] == 7 and summary["skipped"] == 0
-    entry = next(r for r in summary["runs"] if r["name"] == bad)
-    assert entry["status"] == "failed" and "validation split is empty" in entry["error"]
+    summary = run_sweep(grid, dry_run=False, progress=False, train=fake_train.train)
+    # grid order (the file's keys, the last one fastest), then seeds
+    assert fake_train.calls == [f"base-tie_embeddings={t}-n_embd={n}-s{s}"
+                                for t in ("true", "false") for n in (64, 128) for s in (0, 1)]
+    assert summary.failed == [bad] and summary.trained == 7 and summary.skipped == 0
+    entry = next(r for r in summary.runs if r.name == bad)
+    assert entry.status == "failed" and "validation split is empty" in entry.error
+    assert entry.seed == 1 and entry.point == {"model.tie_embeddings": False, "model.n_embd": 64}
+    assert entry.path == str(tmp_path / "runs" / bad)
     assert bad in capsys.readouterr().err  # failures are shown even without progress
     assert (tmp_path / "runs" / "base-tie_embeddings=true-n_embd=128-s1" / "report.json").exists()
 
     fake_train.calls.clear()
     fake_train.fail.clear()
-    again = run_sweep(grid, dry_run=False, progress=False)
+    again = run_sweep(grid, dry_run=False, progress=False, train=fake_train.train)
     assert fake_train.calls == [bad]  # only the failed run is tried again
-    assert again["skipped"] == 7 and again["trained"] == 1 and again["failed"] == []
+    assert again.skipped == 7 and again.trained == 1 and again.failed == []
     from tiedlm.sweep import format_sweep_summary
 
     assert "7 already finished" in format_sweep_summary(again)
+    assert "failed" in format_sweep_summary(summary) and bad in format_sweep_summary(summary)
 
 
 def test_shipped_example_grid_loads():
@@ -208,10 +219,7 @@ def test_sweep_sh_loops_over_seeds_and_tying_then_compares(tmp_path):
 
 
 def test_duplicate_keys_in_a_grid_file_are_refused(tmp_path):
-    from tiedlm.errors import ConfigError
-    from tiedlm.sweep import load_grid
-
     grid = tmp_path / "grid.yaml"
     grid.write_text("config: base.yaml\nseeds: [0]\ngrid:\n  model.n_embd: [64]\nseeds: [1, 2]\n")
-    with pytest.raises(ConfigError, match=r"duplicate key 'seeds' \(lines 2 and 5\)"):
+    with raises_exactly(ConfigError, match=r"duplicate key 'seeds' \(lines 2 and 5\)"):
         load_grid(grid)

@@ -22,14 +22,14 @@ import difflib
 import hashlib
 import itertools
 import os
-import re
 import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
-from .errors import ConfigError, TiedlmError
+from .errors import ConfigError
+from .naming import sanitize, scalar, short_keys
 
 GRID_KEYS = ("config", "set", "grid", "seeds", "out", "name")
 
@@ -58,13 +58,11 @@ def _fail(path: Path, message: str) -> ConfigError:
     return ConfigError(f"{path}: {message}")
 
 
-def load_grid(path: str | Path) -> Grid:
-    """Read and check a grid file. Paths in it are taken relative to the grid file's folder."""
+def _read_grid_file(path: Path) -> dict:
     import yaml
 
-    from .config import load_yaml, parse_override
+    from .config import load_yaml
 
-    path = Path(path)
     try:
         data = load_yaml(path.read_text(encoding="utf-8"), str(path))  # duplicate keys refused, as in configs
     except FileNotFoundError:
@@ -82,32 +80,35 @@ def load_grid(path: str | Path) -> Grid:
             close = difflib.get_close_matches(str(key), GRID_KEYS, n=1)
             hint = f" — did you mean {close[0]}?" if close else f" (the keys are {', '.join(GRID_KEYS)})"
             raise _fail(path, f"unknown key {key}{hint}")
-    here = path.parent
-    if not isinstance(data.get("config"), str) or not data["config"]:
-        raise _fail(path, "config: must name the base config file (relative to the grid file)")
-    config = Path(os.path.normpath(here / data["config"]))
-    if not config.exists():
-        raise _fail(path, f"config: {data['config']} does not exist (looked for {config}; paths are "
-                          "relative to the grid file)")
+    return data
+
+
+def _overrides(path: Path, data: dict) -> tuple[list[str], dict[str, list]]:
+    """set: and grid:, each key checked (an unknown one is an error with a suggestion)."""
+    from .config import parse_override
+
     sets = data.get("set") or []
     if isinstance(sets, str):
         sets = [sets]
     if not isinstance(sets, list) or not all(isinstance(s, str) for s in sets):
         raise _fail(path, 'set: must be a list of "key=value" strings')
     for item in sets:
-        parse_override(item)  # names the key and suggests the right one
+        parse_override(item)
     raw_grid = data.get("grid") or {}
     if not isinstance(raw_grid, dict):
         raise _fail(path, "grid: must map dotted keys to lists of values, e.g. model.n_embd: [64, 128]")
     grid: dict[str, list] = {}
     for key, values in raw_grid.items():
-        parse_override(f"{key}=")  # an unknown key is an error with a suggestion
+        parse_override(f"{key}=")
         if not isinstance(values, list):
             values = [values]
         if not values:
             raise _fail(path, f"grid: {key} has no values")
         grid[str(key)] = values
-    seeds = data.get("seeds", [0])
+    return list(sets), grid
+
+
+def _seeds(path: Path, seeds: Any) -> list[int]:
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         if seeds < 1:
             raise _fail(path, f"seeds: a count must be at least 1, got {seeds}")
@@ -117,11 +118,27 @@ def load_grid(path: str | Path) -> Grid:
         raise _fail(path, "seeds: must be a list of integers, e.g. [0, 1, 2], or a count")
     if len(set(seeds)) != len(seeds):
         raise _fail(path, f"seeds: {seeds} repeats a seed")
+    return list(seeds)
+
+
+def load_grid(path: str | Path) -> Grid:
+    """Read and check a grid file. Paths in it are taken relative to the grid file's folder."""
+    path = Path(path)
+    data = _read_grid_file(path)
+    here = path.parent
+    if not isinstance(data.get("config"), str) or not data["config"]:
+        raise _fail(path, "config: must name the base config file (relative to the grid file)")
+    config = Path(os.path.normpath(here / data["config"]))
+    if not config.exists():
+        raise _fail(path, f"config: {data['config']} does not exist (looked for {config}; paths are "
+                          "relative to the grid file)")
+    sets, grid = _overrides(path, data)
+    seeds = _seeds(path, data.get("seeds", [0]))
     out = Path(os.path.normpath(here / str(data["out"]))) if data.get("out") else Path("runs")
     name = data.get("name")
     if name is not None and (not isinstance(name, str) or not name):
         raise _fail(path, "name: must be a string (the prefix of the run names)")
-    return Grid(path=path, config=config, set=list(sets), grid=grid, seeds=list(seeds), out=out, name=name)
+    return Grid(path=path, config=config, set=sets, grid=grid, seeds=seeds, out=out, name=name)
 
 
 def yaml_value(value: Any) -> str:
@@ -134,15 +151,8 @@ def yaml_value(value: Any) -> str:
     return text.strip()
 
 
-def _sanitize(text: str) -> str:
-    """Keep run names portable folder names: letters, digits and . _ = + - only."""
-    text = re.sub(r"[^A-Za-z0-9._=+-]+", "_", text)
-    return text.lstrip(".") or "run"
-
-
 def expand(grid: Grid) -> list[SweepRun]:
     """Every (grid point, seed) of the sweep as a resolved config and a unique, readable name."""
-    from .compare import _scalar, short_keys
     from .config import load_config
 
     keys = list(grid.grid)
@@ -159,11 +169,11 @@ def expand(grid: Grid) -> list[SweepRun]:
                 where = ", ".join(f"{k}={yaml_value(v)}" for k, v in point.items()) or "the base config"
                 raise ConfigError(f"{grid.path}: grid point {where}: {exc}") from None
             prefix = grid.name or cfg.name
-            label = "-".join(f"{short[k]}={_scalar(v)}" for k, v in point.items())
-            name = _sanitize("-".join(p for p in (prefix, label, f"s{seed}") if p))
+            label = "-".join(f"{short[k]}={scalar(v)}" for k, v in point.items())
+            name = sanitize("-".join(p for p in (prefix, label, f"s{seed}") if p))
             if name in names:  # two values that sanitise alike: make the name unique, stably
                 digest = hashlib.sha256(repr(sorted(point.items(), key=str)).encode()).hexdigest()[:6]
-                name = _sanitize(f"{prefix}-{label}-{digest}-s{seed}")
+                name = sanitize(f"{prefix}-{label}-{digest}-s{seed}")
             names.add(name)
             runs.append(SweepRun(name=name, seed=seed, overrides=sets, point=point, cfg=cfg))
     return runs
@@ -187,98 +197,68 @@ def sweep_commands(grid: Grid) -> list[list[str]]:
     return [_command(grid, run) for run in expand(grid)]
 
 
-def _say(progress: bool, message: str) -> None:
-    if progress:
-        print(message, file=sys.stderr, flush=True)
+@dataclass
+class SweepEntry:
+    """What became of one run of a sweep."""
+
+    name: str
+    status: str  # skipped (finished already) | finished | failed
+    error: str | None
+    seed: int
+    point: dict[str, Any]  # the grid point: dotted key -> value
+    path: str  # the run folder
 
 
-def run_is_finished(run_dir: Path, cfg: Any) -> bool:
-    """True when run_dir holds a finished run of exactly this variant and seed."""
-    from .config import config_hash
-    from .runs import read_report
+@dataclass
+class SweepSummary:
+    """A sweep's outcome: one entry per run, or with dry_run the commands it printed."""
 
-    try:
-        report = read_report(Path(run_dir))
-    except (TiedlmError, OSError):
-        return False
-    return (isinstance(report, dict) and report.get("status") == "finished"
-            and report.get("config_hash") == config_hash(cfg) and report.get("seed") == cfg.seed)
+    dry_run: bool
+    out: str  # the runs folder
+    total: int  # runs in the sweep
+    runs: list[SweepEntry] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)  # dry_run: one shell-quoted command per run
 
+    @property
+    def failed(self) -> list[str]:
+        """The names of the runs that failed (the CLI exits 1 when there are any)."""
+        return [e.name for e in self.runs if e.status == "failed"]
 
-def train_jobs(jobs: list[tuple[str, Any]], out: Path, progress: bool = True,
-               overwrite_other_config: bool = False) -> list[dict]:
-    """Train (name, config) jobs one after another into `out`, as `tiedlm compare --config` and
-    `tiedlm sweep` do: finished runs are skipped, a failure is noted and passed over (always shown,
-    --quiet or not), an interrupt stops everything (the run resumes when the command is re-run).
-    With overwrite_other_config, a folder holding another config is retrained instead of refused;
-    an unfinished run of the same config is still resumed, never thrown away.
-    Returns one entry per job: name, status (skipped | finished | failed) and error."""
-    from .errors import Interrupted
-    from .train import train_run
+    @property
+    def trained(self) -> int:
+        return sum(e.status == "finished" for e in self.runs)
 
-    entries = []
-    for i, (name, cfg) in enumerate(jobs, 1):
-        entry = {"name": name, "status": None, "error": None}
-        entries.append(entry)
-        if run_is_finished(Path(out) / name, cfg):
-            entry["status"] = "skipped"
-            _say(progress, f"[{i}/{len(jobs)}] {name}: finished already, skipped")
-            continue
-        _say(progress, f"[{i}/{len(jobs)}] training {name}")
-        try:
-            try:
-                train_run(cfg, out=out, name=name, progress=progress)
-            except TiedlmError as exc:
-                if not (overwrite_other_config and exc.exit_code == 2 and "different config" in str(exc)):
-                    raise
-                _say(progress, f"[{i}/{len(jobs)}] {name}: holds another config, retraining (--overwrite)")
-                train_run(cfg, out=out, name=name, progress=progress, overwrite=True)
-        except (Interrupted, KeyboardInterrupt):
-            raise
-        except TiedlmError as exc:
-            entry.update(status="failed", error=str(exc))
-        except Exception as exc:  # a bug or out-of-memory in one run must not cost the others
-            entry.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-        else:
-            entry["status"] = "finished"
-        if entry["status"] == "failed":
-            print(f"[{i}/{len(jobs)}] {name} failed: {entry['error']}", file=sys.stderr, flush=True)
-    return entries
+    @property
+    def skipped(self) -> int:
+        return sum(e.status == "skipped" for e in self.runs)
 
 
-def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: TextIO | None = None) -> dict:
+def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: TextIO | None = None,
+              train: Callable[..., Any] | None = None) -> SweepSummary:
     """Run every point of the grid one after another (finished runs skipped, failures noted and
-    passed over), or with dry_run print the commands, one per line, shell-quoted. Returns a summary:
-    summary["failed"] holds the names of the runs that failed (the CLI exits 1 when there are any),
-    summary["runs"] one entry per run with its status and error."""
+    passed over), or with dry_run print the commands, one per line, shell-quoted. `train` trains
+    one run (train.train_run, the default, or a stand-in with its signature)."""
     runs = expand(grid)
-    summary: dict[str, Any] = {"dry_run": dry_run, "out": str(grid.out), "total": len(runs),
-                               "runs": [], "failed": [], "trained": 0, "skipped": 0}
+    summary = SweepSummary(dry_run=dry_run, out=str(grid.out), total=len(runs))
     if dry_run:
-        stream = stream or sys.stdout
-        summary["commands"] = [shlex.join(_command(grid, r)) for r in runs]
-        for line in summary["commands"]:
-            print(line, file=stream)
+        summary.commands = [shlex.join(_command(grid, r)) for r in runs]
+        for line in summary.commands:
+            print(line, file=stream or sys.stdout)
         return summary
-    entries = train_jobs([(r.name, r.cfg) for r in runs], grid.out, progress)
-    for run, entry in zip(runs, entries):
-        entry.update(seed=run.seed, point=run.point, path=str(grid.out / run.name))
-        summary["runs"].append(entry)
-        if entry["status"] == "failed":
-            summary["failed"].append(run.name)
-    summary["trained"] = sum(e["status"] == "finished" for e in entries)
-    summary["skipped"] = sum(e["status"] == "skipped" for e in entries)
+    from .train import train_jobs, train_run
+
+    results = train_jobs([(r.name, r.cfg) for r in runs], grid.out, progress, train=train or train_run)
+    summary.runs = [SweepEntry(name=res.name, status=res.status, error=res.error, seed=run.seed, point=run.point,
+                               path=str(grid.out / run.name)) for run, res in zip(runs, results)]
     return summary
 
 
-def format_sweep_summary(summary: dict) -> str:
+def format_sweep_summary(summary: SweepSummary) -> str:
     """A few lines for the terminal: counts, failures, and how to compare the results."""
-    if summary.get("dry_run"):
-        return f"{summary['total']} commands"
-    lines = [f"sweep: {summary['total']} runs — {summary['trained']} trained, {summary['skipped']} already "
-             f"finished, {len(summary['failed'])} failed"]
-    for entry in summary["runs"]:
-        if entry["status"] == "failed":
-            lines.append(f"  failed {entry['name']}: {entry['error']}")
-    lines.append(f"compare them with: tiedlm compare {shlex.quote(summary['out'])}")
+    if summary.dry_run:
+        return f"{summary.total} commands"
+    lines = [f"sweep: {summary.total} runs — {summary.trained} trained, {summary.skipped} already "
+             f"finished, {len(summary.failed)} failed"]
+    lines += [f"  failed {e.name}: {e.error}" for e in summary.runs if e.status == "failed"]
+    lines.append(f"compare them with: tiedlm compare {shlex.quote(summary.out)}")
     return "\n".join(lines)

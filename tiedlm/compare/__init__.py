@@ -1,0 +1,156 @@
+"""Compare finished runs: group them into variants, aggregate seeds, test the differences.
+
+    collect     find run folders and read finished runs (through runs.py)
+    datasets    group runs by the tokens they were trained and evaluated on
+    variants    variants, labels, the baseline, aggregates over seeds, contrasts
+    comparison  build_comparison and the Comparison it returns (what comparison.json holds)
+    stats       the t distribution, summaries, paired and Welch tests (pure)
+    matching    --match params: the tied model with as many parameters as the untied one
+    report      comparison.md / .csv / .json and the terminal table
+    plots       the three PNG plots
+
+compare_runs compares runs that exist; compare_config trains the tied and untied variants of a
+config first. Both write comparison.md, comparison.csv, comparison.json and three PNG plots
+(atomically) and return the Comparison.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import ConfigError
+from ..naming import override_tag, short_keys
+from .collect import (
+    COMPARE_DIR,
+    LeftOut,
+    LoadedRun,
+    discover,
+    load_run,
+    load_runs,
+    no_runs_error,
+)
+from .comparison import Comparison, NotCompared, RunRow, TrainFailure, build_comparison
+from .matching import ParamMatch, match_layers
+from .plots import PLOTS, write_plots
+from .report import (
+    FILES,
+    format_terminal_table,
+    to_csv,
+    to_json_text,
+    to_markdown,
+    verdicts_for,
+)
+from .stats import (
+    ALPHA,
+    LEVEL,
+    Summary,
+    TestResult,
+    betainc,
+    compare_by_seed,
+    paired_test,
+    summarize,
+    t_cdf,
+    t_ppf,
+    t_sf,
+    t_two_sided_p,
+    welch_test,
+)
+from .variants import Contrast, SplitContrast, Variant, choose_baseline, label_variants
+
+__all__ = [
+    "compare_runs", "compare_config", "write_outputs", "format_terminal_table", "to_markdown", "to_csv",
+    "Comparison", "Variant", "Contrast", "SplitContrast", "RunRow", "NotCompared", "TrainFailure", "LoadedRun",
+    "LeftOut", "ParamMatch", "Summary", "TestResult", "COMPARE_DIR", "PLOTS", "LEVEL", "ALPHA",
+    "discover", "load_run", "match_layers", "label_variants", "choose_baseline", "short_keys",
+    "betainc", "t_sf", "t_cdf", "t_ppf", "t_two_sided_p", "summarize", "paired_test", "welch_test",
+    "compare_by_seed",
+]
+
+
+def write_outputs(c: Comparison, out: Path) -> None:
+    """comparison.md, .csv, .json and the plots into out (each written atomically); c.files says where."""
+    from ..runs import atomic_write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    c.files = {k: str(out / v) for k, v in FILES.items()}
+    write_plots(c, out)
+    atomic_write_text(out / FILES["csv"], to_csv(c))
+    atomic_write_text(out / FILES["markdown"], to_markdown(c))
+    atomic_write_text(out / FILES["json"], to_json_text(c))
+
+
+def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline: str | None, runs_dir: Path,
+             match: ParamMatch | None = None, failed: dict[str, str] | None = None) -> Comparison:
+    runs, skipped = load_runs(run_dirs, left_out, failed)
+    if not runs:
+        raise no_runs_error(run_dirs, skipped, runs_dir)
+    c = build_comparison(runs, skipped, baseline, str(out), match)
+    for v in c.variants:
+        v.verdicts = verdicts_for(v)
+    write_outputs(c, Path(out))
+    return c
+
+
+def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("runs"),
+                 out: Path | None = None, baseline: str | None = None) -> Comparison:
+    """Compare finished runs (run folders, folders of runs, or globs; default: every run under
+    runs_dir). Writes comparison.md/.csv/.json and plots to `out` (default runs_dir/compare) and
+    returns the comparison. Unfinished or unreadable runs are listed in its `skipped`."""
+    runs_dir = Path(runs_dir)
+    out = Path(out) if out is not None else runs_dir / COMPARE_DIR
+    run_dirs, missing = discover(list(paths) if paths else None, runs_dir, out)
+    return _compare(run_dirs, missing, out, baseline, runs_dir)
+
+
+def _variants(cfg_path: str | Path, overrides: list[str], match: str | None,
+              untie: list[str]) -> tuple[list[tuple[str, list[str]]], ParamMatch | None]:
+    """(tag, overrides) of each variant to train, and the parameter match with match="params"."""
+    from ..config import load_config
+
+    variants = [("tied", ["model.tie_embeddings=true"]), ("untied", ["model.tie_embeddings=false", *untie])]
+    if match != "params":
+        return variants, None
+    from ..data import prepare_data
+
+    untied_cfg = load_config(cfg_path, overrides + variants[1][1])
+    matched = match_layers(untied_cfg.model, prepare_data(untied_cfg).model_vocab_size)
+    if matched.adds_a_variant:
+        variants.append(("tied-matched", ["model.tie_embeddings=true", f"model.n_layer={matched.matched_n_layer}"]))
+    return variants, matched
+
+
+def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, seeds: int = 1,
+                   match: str | None = None, runs_dir: Path = Path("runs"), baseline: str | None = None,
+                   progress: bool = True, out: Path | None = None, overwrite: bool = False,
+                   train: Callable[..., Any] | None = None) -> Comparison:
+    """Train the tied and untied variants of a config (seeds cfg.seed .. cfg.seed+seeds-1; finished
+    runs are reused) and compare exactly those runs. match="params" adds a tied variant with extra
+    layers whose total is as close as possible to the untied one's. Training failures do not stop
+    the others; they are listed in the result's train_failures and among the runs left out.
+    `train` trains one run (train.train_run, the default, or a stand-in with its signature)."""
+    from ..config import load_config
+    from ..runs import run_dir_for
+
+    if match not in (None, "params"):
+        raise ConfigError(f"--match {match!r} is not supported — the only option is --match params")
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be at least 1, got {seeds}")
+    overrides = list(overrides or [])
+    runs_dir = Path(runs_dir)
+    base = load_config(cfg_path, overrides)
+    # an untie_at in the config belongs to tied models only
+    untie = ["model.untie_at=null"] if base.model.untie_at is not None else []
+    variants, matched = _variants(cfg_path, overrides, match, untie)
+    prefix = base.name + override_tag(overrides)
+    jobs = [(f"{prefix}-{tag}-s{seed}", load_config(cfg_path, overrides + extra, seed=seed))
+            for tag, extra in variants for seed in range(base.seed, base.seed + seeds)]
+    from ..train import train_jobs, train_run
+
+    results = train_jobs(jobs, runs_dir, progress, overwrite_other_config=overwrite, train=train or train_run)
+    failures = {r.name: r.error for r in results if r.status == "failed"}
+    out = Path(out) if out is not None else runs_dir / COMPARE_DIR
+    run_dirs = [run_dir_for(runs_dir, name) for name, _ in jobs]
+    c = _compare(run_dirs, [], out, baseline, runs_dir, match=matched, failed=failures)
+    c.train_failures = [TrainFailure(n, e) for n, e in failures.items()]
+    return c

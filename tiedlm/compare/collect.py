@@ -1,0 +1,282 @@
+"""Finding and reading finished runs, through runs.py (the one module that knows the run folder).
+
+discover turns the paths a user gave (run folders, folders of runs, globs; default: every run
+under the runs folder) into run folders; load_run reads one into a LoadedRun, or says in a few
+words why it is left out (unfinished, failed, damaged, not a run folder).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import runs as run_folder
+from ..errors import RunError, TiedlmError
+from ..evaluate import perplexity
+from .stats import number
+
+COMPARE_DIR = "compare"  # the comparison's own folder under the runs folder, never a run
+DATA_SECTIONS = ("data", "tokenizer")
+
+
+@dataclass
+class LeftOut:
+    """A path given (or found) that is not compared, and why."""
+
+    path: str
+    name: str
+    reason: str
+
+
+@dataclass
+class LoadedRun:
+    """A finished run as the comparison sees it: its report, cleaned of hand-edited oddities."""
+
+    name: str  # the folder's name (not the report's: a folder may have been renamed)
+    path: str
+    seed: int
+    config: dict
+    config_hash: str  # recomputed from the stored config where it loads
+    report: run_folder.RunReport
+    final: dict[str, dict]  # split -> final metrics; every split's "buckets" is a list
+    params: dict  # the report's parameter breakdown ({} when it has none)
+    curve: list[tuple[float, float]]  # validation (tokens seen, perplexity) during training
+    notes: list[str]  # what could not be read, for the comparison's notes
+    data: dict  # the config's data and tokenizer sections, defaults filled in
+    data_identity: dict | None  # report.json's data_identity: fingerprint and tokenizer key
+
+    def metric(self, split: str, key: str) -> float | None:
+        section = self.final.get(split)
+        return number(section.get(key)) if section else None
+
+    def bucket_names(self, split: str) -> list[str]:
+        section = self.final.get(split) or {}
+        return [b["name"] for b in section.get("buckets", [])
+                if isinstance(b, dict) and isinstance(b.get("name"), str)]
+
+    def bucket(self, split: str, name: str) -> dict | None:
+        section = self.final.get(split) or {}
+        return next((b for b in section.get("buckets", []) if isinstance(b, dict) and b.get("name") == name), None)
+
+
+# ============================================================================ one run
+
+
+def _reason_from_report(report: run_folder.RunReport) -> str:
+    status, error = report.status, report.error
+    text = f"status {status}" if status else f"{run_folder.REPORT} has no status"
+    if error:
+        text += f": {str(error).strip().splitlines()[0][:200]}"
+    hint = {"running": " (still training, or killed: run the same train command again to resume)",
+            "interrupted": " (run the same train command again to resume)",
+            "diverged": " (training loss became non-finite; lower train.lr or raise warmup_steps)"}
+    return text + hint.get(str(status), "")
+
+
+def _read_curve(run_dir: Path) -> tuple[list[tuple[float, float]], list[str]]:
+    """Validation (tokens, perplexity) points from metrics.jsonl, and notes on unreadable lines."""
+    metrics = run_folder.METRICS
+    if not (run_dir / metrics).exists():
+        return [], [f"{run_dir.name}: no {metrics}, so no learning curve"]
+    try:
+        records, bad = run_folder.read_metrics_counted(run_dir)
+    except OSError as exc:
+        return [], [f"{run_dir.name}: cannot read {metrics} ({exc}), so no learning curve"]
+    points: list[tuple[float, float]] = []
+    for rec in records:
+        if rec.get("kind") == "eval" and rec.get("split", "validation") == "validation":
+            tokens, ppl = number(rec.get("tokens")), number(rec.get("perplexity"))
+            if ppl is None and number(rec.get("loss")) is not None:
+                ppl = perplexity(rec["loss"], 1)
+            if tokens is not None and ppl is not None:
+                points.append((tokens, ppl))
+    notes = [f"{run_dir.name}: skipped {bad} unreadable line{'s' if bad != 1 else ''} of {metrics}"] if bad else []
+    return sorted(points), notes
+
+
+def data_sections(config: dict) -> dict:
+    """The config's data and tokenizer sections, with defaults filled in for fields it lacks."""
+    from ..config import from_dict, to_dict
+
+    try:
+        full = to_dict(from_dict(config))
+    except (TiedlmError, TypeError, ValueError, AttributeError):
+        full = config
+    sections = {s: full.get(s) if isinstance(full.get(s), dict) else {} for s in DATA_SECTIONS}
+    return json.loads(json.dumps(sections, default=str))
+
+
+def _recorded_identity(report: run_folder.RunReport) -> dict | None:
+    ident = report.data_identity
+    if not isinstance(ident, dict):
+        return None
+    ident = {"fingerprint": ident.get("fingerprint"), "tokenizer": ident.get("tokenizer")}
+    return ident if any(v is not None for v in ident.values()) else None
+
+
+def _read_file(read: Callable[[Path], Any], run_dir: Path, name: str) -> tuple[Any, str | None]:
+    """(read(run_dir), None), or (None, why) when the file is damaged or cannot be read."""
+    try:
+        return read(run_dir), None
+    except TiedlmError as exc:
+        return None, f"unreadable {name}: {exc}"
+    except OSError as exc:
+        return None, f"cannot read {name}: {exc}"
+
+
+def _read(run_dir: Path) -> tuple[run_folder.RunReport | None, str | None]:
+    """The finished report of a run folder, or why there is none."""
+    report_file, config_file = run_folder.REPORT, run_folder.CONFIG
+    if not run_dir.exists():
+        return None, "does not exist"
+    if not run_dir.is_dir():
+        return None, "is not a folder"
+    report, why = _read_file(run_folder.read_report, run_dir, report_file)
+    if why:
+        return None, why
+    if report is None:
+        if (run_dir / config_file).exists():
+            return None, f"no {report_file} yet (training has not finished its first report, or crashed early)"
+        return None, f"not a run folder (no {report_file} or {config_file})"
+    if report.status != "finished":
+        return None, _reason_from_report(report)
+    return report, None
+
+
+def _config_of(run_dir: Path, report: run_folder.RunReport) -> tuple[dict | None, str | None]:
+    """The resolved config: report.json's, else config.yaml's."""
+    config: Any = report.config
+    if not isinstance(config, dict) or not config:
+        config, why = _read_file(run_folder.read_config, run_dir, run_folder.CONFIG)
+        if why:
+            return None, why
+        if config is None:
+            return None, f"no config in {run_folder.REPORT} and no {run_folder.CONFIG}"
+    if not isinstance(config.get("model"), dict):
+        return None, f"the config in {run_folder.REPORT} has no model section"
+    return config, None
+
+
+def _hash_of(config: dict, report: run_folder.RunReport) -> tuple[str | None, str | None]:
+    """The config hash recomputed from the stored config, so that runs written before a config
+    field existed (it gets its default) or a key became operational group with newer runs."""
+    from ..config import config_hash, from_dict
+
+    try:
+        return config_hash(from_dict(config)), None
+    except TiedlmError as exc:
+        chash = report.config_hash
+        if not isinstance(chash, str) or not chash:
+            return None, f"no config_hash in {run_folder.REPORT} and its config does not load: {exc}"
+        return chash, None
+
+
+def load_run(run_dir: str | Path) -> tuple[LoadedRun | None, str | None]:
+    """(run, None) for a finished, readable run; (None, reason) for one to leave out."""
+    run_dir = Path(run_dir)
+    report, why = _read(run_dir)
+    if report is None:
+        return None, why
+    config, why = _config_of(run_dir, report)
+    if config is None:
+        return None, why
+    final = {k: v for k, v in report.final.items() if isinstance(v, dict)} if isinstance(report.final, dict) else {}
+    if not final:
+        return None, f"{run_folder.REPORT} has no final evaluation (final.validation / final.test)"
+    # tolerate hand-edited reports: buckets must be a list of dicts
+    final = {k: v if isinstance(v.get("buckets"), list) else {**v, "buckets": []} for k, v in final.items()}
+    chash, why = _hash_of(config, report)
+    if chash is None:
+        return None, why
+    seed = report.seed if report.seed is not None else config.get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        return None, f"{run_folder.REPORT} has no integer seed"
+    curve, notes = _read_curve(run_dir)
+    return LoadedRun(name=run_dir.name, path=str(run_dir), seed=seed, config=config, config_hash=chash,
+                     report=report, final=final, params=report.params if isinstance(report.params, dict) else {},
+                     curve=curve, notes=notes, data=data_sections(config),
+                     data_identity=_recorded_identity(report)), None
+
+
+def load_runs(run_dirs: list[Path], left_out: list[LeftOut],
+              failed: dict[str, str] | None = None) -> tuple[list[LoadedRun], list[LeftOut]]:
+    """The finished runs among run_dirs, and every run left out (after left_out) with its reason.
+    `failed` maps the names of runs whose training just failed to the error: such a folder is
+    left out even when it holds a finished run (of an older config, say)."""
+    loaded, skipped = [], list(left_out)
+    for d in run_dirs:
+        run, reason = load_run(d)
+        error = (failed or {}).get(Path(d).name)
+        if run is not None and error:
+            run, reason = None, "training this run failed"
+        if run is None:
+            skipped.append(LeftOut(str(d), Path(d).name, reason if not error else f"{reason}: {error}"))
+        else:
+            loaded.append(run)
+    return loaded, skipped
+
+
+def no_runs_error(run_dirs: list[Path], skipped: list[LeftOut], runs_dir: Path) -> RunError:
+    """The error when nothing is left to compare: where it looked, and the first reasons."""
+    where = ", ".join(str(d) for d in run_dirs[:3]) if run_dirs else str(runs_dir)
+    left = (f" ({len(skipped)} left out: " + "; ".join(f"{s.name}: {s.reason}" for s in skipped[:3])
+            + ("; ..." if len(skipped) > 3 else "") + ")") if skipped else ""
+    return RunError(f"no finished runs to compare in {where}{left} — train some first: "
+                    "tiedlm compare --config configs/base.yaml (trains tied and untied), or "
+                    "tiedlm train --config CONFIG --seed N")
+
+
+# ============================================================================ finding run folders
+
+
+def _has_glob(text: str) -> bool:
+    return any(ch in text for ch in "*?[")
+
+
+def _is_run_folder(path: Path) -> bool:
+    return (path / run_folder.REPORT).exists() or (path / run_folder.CONFIG).exists()
+
+
+def _dedupe(paths: list[Path]) -> list[Path]:
+    unique, seen = [], set()
+    for p in paths:
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique
+
+
+def discover(paths: list[str | Path] | None, runs_dir: Path, out: Path) -> tuple[list[Path], list[LeftOut]]:
+    """Run folders to read, and entries left out before reading (paths that match nothing)."""
+    found: list[Path] = []
+    missing: list[LeftOut] = []
+    skip = {Path(out).resolve()}
+
+    def children(parent: Path) -> list[Path]:
+        return [c for c in sorted(parent.iterdir())
+                if c.is_dir() and not c.name.startswith(".") and c.name != COMPARE_DIR
+                and c.resolve() not in skip and _is_run_folder(c)]
+
+    if not paths:
+        runs_dir = Path(runs_dir)
+        if not runs_dir.is_dir():
+            raise RunError(f"no runs folder {runs_dir} — train runs first, e.g. "
+                           "tiedlm compare --config configs/base.yaml")
+        return _dedupe(children(runs_dir)), missing
+    for item in paths:
+        text = str(item)
+        matches = sorted(Path(p) for p in glob.glob(text)) if _has_glob(text) else [Path(text)]
+        matches = [m for m in matches if m.resolve() not in skip]
+        if not matches:
+            missing.append(LeftOut(text, Path(text).name,
+                                   "no run folder matches" if _has_glob(text) else "does not exist"))
+        for m in matches:
+            if m.is_dir() and not _is_run_folder(m) and children(m):
+                found.extend(children(m))  # a folder of runs, like runs/
+            else:
+                found.append(m)
+    return _dedupe(found), missing
