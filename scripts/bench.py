@@ -55,7 +55,7 @@ def train_throughput(shape, tied: bool, device, dtype: str, steps: int) -> tuple
 
     from tiedlm.config import ModelConfig, TrainConfig
     from tiedlm.model import GPT, flops_per_token
-    from tiedlm.model import autocast_ctx
+    from tiedlm.device import autocast_ctx
     from tiedlm.train import build_optimizer
 
     _, L, H, d, T, B, V = shape
@@ -114,7 +114,7 @@ def data_times() -> list[tuple[str, float, float]]:
 def main() -> None:
     import torch
 
-    from tiedlm.model import resolve_device, resolve_dtype
+    from tiedlm.device import resolve_device, resolve_dtype
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")

@@ -176,7 +176,7 @@ def test_ctrl_c_and_data_errors_while_preparing_write_nothing(tiny_yaml, tmp_pat
     monkeypatch.undo()
     r = invoke("train", "--config", tiny_yaml, "--out", tmp_path / "runs", "--quiet",
                "--set", "data.path=./no/such/folder")
-    assert r.exit_code == 1 and "does not exist" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.exit_code == 2 and "does not exist" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs" / "tiny-s0").exists()
 
 
@@ -284,8 +284,8 @@ def test_option_errors_come_before_heavy_imports(tmp_path):
 def test_names_tiedlm_builds_follow_the_run_name_rule(tiny_yaml):
     """compare and sweep put '=' and '+' into folder names: the rule for --name allows them, so a
     folder tiedlm made can always be named again with --name (and checked by the same rule)."""
-    from tiedlm.compare import _override_tag
-    from tiedlm.config import check_run_name
+    from tiedlm.checks import check_run_name
+    from tiedlm.naming import override_tag as _override_tag
 
     for tag in (_override_tag(["model.n_embd=256", "train.lr=2e-3"]), _override_tag(["eval.buckets=[0.2, 0.6]"]),
                 _override_tag(["train.lr=1e+3"])):

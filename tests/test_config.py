@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from tiedlm.config import ALL_KEYS, config_hash, diff_keys, load_config, to_dict, to_yaml
+from tiedlm.config import (
+    ALL_KEYS,
+    config_hash,
+    diff_keys,
+    load_config,
+    to_dict,
+    to_yaml,
+)
 from tiedlm.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,11 +25,18 @@ def write(path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_loads_and_validates(path):
-    if path.name.startswith("sweep"):
-        pytest.skip("a sweep grid, not a run config (loaded by test_sweep)")
-    cfg = load_config(path)
-    assert cfg.name
-    assert (cfg.train.max_steps is None) != (cfg.train.max_tokens is None)
+    import yaml
+
+    if "grid" in yaml.safe_load(path.read_text()):  # a sweep grid: every run of it must load
+        from tiedlm.sweep import expand, load_grid
+
+        configs = [run.cfg for run in expand(load_grid(path))]
+        assert len(configs) > 1 and len({(c.seed, str(c)) for c in configs}) == len(configs)
+    else:
+        configs = [load_config(path)]
+    for cfg in configs:
+        assert cfg.name
+        assert (cfg.train.max_steps is None) != (cfg.train.max_tokens is None)
 
 
 def test_precedence_defaults_base_file_set_seed(tmp_path):
@@ -155,7 +169,7 @@ def test_operational_keys_do_not_change_the_variant():
 
 @pytest.mark.parametrize("name", ["run", "tiny-s0", "base-n_embd=256-tied-s0", "lr=1e+3", "a.b_c", "9", "x" * 200])
 def test_check_run_name_accepts_plain_names(name):
-    from tiedlm.config import check_run_name
+    from tiedlm.checks import check_run_name
 
     check_run_name(name)
 
@@ -167,7 +181,7 @@ def test_check_run_name_accepts_plain_names(name):
     ("x" * 201, "is 201 characters long"),
 ])
 def test_check_run_name_refuses_what_the_rule_excludes(name, problem):
-    from tiedlm.config import RUN_NAME_RULE, check_run_name
+    from tiedlm.checks import RUN_NAME_RULE, check_run_name
 
     with pytest.raises(ConfigError) as info:
         check_run_name(name, "--name")

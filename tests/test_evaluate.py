@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from tiedlm.evaluate import frequency_buckets, perplexity, score_tokens, summarize_nll, windows
+from tiedlm.evaluate import (
+    frequency_buckets,
+    perplexity,
+    score_tokens,
+    summarize_nll,
+    windows,
+)
 
 
 class UniformLM(torch.nn.Module):

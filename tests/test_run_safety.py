@@ -15,7 +15,7 @@ import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from tiedlm import runs
+from tiedlm import checkpoints, runs
 from tiedlm.cli import app
 from tiedlm.config import apply_overrides
 from tiedlm.errors import ConfigError, Interrupted, RunError
@@ -68,8 +68,8 @@ def test_missing_latest_resumes_from_the_newest_verified_checkpoint(tiny, tmp_pa
     assert "LATEST is missing: using step-0000004, the newest checkpoint that verifies" in r.stderr
     report = json.loads((run / "report.json").read_text())
     assert report["status"] == "finished" and report["resumed_at_steps"] == [4]
-    a = load_file(str(runs.latest_checkpoint(ref) / runs.MODEL_FILE))
-    b = load_file(str(runs.latest_checkpoint(run) / runs.MODEL_FILE))
+    a = load_file(str(checkpoints.latest_checkpoint(ref) / checkpoints.MODEL_FILE))
+    b = load_file(str(checkpoints.latest_checkpoint(run) / checkpoints.MODEL_FILE))
     assert all((a[k] == b[k]).all() for k in a)  # the same result as never interrupted
 
 
@@ -77,22 +77,22 @@ def test_newest_of_several_checkpoints_is_chosen_and_a_damaged_one_skipped(tmp_p
     import torch
 
     for step in (4, 8, 12):
-        runs.save_checkpoint(tmp_path, step, {"w": torch.full((2,), float(step))}, {"tied": True},
+        checkpoints.save_checkpoint(tmp_path, step, {"w": torch.full((2,), float(step))}, {"tied": True},
                              {"step": step}, keep_previous=True)
     (tmp_path / "checkpoints" / "LATEST").unlink()
     newest = tmp_path / "checkpoints" / "step-0000012"
-    (newest / runs.MODEL_FILE).write_bytes(b"truncated")
-    path, note = runs.resolve_checkpoint(tmp_path)
+    (newest / checkpoints.MODEL_FILE).write_bytes(b"truncated")
+    path, note = checkpoints.resolve_checkpoint(tmp_path)
     assert path.name == "step-0000008" and "newest checkpoint that verifies" in note
     (tmp_path / "checkpoints" / "LATEST").write_text("step-0000099\n")  # dangling: same recovery
-    assert runs.resolve_checkpoint(tmp_path)[0].name == "step-0000008"
+    assert checkpoints.resolve_checkpoint(tmp_path)[0].name == "step-0000008"
 
 
 def test_checkpoints_that_cannot_be_resolved_are_refused_never_wiped(tiny, tmp_path):
     run = interrupted_run(tiny, tmp_path)
     (run / "checkpoints" / "LATEST").unlink()
     ckpt = run / "checkpoints" / "step-0000004"
-    (ckpt / runs.STATE_FILE).write_bytes(b"damaged")
+    (ckpt / checkpoints.STATE_FILE).write_bytes(b"damaged")
     before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != runs.LOCK}
     r = invoke("train", "--config", tiny_file(tmp_path), "--out", tmp_path, "--quiet")
     assert r.exit_code == 1

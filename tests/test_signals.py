@@ -16,7 +16,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tiedlm import runs
+from tiedlm import checkpoints, runs
 from tiedlm.config import apply_overrides, load_config
 from tiedlm.train import train_run
 
@@ -64,8 +64,8 @@ def test_signal_writes_checkpoint_and_exits_with_its_code(tmp_path, sig, code):
     assert err.strip().splitlines()[-1].startswith("tiedlm: error: interrupted at step")
     r = json.loads((run / "report.json").read_text())
     assert r["status"] == "interrupted"
-    ckpt = runs.latest_checkpoint(run)
-    runs.verify_checkpoint(ckpt)
+    ckpt = checkpoints.latest_checkpoint(run)
+    checkpoints.verify_checkpoint(ckpt)
     assert int(ckpt.name.split("-")[1]) == r["interrupted_at_step"]  # written at the stop, not before
     assert not (run / runs.LOCK).exists()
 
@@ -78,7 +78,7 @@ def test_second_sigint_exits_at_once_leaving_the_checkpoint_intact(tmp_path):
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert proc.returncode != 0
-    runs.verify_checkpoint(runs.latest_checkpoint(run))
+    checkpoints.verify_checkpoint(checkpoints.latest_checkpoint(run))
 
 
 def test_kill_9_at_a_random_moment_resumes_to_the_same_result(tmp_path):
@@ -93,8 +93,8 @@ def test_kill_9_at_a_random_moment_resumes_to_the_same_result(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     assert (run / runs.LOCK).exists()  # left behind by the dead process
     train_run(cfg, out=tmp_path / "runs", name="run", progress=False)
-    wa = load_file(str(runs.latest_checkpoint(ref) / runs.MODEL_FILE))
-    wb = load_file(str(runs.latest_checkpoint(run) / runs.MODEL_FILE))
+    wa = load_file(str(checkpoints.latest_checkpoint(ref) / checkpoints.MODEL_FILE))
+    wb = load_file(str(checkpoints.latest_checkpoint(run) / checkpoints.MODEL_FILE))
     assert all(torch.equal(wa[k], wb[k]) for k in wa) and wa.keys() == wb.keys()
     ra = json.loads((ref / "report.json").read_text())
     rb = json.loads((run / "report.json").read_text())

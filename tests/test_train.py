@@ -7,15 +7,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tiedlm import runs
-from tiedlm.errors import ConfigError, DivergedError, Interrupted, RunError
+from tiedlm import checkpoints, runs
+from tiedlm.errors import (
+    ConfigError,
+    ConfigMismatchError,
+    DivergedError,
+    Interrupted,
+    RunError,
+)
 from tiedlm.train import budget_steps, lr_at, train_run, untie_step
 
 RUN_FILES = {"config.yaml", "metrics.jsonl", "report.json", "report.md", "tokenizer", "checkpoints"}
 
 
 def weights(run_dir: Path) -> dict:
-    return load_file(str(runs.latest_checkpoint(run_dir) / runs.MODEL_FILE))
+    return load_file(str(checkpoints.latest_checkpoint(run_dir) / checkpoints.MODEL_FILE))
 
 
 def metric_rows(run_dir: Path) -> list:
@@ -73,10 +79,10 @@ def test_finished_run_is_left_alone(tiny, tmp_path, capsys):
 def test_different_config_is_refused_with_the_keys(tiny, tmp_path):
     run = train_run(tiny(), out=tmp_path, progress=False)
     before = snapshot(run)
-    with pytest.raises(RunError) as info:
+    with pytest.raises(ConfigMismatchError) as info:
         train_run(tiny("model.n_embd=32", "train.lr=0.002"), out=tmp_path, progress=False)
     assert "model.n_embd" in str(info.value) and "train.lr" in str(info.value)
-    assert info.value.exit_code == 2
+    assert info.value.keys == ["model.n_embd", "train.lr"] and info.value.exit_code == 2
     assert snapshot(run) == before
     train_run(tiny("model.n_embd=32"), out=tmp_path, overwrite=True, progress=False)
     assert json.loads((run / "report.json").read_text())["config"]["model"]["n_embd"] == 32
@@ -206,8 +212,8 @@ def test_nan_loss_stops_as_diverged_keeping_the_last_checkpoint(tiny, tmp_path, 
     run = tmp_path / "tiny-s0"
     r = json.loads((run / "report.json").read_text())
     assert r["status"] == "diverged" and r["diverged_at_step"] == 6
-    assert runs.latest_checkpoint(run).name == "step-0000004"
-    runs.verify_checkpoint(runs.latest_checkpoint(run))
+    assert checkpoints.latest_checkpoint(run).name == "step-0000004"
+    checkpoints.verify_checkpoint(checkpoints.latest_checkpoint(run))
 
 
 def test_max_skipped_skips_bounded_non_finite_steps(tiny, tmp_path, monkeypatch):
@@ -227,7 +233,7 @@ def _interrupted_run(tiny, tmp_path) -> Path:
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_damaged_checkpoint_is_refused_and_left_alone(tiny, tmp_path, damage):
     run = _interrupted_run(tiny, tmp_path)
-    f = runs.latest_checkpoint(run) / runs.MODEL_FILE
+    f = checkpoints.latest_checkpoint(run) / checkpoints.MODEL_FILE
     data = bytearray(f.read_bytes())
     if damage == "truncate":
         data = data[:-1]
@@ -357,17 +363,17 @@ def test_untie_at_needs_two_steps(tiny, tmp_path):
 
 def test_checkpoint_saved_twice_at_one_step_keeps_a_valid_latest(tmp_path):
     for _ in range(2):
-        runs.save_checkpoint(tmp_path, 4, {"w": torch.zeros(2)}, {"tied": True}, {"step": 4})
-    latest = runs.latest_checkpoint(tmp_path)
+        checkpoints.save_checkpoint(tmp_path, 4, {"w": torch.zeros(2)}, {"tied": True}, {"step": 4})
+    latest = checkpoints.latest_checkpoint(tmp_path)
     assert latest.name == "step-0000004-1"
-    runs.verify_checkpoint(latest)
+    checkpoints.verify_checkpoint(latest)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir()] == ["step-0000004-1"]
 
 
 def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tiny, tmp_path, monkeypatch):
     import errno
 
-    real = runs.save_checkpoint
+    real = checkpoints.save_checkpoint
     calls = {"n": 0}
 
     def failing(run_dir, step, *a, **k):
@@ -376,14 +382,14 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tiny, tmp_path, mo
             raise OSError(errno.ENOSPC, "No space left on device", str(run_dir))
         return real(run_dir, step, *a, **k)
 
-    monkeypatch.setattr(runs, "save_checkpoint", failing)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", failing)
     with pytest.raises(RunError, match="No space left on device.*free some disk space"):
         train_run(tiny(), out=tmp_path, progress=False)
     run = tmp_path / "tiny-s0"
     r = json.loads((run / "report.json").read_text())
     assert r["status"] == "failed" and "No space left" in r["error"]
-    assert runs.latest_checkpoint(run).name == "step-0000004"
-    monkeypatch.setattr(runs, "save_checkpoint", real)
+    assert checkpoints.latest_checkpoint(run).name == "step-0000004"
+    monkeypatch.setattr(checkpoints, "save_checkpoint", real)
     train_run(tiny(), out=tmp_path, progress=False)  # the same command resumes
     r = json.loads((run / "report.json").read_text())
     assert r["status"] == "finished" and r["resumed_at_steps"] == [4]
@@ -410,5 +416,5 @@ def test_resume_accepts_other_operational_settings(tiny, tmp_path):
     r = json.loads((run / "report.json").read_text())
     assert r["status"] == "finished" and r["resumed_at_steps"] == [5]
     assert r["config"]["train"]["threads"] == 2  # the folder records the settings it finished with
-    with pytest.raises(RunError, match="train.lr"):
+    with pytest.raises(ConfigMismatchError, match="train.lr"):
         train_run(tiny("train.lr=0.5"), out=tmp_path, progress=False)

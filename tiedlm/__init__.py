@@ -20,6 +20,7 @@ _EXPORTS = {
     "prepare_data": "data",
     "evaluate_run": "evaluate",
     "count_params_config": "model",
+    "params_report": "params",
 }
 __all__ = ["__version__", *_EXPORTS]
 

@@ -16,7 +16,6 @@ from typer.core import TyperGroup
 from . import __version__
 from .errors import ConfigError, TiedlmError
 
-
 # click's UsageError (the base of typer's public BadParameter), from whichever click typer uses:
 # recent typer versions vendor their own copy, so `import click` would catch nothing.
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -138,7 +137,7 @@ def train(
     """Train one model. Re-running a finished run does nothing; an unfinished one resumes."""
 
     def go():
-        from .config import check_run_name, check_seed
+        from .checks import check_run_name, check_seed
 
         if seed is not None:
             check_seed(seed, "--seed")
@@ -169,7 +168,7 @@ def params(
     """Parameter breakdown of the tied and untied forms side by side (no training, instant)."""
 
     def go():
-        from .config import check_positive
+        from .checks import check_positive
 
         if vocab_size is not None:
             if data:
@@ -177,10 +176,10 @@ def params(
                                   "tokenizer's real size) — give one of them")
             check_positive(vocab_size, "--vocab-size")
         cfg = _load(config, set_)
-        from .model import params_table
+        from .params import params_report
 
-        result = params_table(cfg, vocab_size=vocab_size, use_data=data)
-        typer.echo(json.dumps(result, indent=2) if as_json else result["text"])
+        result = params_report(cfg, vocab_size=vocab_size, use_data=data)
+        typer.echo(json.dumps(result.to_json(), indent=2) if as_json else result.text)
 
     run_command(go)
 
@@ -196,7 +195,7 @@ def eval_(
     """Re-evaluate a run's checkpoint on whole splits."""
 
     def go():
-        from .config import check_device, check_positive, check_split
+        from .checks import check_device, check_positive, check_split
 
         for sp in split or []:
             check_split(sp, "--split")
@@ -288,7 +287,7 @@ def compare(
     """Compare finished runs (tied vs untied), across seeds, with intervals and plots."""
 
     def go():
-        from .config import check_at_most, check_positive
+        from .checks import check_at_most, check_positive
 
         if match not in (None, "params"):
             raise ConfigError(f"--match {match!r} is not known — the one choice is --match params")
@@ -312,10 +311,10 @@ def compare(
         else:
             result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline)
         typer.echo(format_terminal_table(result))
-        failures = result.get("train_failures") or []
+        failures = result.train_failures
         if failures:
             raise TiedlmError(f"{len(failures)} run(s) failed to train: "
-                              + ", ".join(f["name"] for f in failures) + " — see the reasons above")
+                              + ", ".join(f.name for f in failures) + " — see the reasons above")
 
     run_command(go)
 
@@ -334,9 +333,9 @@ def sweep(
         summary = run_sweep(load_grid(grid), dry_run=dry_run, progress=not quiet)
         if not dry_run:
             typer.echo(format_sweep_summary(summary))
-        if summary.get("failed"):
-            raise TiedlmError(f"{len(summary['failed'])} of {summary['total']} runs failed: "
-                              + ", ".join(summary["failed"]))
+        if summary.failed:
+            raise TiedlmError(f"{len(summary.failed)} of {summary.total} runs failed: "
+                              + ", ".join(summary.failed))
 
     run_command(go)
 

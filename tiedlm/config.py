@@ -13,41 +13,14 @@ import difflib
 import functools
 import hashlib
 import json
-import math
-import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+from .checks import flatten, validate
 from .errors import ConfigError
-
-TOKENIZER_KINDS = ("bpe", "word", "char", "byte", "pretrained")
-DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "fp32", "bf16")
-EMBED_SCALES = ("1", "sqrt_d")
-SPLITS = ("train", "validation", "test")
-SEED_LIMIT = 2**64  # torch.manual_seed takes seeds below 2**64 and overflows above
-THREADS_LIMIT = 1024  # more than any CPU has cores; torch crashes on absurd thread counts
-# builtin:synthetic generates each split in memory through Python lists (measured: about 55 bytes
-# and 0.35 µs a word, before tokenizing), its class chain is a dense n_classes x n_classes matrix
-# and its vocabulary a list of Python strings. The limits keep a typo (1e15) from exhausting
-# memory or running for days; 10^8 words a split is ~6 GB and a minute, more than a small GPT needs.
-SYNTHETIC_TOKENS_LIMIT = 100_000_000
-SYNTHETIC_VOCAB_LIMIT = 1_000_000
-SYNTHETIC_CLASSES_LIMIT = 1024
-# Natural language has a Zipf exponent near 1; at 10 the second word of a class is already 1000
-# times rarer than the first, and far beyond it the rare words' probabilities underflow to 0.
-ZIPF_LIMIT = 10.0
-PAD_LIMIT = 4096  # padding is for GPU-friendly sizes (64, 128); a larger multiple only adds unused rows
-# Run folder names. '=' and '+' are allowed because tiedlm builds names with them itself (compare
-# folders such as base-n_embd=256-tied-s0, sweep names); both are safe in file names everywhere.
-# 200 characters leave room for the suffixes tiedlm appends within the usual 255-byte limit.
-RUN_NAME_LIMIT = 200
-RUN_NAME_RULE = ("letters, digits, '-', '_', '.', '=' and '+', not starting with '.' or '-', "
-                 f"at most {RUN_NAME_LIMIT} characters")
-_RUN_NAME_CHARS = re.compile(r"[A-Za-z0-9_.=+-]*")
 
 
 @dataclass
@@ -193,6 +166,9 @@ def _type_name(tp: Any) -> str:
 
 
 _NO = object()
+# Other spellings of a value, replaced while the config is built (validation changes nothing).
+_ALIASES = {"model.embed_scale": {"1.0": "1", "none": "1", "None": "1",
+                                  "sqrt": "sqrt_d", "sqrt(d)": "sqrt_d", "sqrt_n_embd": "sqrt_d"}}
 
 
 def _coerce(value: Any, tp: Any) -> Any:
@@ -268,7 +244,7 @@ def _build(cls: type, data: dict, prefix: str = "") -> Any:
         out = _coerce(value, tp)
         if out is _NO:
             raise ConfigError(f"{key} must be {_type_name(tp)}, got {value!r}")
-        kwargs[name] = out
+        kwargs[name] = _ALIASES[key].get(out, out) if key in _ALIASES else out
     return cls(**kwargs)
 
 
@@ -280,179 +256,6 @@ def from_dict(data: dict) -> Config:
     cfg = _build(Config, data)
     validate(cfg)
     return cfg
-
-
-# --------------------------------------------------------------------------------------------
-# Validation of values (types are checked while building)
-
-
-def _check(cond: bool, message: str) -> None:
-    if not cond:
-        raise ConfigError(message)
-
-
-# Checks of single values, shared by validate() and the command-line options (`key` is how the
-# user wrote it: a config key such as train.device, or an option such as --device).
-
-
-def check_positive(value: int | float, key: str) -> None:
-    _check(value > 0, f"{key} must be positive, got {value}")
-
-
-def check_not_negative(value: int | float, key: str) -> None:
-    _check(value >= 0, f"{key} must not be negative, got {value}")
-
-
-def _num(x: int | float) -> str:
-    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
-
-
-def check_at_most(value: int | float, limit: int | float, key: str, why: str) -> None:
-    _check(value <= limit, f"{key} must be at most {_num(limit)}, got {_num(value)} ({why}) — lower it")
-
-
-def check_seed(value: int, key: str = "seed") -> None:
-    check_not_negative(value, key)
-    _check(value < SEED_LIMIT, f"{key} must be below 2**64 (the range torch seeds take), got {value}")
-
-
-def check_device(name: str, key: str = "train.device") -> None:
-    _check(name in DEVICES or re.fullmatch(r"cuda:[0-9]+", name) is not None,
-           f"{key} must be auto, cpu, cuda, cuda:N or mps, got {name!r}")
-
-
-def check_split(name: str, key: str = "eval.splits") -> None:
-    _check(name in SPLITS, f"{key}: {name!r} must be train, validation or test")
-
-
-def check_run_name(name: str, what: str = "run name") -> None:
-    """A run folder name (`--name`, the config's `name`): a plain, portable folder name that cannot
-    escape its parent, hide itself or be read as a command-line option."""
-    shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}... ({len(name)} characters)"
-    if not name:
-        problem = "is empty"
-    elif len(name) > RUN_NAME_LIMIT:
-        problem = f"is {len(name)} characters long"
-    elif not _RUN_NAME_CHARS.fullmatch(name):
-        bad = "".join(dict.fromkeys(c for c in name if not _RUN_NAME_CHARS.fullmatch(c)))
-        problem = f"holds {bad!r}"
-    elif name[0] in ".-":
-        problem = f"starts with {name[0]!r}"
-    else:
-        return
-    raise ConfigError(f"{what} {shown} {problem} — use {RUN_NAME_RULE}")
-
-
-def _check_finite(cfg: Config) -> None:
-    """nan and inf slip through range checks (inf >= 0 holds) and would poison training silently."""
-    for key, value in flatten(to_dict(cfg)).items():
-        items = value if isinstance(value, list) else [value]
-        if any(isinstance(v, float) and not math.isfinite(v) for v in items):
-            what = "hold finite numbers" if isinstance(value, list) else "be a finite number"
-            raise ConfigError(f"{key} must {what}, got {value} — nan and infinities are not allowed")
-
-
-def _is_paths(value: Any) -> bool:
-    return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
-
-
-def validate(cfg: Config) -> None:
-    m, t, d, tok, e = cfg.model, cfg.train, cfg.data, cfg.tokenizer, cfg.eval
-    _check_finite(cfg)
-    check_run_name(cfg.name, "name")
-    for key, value in (("seed", cfg.seed), ("data.split_seed", d.split_seed), ("data.synthetic.seed", d.synthetic.seed)):
-        check_seed(value, key)
-    for key in ("n_layer", "n_head", "n_embd", "block_size"):
-        check_positive(getattr(m, key), f"model.{key}")
-    _check(m.n_embd % m.n_head == 0,
-           f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
-    _check(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
-    if m.untie_at is not None:
-        _check(0.0 < m.untie_at < 1.0, f"model.untie_at must be a fraction in (0, 1), got {m.untie_at}")
-        _check(m.tie_embeddings, "model.untie_at needs model.tie_embeddings: true (only a tied model can untie)")
-    if m.embed_scale in ("1.0", "none", "None"):
-        m.embed_scale = "1"
-    if m.embed_scale in ("sqrt", "sqrt(d)", "sqrt_n_embd"):
-        m.embed_scale = "sqrt_d"
-    _check(m.embed_scale in EMBED_SCALES, f"model.embed_scale must be 1 or sqrt_d, got {m.embed_scale!r}")
-
-    check_device(t.device)
-    _check(t.dtype in DTYPES, f"train.dtype must be one of {', '.join(DTYPES)}, got {t.dtype!r}")
-    _check(t.max_tokens is not None or t.max_steps is not None,
-           "set a training budget: train.max_tokens or train.max_steps")
-    _check(t.max_tokens is None or t.max_steps is None,
-           "set only one training budget: train.max_tokens or train.max_steps, not both")
-    for key in ("batch_size", "grad_accum", "log_every", "eval_tokens"):
-        check_positive(getattr(t, key), f"train.{key}")
-    for key in ("max_tokens", "max_steps"):
-        if getattr(t, key) is not None:
-            check_positive(getattr(t, key), f"train.{key}")
-    check_positive(t.lr, "train.lr")
-    _check(0 <= t.min_lr <= t.lr, f"train.min_lr must be between 0 and train.lr ({t.lr}), got {t.min_lr}")
-    for key in ("warmup_steps", "weight_decay", "grad_clip", "eval_every", "checkpoint_every",
-                "max_skipped", "threads"):
-        check_not_negative(getattr(t, key), f"train.{key}")
-    check_at_most(t.threads, THREADS_LIMIT, "train.threads", "more than any CPU has cores; 0 keeps torch's default")
-    # AdamW multiplies each decayed weight by 1 - lr * weight_decay every step: at 1 or more that
-    # zeroes or flips the weights, so the run can only diverge.
-    _check(t.lr * t.weight_decay < 1,
-           f"train.lr x train.weight_decay must be below 1, got {t.lr:g} x {t.weight_decay:g} (AdamW scales weights "
-           "by 1 - lr x weight_decay each step) — lower train.lr or train.weight_decay")
-    _check(0.0 <= t.beta1 < 1.0 and 0.0 <= t.beta2 < 1.0, "train.beta1 and train.beta2 must be in [0, 1)")
-
-    _check(tok.kind in TOKENIZER_KINDS,
-           f"tokenizer.kind must be one of {', '.join(TOKENIZER_KINDS)}, got {tok.kind!r}")
-    _check(tok.kind != "pretrained" or bool(tok.path),
-           "tokenizer.kind: pretrained needs tokenizer.path (a tokenizer.json file)")
-    for key in ("vocab_size", "pad_to_multiple", "max_train_bytes"):
-        check_positive(getattr(tok, key), f"tokenizer.{key}")
-    check_at_most(tok.pad_to_multiple, PAD_LIMIT, "tokenizer.pad_to_multiple",
-                  "padding rounds the vocabulary up to a GPU-friendly size such as 64; more only adds unused rows")
-    # the smallest vocabulary each kind can have: its fixed symbols plus the specials (<unk>, <eot>)
-    least = {"byte": (257, "256 byte values + <eot>"), "bpe": (257, "256 byte values + <|endoftext|>"),
-             "word": (3, "<unk> + <eot> + one word"), "char": (3, "<unk> + <eot> + one character")}
-    if tok.kind in least:
-        n, why = least[tok.kind]
-        _check(tok.vocab_size >= n, f"tokenizer.vocab_size={tok.vocab_size} is too small for tokenizer.kind={tok.kind}: "
-                                    f"it needs at least {n} ({why}) — raise tokenizer.vocab_size")
-
-    _check(d.data_files is None or _is_paths(d.data_files) or (
-        isinstance(d.data_files, dict) and all(_is_paths(v) for v in d.data_files.values())),
-           f"data.data_files must be a path, a glob, a list of them or a mapping split: paths, got {d.data_files!r}")
-    for key in ("validation_fraction", "test_fraction"):
-        v = getattr(d, key)
-        _check(0.0 <= v < 1.0, f"data.{key} must be a fraction in [0, 1), got {v}")
-    _check(d.validation_fraction + d.test_fraction < 1.0,
-           "data.validation_fraction + data.test_fraction must leave some training data")
-    for key in ("max_train_tokens", "max_eval_tokens"):
-        if getattr(d, key) is not None:
-            check_positive(getattr(d, key), f"data.{key}")
-    _check(not d.streaming or d.max_train_tokens is not None,
-           "data.streaming: true needs data.max_train_tokens (how much of the stream to take)")
-    s = d.synthetic
-    for key in ("vocab_size", "n_classes", "successors", "train_tokens", "validation_tokens", "test_tokens"):
-        check_positive(getattr(s, key), f"data.synthetic.{key}")
-    for key in ("train_tokens", "validation_tokens", "test_tokens"):
-        check_at_most(getattr(s, key), SYNTHETIC_TOKENS_LIMIT, f"data.synthetic.{key}",
-                      "builtin:synthetic generates each split in memory, ~6 GB at the limit")
-    check_at_most(s.vocab_size, SYNTHETIC_VOCAB_LIMIT, "data.synthetic.vocab_size",
-                  "builtin:synthetic holds every word as a Python string")
-    check_at_most(s.n_classes, SYNTHETIC_CLASSES_LIMIT, "data.synthetic.n_classes",
-                  "the class chain is a dense n_classes x n_classes matrix")
-    _check(s.n_classes <= s.vocab_size, "data.synthetic.n_classes must not exceed data.synthetic.vocab_size")
-    _check(s.successors <= s.n_classes, "data.synthetic.successors must not exceed data.synthetic.n_classes")
-    check_positive(s.zipf, "data.synthetic.zipf")
-    check_at_most(s.zipf, ZIPF_LIMIT, "data.synthetic.zipf",
-                  "beyond it each class's first word takes nearly all the probability")
-
-    _check(len(e.splits) > 0, "eval.splits must name at least one split")
-    for sp in e.splits:
-        check_split(sp)
-    _check(e.stride is None or 0 < e.stride <= m.block_size,
-           f"eval.stride must be in [1, model.block_size={m.block_size}], got {e.stride}")
-    _check(all(0.0 < b < 1.0 for b in e.buckets) and list(e.buckets) == sorted(set(e.buckets)),
-           f"eval.buckets must be increasing fractions in (0, 1), got {e.buckets}")
-    check_positive(e.batch_size, "eval.batch_size")
 
 
 # --------------------------------------------------------------------------------------------
@@ -652,16 +455,6 @@ def config_hash(cfg: Config) -> str:
     """Identifies a variant: the hash of the resolved config, seed, name and OPERATIONAL_KEYS excluded."""
     blob = json.dumps(variant_dict(cfg), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def flatten(data: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in data.items():
-        if isinstance(value, dict) and value and not key.endswith("data_files"):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def diff_keys(a: dict, b: dict) -> list[str]:

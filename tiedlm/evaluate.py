@@ -1,7 +1,8 @@
 """Perplexity, bits per byte, perplexity per word and loss per frequency bucket over whole splits.
 
-Perplexity is computed in exactly one place, `perplexity()`: exp(total NLL / total predicted
-tokens). Every token of a split but the first (which has nothing before it) is predicted once:
+A model's perplexity is computed in one place, `perplexity()`: exp(total NLL / total predicted
+tokens). (The synthetic language's floor, corpora.synthetic_floor, is the exponential of its
+entropy rate: a property of the data, not of a model's loss.) Every token of a split but the first (which has nothing before it) is predicted once:
 windows do not overlap by default; with `eval.stride < block_size` each window re-reads
 `block_size - stride` tokens of context and scores only its last `stride` targets.
 """
@@ -18,7 +19,7 @@ LN2 = math.log(2.0)
 
 
 def perplexity(total_nll: float, n_tokens: int) -> float:
-    """exp(mean NLL in nats). The only place tiedlm turns a loss into a perplexity."""
+    """exp(mean NLL in nats): the one place a model's loss becomes a perplexity."""
     if n_tokens <= 0:
         return float("nan")
     mean = total_nll / n_tokens
@@ -154,11 +155,12 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
     tokenizer must have the size the checkpoint was trained with."""
     from pathlib import Path
 
-    from . import runs
+    from . import checkpoints, runs
     from .config import from_dict
     from .data import data_identity, prepare_data
+    from .device import autocast_ctx, resolve_device, resolve_dtype
     from .errors import ConfigError, RunError
-    from .model import GPT, autocast_ctx, load_model_tensors, resolve_device, resolve_dtype
+    from .model import GPT, load_model_tensors
 
     run_dir = Path(run_dir)
     raw = runs.read_config(run_dir)
@@ -167,13 +169,14 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
     cfg = from_dict(raw)
     if stride is not None and not 1 <= stride <= cfg.model.block_size:
         raise ConfigError(f"--stride must be between 1 and the run's block_size ({cfg.model.block_size}), got {stride}")
-    ckpt = runs.latest_checkpoint(run_dir)
+    ckpt = checkpoints.latest_checkpoint(run_dir)
     if ckpt is None:
         raise RunError(f"{run_dir} has no checkpoint yet — train it first (tiedlm train --config ...)")
-    tensors, state, manifest = runs.load_checkpoint(ckpt, with_state=False)
+    tensors, state, manifest = checkpoints.load_checkpoint(ckpt, with_state=False)
     tied = str(manifest.get("tied")) == "True"
     data = prepare_data(cfg, progress=False)
-    recorded = (runs.read_report(run_dir) or {}).get("data_identity")
+    report = runs.read_report(run_dir)
+    recorded = report.data_identity if report is not None else None
     if recorded is not None and recorded != data_identity(data):
         raise RunError(f"the data or tokenizer of {run_dir} changed since it was trained (source fingerprint or "
                        "tokenizer key differ), so its checkpoint no longer fits the tokens — restore the data")
@@ -192,7 +195,8 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
     results = {}
     for split in splits or [s for s in cfg.eval.splits if s in data.splits]:
         if split not in data.splits:
-            raise RunError(f"split {split!r} is not in this run's data (it has {', '.join(data.splits)})")
+            raise ConfigError(f"split {split!r} is not in this run's data (it has {', '.join(data.splits)}) — "
+                              "choose one of those")
         results[split] = evaluate_split(model, data.splits[split], cfg.model.block_size, stride or cfg.eval.stride,
                                         cfg.eval.batch_size, device, autocast_ctx(device, dtype),
                                         train_counts=data.train_counts, fractions=cfg.eval.buckets)

@@ -10,16 +10,15 @@ used twice, so its gradient is the sum of the gradients of both uses and AdamW k
 from __future__ import annotations
 
 import math
-import os
-from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
 from .config import ModelConfig
+from .device import device_memory
 from .errors import ConfigError, RunError
+from .formatting import format_bytes
 
 
 class CausalSelfAttention(nn.Module):
@@ -144,88 +143,6 @@ class GPT(nn.Module):
         return self.lm_head(x)  # (B, T, V)
 
 
-# -------------------------------------------------------------------- where the model runs
-
-
-def resolve_device(name: str):
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"train.device is {name} but no CUDA device is visible — "
-                              "use --set train.device=auto (or cpu)")
-        idx = int(name.split(":")[1]) if ":" in name else 0
-        if idx >= torch.cuda.device_count():
-            raise ConfigError(f"train.device is {name} but only {torch.cuda.device_count()} CUDA "
-                              "device(s) are visible — choose one of them")
-    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError("train.device is mps but MPS is not available — use --set train.device=auto")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device) -> str:
-    """auto: bf16 autocast on CUDA devices that support it, fp32 elsewhere (bf16 on a CPU without
-    bf16 units is ~100x slower than fp32)."""
-    if name != "auto":
-        return name
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return "bf16"
-    return "fp32"
-
-
-def device_memory(device) -> tuple[int | None, str]:
-    """(bytes, description) of the memory a run on `device` can use: the GPU's total memory, or
-    for the CPU the physical memory capped by a cgroup limit (a container or a Slurm job)."""
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return int(props.total_memory), f"{props.name} ({device})"
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, OSError, ValueError):
-        return None, "this machine"
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            limit = Path(limit_file).read_text().strip()
-        except OSError:
-            continue
-        if limit.isdigit() and 0 < int(limit) < total:
-            return int(limit), "this machine's memory limit (cgroup)"
-    return int(total), "this machine"
-
-
-def check_fits(model_cfg: ModelConfig, vocab_size: int | None, batch_size: int, device) -> None:
-    """Refuse a model that cannot fit in memory before anything is allocated or written: a
-    typo like n_layer=100000000000 would otherwise hang while the model is built. With
-    vocab_size None (the data not prepared yet) only the layers are counted."""
-    need = training_memory(model_cfg, vocab_size or 0, batch_size)
-    have, where = device_memory(device)
-    if have is not None and need["total_bytes"] > have:
-        what = "this model" if vocab_size is not None else "this model's layers alone (without embeddings)"
-        raise ConfigError(
-            f"{what} need{'s' if vocab_size is not None else ''} at least {format_bytes(need['total_bytes'])} to train "
-            f"({need['params']:,} parameters x 16 bytes for weights, gradients and AdamW state, plus a batch's "
-            f"activations), more than the {format_bytes(have)} of {where} — lower model.n_layer, model.n_embd, "
-            "model.block_size, tokenizer.vocab_size or train.batch_size")
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.3g} EiB"
-
-
-def autocast_ctx(device, dtype: str):
-    if dtype == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return nullcontext()
-
-
 # -------------------------------------------------------------------- weights in and out
 
 
@@ -326,6 +243,21 @@ def training_memory(model_cfg: ModelConfig, vocab_size: int, batch_size: int) ->
             "total_bytes": TRAIN_BYTES_PER_PARAM * P + activations}
 
 
+def check_fits(model_cfg: ModelConfig, vocab_size: int | None, batch_size: int, device) -> None:
+    """Refuse a model that cannot fit in memory before anything is allocated or written: a
+    typo like n_layer=100000000000 would otherwise hang while the model is built. With
+    vocab_size None (the data not prepared yet) only the layers are counted."""
+    need = training_memory(model_cfg, vocab_size or 0, batch_size)
+    have, where = device_memory(device)
+    if have is not None and need["total_bytes"] > have:
+        what = "this model" if vocab_size is not None else "this model's layers alone (without embeddings)"
+        raise ConfigError(
+            f"{what} need{'s' if vocab_size is not None else ''} at least {format_bytes(need['total_bytes'])} to train "
+            f"({need['params']:,} parameters x 16 bytes for weights, gradients and AdamW state, plus a batch's "
+            f"activations), more than the {format_bytes(have)} of {where} — lower model.n_layer, model.n_embd, "
+            "model.block_size, tokenizer.vocab_size or train.batch_size")
+
+
 def flops_per_token(model_cfg: ModelConfig, vocab_size: int) -> dict:
     """Matmul FLOPs per token (2 per multiply-add), the head counted whether or not it is tied:
     tying saves parameters, never compute. Attention scores count the full T x T product
@@ -338,46 +270,3 @@ def flops_per_token(model_cfg: ModelConfig, vocab_size: int) -> dict:
     forward = L * (per_layer + attention) + head
     return {"forward": forward, "train": 3 * forward, "head": head,
             "non_head_matmul_params": L * 12 * d * d}
-
-
-def params_table(cfg, vocab_size: int | None = None, use_data: bool = False) -> dict:
-    """`tiedlm params`: the breakdown of the tied and the untied form of a config side by side.
-
-    The vocabulary is, in order: --vocab-size, the real size after preparing the data (--data),
-    or the tokenizer's nominal size (tokenizer.vocab_size; 257 for bytes), padded as configured."""
-    import dataclasses
-
-    tok = cfg.tokenizer
-    if vocab_size is not None:
-        V, source = vocab_size, "--vocab-size"
-    elif use_data:
-        from .data import prepare_data
-
-        V, source = prepare_data(cfg, progress=True).model_vocab_size, "the prepared data's tokenizer"
-    else:
-        V = 257 if tok.kind == "byte" else tok.vocab_size
-        source = "tokenizer.vocab_size (the most the tokenizer may have; --data uses its real size)"
-        V = -(-V // tok.pad_to_multiple) * tok.pad_to_multiple
-    forms = {}
-    for label, tie in (("tied", True), ("untied", False)):
-        mcfg = dataclasses.replace(cfg.model, tie_embeddings=tie, untie_at=None)
-        forms[label] = count_params_config(mcfg, V)
-    t, u = forms["tied"], forms["untied"]
-    fpt = flops_per_token(cfg.model, V)
-    rows = [
-        ("total (unique)", "total"), ("E: wte (V x d)", "wte"), ("W_out extra: lm_head", "lm_head"),
-        ("lm_head bias", "lm_head_bias"), ("position embeddings: wpe", "wpe"),
-        ("non-embedding", "non_embedding"), ("saved by tying (V x d)", "saved_by_tying"),
-    ]
-    width = max(len(r[0]) for r in rows)
-    lines = [f"{cfg.name}: n_layer={cfg.model.n_layer} n_head={cfg.model.n_head} n_embd={cfg.model.n_embd} "
-             f"block_size={cfg.model.block_size} bias={cfg.model.bias} V={V:,} (from {source})",
-             "", f"{'':{width}}  {'tied':>15}  {'untied':>15}"]
-    for label, key in rows:
-        lines.append(f"{label:{width}}  {t[key]:>15,}  {u[key]:>15,}")
-    saved = u["total"] - t["total"]
-    lines += ["", f"tying saves {saved:,} parameters ({100 * saved / u['total']:.1f}% of the untied model), "
-              f"{16 * saved / 2**20:,.1f} MiB of fp32 weights + gradients + AdamW moments",
-              f"FLOPs per token (train, either form): {fpt['train']:,} — tying never saves compute; "
-              f"the output projection is {100 * fpt['head'] / fpt['forward']:.1f}% of the forward matmuls"]
-    return {"vocab_size": V, "tied": t, "untied": u, "flops_per_token": fpt, "text": "\n".join(lines)}

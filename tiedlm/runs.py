@@ -1,6 +1,8 @@
-"""The run folder: its layout, atomic writes, the lock, status, checkpoints and loading runs.
+"""The run folder: its layout, the lock, what to do with an existing folder, metrics, and
+report.json (`RunReport`, its one schema) with report.md. Checkpoint folders are checkpoints.py's;
+the atomic writes themselves are files.py's.
 
-This is the only module that knows the layout:
+The layout:
 
     runs/<name>/
       config.yaml          the resolved config
@@ -12,26 +14,25 @@ This is the only module that knows the layout:
       checkpoints/step-000500/{model.safetensors, state.pt, manifest.json}
       .lock                pid and host of the process that owns the run
 
-Every file is written to a temporary name, fsynced and renamed, so a killed process never leaves
-a half-written file; a checkpoint folder becomes visible (rename) only once complete, and the
-previous one is deleted only after LATEST points at the new one.
+Every file is written to a temporary name, fsynced and renamed (files.py), so a killed process
+never leaves a half-written file; a failed write is one line saying what to do (write_failure).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import hashlib
 import json
 import os
-import re
 import shutil
 import socket
-import tempfile
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import RunError
+from . import files
+from .errors import ConfigMismatchError, RunError
+from .files import describe_write_failure, json_default
+from .formatting import fmt, markdown_table, params_markdown
 
 FORMAT = 1  # bumped when the run folder changes incompatibly
 STATUSES = ("running", "finished", "interrupted", "diverged", "failed")
@@ -47,29 +48,24 @@ LOCK = ".lock"
 
 # ------------------------------------------------------------------------- write failures
 
-_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 RESUME_HINT = "then run the same command to resume from the last checkpoint"
 
 
 def write_failure(exc: BaseException, what: Path | str) -> RunError:
     """A failed write of a run file as one line. A full disk, a quota or a file-size limit
-    (`ulimit -f`) surface as OSError from plain writes, but as RuntimeError ("unexpected pos")
-    from torch.save and as SafetensorError from safetensors: every one of them is a write that did
-    not happen, and the previous checkpoint is intact, so the advice is the same."""
+    surface as OSError from plain writes but as other exceptions from torch.save and safetensors
+    (files.errno_of finds them): every one is a write that did not happen, with the previous
+    checkpoint intact, so the advice is the same."""
     if isinstance(exc, RunError):
         return exc
-    code = getattr(exc, "errno", None)
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if code in _NO_ROOM or "No space left" in text or "File too large" in text:
-        why = os.strerror(code) if code in _NO_ROOM else ("File too large" if "File too large" in text
-                                                          else "No space left on device")
+    why, no_room = describe_write_failure(exc)
+    if no_room:
         return RunError(f"{why} while writing {what} — free some disk space (or raise the file-size "
                         f"limit, ulimit -f), {RESUME_HINT}")
     if isinstance(exc, OSError):
-        return RunError(f"{exc.strerror or text} while writing {what} — check the path and its permissions, "
-                        f"{RESUME_HINT}")
-    return RunError(f"cannot write {what} ({type(exc).__name__}: {text}) — check the free disk space "
-                    f"and the file-size limit (ulimit -f), {RESUME_HINT}")
+        return RunError(f"{why} while writing {what} — check the path and its permissions, {RESUME_HINT}")
+    return RunError(f"cannot write {what} ({why}) — check the free disk space and the file-size limit "
+                    f"(ulimit -f), {RESUME_HINT}")
 
 
 @contextlib.contextmanager
@@ -83,71 +79,19 @@ def writing(what: Path | str) -> Iterator[None]:
         raise write_failure(exc, what) from exc
 
 
-# ------------------------------------------------------------------------- atomic files
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _read_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _read_umask()
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
-    with writing(path):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; run files are for everyone who may read the folder
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    _fsync_dir(path.parent)
-
-
 def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+    with writing(path):
+        files.atomic_write_text(path, text)
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
+    with writing(path):
+        files.atomic_write_json(path, data)
 
 
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "item"):  # numpy / torch scalars
-        return obj.item()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with writing(path):
+        files.atomic_write_bytes(path, data)
 
 
 # ------------------------------------------------------------------------- names and folders
@@ -156,7 +100,7 @@ def sha256_file(path: Path) -> str:
 def run_dir_for(out: Path, name: str) -> Path:
     """The folder of run `name` under `out`; a name that is not a plain folder name (one that
     would escape `out`, hide itself or read as an option) is a ConfigError (config.check_run_name)."""
-    from .config import check_run_name
+    from .checks import check_run_name
 
     check_run_name(name)
     return Path(out) / name
@@ -236,11 +180,154 @@ def _read_owner(fd: int) -> dict | None:
     return data if isinstance(data, dict) and "pid" in data else None
 
 
+# ------------------------------------------------------------------------- report.json
+
+
+# Fields whose null says something ("no error", "never untied"): written even when null, as 0.1 did.
+_ALWAYS_WRITTEN = {"status", "error", "git_commit", "data_identity", "floor", "untie_step", "untied_at_step",
+                   "params_after_untie"}
+
+
+@dataclass
+class RunReport:
+    """report.json. The one schema of a run's result: train.py writes it, and compare, sweep and
+    eval read it through read_report. Keys a reader does not know (from another tiedlm version)
+    are kept in `extra` and written back unchanged."""
+
+    # in the order tiedlm 0.1 wrote them
+    format: int = FORMAT
+    tiedlm_version: str | None = None
+    name: str = ""
+    status: str | None = "running"  # one of STATUSES; None when a report lacks it
+    error: str | None = None
+    seed: int | None = None
+    config_hash: str | None = None  # config.config_hash: what identifies the variant
+    config: dict = field(default_factory=dict)  # the resolved config
+    started_at: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    versions: dict = field(default_factory=dict)
+    git_commit: str | None = None
+    command: str | None = None
+    data_identity: dict | None = None  # data.data_identity: what the tokens depend on
+    # known once the model is built
+    params: dict | None = None  # model.count_params, with the tokenizer's and the padded vocabulary
+    flops_per_token: dict | None = None
+    total_steps: int | None = None
+    data: dict | None = None  # PreparedData.info
+    floor: dict | None = None  # builtin:synthetic only
+    untie_step: int | None = None  # the step at which an untie_at run is to split in two
+    decay_embeddings: bool | None = None
+    resumed_at_steps: list = field(default_factory=list)
+    # the end
+    final: dict | None = None  # split -> evaluate.summarize_nll's result
+    steps: int | None = None
+    tokens_seen: int | None = None
+    train_time_s: float | None = None
+    wall_time_s: float | None = None  # over every attempt of a resumed run
+    tokens_per_s: float | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_kind: str | None = None
+    untied_at_step: int | None = None  # the step at which it did split
+    skipped_steps: int | None = None
+    finished_at: str | None = None
+    params_after_untie: dict | None = None
+    checkpoint: str | None = None  # the final checkpoint, relative to the run folder
+    interrupted_at_step: int | None = None
+    diverged_at_step: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RunReport":
+        names = {f.name for f in fields(cls)} - {"extra"}
+        known = {k: v for k, v in data.items() if k in names}
+        known.setdefault("status", None)  # a report without a status is not a running one
+        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+
+    def to_json(self) -> dict:
+        """The fields that have a value (as tiedlm 0.1 wrote only what it knew), then `extra`."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        keep = {k: v for k, v in out.items() if v is not None and v != [] or k in _ALWAYS_WRITTEN}
+        return {**keep, **self.extra}
+
+    def update(self, **changes: Any) -> None:
+        for key, value in changes.items():
+            if not hasattr(self, key) or key == "extra":
+                raise AttributeError(f"RunReport has no field {key!r}")
+            setattr(self, key, value)
+
+
+class RunRecord:
+    """A run's report.json and report.md, kept in step: every update rewrites both atomically."""
+
+    def __init__(self, run_dir: Path, report: RunReport):
+        self.run_dir = Path(run_dir)
+        self.report = report
+
+    def write(self, **changes: Any) -> None:
+        self.report.update(**changes)
+        atomic_write_json(self.run_dir / REPORT, self.report.to_json())
+        atomic_write_text(self.run_dir / REPORT_MD, render_report_md(self.report))
+
+
+def render_report_md(r: RunReport) -> str:
+    """report.json for people."""
+    m = r.config.get("model", {})
+    untie = (f", untied at {m.get('untie_at')} of training (step {r.untied_at_step or r.untie_step})"
+             if m.get("untie_at") else "")
+    lines = [f"# {r.name}", "", f"Status: **{r.status}**" + (f" — {r.error}" if r.error else ""), "",
+             f"Tying: **{'tied' if m.get('tie_embeddings') else 'untied'}**{untie}; embed_scale "
+             f"{m.get('embed_scale')}; lm_head_bias {m.get('lm_head_bias')}; decay_embeddings {r.decay_embeddings}", ""]
+    if r.params:
+        p = r.params
+        lines += ["## Parameters", "", params_markdown({"parameters": p}),
+                  f"| vocabulary (tokenizer / model, padding) | {fmt(p.get('vocab_size'))} / "
+                  f"{fmt(p.get('model_vocab_size'))} ({fmt(p.get('vocab_padding'))}) |", ""]
+    if r.final:
+        lines += _final_md(r.final, r.floor)
+    lines += ["## Training", "",
+              f"- steps {fmt(r.steps)} of {fmt(r.total_steps)}, tokens seen {fmt(r.tokens_seen)}",
+              f"- tokens/s {fmt(r.tokens_per_s, 0)}, train time {fmt(r.train_time_s, 1)} s, "
+              f"wall time {fmt(r.wall_time_s, 1)} s",
+              f"- peak memory {fmt((r.peak_memory_bytes or 0) / 2**20, 1)} MiB ({r.peak_memory_kind})",
+              f"- device {r.device}, dtype {r.dtype}, FLOPs/token (train) {fmt((r.flops_per_token or {}).get('train'))}",
+              f"- seed {r.seed}, config hash {r.config_hash}, git {r.git_commit}",
+              f"- versions {r.versions}"]
+    for key in ("resumed_at_steps", "interrupted_at_step", "diverged_at_step", "skipped_steps"):
+        if getattr(r, key):
+            lines.append(f"- {key.replace('_', ' ')}: {getattr(r, key)}")
+    return "\n".join(lines) + "\n"
+
+
+def _final_md(final: dict, floor: dict | None) -> list[str]:
+    """The final-evaluation section of report.md: one row per split, then loss by bucket."""
+    header = ["split", "tokens", "loss", "perplexity", "bits/byte", "perplexity/word"]
+    header += ["floor ppl/word", "floor bits/byte"] if floor else []
+    rows = []
+    for split, res in final.items():
+        row = [split, fmt(res["tokens"]), fmt(res["loss"], 4), fmt(res["perplexity"], 2),
+               fmt(res.get("bits_per_byte"), 4), fmt(res.get("word_perplexity"), 2)]
+        if floor:
+            row += [fmt(floor.get("perplexity_per_word"), 2), fmt((floor.get("bits_per_byte") or {}).get(split), 4)]
+        rows.append(row)
+    lines = ["## Final evaluation", "", markdown_table(header, rows), ""]
+    if floor and floor.get("note"):
+        lines += [f"The floor is the synthetic language's expected entropy rate, not a bound on this split: "
+                  f"{floor['note']}.", ""]
+    first = next(iter(final.values()))
+    if first.get("buckets"):
+        rows = [[f"{split} loss", *(f"{fmt(b['loss'], 3)} ({fmt(b['tokens'])} tok)" for b in res.get("buckets", []))]
+                for split, res in final.items()]
+        lines += ["### Loss by training-set frequency of the target token", "",
+                  markdown_table(["split", *(b["name"] for b in first["buckets"])], rows), ""]
+    return lines
+
+
 # ------------------------------------------------------------------------- reading a folder
 
 
-def read_report(run_dir: Path) -> dict | None:
-    """report.json as a dict, None when there is none; a corrupt or newer report is an error."""
+def read_report(run_dir: Path) -> RunReport | None:
+    """report.json as a RunReport, None when there is none; a corrupt or newer report is an error."""
     path = Path(run_dir) / REPORT
     if not path.exists():
         return None
@@ -252,7 +339,7 @@ def read_report(run_dir: Path) -> dict | None:
     if not isinstance(data, dict):
         raise RunError(f"{path} is not a tiedlm report — move the folder away, or use --overwrite")
     check_format(data.get("format"), path)
-    return data
+    return RunReport.from_json(data)
 
 
 def check_format(fmt: Any, path: Path) -> None:
@@ -297,9 +384,9 @@ def existing_state(run_dir: Path, config: dict) -> str:
         differ = [k for k in diff_keys(old, config) if k not in OPERATIONAL_KEYS]
         if differ:
             shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
-            raise RunError(f"{run_dir} holds a run with a different config ({shown} differ) — "
-                           "choose another --name or --seed, or --overwrite to start afresh", exit_code=2)
-    if report is not None and report.get("status") == "finished":
+            raise ConfigMismatchError(f"{run_dir} holds a run with a different config ({shown} differ) — "
+                                      "choose another --name or --seed, or --overwrite to start afresh", differ)
+    if report is not None and report.status == "finished":
         return "finished"
     return "resume"
 
@@ -326,25 +413,34 @@ def append_metrics(run_dir: Path, records: list[dict]) -> None:
     path = Path(run_dir) / METRICS
     with writing(path), open(path, "a", encoding="utf-8") as f:
         for r in records:
-            f.write(json.dumps(r, default=_json_default) + "\n")
+            f.write(json.dumps(r, default=json_default) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
     """Every complete record of metrics.jsonl; a torn last line (a kill mid-write) is skipped."""
+    return read_metrics_counted(run_dir)[0]
+
+
+def read_metrics_counted(run_dir: Path) -> tuple[list[dict], int]:
+    """(read_metrics's records, how many non-blank lines were skipped as unreadable)."""
     path = Path(run_dir) / METRICS
-    out = []
+    out: list[dict] = []
     if not path.exists():
-        return out
+        return out, 0
+    skipped = 0
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
+            skipped += bool(line.strip())
             continue
         if isinstance(rec, dict):
             out.append(rec)
-    return out
+        else:
+            skipped += 1
+    return out, skipped
 
 
 def trim_metrics(run_dir: Path, up_to_step: int) -> None:
@@ -355,112 +451,7 @@ def trim_metrics(run_dir: Path, up_to_step: int) -> None:
         return
     # final-evaluation records are written after the last checkpoint: a resume writes them again
     keep = [r for r in read_metrics(run_dir) if int(r.get("step", 0)) <= up_to_step and r.get("kind") != "final"]
-    atomic_write_text(path, "".join(json.dumps(r, default=_json_default) + "\n" for r in keep))
-
-
-# ------------------------------------------------------------------------- checkpoints
-
-MODEL_FILE = "model.safetensors"
-STATE_FILE = "state.pt"
-MANIFEST = "manifest.json"
-
-
-def save_checkpoint(run_dir: Path, step: int, tensors: dict, metadata: dict, state: dict,
-                    keep_previous: bool = False) -> Path:
-    """Write checkpoints/step-N atomically: weights (safetensors), training state (torch.save),
-    and a manifest with each file's SHA-256, in a temporary folder renamed into place; then
-    LATEST is pointed at it and older checkpoints are removed."""
-    root = Path(run_dir) / CHECKPOINTS
-    name = f"step-{step:07d}"
-    with writing(root / name):
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
-        final = _write_checkpoint_folder(tmp, root, name, step, tensors, metadata, state)
-    atomic_write_text(root / "LATEST", final.name + "\n")
-    if not keep_previous:
-        for old in root.iterdir():
-            if old.name != final.name and old.name != "LATEST" and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def _write_checkpoint_folder(tmp: Path, root: Path, name: str, step: int, tensors: dict, metadata: dict,
-                             state: dict) -> Path:
-    """Fill tmp and rename it to root/name (or name-1, ... if that exists); tmp is removed on failure."""
-    import torch
-    from safetensors.torch import save_file
-
-    try:
-        save_file(tensors, str(tmp / MODEL_FILE), metadata={k: str(v) for k, v in metadata.items()})
-        torch.save(state, tmp / STATE_FILE)
-        files = {}
-        for fname in (MODEL_FILE, STATE_FILE):
-            with open(tmp / fname, "rb") as f:
-                os.fsync(f.fileno())
-            files[fname] = {"sha256": sha256_file(tmp / fname), "bytes": (tmp / fname).stat().st_size}
-        manifest = {"format": FORMAT, "step": step, "files": files, **{k: v for k, v in metadata.items()}}
-        atomic_write_json(tmp / MANIFEST, manifest)
-        final = root / name
-        n = 1
-        while final.exists():  # the same step saved again (a resume at it): a new name, the old one kept
-            final, n = root / f"{name}-{n}", n + 1
-        os.rename(tmp, final)
-        _fsync_dir(root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
-
-
-_STEP_DIR = re.compile(r"step-(\d+)(?:-(\d+))?")
-
-
-def _checkpoint_folders(root: Path) -> list[Path]:
-    """Complete checkpoint folders (step-N, or step-N-k for a step saved again), newest first.
-    Temporary folders (.tmp-*) are never complete: they are renamed only once fsynced."""
-    found = []
-    for child in root.iterdir() if root.is_dir() else []:
-        m = _STEP_DIR.fullmatch(child.name)
-        if m and child.is_dir():
-            found.append(((int(m.group(1)), int(m.group(2) or 0)), child))
-    return [path for _, path in sorted(found, reverse=True)]
-
-
-def resolve_checkpoint(run_dir: Path) -> tuple[Path | None, str | None]:
-    """The checkpoint to resume from, and a note when it was not found through LATEST.
-
-    LATEST is written after its folder is renamed into place, so a kill between the two, or a
-    LATEST deleted by hand, leaves complete checkpoints without a pointer: then the newest one
-    that verifies against its manifest is used. A folder whose checkpoints exist but none
-    verifies is refused, never silently restarted (a restart would delete them)."""
-    root = Path(run_dir) / CHECKPOINTS
-    latest = root / "LATEST"
-    try:
-        name = latest.read_text(encoding="utf-8").strip() if latest.is_file() else None
-    except (OSError, UnicodeDecodeError):
-        name = "(unreadable)"
-    if name is not None and _STEP_DIR.fullmatch(name) and (root / name).is_dir():
-        return root / name, None
-    problem = "checkpoints/LATEST is missing" if name is None else \
-        f"checkpoints/LATEST points at a missing checkpoint {name!r}"
-    candidates = _checkpoint_folders(root)
-    for path in candidates:
-        try:
-            verify_checkpoint(path)
-        except RunError:
-            continue
-        return path, f"{problem}: using {path.name}, the newest checkpoint that verifies"
-    if candidates:
-        raise RunError(f"{problem} and none of the checkpoints in {root} ({', '.join(p.name for p in candidates[:3])}) "
-                       "matches its manifest — restore the checkpoint files, or use --overwrite to start afresh")
-    if name is not None:
-        raise RunError(f"{problem} and {root} holds no checkpoint — the run folder is damaged; restore the "
-                       "checkpoint, or use --overwrite to start afresh")
-    return None, None
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    return resolve_checkpoint(run_dir)[0]
+    atomic_write_text(path, "".join(json.dumps(r, default=json_default) + "\n" for r in keep))
 
 
 def clean_temporary_files(run_dir: Path) -> list[str]:
@@ -477,42 +468,3 @@ def clean_temporary_files(run_dir: Path) -> list[str]:
                     shutil.rmtree(child) if stray_dir else child.unlink()
                     removed.append(child.name)
     return removed
-
-
-def verify_checkpoint(ckpt: Path) -> dict:
-    """Check every file against the manifest's SHA-256; return the manifest."""
-    mpath = ckpt / MANIFEST
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, ValueError):
-        raise RunError(f"checkpoint {ckpt} has no readable manifest — it is damaged; "
-                       "use --overwrite to start afresh") from None
-    check_format(manifest.get("format"), mpath)
-    for fname, meta in manifest.get("files", {}).items():
-        fpath = ckpt / fname
-        if not fpath.exists():
-            raise RunError(f"checkpoint file {fpath} is missing — use --overwrite to start afresh")
-        if fpath.stat().st_size != meta.get("bytes") or sha256_file(fpath) != meta.get("sha256"):
-            raise RunError(f"checkpoint file {fpath} does not match its SHA-256 in the manifest (truncated "
-                           "or altered) — nothing was loaded; restore it, or use --overwrite to start afresh")
-    return manifest
-
-
-def load_checkpoint(ckpt: Path, with_state: bool = True) -> tuple[dict, dict | None, dict]:
-    """(tensors, state or None, manifest) of a verified checkpoint. Nothing is unpickled:
-    weights come from safetensors, state from torch.load(weights_only=True)."""
-    import torch
-    from safetensors.torch import load_file
-
-    manifest = verify_checkpoint(ckpt)
-    try:
-        tensors = load_file(str(ckpt / MODEL_FILE))
-        state = torch.load(ckpt / STATE_FILE, weights_only=True) if with_state else None
-    except Exception as exc:  # a file that passed the hash but still fails to parse
-        raise RunError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}) — use --overwrite") from None
-    return tensors, state, manifest
-
-
-def clear_checkpoints(run_dir: Path) -> None:
-    """Remove every checkpoint (a run restarting from step 0 must not find stale ones)."""
-    shutil.rmtree(Path(run_dir) / CHECKPOINTS, ignore_errors=True)

@@ -9,61 +9,28 @@ step boundary; a non-finite loss or gradient norm stops the run as `diverged`.
 from __future__ import annotations
 
 import math
-import os
-import platform
 import random
 import signal
-import subprocess
 import sys
-import threading
 import time
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from . import __version__, runs
+from . import __version__, checkpoints, runs
+from .checkpoints import rng_state, set_rng_state
 from .config import Config, config_hash, to_dict, to_yaml
-from .errors import ConfigError, DivergedError, Interrupted, RunError, TiedlmError
-
-
-class _Stderr:
-    """stderr that survives its reader going away (`tiedlm train ... 2>&1 | head -1`): once a write
-    fails because the pipe is closed, output is dropped and training carries on, since a progress
-    line nobody reads is no reason to lose a run. Progress bars write through it too."""
-
-    closed_pipe = False
-
-    def write(self, text: str) -> int:
-        if not self.closed_pipe:
-            try:
-                sys.stderr.write(text)
-            except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
-                self.closed_pipe = True
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.closed_pipe:
-            try:
-                sys.stderr.flush()
-            except (BrokenPipeError, ValueError):
-                self.closed_pipe = True
-
-    def isatty(self) -> bool:
-        return not self.closed_pipe and sys.stderr.isatty()
-
-    def __getattr__(self, name: str) -> Any:  # encoding, fileno, ... as the real stderr has them
-        return getattr(sys.stderr, name)
-
-
-STDERR = _Stderr()
-
-
-def log(msg: str) -> None:
-    STDERR.write(msg + "\n")
-    STDERR.flush()
-
+from .errors import (
+    ConfigError,
+    ConfigMismatchError,
+    DivergedError,
+    Interrupted,
+    RunError,
+    TiedlmError,
+)
+from .process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
 
 # ------------------------------------------------------------------------- optimizer and schedule
 
@@ -128,140 +95,6 @@ def untie_with_optimizer(model, optimizer) -> None:
         optimizer.state[new] = {k: (v.clone() if hasattr(v, "clone") else v) for k, v in state.items()}
 
 
-# ------------------------------------------------------------------------- RNG state
-
-
-def rng_state(sampler: np.random.Generator) -> dict:
-    import torch
-
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": _np_state_to_plain(np.random.get_state()),
-        "python": random.getstate(),
-        "sampler": sampler.bit_generator.state,
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _np_state_to_plain(st: tuple) -> list:
-    # the legacy tuple holds a uint32 array: store it as a tensor-free list for weights_only load
-    return [st[0], st[1].tolist(), int(st[2]), int(st[3]), float(st[4])]
-
-
-def set_rng_state(state: dict, sampler: np.random.Generator) -> None:
-    import torch
-
-    torch.set_rng_state(state["torch"])
-    st = state["numpy"]
-    np.random.set_state((st[0], np.array(st[1], dtype=np.uint32), st[2], st[3], st[4]))
-    random.setstate(_tuplify(state["python"]))
-    sampler.bit_generator.state = state["sampler"]
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _tuplify(x: Any) -> Any:
-    return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
-# ------------------------------------------------------------------------- signals
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM before training started (data preparation): handled exactly like Ctrl-C there,
-    unwinding so that nothing half-made is left, but ending with SIGTERM's exit code."""
-
-
-class StopSignals:
-    """SIGINT / SIGTERM set a flag that the loop reads at the next step boundary, where it writes
-    a checkpoint and stops. A second signal gets the default action: the process ends at once,
-    and the previous checkpoint (written atomically) stays intact.
-
-    Before install() (the lock, the data preparation) there is nothing to save: SIGINT raises
-    KeyboardInterrupt as Python does by default, and SIGTERM raises Terminated, so both unwind the
-    same way (the lock released, a new run folder removed) instead of SIGTERM killing the process
-    on the spot and leaving a folder holding only `.lock`."""
-
-    def __init__(self):
-        self.received: int | None = None
-        self._old: dict = {}
-        self._early: Any = None
-
-    @staticmethod
-    def _terminate(signum, frame):
-        raise Terminated()
-
-    def _handler(self, signum, frame):
-        self.received = signum
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-        log(f"\n{signal.Signals(signum).name} received: stopping after this step and writing a checkpoint "
-            "(send it again to stop at once)")
-
-    def install(self) -> None:
-        """From here on a signal stops the run at the next step boundary (or between the final
-        evaluation's splits). Before it (data preparation) Ctrl-C stops at once: nothing to save."""
-        if threading.current_thread() is threading.main_thread() and not self._old:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handler)
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            self._early = signal.signal(signal.SIGTERM, self._terminate)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        if self._early is not None:  # SIGTERM's handler from before __enter__
-            signal.signal(signal.SIGTERM, self._early)
-
-
-# ------------------------------------------------------------------------- facts for the report
-
-
-def versions() -> dict:
-    import torch
-
-    out = {"tiedlm": __version__, "torch": torch.__version__, "python": platform.python_version(),
-           "numpy": np.__version__}
-    for mod in ("datasets", "tokenizers"):
-        m = sys.modules.get(mod)
-        if m is not None:
-            out[mod] = getattr(m, "__version__", "?")
-    return out
-
-
-def git_commit() -> str | None:
-    """The commit of the repository the experiment is run from (with '-dirty' for local changes)."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        if sha.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def peak_memory(device) -> tuple[int, str]:
-    import torch
-
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device)), "cuda max_memory_allocated"
-    import resource
-
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss * (1 if sys.platform == "darwin" else 1024)), "process peak RSS"
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 # ------------------------------------------------------------------------- the entry point
 
 
@@ -272,17 +105,17 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
     An existing folder with the same config is resumed from its last checkpoint, or left alone if
     finished; a different config is refused unless `overwrite`. `stop_after_step` stops the run
     as an interrupt would, after that step (used to test exact resume)."""
+    from .device import resolve_device
+    from .model import check_fits
+
     run_name = name or f"{cfg.name}-s{cfg.seed}"
     run_dir = runs.run_dir_for(Path(out), run_name)
     config_dict = to_dict(cfg)
     if not overwrite:  # refuse a conflicting folder before taking its lock
-        state = runs.existing_state(run_dir, config_dict)
-        if state == "finished":
+        if runs.existing_state(run_dir, config_dict) == "finished":
             log(f"{run_dir} is already finished with this config: nothing to do (--overwrite to retrain)")
             return run_dir
-    from .model import check_fits, resolve_device
-
-    # The vocabulary is known only once the data are prepared (that check follows in _train):
+    # The vocabulary is known only once the data are prepared (that check follows in preflight):
     # here the model without its embeddings, which is what an absurd depth or width is about.
     check_fits(cfg.model, None, max(cfg.train.batch_size, cfg.eval.batch_size), resolve_device(cfg.train.device))
     created = not run_dir.exists()
@@ -290,8 +123,7 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
         with StopSignals() as signals, runs.RunLock(run_dir) as lock:
             if lock.took_over:
                 log(f"took over the lock of {run_dir}, left by process {lock.took_over.get('pid')} which is gone")
-            state = "new" if overwrite else runs.existing_state(run_dir, config_dict)
-            if state == "finished":
+            if not overwrite and runs.existing_state(run_dir, config_dict) == "finished":
                 log(f"{run_dir} is already finished with this config: nothing to do")
                 return run_dir
             _train(cfg, run_dir, progress, stop_after_step, fresh=overwrite, signals=signals)
@@ -307,265 +139,352 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
     return run_dir
 
 
-def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | None, fresh: bool,
-           signals: StopSignals) -> None:
-    import torch
-    from torch.nn import functional as F
+@dataclass
+class Preflight:
+    """Everything that can refuse a run, found before anything is written to its folder."""
 
+    device: Any
+    dtype: str  # fp32 | bf16
+    total_steps: int
+    untie_step: int | None  # the step at which an untie_at run splits in two
+    data: Any  # data.PreparedData
+    checkpoint: Path | None = None  # the checkpoint to resume from
+    checkpoint_note: str | None = None  # how it was found, when not through LATEST
+    loaded: tuple | None = None  # checkpoints.load_checkpoint(checkpoint): verified, not yet applied
+    old_report: runs.RunReport | None = None
+
+
+def preflight(cfg: Config, run_dir: Path, fresh: bool, progress: bool) -> Preflight:
+    """The device, the budget, a verified checkpoint (resuming), the data and its identity, and
+    whether the model fits: any of them refuses the run while its folder is still untouched."""
     from .data import data_identity, prepare_data
-    from .evaluate import evaluate_split, perplexity
-    from .model import (GPT, autocast_ctx, check_fits, count_params, flops_per_token, load_model_tensors,
-                        model_tensors, resolve_device, resolve_dtype)
+    from .device import resolve_device, resolve_dtype
+    from .model import check_fits
 
-    t_start = time.time()
-    tcfg = cfg.train
-    # Everything that can refuse the run happens before anything is written to its folder:
-    # the device, the data, and (resuming) a verified checkpoint trained on the same tokens.
-    if tcfg.threads:
-        torch.set_num_threads(tcfg.threads)
-    device = resolve_device(tcfg.device)
-    dtype = resolve_dtype(tcfg.dtype, device)
-    amp = autocast_ctx(device, dtype)
+    device = resolve_device(cfg.train.device)
     total = budget_steps(cfg)
     if cfg.model.untie_at is not None and total < 2:
         raise ConfigError(f"model.untie_at needs at least 2 training steps, the budget gives {total} — "
                           "raise train.max_steps / train.max_tokens or drop model.untie_at")
-    ckpt, ckpt_note = (None, None) if fresh else runs.resolve_checkpoint(run_dir)
-    loaded = runs.load_checkpoint(ckpt) if ckpt is not None else None
+    ckpt, note = (None, None) if fresh else checkpoints.resolve_checkpoint(run_dir)
+    loaded = checkpoints.load_checkpoint(ckpt) if ckpt is not None else None
     old = None if fresh else runs.read_report(run_dir)
     data = prepare_data(cfg, progress=progress)
-    identity = data_identity(data)
-    for split in cfg.eval.splits:
-        if split not in data.splits:
-            raise TiedlmError(f"eval.splits names {split!r} but the data has no such split (it has "
-                              f"{', '.join(data.splits)}) — set eval.splits to the splits there are, "
-                              "or give the data that split", exit_code=2)
-    n_train = data.splits["train"].tokens.size
-    if n_train < cfg.model.block_size + 1:
-        raise TiedlmError(f"the training split has {n_train} tokens, fewer than model.block_size + 1 = "
-                          f"{cfg.model.block_size + 1} — use more data or a smaller model.block_size")
-    if loaded is not None and old and old.get("data_identity") not in (None, identity):
+    missing = [s for s in cfg.eval.splits if s not in data.splits]
+    if missing:
+        raise ConfigError(f"eval.splits names {missing[0]!r} but the data has no such split (it has "
+                          f"{', '.join(data.splits)}) — set eval.splits to the splits there are, "
+                          "or give the data that split")
+    if loaded is not None and old and old.data_identity not in (None, data_identity(data)):
         raise RunError(f"the data or tokenizer of {run_dir} changed since the run started (source fingerprint "
                        "or tokenizer key differ), so its checkpoint no longer fits the tokens — restore the "
                        "data, or start afresh with --overwrite")
-    check_fits(cfg.model, data.model_vocab_size, max(tcfg.batch_size, cfg.eval.batch_size), device)
-    if fresh:
-        runs.clear_run_dir(run_dir)
-    signals.install()
-    runs.clean_temporary_files(run_dir)
-    if ckpt_note:
-        log(f"{run_dir}: {ckpt_note}")
+    check_fits(cfg.model, data.model_vocab_size, max(cfg.train.batch_size, cfg.eval.batch_size), device)
+    return Preflight(device, resolve_dtype(cfg.train.dtype, device), total, untie_step(cfg, total), data,
+                     ckpt, note, loaded, old)
 
-    runs.atomic_write_text(run_dir / runs.CONFIG, to_yaml(cfg))
-    report: dict[str, Any] = {
-        "format": runs.FORMAT, "tiedlm_version": __version__, "name": run_dir.name, "status": "running",
-        "error": None, "seed": cfg.seed, "config_hash": config_hash(cfg), "config": to_dict(cfg),
-        "started_at": now(), "device": str(device), "dtype": dtype, "versions": versions(),
-        "git_commit": git_commit(), "command": " ".join(sys.argv), "data_identity": identity,
-    }
-    if old and loaded is not None:  # a resumed run keeps its history
-        for key in ("started_at", "resumed_at_steps", "wall_time_s"):
-            if key in old:
-                report[key] = old[key]
 
-    def write_report(**updates: Any) -> None:
-        report.update(updates)
-        runs.atomic_write_json(run_dir / runs.REPORT, report)
-        runs.atomic_write_text(run_dir / runs.REPORT_MD, render_report_md(report))
+@dataclass
+class TrainState:
+    """What the loop advances, and a checkpoint stores beside the weights, optimizer and RNGs."""
 
-    write_report()
-    try:
-        tok_dir = run_dir / runs.TOKENIZER
-        with runs.writing(tok_dir):  # the Rust tokenizer reports a full disk as a plain Exception
-            tok_dir.mkdir(exist_ok=True)
-            data.tokenizer.save(tok_dir)
+    step: int = 0
+    tokens: int = 0  # training tokens seen
+    skipped: int = 0  # non-finite steps skipped (train.max_skipped)
+    train_time: float = 0.0  # seconds inside training steps, over every attempt
+    untied_at_step: int | None = None  # the step at which an untie_at run did split
 
-        torch.manual_seed(cfg.seed)
-        np.random.seed(cfg.seed % 2**32)
-        random.seed(cfg.seed)
-        sampler = np.random.default_rng(cfg.seed)
-        model = GPT(cfg.model, data.model_vocab_size).to(device)
-        model.check_tie(cfg.model.tie_embeddings)
+    def to_checkpoint(self) -> dict:
+        # key names as tiedlm 0.1 wrote them, so that its checkpoints resume
+        return {"step": self.step, "tokens": self.tokens, "skipped": self.skipped, "train_time": self.train_time,
+                "untied_at": self.untied_at_step, "untied": self.untied_at_step is not None}
 
-        def params_now() -> dict:
-            """The model's parameter breakdown, with the tokenizer's and the padded vocabulary."""
-            return {**count_params(model), "model_vocab_size": data.model_vocab_size,
-                    "vocab_size": data.vocab_size, "vocab_padding": data.model_vocab_size - data.vocab_size}
+    def restore(self, st: dict) -> None:
+        """Take the counters of a checkpoint's state (what to_checkpoint wrote, or tiedlm 0.1)."""
+        self.step, self.tokens, self.skipped = st["step"], st["tokens"], st["skipped"]
+        self.train_time, self.untied_at_step = st["train_time"], st["untied_at"]
 
-        def wall_time() -> float:  # over every attempt of a resumed run
-            return report.get("wall_time_s", 0) + time.time() - t_start
+
+def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | None, fresh: bool,
+           signals: StopSignals) -> None:
+    from .device import cpu_threads
+
+    t_start = time.time()
+    with cpu_threads(cfg.train.threads):
+        pre = preflight(cfg, run_dir, fresh, progress)
+        if fresh:
+            runs.clear_run_dir(run_dir)
+        signals.install()
+        runs.clean_temporary_files(run_dir)
+        if pre.checkpoint_note:
+            log(f"{run_dir}: {pre.checkpoint_note}")
+        record = _start_record(cfg, run_dir, pre)
+        wall_before = record.report.wall_time_s or 0.0
+        state = TrainState()
 
         def interrupted(message: str) -> Interrupted:
-            write_report(status="interrupted", interrupted_at_step=step, wall_time_s=wall_time())
+            record.write(status="interrupted", interrupted_at_step=state.step,
+                         wall_time_s=wall_before + time.time() - t_start)
             return Interrupted(message, exit_code=143 if signals.received == signal.SIGTERM else 130)
 
-        params = params_now()
-        split_at = untie_step(cfg, total)
-        optimizer = build_optimizer(model, tcfg)
+        try:
+            model = _train_loop(cfg, run_dir, pre, record, state, signals, interrupted, progress, stop_after_step)
+            final = final_evaluation(cfg, run_dir, pre, model, state, signals, interrupted)
+            _finish(record, pre, model, state, final, wall_before + time.time() - t_start)
+        except (Interrupted, DivergedError):
+            raise
+        except KeyboardInterrupt:
+            _best_effort(record.write, status="interrupted", error="interrupted outside a training step")
+            raise
+        except Exception as exc:
+            err = _as_tiedlm_error(exc)
+            _best_effort(record.write, status="failed", error=str(err) if err else f"{type(exc).__name__}: {exc}")
+            if err is not None and err is not exc:
+                raise err from exc
+            raise
 
-        step, tokens_seen, skipped, train_time = 0, 0, 0, 0.0
-        untied_at: int | None = None
-        if loaded is not None:
-            tensors, st, manifest = loaded
-            if st["untied"]:
-                untie_with_optimizer(model, optimizer)
-            load_model_tensors(model, tensors, tied=not st["untied"] and cfg.model.tie_embeddings)
-            optimizer.load_state_dict(st["optimizer"])
-            set_rng_state(st["rng"], sampler)
-            step, tokens_seen, skipped = st["step"], st["tokens"], st["skipped"]
-            train_time, untied_at = st["train_time"], st["untied_at"]
-            runs.trim_metrics(run_dir, step)
-            report["resumed_at_steps"] = report.get("resumed_at_steps", []) + [step]
-            log(f"resuming {run_dir} from its checkpoint at step {step} of {total}")
-        else:
-            (run_dir / runs.METRICS).unlink(missing_ok=True)
-            if run_dir.joinpath(runs.CHECKPOINTS).exists():
-                runs.clear_checkpoints(run_dir)
 
-        fwd = torch.compile(model) if tcfg.compile else model
-        fpt = flops_per_token(cfg.model, data.model_vocab_size)
-        write_report(params=params, flops_per_token=fpt, total_steps=total,
-                     data=data.info, floor=data.floor, untie_step=split_at,
-                     decay_embeddings=tcfg.decay_embeddings)
+def _start_record(cfg: Config, run_dir: Path, pre: Preflight) -> runs.RunRecord:
+    """config.yaml and the first report.json of this attempt (a resumed run keeps its history)."""
+    from .data import data_identity
 
-        train_tokens = data.splits["train"].tokens
-        T, B = cfg.model.block_size, tcfg.batch_size
-        offsets = np.arange(T + 1)
-        high = len(train_tokens) - T - 1
+    runs.atomic_write_text(run_dir / runs.CONFIG, to_yaml(cfg))
+    report = runs.RunReport(
+        name=run_dir.name, status="running", seed=cfg.seed, config_hash=config_hash(cfg), config=to_dict(cfg),
+        tiedlm_version=__version__, started_at=now(), device=str(pre.device), dtype=pre.dtype,
+        versions=versions(), git_commit=git_commit(), command=" ".join(sys.argv),
+        data_identity=data_identity(pre.data))
+    if pre.old_report is not None and pre.loaded is not None:
+        report.update(started_at=pre.old_report.started_at or report.started_at,
+                      resumed_at_steps=list(pre.old_report.resumed_at_steps),
+                      wall_time_s=pre.old_report.wall_time_s)
+    record = runs.RunRecord(run_dir, report)
+    record.write()
+    return record
 
-        def get_batch():
-            starts = sampler.integers(0, high + 1, size=B)
-            xy = torch.from_numpy(np.asarray(train_tokens[starts[:, None] + offsets], dtype=np.int64))
-            xy = xy.to(device, non_blocking=True)
-            return xy[:, :-1], xy[:, 1:]  # (B, T) inputs, (B, T) targets
 
-        val = data.splits["validation"]
+def _params(model, data) -> dict:
+    """The model's parameter breakdown, with the tokenizer's and the padded vocabulary."""
+    from .model import count_params
 
-        def quick_eval() -> dict:
-            return evaluate_split(model, val, T, T, cfg.eval.batch_size, device, amp,
-                                  max_tokens=tcfg.eval_tokens)
+    return {**count_params(model), "model_vocab_size": data.model_vocab_size, "vocab_size": data.vocab_size,
+            "vocab_padding": data.model_vocab_size - data.vocab_size}
 
-        def checkpoint() -> None:
-            tensors, meta = model_tensors(model)
-            state = {"optimizer": optimizer.state_dict(), "step": step, "tokens": tokens_seen,
-                     "skipped": skipped, "untied": not model.is_tied and cfg.model.tie_embeddings,
-                     "untied_at": untied_at, "train_time": train_time, "rng": rng_state(sampler)}
-            runs.save_checkpoint(run_dir, step, tensors, meta, state)
 
-        tokens_per_step = B * tcfg.grad_accum * T
-        params_list = list(model.parameters())
-        bar = None
-        if progress:
-            from tqdm import tqdm
+def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, state: TrainState):
+    """The tokenizer saved into the run, the seeded RNGs, the model and its optimizer, and (resuming)
+    the checkpoint's weights, optimizer, RNG and counters applied. Returns (model, optimizer, sampler)."""
+    import torch
 
-            bar = tqdm(total=total, initial=step, desc=run_dir.name, unit="step", file=STDERR,
-                       dynamic_ncols=True, disable=None, mininterval=0.5)
-        pending: list[dict] = []
-        while step < total:
-            t0 = time.perf_counter()
-            lr = lr_at(step, total, tcfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss_sum = 0.0
-            for _ in range(tcfg.grad_accum):
-                x, y = get_batch()
-                with amp:
-                    logits = fwd(x)  # (B, T, V)
-                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
-                (loss / tcfg.grad_accum).backward()
-                loss_sum += loss.item()
-            loss_val = loss_sum / tcfg.grad_accum
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(
-                params_list, tcfg.grad_clip if tcfg.grad_clip > 0 else float("inf")))
-            finite = math.isfinite(loss_val) and math.isfinite(grad_norm)
-            if finite:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            tokens_seen += tokens_per_step
-            train_time += time.perf_counter() - t0
-            if not finite:
-                skipped += 1
-                pending.append({"kind": "skipped", "step": step, "tokens": tokens_seen,
-                                "loss": loss_val if math.isfinite(loss_val) else str(loss_val),
-                                "grad_norm": grad_norm if math.isfinite(grad_norm) else str(grad_norm)})
-                if skipped > tcfg.max_skipped:
-                    runs.append_metrics(run_dir, pending)
-                    last = runs.latest_checkpoint(run_dir)
-                    keep = f"the last good checkpoint ({last.name}) is kept" if last else "no checkpoint was written yet"
-                    write_report(status="diverged", diverged_at_step=step,
-                                 error=f"non-finite loss ({loss_val}) or gradient norm ({grad_norm}) at step {step}")
-                    raise DivergedError(
-                        f"training diverged at step {step} (loss {loss_val}, gradient norm {grad_norm}); "
-                        f"{keep} — lower train.lr, lengthen train.warmup_steps or set train.grad_clip")
-                log(f"step {step}: non-finite loss or gradient, step skipped ({skipped}/{tcfg.max_skipped})")
-            if split_at is not None and step == split_at and model.is_tied:
-                untie_with_optimizer(model, optimizer)
-                params_list = list(model.parameters())
-                fwd = torch.compile(model) if tcfg.compile else model
-                untied_at = step
-                pending.append({"kind": "untie", "step": step, "tokens": tokens_seen})
-            if step % tcfg.log_every == 0 or step == total:
-                pending.append({"kind": "train", "step": step, "tokens": tokens_seen, "loss": loss_val,
-                                "lr": lr, "grad_norm": grad_norm,
-                                "tokens_per_s": tokens_seen / train_time if train_time else None,
-                                "time": round(train_time, 3)})
-            if tcfg.eval_every and (step % tcfg.eval_every == 0 or step == total):
-                ev = quick_eval()
-                pending.append({"kind": "eval", "step": step, "tokens": tokens_seen, "split": "validation",
-                                "loss": ev["loss"], "perplexity": ev["perplexity"]})
-                if bar is None or bar.disable:
-                    log(f"step {step}/{total}  val loss {ev['loss']:.4f}  val ppl {ev['perplexity']:.2f}")
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss_val:.3f}", ppl=f"{perplexity(loss_val, 1):.1f}",
-                                tok_s=f"{tokens_seen / max(train_time, 1e-9):.0f}", refresh=False)
-            stopping = signals.received is not None or (stop_after_step is not None and step >= stop_after_step)
-            if stopping or step == total or (tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
-                runs.append_metrics(run_dir, pending)
-                pending = []
-                checkpoint()
-            if stopping:
-                if bar is not None:
-                    bar.close()
-                raise interrupted(f"interrupted at step {step} of {total}; a checkpoint was written — run "
-                                  "the same command again to resume")
+    from .model import GPT, flops_per_token, load_model_tensors
+
+    tok_dir = run_dir / runs.TOKENIZER
+    with runs.writing(tok_dir):  # the Rust tokenizer reports a full disk as a plain Exception
+        tok_dir.mkdir(exist_ok=True)
+        pre.data.tokenizer.save(tok_dir)
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed % 2**32)
+    random.seed(cfg.seed)
+    sampler = np.random.default_rng(cfg.seed)
+    model = GPT(cfg.model, pre.data.model_vocab_size).to(pre.device)
+    model.check_tie(cfg.model.tie_embeddings)
+    params = _params(model, pre.data)
+    optimizer = build_optimizer(model, cfg.train)
+    if pre.loaded is not None:
+        tensors, st, _ = pre.loaded
+        if st["untied"]:
+            untie_with_optimizer(model, optimizer)
+        load_model_tensors(model, tensors, tied=not st["untied"] and cfg.model.tie_embeddings)
+        optimizer.load_state_dict(st["optimizer"])
+        set_rng_state(st["rng"], sampler)
+        state.restore(st)
+        runs.trim_metrics(run_dir, state.step)
+        record.report.resumed_at_steps.append(state.step)
+        log(f"resuming {run_dir} from its checkpoint at step {state.step} of {pre.total_steps}")
+    else:
+        (run_dir / runs.METRICS).unlink(missing_ok=True)
+        if run_dir.joinpath(runs.CHECKPOINTS).exists():
+            checkpoints.clear_checkpoints(run_dir)
+    record.write(params=params, flops_per_token=flops_per_token(cfg.model, pre.data.model_vocab_size),
+                 total_steps=pre.total_steps, data=pre.data.info, floor=pre.data.floor,
+                 untie_step=pre.untie_step, decay_embeddings=cfg.train.decay_embeddings)
+    return model, optimizer, sampler
+
+
+class BatchSampler:
+    """Random windows of the training tokens: (B, T) inputs and the (B, T) targets one token on."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, device: Any, rng: np.random.Generator):
+        self.tokens, self.B, self.device, self.rng = tokens, batch_size, device, rng
+        self.offsets = np.arange(block_size + 1)
+        self.high = len(tokens) - block_size - 1
+
+    def __call__(self):
+        import torch
+
+        starts = self.rng.integers(0, self.high + 1, size=self.B)
+        xy = torch.from_numpy(np.asarray(self.tokens[starts[:, None] + self.offsets], dtype=np.int64))
+        xy = xy.to(self.device, non_blocking=True)
+        return xy[:, :-1], xy[:, 1:]
+
+
+def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: Any, tcfg: Any, lr: float) -> tuple[float, float]:
+    """One optimizer step over train.grad_accum micro-batches: the mean loss, the gradient norm
+    (before clipping); AdamW steps only when both are finite."""
+    import torch
+    from torch.nn import functional as F
+
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss_sum = 0.0
+    for _ in range(tcfg.grad_accum):
+        x, y = next_batch()
+        with amp:
+            logits = fwd(x)  # (B, T, V)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+        (loss / tcfg.grad_accum).backward()
+        loss_sum += loss.item()
+    loss_val = loss_sum / tcfg.grad_accum
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip if tcfg.grad_clip > 0 else float("inf")))
+    if math.isfinite(loss_val) and math.isfinite(grad_norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_val, grad_norm
+
+
+def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, state: TrainState,
+                signals: StopSignals, interrupted: Callable, progress: bool, stop_after_step: int | None):
+    """Steps until the budget is spent: logging, periodic evaluation, the untie split, checkpoints,
+    and a stop at a step boundary on a signal. Returns the trained model."""
+    import torch
+
+    from .device import autocast_ctx
+    from .evaluate import evaluate_split, perplexity
+    from .model import model_tensors
+
+    tcfg, total, T = cfg.train, pre.total_steps, cfg.model.block_size
+    model, optimizer, sampler = _build(cfg, run_dir, pre, record, state)
+    amp = autocast_ctx(pre.device, pre.dtype)
+    fwd = torch.compile(model) if tcfg.compile else model
+    next_batch = BatchSampler(pre.data.splits["train"].tokens, T, tcfg.batch_size, pre.device, sampler)
+    tokens_per_step = tcfg.batch_size * tcfg.grad_accum * T
+    params = list(model.parameters())
+    bar = _progress_bar(progress, total, state.step, run_dir.name)
+    pending: list[dict] = []
+    while state.step < total:
+        t0 = time.perf_counter()
+        lr = lr_at(state.step, total, tcfg)
+        loss, grad_norm = train_step(fwd, optimizer, params, next_batch, amp, tcfg, lr)
+        state.step += 1
+        state.tokens += tokens_per_step
+        state.train_time += time.perf_counter() - t0
+        step = state.step
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            _skip_or_diverge(run_dir, record, state, tcfg, pending, loss, grad_norm)
+        if pre.untie_step is not None and step == pre.untie_step and model.is_tied:
+            untie_with_optimizer(model, optimizer)
+            params = list(model.parameters())
+            fwd = torch.compile(model) if tcfg.compile else model
+            state.untied_at_step = step
+            pending.append({"kind": "untie", "step": step, "tokens": state.tokens})
+        if step % tcfg.log_every == 0 or step == total:
+            pending.append({"kind": "train", "step": step, "tokens": state.tokens, "loss": loss, "lr": lr,
+                            "grad_norm": grad_norm,
+                            "tokens_per_s": state.tokens / state.train_time if state.train_time else None,
+                            "time": round(state.train_time, 3)})
+        if tcfg.eval_every and (step % tcfg.eval_every == 0 or step == total):
+            ev = evaluate_split(model, pre.data.splits["validation"], T, T, cfg.eval.batch_size, pre.device, amp,
+                                max_tokens=tcfg.eval_tokens)
+            pending.append({"kind": "eval", "step": step, "tokens": state.tokens, "split": "validation",
+                            "loss": ev["loss"], "perplexity": ev["perplexity"]})
+            if bar is None or bar.disable:
+                log(f"step {step}/{total}  val loss {ev['loss']:.4f}  val ppl {ev['perplexity']:.2f}")
         if bar is not None:
-            bar.close()
-        runs.append_metrics(run_dir, pending)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", ppl=f"{perplexity(loss, 1):.1f}",
+                            tok_s=f"{state.tokens / max(state.train_time, 1e-9):.0f}", refresh=False)
+        stopping = signals.received is not None or (stop_after_step is not None and step >= stop_after_step)
+        if stopping or step == total or (tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
+            runs.append_metrics(run_dir, pending)
+            pending = []
+            tensors, meta = model_tensors(model)
+            checkpoints.save_checkpoint(run_dir, step, tensors, meta, {
+                "optimizer": optimizer.state_dict(), **state.to_checkpoint(), "rng": rng_state(sampler)})
+        if stopping:
+            if bar is not None:
+                bar.close()
+            raise interrupted(f"interrupted at step {step} of {total}; a checkpoint was written — run "
+                              "the same command again to resume")
+    if bar is not None:
+        bar.close()
+    runs.append_metrics(run_dir, pending)
+    return model
 
-        # final full evaluation of every requested split; a signal here stops between splits, and
-        # the same command then redoes the evaluation from the final checkpoint
-        final = {}
-        for split in cfg.eval.splits:
-            if signals.received is not None:
-                raise interrupted("interrupted during the final evaluation (training is complete and "
-                                  "checkpointed) — run the same command again to evaluate")
-            res = evaluate_split(model, data.splits[split], T, cfg.eval.stride, cfg.eval.batch_size, device,
-                                 amp, train_counts=data.train_counts, fractions=cfg.eval.buckets)
-            final[split] = res
-            runs.append_metrics(run_dir, [{"kind": "final", "step": step, "tokens": tokens_seen, "split": split,
-                                           "loss": res["loss"], "perplexity": res["perplexity"]}])
-        mem, mem_kind = peak_memory(device)
-        write_report(status="finished", final=final, steps=step, tokens_seen=tokens_seen,
-                     train_time_s=train_time, wall_time_s=wall_time(),
-                     tokens_per_s=tokens_seen / train_time if train_time else None,
-                     peak_memory_bytes=mem, peak_memory_kind=mem_kind, untied_at_step=untied_at,
-                     skipped_steps=skipped, finished_at=now(),
-                     params_after_untie=params_now() if untied_at is not None else None,
-                     checkpoint=str(runs.latest_checkpoint(run_dir).relative_to(run_dir)))
-        log(f"finished {run_dir}: " + ", ".join(f"{s} ppl {r['perplexity']:.2f}" for s, r in final.items()))
-    except (Interrupted, DivergedError):
-        raise
-    except KeyboardInterrupt:
-        _best_effort(write_report, status="interrupted", error="interrupted outside a training step")
-        raise
-    except Exception as exc:
-        err = _as_tiedlm_error(exc)
-        _best_effort(write_report, status="failed", error=str(err) if err else f"{type(exc).__name__}: {exc}")
-        if err is not None and err is not exc:
-            raise err from exc
-        raise
+
+def _progress_bar(progress: bool, total: int, initial: int, desc: str):
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", file=STDERR, dynamic_ncols=True,
+                disable=None, mininterval=0.5)
+
+
+def _skip_or_diverge(run_dir: Path, record: runs.RunRecord, state: TrainState, tcfg: Any, pending: list,
+                     loss: float, grad_norm: float) -> None:
+    """A non-finite loss or gradient norm: the step was not taken. Up to train.max_skipped such
+    steps are skipped and logged; one more stops the run as diverged."""
+    state.skipped += 1
+    step = state.step
+    pending.append({"kind": "skipped", "step": step, "tokens": state.tokens,
+                    "loss": loss if math.isfinite(loss) else str(loss),
+                    "grad_norm": grad_norm if math.isfinite(grad_norm) else str(grad_norm)})
+    if state.skipped <= tcfg.max_skipped:
+        log(f"step {step}: non-finite loss or gradient, step skipped ({state.skipped}/{tcfg.max_skipped})")
+        return
+    runs.append_metrics(run_dir, pending)
+    last = checkpoints.latest_checkpoint(run_dir)
+    keep = f"the last good checkpoint ({last.name}) is kept" if last else "no checkpoint was written yet"
+    record.write(status="diverged", diverged_at_step=step,
+                 error=f"non-finite loss ({loss}) or gradient norm ({grad_norm}) at step {step}")
+    raise DivergedError(f"training diverged at step {step} (loss {loss}, gradient norm {grad_norm}); "
+                        f"{keep} — lower train.lr, lengthen train.warmup_steps or set train.grad_clip")
+
+
+def final_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: TrainState, signals: StopSignals,
+                     interrupted: Callable) -> dict:
+    """Every eval.splits split scored whole. A signal here stops between splits, and the same
+    command then redoes the evaluation from the final checkpoint."""
+    from .device import autocast_ctx
+    from .evaluate import evaluate_split
+
+    final = {}
+    for split in cfg.eval.splits:
+        if signals.received is not None:
+            raise interrupted("interrupted during the final evaluation (training is complete and "
+                              "checkpointed) — run the same command again to evaluate")
+        res = evaluate_split(model, pre.data.splits[split], cfg.model.block_size, cfg.eval.stride,
+                             cfg.eval.batch_size, pre.device, autocast_ctx(pre.device, pre.dtype),
+                             train_counts=pre.data.train_counts, fractions=cfg.eval.buckets)
+        final[split] = res
+        runs.append_metrics(run_dir, [{"kind": "final", "step": state.step, "tokens": state.tokens, "split": split,
+                                       "loss": res["loss"], "perplexity": res["perplexity"]}])
+    return final
+
+
+def _finish(record: runs.RunRecord, pre: Preflight, model, state: TrainState, final: dict, wall_time: float) -> None:
+    from .device import peak_memory
+
+    mem, mem_kind = peak_memory(pre.device)
+    run_dir = record.run_dir
+    record.write(status="finished", final=final, steps=state.step, tokens_seen=state.tokens,
+                 train_time_s=state.train_time, wall_time_s=wall_time,
+                 tokens_per_s=state.tokens / state.train_time if state.train_time else None,
+                 peak_memory_bytes=mem, peak_memory_kind=mem_kind, untied_at_step=state.untied_at_step,
+                 skipped_steps=state.skipped, finished_at=now(),
+                 params_after_untie=_params(model, pre.data) if state.untied_at_step is not None else None,
+                 checkpoint=str(checkpoints.latest_checkpoint(run_dir).relative_to(run_dir)))
+    log(f"finished {run_dir}: " + ", ".join(f"{s} ppl {r['perplexity']:.2f}" for s, r in final.items()))
 
 
 def _best_effort(fn, **kwargs: Any) -> None:
@@ -593,81 +512,63 @@ def _as_tiedlm_error(exc: BaseException) -> TiedlmError | None:
     return None
 
 
-# ------------------------------------------------------------------------- report.md
+# ------------------------------------------------------------------------- many runs
 
 
-def _fmt(x: Any, nd: int = 3) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, float):
-        if not math.isfinite(x):
-            return str(x)
-        return f"{x:,.{nd}f}"
-    if isinstance(x, int) and not isinstance(x, bool):
-        return f"{x:,}"
-    return str(x)
+@dataclass
+class JobResult:
+    """What became of one job of train_jobs."""
+
+    name: str
+    status: str  # skipped (finished already) | finished | failed
+    error: str | None = None
 
 
-def render_report_md(r: dict) -> str:
-    """report.json for people."""
-    cfg = r.get("config", {})
-    m = cfg.get("model", {})
-    lines = [f"# {r.get('name')}", "",
-             f"Status: **{r.get('status')}**" + (f" — {r['error']}" if r.get("error") else ""), "",
-             f"Tying: **{'tied' if m.get('tie_embeddings') else 'untied'}**"
-             + (f", untied at {m.get('untie_at')} of training (step {r.get('untied_at_step') or r.get('untie_step')})"
-                if m.get("untie_at") else "")
-             + f"; embed_scale {m.get('embed_scale')}; lm_head_bias {m.get('lm_head_bias')}; "
-               f"decay_embeddings {r.get('decay_embeddings')}", ""]
-    p = r.get("params")
-    if p:
-        lines += ["## Parameters", "", "| piece | parameters |", "| --- | ---: |",
-                  f"| total (unique) | {_fmt(p['total'])} |",
-                  f"| E (wte, V×d) | {_fmt(p['wte'])} |",
-                  f"| W_out extra (lm_head; 0 when tied) | {_fmt(p['lm_head'])} |",
-                  f"| lm_head bias | {_fmt(p['lm_head_bias'])} |",
-                  f"| position embeddings (wpe) | {_fmt(p['wpe'])} |",
-                  f"| non-embedding | {_fmt(p['non_embedding'])} |",
-                  f"| saved by tying (V·d) | {_fmt(p['saved_by_tying'])} |",
-                  f"| vocabulary (tokenizer / model, padding) | {_fmt(p.get('vocab_size'))} / "
-                  f"{_fmt(p.get('model_vocab_size'))} ({_fmt(p.get('vocab_padding'))}) |", ""]
-    final = r.get("final") or {}
-    floor = r.get("floor")
-    if final:
-        lines += ["## Final evaluation", "",
-                  "| split | tokens | loss | perplexity | bits/byte | perplexity/word |"
-                  + (" floor ppl/word | floor bits/byte |" if floor else ""),
-                  "| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if floor else "")]
-        for split, res in final.items():
-            row = (f"| {split} | {_fmt(res['tokens'])} | {_fmt(res['loss'], 4)} | {_fmt(res['perplexity'], 2)} | "
-                   f"{_fmt(res.get('bits_per_byte'), 4)} | {_fmt(res.get('word_perplexity'), 2)} |")
-            if floor:
-                row += (f" {_fmt(floor.get('perplexity_per_word'), 2)} | "
-                        f"{_fmt((floor.get('bits_per_byte') or {}).get(split), 4)} |")
-            lines.append(row)
-        lines.append("")
-        if floor and floor.get("note"):
-            lines += [f"The floor is the synthetic language's true entropy rate: no model can do better on "
-                      f"average. Note: {floor['note']}.", ""]
-        first = next(iter(final.values()))
-        if first.get("buckets"):
-            lines += ["### Loss by training-set frequency of the target token", "",
-                      "| split | " + " | ".join(b["name"] for b in first["buckets"]) + " |",
-                      "| --- |" + " ---: |" * len(first["buckets"])]
-            for split, res in final.items():
-                cells = [f"{_fmt(b['loss'], 3)} ({_fmt(b['tokens'])} tok)" for b in res.get("buckets", [])]
-                lines.append(f"| {split} loss | " + " | ".join(cells) + " |")
-            lines.append("")
-    lines += ["## Training", "",
-              f"- steps {_fmt(r.get('steps'))} of {_fmt(r.get('total_steps'))}, tokens seen {_fmt(r.get('tokens_seen'))}",
-              f"- tokens/s {_fmt(r.get('tokens_per_s'), 0)}, train time {_fmt(r.get('train_time_s'), 1)} s, "
-              f"wall time {_fmt(r.get('wall_time_s'), 1)} s",
-              f"- peak memory {_fmt((r.get('peak_memory_bytes') or 0) / 2**20, 1)} MiB ({r.get('peak_memory_kind')})",
-              f"- device {r.get('device')}, dtype {r.get('dtype')}, FLOPs/token (train) "
-              f"{_fmt((r.get('flops_per_token') or {}).get('train'))}",
-              f"- seed {r.get('seed')}, config hash {r.get('config_hash')}, git {r.get('git_commit')}",
-              f"- versions {r.get('versions')}"]
-    for key in ("resumed_at_steps", "interrupted_at_step", "diverged_at_step", "skipped_steps"):
-        if r.get(key):
-            lines.append(f"- {key.replace('_', ' ')}: {r[key]}")
-    return "\n".join(lines) + "\n"
+def run_is_finished(run_dir: Path, cfg: Config) -> bool:
+    """True when run_dir holds a finished run of exactly this variant and seed."""
+    try:
+        report = runs.read_report(Path(run_dir))
+    except (TiedlmError, OSError):
+        return False
+    return (report is not None and report.status == "finished"
+            and report.config_hash == config_hash(cfg) and report.seed == cfg.seed)
+
+
+def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
+               overwrite_other_config: bool = False, train: Callable[..., Path] = train_run) -> list[JobResult]:
+    """Train (name, config) jobs one after another into `out`, as `tiedlm compare --config` and
+    `tiedlm sweep` do: finished runs are skipped, a failure is noted and passed over (always shown,
+    --quiet or not), an interrupt stops everything (the run resumes when the command is re-run).
+    With overwrite_other_config, a folder holding another config is retrained instead of refused;
+    an unfinished run of the same config is still resumed, never thrown away. `train` trains one
+    job (train_run's signature); tests pass a fake."""
+    results = []
+    for i, (name, cfg) in enumerate(jobs, 1):
+        tag = f"[{i}/{len(jobs)}] {name}"
+        if run_is_finished(Path(out) / name, cfg):
+            results.append(JobResult(name, "skipped"))
+            if progress:
+                log(f"{tag}: finished already, skipped")
+            continue
+        if progress:
+            log(f"[{i}/{len(jobs)}] training {name}")
+        try:
+            try:
+                train(cfg, out=out, name=name, progress=progress)
+            except ConfigMismatchError:
+                if not overwrite_other_config:
+                    raise
+                if progress:
+                    log(f"{tag}: holds another config, retraining (--overwrite)")
+                train(cfg, out=out, name=name, progress=progress, overwrite=True)
+        except (Interrupted, KeyboardInterrupt):
+            raise
+        except TiedlmError as exc:
+            results.append(JobResult(name, "failed", str(exc)))
+        except Exception as exc:  # a bug or out-of-memory in one run must not cost the others
+            results.append(JobResult(name, "failed", f"{type(exc).__name__}: {exc}"))
+        else:
+            results.append(JobResult(name, "finished"))
+        if results[-1].status == "failed":
+            log(f"{tag} failed: {results[-1].error}")
+    return results

@@ -1,0 +1,214 @@
+"""Checkpoints of a run: `checkpoints/step-N/` folders and the `checkpoints/LATEST` pointer.
+
+    checkpoints/LATEST                 the name of the newest complete checkpoint
+    checkpoints/step-0000500/          model.safetensors (a tied matrix once), state.pt (optimizer,
+                                       counters, RNG states), manifest.json (each file's SHA-256)
+
+A checkpoint is written into a temporary folder (files fsynced, the manifest last) and renamed
+into place; LATEST is then pointed at it, and only then is the previous one removed. Nothing is
+unpickled: weights load with safetensors, state with torch.load(weights_only=True), and every
+file is checked against the manifest first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import RunError
+from .files import fsync_dir, sha256_file
+from .runs import (
+    CHECKPOINTS,
+    FORMAT,
+    atomic_write_json,
+    atomic_write_text,
+    check_format,
+    writing,
+)
+
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "state.pt"
+MANIFEST = "manifest.json"
+
+
+def save_checkpoint(run_dir: Path, step: int, tensors: dict, metadata: dict, state: dict,
+                    keep_previous: bool = False) -> Path:
+    """Write checkpoints/step-N atomically: weights (safetensors), training state (torch.save),
+    and a manifest with each file's SHA-256, in a temporary folder renamed into place; then
+    LATEST is pointed at it and older checkpoints are removed."""
+    root = Path(run_dir) / CHECKPOINTS
+    name = f"step-{step:07d}"
+    with writing(root / name):
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+        final = _write_checkpoint_folder(tmp, root, name, step, tensors, metadata, state)
+    atomic_write_text(root / "LATEST", final.name + "\n")
+    if not keep_previous:
+        for old in root.iterdir():
+            if old.name != final.name and old.name != "LATEST" and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write_checkpoint_folder(tmp: Path, root: Path, name: str, step: int, tensors: dict, metadata: dict,
+                             state: dict) -> Path:
+    """Fill tmp and rename it to root/name (or name-1, ... if that exists); tmp is removed on failure."""
+    import torch
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(tmp / MODEL_FILE), metadata={k: str(v) for k, v in metadata.items()})
+        torch.save(state, tmp / STATE_FILE)
+        files = {}
+        for fname in (MODEL_FILE, STATE_FILE):
+            with open(tmp / fname, "rb") as f:
+                os.fsync(f.fileno())
+            files[fname] = {"sha256": sha256_file(tmp / fname), "bytes": (tmp / fname).stat().st_size}
+        manifest = {"format": FORMAT, "step": step, "files": files, **{k: v for k, v in metadata.items()}}
+        atomic_write_json(tmp / MANIFEST, manifest)
+        final = root / name
+        n = 1
+        while final.exists():  # the same step saved again (a resume at it): a new name, the old one kept
+            final, n = root / f"{name}-{n}", n + 1
+        os.rename(tmp, final)
+        fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+_STEP_DIR = re.compile(r"step-(\d+)(?:-(\d+))?")
+
+
+def _checkpoint_folders(root: Path) -> list[Path]:
+    """Complete checkpoint folders (step-N, or step-N-k for a step saved again), newest first.
+    Temporary folders (.tmp-*) are never complete: they are renamed only once fsynced."""
+    found = []
+    for child in root.iterdir() if root.is_dir() else []:
+        m = _STEP_DIR.fullmatch(child.name)
+        if m and child.is_dir():
+            found.append(((int(m.group(1)), int(m.group(2) or 0)), child))
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def resolve_checkpoint(run_dir: Path) -> tuple[Path | None, str | None]:
+    """The checkpoint to resume from, and a note when it was not found through LATEST.
+
+    LATEST is written after its folder is renamed into place, so a kill between the two, or a
+    LATEST deleted by hand, leaves complete checkpoints without a pointer: then the newest one
+    that verifies against its manifest is used. A folder whose checkpoints exist but none
+    verifies is refused, never silently restarted (a restart would delete them)."""
+    root = Path(run_dir) / CHECKPOINTS
+    latest = root / "LATEST"
+    try:
+        name = latest.read_text(encoding="utf-8").strip() if latest.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        name = "(unreadable)"
+    if name is not None and _STEP_DIR.fullmatch(name) and (root / name).is_dir():
+        return root / name, None
+    problem = "checkpoints/LATEST is missing" if name is None else \
+        f"checkpoints/LATEST points at a missing checkpoint {name!r}"
+    candidates = _checkpoint_folders(root)
+    for path in candidates:
+        try:
+            verify_checkpoint(path)
+        except RunError:
+            continue
+        return path, f"{problem}: using {path.name}, the newest checkpoint that verifies"
+    if candidates:
+        raise RunError(f"{problem} and none of the checkpoints in {root} ({', '.join(p.name for p in candidates[:3])}) "
+                       "matches its manifest — restore the checkpoint files, or use --overwrite to start afresh")
+    if name is not None:
+        raise RunError(f"{problem} and {root} holds no checkpoint — the run folder is damaged; restore the "
+                       "checkpoint, or use --overwrite to start afresh")
+    return None, None
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    return resolve_checkpoint(run_dir)[0]
+
+
+def verify_checkpoint(ckpt: Path) -> dict:
+    """Check every file against the manifest's SHA-256; return the manifest."""
+    mpath = ckpt / MANIFEST
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, ValueError):
+        raise RunError(f"checkpoint {ckpt} has no readable manifest — it is damaged; "
+                       "use --overwrite to start afresh") from None
+    check_format(manifest.get("format"), mpath)
+    for fname, meta in manifest.get("files", {}).items():
+        fpath = ckpt / fname
+        if not fpath.exists():
+            raise RunError(f"checkpoint file {fpath} is missing — use --overwrite to start afresh")
+        if fpath.stat().st_size != meta.get("bytes") or sha256_file(fpath) != meta.get("sha256"):
+            raise RunError(f"checkpoint file {fpath} does not match its SHA-256 in the manifest (truncated "
+                           "or altered) — nothing was loaded; restore it, or use --overwrite to start afresh")
+    return manifest
+
+
+def load_checkpoint(ckpt: Path, with_state: bool = True) -> tuple[dict, dict | None, dict]:
+    """(tensors, state or None, manifest) of a verified checkpoint. Nothing is unpickled:
+    weights come from safetensors, state from torch.load(weights_only=True)."""
+    import torch
+    from safetensors.torch import load_file
+
+    manifest = verify_checkpoint(ckpt)
+    try:
+        tensors = load_file(str(ckpt / MODEL_FILE))
+        state = torch.load(ckpt / STATE_FILE, weights_only=True) if with_state else None
+    except Exception as exc:  # a file that passed the hash but still fails to parse
+        raise RunError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}) — use --overwrite") from None
+    return tensors, state, manifest
+
+
+def clear_checkpoints(run_dir: Path) -> None:
+    """Remove every checkpoint (a run restarting from step 0 must not find stale ones)."""
+    shutil.rmtree(Path(run_dir) / CHECKPOINTS, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------- RNG states
+
+
+def rng_state(sampler: np.random.Generator) -> dict:
+    import torch
+
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": _np_state_to_plain(np.random.get_state()),
+        "python": random.getstate(),
+        "sampler": sampler.bit_generator.state,
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _np_state_to_plain(st: tuple) -> list:
+    # the legacy tuple holds a uint32 array: store it as a tensor-free list for weights_only load
+    return [st[0], st[1].tolist(), int(st[2]), int(st[3]), float(st[4])]
+
+
+def set_rng_state(state: dict, sampler: np.random.Generator) -> None:
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    st = state["numpy"]
+    np.random.set_state((st[0], np.array(st[1], dtype=np.uint32), st[2], st[3], st[4]))
+    random.setstate(_tuplify(state["python"]))
+    sampler.bit_generator.state = state["sampler"]
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuplify(x: Any) -> Any:
+    return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x

@@ -1,0 +1,108 @@
+"""Where a run executes: the device, the dtype and autocast, the threads of a CPU run, and how
+much memory the device has and used. Every function here imports torch inside itself, so that
+modules above can be imported (and `tiedlm --help` run) without it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Iterator
+
+from .errors import ConfigError
+
+
+def resolve_device(name: str):
+    """auto -> cuda, mps or cpu, in that order of preference; a named device must be visible."""
+    import torch
+
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"train.device is {name} but no CUDA device is visible — "
+                              "use --set train.device=auto (or cpu)")
+        idx = int(name.split(":")[1]) if ":" in name else 0
+        if idx >= torch.cuda.device_count():
+            raise ConfigError(f"train.device is {name} but only {torch.cuda.device_count()} CUDA "
+                              "device(s) are visible — choose one of them")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ConfigError("train.device is mps but MPS is not available — use --set train.device=auto")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device) -> str:
+    """auto: bf16 autocast on CUDA devices that support it, fp32 elsewhere (bf16 on a CPU without
+    bf16 units is ~100x slower than fp32)."""
+    import torch
+
+    if name != "auto":
+        return name
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+def autocast_ctx(device, dtype: str):
+    import torch
+
+    if dtype == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int) -> Iterator[None]:
+    """torch's CPU thread count set to n (0: left as it is) for the duration, then restored: a
+    library call must not change a setting of the process that called it."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n:
+            torch.set_num_threads(before)
+
+
+def device_memory(device) -> tuple[int | None, str]:
+    """(bytes, description) of the memory a run on `device` can use: the GPU's total memory, or
+    for the CPU the physical memory capped by a cgroup limit (a container or a Slurm job)."""
+    if device.type == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(device)
+        return int(props.total_memory), f"{props.name} ({device})"
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None, "this machine"
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limit = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and 0 < int(limit) < total:
+            return int(limit), "this machine's memory limit (cgroup)"
+    return int(total), "this machine"
+
+
+def peak_memory(device) -> tuple[int, str]:
+    """(bytes, what was measured): CUDA's peak allocation, or the process's peak resident set."""
+    if device.type == "cuda":
+        import torch
+
+        return int(torch.cuda.max_memory_allocated(device)), "cuda max_memory_allocated"
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss * (1 if sys.platform == "darwin" else 1024)), "process peak RSS"
+

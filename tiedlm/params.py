@@ -1,0 +1,58 @@
+"""`tiedlm params`: the parameter and FLOP breakdown of a config, tied and untied side by side,
+without training (the counts are arithmetic: instant for any size)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .config import Config
+from .formatting import params_text
+
+
+@dataclass
+class ParamsReport:
+    vocab_size: int  # the vocabulary counted with (padded as configured)
+    vocab_source: str  # where that size came from
+    tied: dict  # model.count_params_config of the tied form
+    untied: dict  # ... and of the untied form
+    flops_per_token: dict  # model.flops_per_token (the same for both forms)
+    text: str  # the table `tiedlm params` prints
+
+    def to_json(self) -> dict:
+        return {"vocab_size": self.vocab_size, "tied": self.tied, "untied": self.untied,
+                "flops_per_token": self.flops_per_token, "text": self.text}
+
+
+def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = False) -> ParamsReport:
+    """The vocabulary is, in order: `vocab_size` (--vocab-size), the real size after preparing the
+    data (--data), or the tokenizer's nominal size (tokenizer.vocab_size; 257 for bytes), padded
+    as configured."""
+    from .model import count_params_config, flops_per_token
+
+    tok = cfg.tokenizer
+    if vocab_size is not None:
+        V, source = vocab_size, "--vocab-size"
+    elif use_data:
+        from .data import prepare_data
+
+        V, source = prepare_data(cfg, progress=True).model_vocab_size, "the prepared data's tokenizer"
+    else:
+        V = 257 if tok.kind == "byte" else tok.vocab_size
+        source = "tokenizer.vocab_size (the most the tokenizer may have; --data uses its real size)"
+        V = -(-V // tok.pad_to_multiple) * tok.pad_to_multiple
+    forms = {label: count_params_config(dataclasses.replace(cfg.model, tie_embeddings=tie, untie_at=None), V)
+             for label, tie in (("tied", True), ("untied", False))}
+    fpt = flops_per_token(cfg.model, V)
+    t, u = forms["tied"], forms["untied"]
+    m = cfg.model
+    saved = u["total"] - t["total"]
+    text = "\n".join([
+        f"{cfg.name}: n_layer={m.n_layer} n_head={m.n_head} n_embd={m.n_embd} block_size={m.block_size} "
+        f"bias={m.bias} V={V:,} (from {source})", "",
+        params_text(forms), "",
+        f"tying saves {saved:,} parameters ({100 * saved / u['total']:.1f}% of the untied model), "
+        f"{16 * saved / 2**20:,.1f} MiB of fp32 weights + gradients + AdamW moments",
+        f"FLOPs per token (train, either form): {fpt['train']:,} — tying never saves compute; "
+        f"the output projection is {100 * fpt['head'] / fpt['forward']:.1f}% of the forward matmuls"])
+    return ParamsReport(V, source, t, u, fpt, text)

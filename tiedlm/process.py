@@ -1,0 +1,141 @@
+"""The process a run lives in: output that survives its reader going away, SIGINT and SIGTERM
+turned into a stop at a step boundary, and the facts recorded about the process (versions,
+the git commit, the time)."""
+
+from __future__ import annotations
+
+import platform
+import signal
+import subprocess
+import sys
+import threading
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+
+
+class _Stderr:
+    """stderr that survives its reader going away (`tiedlm train ... 2>&1 | head -1`): once a write
+    fails because the pipe is closed, output is dropped and training carries on, since a progress
+    line nobody reads is no reason to lose a run. Progress bars write through it too."""
+
+    closed_pipe = False
+
+    def write(self, text: str) -> int:
+        if not self.closed_pipe:
+            try:
+                sys.stderr.write(text)
+            except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+                self.closed_pipe = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_pipe:
+            try:
+                sys.stderr.flush()
+            except (BrokenPipeError, ValueError):
+                self.closed_pipe = True
+
+    def isatty(self) -> bool:
+        return not self.closed_pipe and sys.stderr.isatty()
+
+    def __getattr__(self, name: str) -> Any:  # encoding, fileno, ... as the real stderr has them
+        return getattr(sys.stderr, name)
+
+
+STDERR = _Stderr()
+
+
+def log(msg: str) -> None:
+    STDERR.write(msg + "\n")
+    STDERR.flush()
+
+
+# ------------------------------------------------------------------------- signals
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM before training started (data preparation): handled exactly like Ctrl-C there,
+    unwinding so that nothing half-made is left, but ending with SIGTERM's exit code."""
+
+
+class StopSignals:
+    """SIGINT / SIGTERM set a flag that the loop reads at the next step boundary, where it writes
+    a checkpoint and stops. A second signal gets the default action: the process ends at once,
+    and the previous checkpoint (written atomically) stays intact.
+
+    Before install() (the lock, the data preparation) there is nothing to save: SIGINT raises
+    KeyboardInterrupt as Python does by default, and SIGTERM raises Terminated, so both unwind the
+    same way (the lock released, a new run folder removed) instead of SIGTERM killing the process
+    on the spot and leaving a folder holding only `.lock`."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self._old: dict = {}
+        self._early: Any = None
+
+    @staticmethod
+    def _terminate(signum, frame):
+        raise Terminated()
+
+    def _handler(self, signum, frame):
+        self.received = signum
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        log(f"\n{signal.Signals(signum).name} received: stopping after this step and writing a checkpoint "
+            "(send it again to stop at once)")
+
+    def install(self) -> None:
+        """From here on a signal stops the run at the next step boundary (or between the final
+        evaluation's splits). Before it (data preparation) Ctrl-C stops at once: nothing to save."""
+        if threading.current_thread() is threading.main_thread() and not self._old:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handler)
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            self._early = signal.signal(signal.SIGTERM, self._terminate)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        if self._early is not None:  # SIGTERM's handler from before __enter__
+            signal.signal(signal.SIGTERM, self._early)
+
+
+# ------------------------------------------------------------------------- facts about the process
+
+
+def versions() -> dict:
+    import torch
+
+    out = {"tiedlm": __version__, "torch": torch.__version__, "python": platform.python_version(),
+           "numpy": np.__version__}
+    for mod in ("datasets", "tokenizers"):
+        m = sys.modules.get(mod)
+        if m is not None:
+            out[mod] = getattr(m, "__version__", "?")
+    return out
+
+
+def git_commit() -> str | None:
+    """The commit of the repository the experiment is run from (with '-dirty' for local changes)."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
