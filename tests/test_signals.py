@@ -104,10 +104,12 @@ def test_kill_9_at_a_random_moment_resumes_to_the_same_result(tmp_path):
 
 
 def test_two_concurrent_starts_one_wins(tmp_path):
-    a = start(tmp_path)
+    # a budget `a` cannot finish while `b` starts, however loaded the machine: `a` is stopped below
+    endless = "train.max_steps=100000"
+    a = start(tmp_path, endless)
     run = tmp_path / "runs" / "run"
     wait_for_checkpoint(run, a)
-    b = start(tmp_path)
+    b = start(tmp_path, endless)
     out_b, err_b = b.communicate(timeout=60)
     assert b.returncode == 1
     assert f"in use by process {a.pid}" in err_b and "Traceback" not in err_b
