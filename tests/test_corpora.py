@@ -143,3 +143,161 @@ def test_pydoc_splits_are_deterministic_and_disjoint():
     assert a["validation"] and a["test"]
     assert not train & val and not train & test and not val & test
     assert len(train) + len(val) + len(test) == total
+
+
+# --------------------------------------------------------------------------------------------
+# The floor: each split's own, on the tokens the model sees
+
+
+def prepared(*extra, scfg=SMALL):
+    cfg = load_config(None, ["train.max_steps=1", "model.block_size=16", "tokenizer.kind=word", *extra,
+                             *(f"data.synthetic.{k}={v}" for k, v in scfg.__dict__.items())])
+    return prepare_data(cfg, progress=False)
+
+
+def explicit_floor(lang, tokens, tokenizer):
+    """-log P(token_t | tokens_<t) summed over t = 1..n-1, the obvious way: token strings, a loop
+    over tokens and explicit sums over classes. <eot> costs 0 and leaves the class chain alone;
+    <unk> is emitted by class c with the total probability of its words the tokenizer lacks."""
+    C = lang.n_classes
+    index = {w: i for i, w in enumerate(lang.words)}
+    vocab = {tokenizer.decode([i]) for i in range(tokenizer.vocab_size)}
+    unk_mass = [0.0] * C
+    for w, i in index.items():
+        if w not in vocab:
+            unk_mass[lang.word_class[i]] += lang.emission[i]
+    belief = list(lang.stationary)  # the class of the next word, given everything before it
+    total = 0.0
+    for t, token in enumerate(tokenizer.decode([int(i)]) for i in tokens):
+        if token == "<eot>":
+            continue
+        if token == "<unk>":
+            joint = [belief[c] * unk_mass[c] for c in range(C)]
+        else:
+            w = index[token]
+            joint = [belief[c] * lang.emission[w] if lang.word_class[w] == c else 0.0 for c in range(C)]
+        p = sum(joint)
+        if t >= 1:  # token 0 is context only, as in the model's evaluation
+            total -= math.log(p)
+        belief = [sum(joint[a] / p * lang.transitions[a][b] for a in range(C)) for b in range(C)]
+    return total / (len(tokens) - 1)
+
+
+@pytest.mark.parametrize("extra", [[], ["data.max_eval_tokens=500"], ["tokenizer.vocab_size=120"]])
+def test_split_floor_equals_an_independent_computation(extra):
+    """Whole splits, splits cut by a token limit, and a word tokenizer too small for the language."""
+    p = prepared(*extra)
+    lang = corpora.synthetic_language(SMALL)
+    for name in ("validation", "test"):
+        s, f = p.splits[name], p.floor["splits"][name]
+        want = explicit_floor(lang, np.asarray(s.tokens), p.tokenizer)
+        assert f["tokens"] == len(s.tokens) - 1
+        assert f["nats_per_token"] == pytest.approx(want, rel=1e-9)
+        assert f["perplexity"] == pytest.approx(math.exp(want), rel=1e-9)
+        assert f["bits_per_byte"] == pytest.approx(want * f["tokens"] / math.log(2) / (s.n_bytes * f["tokens"] / len(s.tokens)))
+        unk = int(np.count_nonzero(np.asarray(s.tokens)[1:] == p.tokenizer.unk_id))
+        assert f["unk_tokens"] == unk and f["label"] == ("best achievable" if unk else "split floor")
+    if extra == ["tokenizer.vocab_size=120"]:
+        assert p.floor["with_unk"] and p.floor["unk_words"] == SMALL.vocab_size - 118
+
+
+def test_unk_forward_pass_equals_brute_force_on_a_tiny_language():
+    """-log P(x_t | x_<t) = -log P(x_<=t) + log P(x_<t), each a sum over every class path."""
+    import itertools
+
+    cfg = SyntheticConfig(vocab_size=12, n_classes=3, successors=2, zipf=1.0, seed=5)
+    lang = corpora.synthetic_language(cfg)
+    unk_words = np.zeros(12, dtype=bool)
+    unk_words[[4, 6, 7, 9, 10, 11]] = True
+    ids = lang.sample(9, np.random.default_rng(3))
+    codes = np.where(unk_words[ids], corpora.UNK, ids)
+    codes[0], codes[4], codes[5] = corpora.UNK, corpora.UNK, corpora.UNK  # runs of UNKs, one at the start
+
+    def emit(code, c):
+        if code == corpora.UNK:
+            return sum(lang.emission[w] for w in range(12) if unk_words[w] and lang.word_class[w] == c)
+        return lang.emission[code] if lang.word_class[code] == c else 0.0
+
+    def prob(prefix):
+        total = 0.0
+        for path in itertools.product(range(3), repeat=len(prefix)):
+            p = lang.stationary[path[0]]
+            for t, (code, c) in enumerate(zip(prefix, path)):
+                p *= (lang.transitions[path[t - 1], c] if t else 1.0) * emit(code, c)
+            total += p
+        return total
+
+    with np.errstate(divide="ignore"):
+        brute = [-math.log(prob(codes[:t + 1]) / (prob(codes[:t]) if t else 1.0)) for t in range(len(codes))]
+    np.testing.assert_allclose(lang.stream_nll(codes, unk_words), brute, rtol=1e-10)
+
+
+def test_the_unk_floor_is_below_the_true_model_and_never_printed_as_a_higher_floor():
+    from tiedlm import runs
+
+    p = prepared("tokenizer.vocab_size=120")
+    lang = corpora.synthetic_language(SMALL)
+    index = {w: i for i, w in enumerate(lang.words)}
+    texts = corpora.synthetic_splits(SMALL)
+    final = {}
+    for name in ("validation", "test"):
+        f = p.floor["splits"][name]
+        true_model = -lang.log_probs(np.array([index[w] for w in texts[name].split()])).sum() / f["tokens"]
+        assert f["label"] == "best achievable" and f["unk_tokens"] > 0
+        assert f["nats_per_token"] < true_model  # <unk> merges words: a lower loss is achievable
+        assert f["nats_per_token"] < p.floor["nats_per_word"]
+        final[name] = {"tokens": f["tokens"], "loss": 5.0, "perplexity": math.exp(5.0)}
+    md = "\n".join(runs._final_md(final, p.floor))
+    header, _, *rows = [line for line in md.splitlines() if line.startswith("|")]
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert "best achievable perplexity" in cols and not any("floor" in c for c in cols)
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        shown = float(cells[cols.index("best achievable perplexity")].replace(",", ""))
+        assert shown == pytest.approx(p.floor["splits"][cells[0]]["perplexity"], abs=0.006)
+    assert "Best achievable" in md and "not a bound on this split" in md
+
+
+def test_the_split_floor_is_what_a_perfect_model_scores_and_differs_a_little_from_the_rate():
+    from tiedlm.evaluate import summarize_nll
+
+    scfg = SyntheticConfig(**{**SMALL.__dict__, "train_tokens": 300_000, "validation_tokens": 20_000})
+    p = prepared(scfg=scfg)
+    lang = corpora.synthetic_language(scfg)
+    index = {w: i for i, w in enumerate(lang.words)}
+    s, f = p.splits["validation"], p.floor["splits"]["validation"]
+    assert s.oov_rate == 0 and f["label"] == "split floor"
+    words = np.array([index[w] for w in corpora.synthetic_splits(scfg)["validation"].split()])
+    nll = np.append(-lang.log_probs(words), 0.0)  # the true model on targets 1..n-1; the final EOT is certain
+    perfect = summarize_nll(np.asarray(s.tokens)[1:], nll, len(s.tokens), s.n_bytes, s.n_words)
+    assert perfect["loss"] == pytest.approx(f["nats_per_token"], rel=1e-9)
+    assert perfect["perplexity"] == pytest.approx(f["perplexity"], rel=1e-9)
+    assert perfect["bits_per_byte"] == pytest.approx(f["bits_per_byte"], rel=1e-9)
+    assert perfect["word_perplexity"] == pytest.approx(f["word_perplexity"], rel=1e-9)
+    h = p.floor["nats_per_word"]
+    assert f["nats_per_token"] != h and abs(f["nats_per_token"] - h) < 0.03 * h
+
+
+def test_end_of_text_costs_nothing_only_where_the_generator_puts_it():
+    lang = corpora.synthetic_language(SMALL)
+    words = lang.sample(40, np.random.default_rng(1))
+    E = corpora.EOT
+    lines = np.concatenate([np.append(words[i:i + 16], E) for i in range(0, 40, 16)])  # 16, 16, 8 words
+    s = corpora.FloorStream(lines, True, len(lines), 1000, 43)
+    f = corpora.split_floor(lang, s)
+    assert f["nats_per_token"] == pytest.approx(-lang.log_probs(words).sum() / (len(lines) - 1))  # chain goes on
+    cut = corpora.FloorStream(lines[:-4], True, len(lines) - 4, 1000, 39)  # a limit cut the last line short
+    assert corpora.split_floor(lang, cut) is not None
+    ragged = np.concatenate([np.append(words[:10], E), np.append(words[10:40], E)])  # 10 then 30 words
+    assert corpora.split_floor(lang, corpora.FloorStream(ragged, True, len(ragged), 1000, 42)) is None
+
+
+def test_a_byte_tokenizer_gets_the_text_floor_over_its_tokens():
+    p = prepared("tokenizer.kind=byte")
+    lang = corpora.synthetic_language(SMALL)
+    index = {w: i for i, w in enumerate(lang.words)}
+    words = np.array([index[w] for w in corpora.synthetic_splits(SMALL)["validation"].split()])
+    f = p.floor["splits"]["validation"]
+    assert f["tokens"] == len(p.splits["validation"].tokens) - 1 and not f["per_token"]
+    total = -lang.log_probs(words).sum()  # words 1..N-1 given their predecessors: all but the first word
+    assert f["nats_per_token"] * f["tokens"] == pytest.approx(total, rel=1e-9)

@@ -8,6 +8,7 @@ import torch
 
 from tiedlm.evaluate import (
     frequency_buckets,
+    mass_buckets,
     perplexity,
     score_tokens,
     summarize_nll,
@@ -102,3 +103,39 @@ def test_bucket_losses_are_means_within_bucket():
     assert by["unseen"]["loss"] == 8.0 and by["unseen"]["tokens"] == 2
     total = sum(b["loss"] * b["tokens"] for b in res["buckets"])
     assert total == pytest.approx(nll.sum())
+
+
+def test_unk_gets_a_bucket_of_its_own_and_is_not_ranked():
+    counts = np.array([500, 0, 50, 40, 30, 20, 10, 9, 8, 7, 6, 5, 0])  # id 0: <unk>, the most frequent
+    bucket, names = frequency_buckets(counts, [0.1, 0.5], unk_id=0)
+    assert names == ["top 10%", "next 40%", "rest 50%", "unseen", "<unk>"]
+    assert bucket[0] == 4 and bucket[2] == 0  # 10 ranked types: id 2 alone is the top 10%
+    assert list(bucket[3:7]) == [1] * 4 and list(bucket[7:12]) == [2] * 5 and bucket[1] == bucket[12] == 3
+    without, names = frequency_buckets(counts, [0.1, 0.5])  # no unk_id: <unk> is ranked like any token
+    assert "<unk>" not in names and without[0] == 0
+
+
+def test_mass_buckets_hold_shares_of_the_training_tokens():
+    counts = np.array([0, 40, 30, 10, 8, 6, 3, 2, 1, 0, 100])  # id 10: <unk>; the others 100 tokens
+    bucket, names = mass_buckets(counts, [0.3, 0.7], unk_id=10)
+    assert names == ["top 30% of tokens", "next 40% of tokens", "rest 30% of tokens", "unseen", "<unk>"]
+    # by hand: the middle of each type's mass, 20, 55, 75, 84, 91, 95.5, 98, 99.5 (% of 100), against 30 and 70
+    want = {1: 0, 2: 1, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2, 8: 2, 0: 3, 9: 3, 10: 4}
+    assert {i: int(b) for i, b in enumerate(bucket)} == want
+
+
+def test_summarize_nll_gives_both_kinds_of_buckets():
+    counts = np.array([7, 60, 25, 5, 3, 0])  # id 0: <unk>
+    targets = np.array([0, 1, 1, 2, 3, 4, 5, 0])
+    nll = np.arange(1.0, 9.0)
+    res = summarize_nll(targets, nll, 9, train_counts=counts, fractions=[0.5], unk_id=0)
+    assert set(res["buckets"][0]) == {"name", "tokens", "loss", "perplexity"}  # the keys compare reads
+    for key in ("buckets", "mass_buckets"):
+        by = {b["name"].split(" of")[0]: b for b in res[key]}
+        assert by["<unk>"]["tokens"] == 2 and by["<unk>"]["loss"] == pytest.approx(4.5)
+        assert sum(b["loss"] * b["tokens"] for b in res[key] if b["tokens"]) == pytest.approx(nll.sum())
+    mass = {b["name"]: b for b in res["mass_buckets"]}
+    assert mass["top 50% of tokens"]["tokens"] == 2 and mass["rest 50% of tokens"]["tokens"] == 3  # ids 1 | 2, 3, 4
+    assert mass["top 50% of tokens"]["train_share"] == pytest.approx(0.6)
+    assert mass["<unk>"]["train_share"] == pytest.approx(0.07)
+    assert sum(b["train_share"] for b in res["mass_buckets"]) == pytest.approx(1.0)

@@ -48,8 +48,10 @@ def test_run_folder_has_every_file_and_an_honest_report(tiny, tmp_path):
     for split in ("validation", "test"):
         f = r["final"][split]
         assert f["perplexity"] == pytest.approx(torch.tensor(f["loss"]).exp().item(), rel=1e-6)
-        assert f["bits_per_byte"] > 0 and len(f["buckets"]) == 4
-        assert sum(b["tokens"] for b in f["buckets"]) == f["tokens"]
+        # top 10%, next 40%, rest 50%, unseen, and <unk> (the word tokenizer's own bucket)
+        assert f["bits_per_byte"] > 0 and [b["name"] for b in f["buckets"]][-2:] == ["unseen", "<unk>"]
+        assert len(f["buckets"]) == 5 and sum(b["tokens"] for b in f["buckets"]) == f["tokens"]
+        assert sum(b["tokens"] for b in f["mass_buckets"]) == f["tokens"]
     assert r["floor"]["perplexity_per_word"] > 1
     md = (run / "report.md").read_text()
     assert "saved by tying" in md and "floor" in md.lower() and "bits/byte" in md

@@ -7,7 +7,10 @@ p(w_t | w_<t) = T[c(w_{t-1}), c(w_t)] * p(w_t | c(w_t)), so the entropy rate is 
 
     H = sum_c pi_c H(T[c, :]) + sum_c pi_c H(W | c)        (nats per word, pi stationary)
 
-and reports can show it as the floor no model can beat.
+H is an expectation over endless text. What a perfect model scores on a finite split is that
+split's own value, `synthetic_floor`'s "splits": the true model's loss on the split's tokens, per
+token, computed exactly (and, where a word tokenizer maps words to `<unk>`, by a forward pass over
+the hidden classes: the best loss achievable on the token stream the model sees).
 
 `builtin:pydoc` is real English that ships with every CPython: the documentation topics of
 `pydoc_data.topics` (the text `help("assert")` prints), split by paragraph into train/validation/test.
@@ -19,6 +22,7 @@ import functools
 import hashlib
 import math
 import re
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,6 +105,55 @@ class SyntheticLanguage:
         c = self.word_class[ids]
         with np.errstate(divide="ignore"):
             return np.log(self.transitions[c[:-1], c[1:]]) + np.log(self.emission[ids[1:]])
+
+    def unk_mass(self, unk_words: np.ndarray) -> np.ndarray:
+        """[C] the probability that class c emits a word of `unk_words` (a [V] bool mask)."""
+        u = np.zeros(self.n_classes)
+        np.add.at(u, self.word_class[unk_words], self.emission[unk_words])
+        return u
+
+    def stream_nll(self, codes: np.ndarray, unk_words: np.ndarray | None = None) -> np.ndarray:
+        """-log P(x_t | x_<t) (nats) at every position of a stream of word ids and UNKs (no EOTs).
+
+        The exact forward pass of the hidden-class HMM: the first class is drawn from pi; a word
+        of the language reveals its class (each word has one); UNK stands for any word of
+        `unk_words` and is emitted by class c with probability unk_mass[c], so after an UNK the
+        class is known only as a distribution. Known words reset that distribution, so the
+        sequential part runs over the runs of consecutive UNKs only, all runs in step."""
+        codes = np.asarray(codes, dtype=np.int64)
+        n, t = len(codes), self.transitions
+        known = codes >= 0
+        cls = self.word_class[np.where(known, codes, 0)]
+        log_e = np.log(self.emission)
+        nll = np.zeros(n)
+        with np.errstate(divide="ignore"):
+            log_t, log_pi = np.log(t), np.log(self.stationary)
+            after_word = np.flatnonzero(known[1:] & known[:-1]) + 1  # a word right after a word
+            nll[after_word] = -(log_t[cls[after_word - 1], cls[after_word]] + log_e[codes[after_word]])
+            if n and known[0]:
+                nll[0] = -(log_pi[cls[0]] + log_e[codes[0]])
+            if known.all():
+                return nll
+            if unk_words is None:
+                raise ValueError("the stream holds UNK codes: pass the words that map to <unk>")
+            u = self.unk_mass(np.asarray(unk_words, dtype=bool))
+            starts = np.flatnonzero(~known & np.concatenate([[True], known[:-1]]))  # a run of UNKs begins
+            words_at = np.flatnonzero(known)
+            k = np.searchsorted(words_at, starts)
+            ends = np.where(k < len(words_at), words_at[np.minimum(k, len(words_at) - 1)], n)  # first word after
+            order = np.argsort(-(ends - starts), kind="stable")  # longest runs first: the active runs are a prefix
+            starts, ends = starts[order], ends[order]
+            p = np.where((starts > 0)[:, None], t[cls[np.maximum(starts - 1, 0)]], self.stationary[None, :])
+            for j in range(int((ends - starts).max())):
+                r = int(np.count_nonzero(ends - starts > j))  # runs with an UNK at offset j
+                q = p[:r] * u[None, :]  # [r, C] joint of the class and an UNK
+                mass = q.sum(axis=1)
+                nll[starts[:r] + j] = -np.log(mass)
+                p[:r] = (q / mass[:, None]) @ t  # the filtered class, pushed one step on
+            after = ends < n  # the word that ends each run, under the run's predictive distribution
+            e = ends[after]
+            nll[e] = -(np.log(p[after, cls[e]]) + log_e[codes[e]])
+        return nll
 
 
 def _pseudo_words(n: int, rng: np.random.Generator) -> list[str]:
@@ -204,19 +257,90 @@ def synthetic_splits(scfg: SyntheticConfig) -> dict[str, str]:
     return out
 
 
-def synthetic_floor(scfg: SyntheticConfig, split_words: dict[str, int], split_bytes: dict[str, int]) -> dict:
-    """The floor a perfect model reaches: per word, and per byte for each split.
+UNK, EOT = -1, -2  # codes of a FloorStream besides word ids (>= 0)
+LN2 = math.log(2.0)
+
+
+@dataclass
+class FloorStream:
+    """One split as the floor sees it (data._floor builds it from the split's tokens)."""
+
+    codes: np.ndarray  # word id, UNK or EOT: one per token (per_token) or one per word of the decoded text
+    per_token: bool  # True: codes[i] is token i (a word tokenizer); False: the words of the decoded tokens,
+    #                  less a last word that a token limit may have cut (the builder leaves it out)
+    n_tokens: int  # tokens of the split; the model scores all but the first
+    n_bytes: int  # as SplitData.n_bytes
+    n_words: int  # as SplitData.n_words (a separator counts as a word)
+
+
+def _eot_determined(codes: np.ndarray) -> bool:
+    """Whether every end-of-text sits where the generator's layout puts it: after documents of one
+    length L (the last ended one may be shorter, the split's own end), so it costs nothing."""
+    at = np.flatnonzero(codes == EOT)
+    if len(at) == 0:
+        return True
+    lens = np.diff(np.concatenate([[-1], at])) - 1  # words of each document an EOT ends
+    tail = len(codes) - 1 - int(at[-1])  # words after the last EOT (a document cut by a limit)
+    full = lens[0]
+    return bool((lens[:-1] == full).all() and lens[-1] <= full and (tail == 0 or (lens[-1] == full and tail <= full)))
+
+
+def split_floor(lang: SyntheticLanguage, s: FloorStream, unk_words: np.ndarray | None = None) -> dict | None:
+    """The true model's loss on one split, in the units of the model's own evaluation.
+
+    A word tokenizer (per_token): the sum of -log P(token_t | tokens_<t) over the targets the model
+    is scored on (tokens 1..n-1; token 0 is context, its class drawn from pi), divided by their
+    count n-1. End-of-text tokens cost 0: the generator puts them at fixed places (after every
+    document of the same length, and at the split's end); they do not break the class chain,
+    as the split is one sample of the chain. With UNKs this is the best loss achievable on the
+    stream the model sees (stream_nll's forward pass). Other tokenizers (decoded words): a
+    deterministic tokenizer gives the token sequence the probability of its text, so the total
+    is the words' NLL, over the same n-1 scored tokens; the first word (partly unscored) and a
+    last word cut by a limit are left out, which can only lower it. None where the EOTs are not
+    where the generator puts them (their cost would need a model of document lengths)."""
+    codes = np.asarray(s.codes, dtype=np.int64)
+    eot = codes == EOT
+    if not _eot_determined(codes) or s.n_tokens < 2:
+        return None
+    nll = np.zeros(len(codes))
+    nll[~eot] = lang.stream_nll(codes[~eot], unk_words)
+    if s.per_token:
+        total, unk = float(nll[1:].sum()), int(np.count_nonzero(codes[1:] == UNK))
+    else:
+        total, unk = float(nll[~eot][1:].sum()), 0
+    n = s.n_tokens - 1
+    share = n / s.n_tokens  # bytes and words apportioned to the scored tokens, as evaluate.summarize_nll does
+    mean = total / n
+    return {"label": "best achievable" if unk else "split floor", "tokens": n, "nats_per_token": mean,
+            "perplexity": math.exp(mean), "bits_per_byte": total / LN2 / (s.n_bytes * share) if s.n_bytes else None,
+            "word_perplexity": math.exp(total / (s.n_words * share)) if s.n_words else None,
+            "unk_tokens": unk, "per_token": s.per_token}
+
+
+def synthetic_floor(scfg: SyntheticConfig, split_words: dict[str, int], split_bytes: dict[str, int],
+                    streams: dict[str, FloorStream] | None = None, unk_words: np.ndarray | None = None) -> dict:
+    """The language's expected entropy rate, per word and per byte of each split (the 0.1 keys),
+    and, given the splits' streams, each split's own floor (split_floor) under "splits".
 
     split_words counts the words of each split without document separators; split_bytes is the
     split's UTF-8 size with one byte per separator (as bits per byte is reported everywhere)."""
-    h = synthetic_entropy_rate(scfg)
-    return {
+    t0 = time.perf_counter()
+    lang = synthetic_language(scfg)
+    h = lang.entropy_rate()
+    out: dict = {
         "nats_per_word": h,
         "perplexity_per_word": math.exp(h),
-        "bits_per_byte": {s: h * split_words[s] / math.log(2) / split_bytes[s] for s in split_words if split_bytes[s]},
-        "note": ("the floor is per word; it equals the per-token floor with a word tokenizer that covers "
-                 "the whole vocabulary; line breaks and the end-of-text token are treated as free"),
+        "bits_per_byte": {s: h * split_words[s] / LN2 / split_bytes[s] for s in split_words if split_bytes[s]},
+        "note": ("these are the language's expected entropy rate per word (an average over endless text, "
+                 "not a bound on a split); each split's own floor, per token, is under 'splits'"),
     }
+    if streams is not None:
+        found = {name: split_floor(lang, st, unk_words) for name, st in streams.items()}
+        out["splits"] = {name: f for name, f in found.items() if f is not None}
+        out["with_unk"] = any(f["unk_tokens"] for f in out["splits"].values())
+        out["unk_words"] = int(np.count_nonzero(unk_words)) if unk_words is not None else 0
+        out["seconds"] = round(time.perf_counter() - t0, 4)
+    return out
 
 
 # --------------------------------------------------------------------------------------------

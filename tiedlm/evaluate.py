@@ -1,10 +1,12 @@
 """Perplexity, bits per byte, perplexity per word and loss per frequency bucket over whole splits.
 
 A model's perplexity is computed in one place, `perplexity()`: exp(total NLL / total predicted
-tokens). (The synthetic language's floor, corpora.synthetic_floor, is the exponential of its
-entropy rate: a property of the data, not of a model's loss.) Every token of a split but the first (which has nothing before it) is predicted once:
+tokens). Every token of a split but the first is predicted once, and every predicted token has at
+least one token of context (a window's first target is predicted from the window's first input):
 windows do not overlap by default; with `eval.stride < block_size` each window re-reads
-`block_size - stride` tokens of context and scores only its last `stride` targets.
+`block_size - stride` tokens of context and scores only its last `stride` targets. (The
+synthetic language's floor, corpora.synthetic_floor, scores the same targets of each split with
+the true model, so its per-token values compare with these directly.)
 """
 
 from __future__ import annotations
@@ -80,36 +82,85 @@ def score_tokens(model, tokens: np.ndarray, block_size: int, stride: int, batch_
     return targets, nll
 
 
-def frequency_buckets(train_counts: np.ndarray, fractions: list[float]) -> tuple[np.ndarray, list[str]]:
-    """Bucket every token id by its training-set frequency rank.
-
-    Token types seen in training are ranked by count (ties by id); `fractions` are cumulative
-    cut points over those types, e.g. [0.1, 0.5] -> top 10%, next 40%, rest 50%. Types never seen
-    in training (and padding ids) form the last bucket, "unseen". Returns (bucket id per token
-    id, bucket names)."""
-    counts = np.asarray(train_counts)
+def _ranked_types(counts: np.ndarray, unk_id: int | None) -> np.ndarray:
+    """Token ids seen in training (but <unk>), by count descending, ties by id."""
     seen = np.flatnonzero(counts > 0)
-    order = seen[np.lexsort((seen, -counts[seen]))]  # by count descending, then id
-    cuts = [0] + [int(round(f * len(order))) for f in fractions] + [len(order)]
-    bucket = np.full(len(counts), len(cuts) - 1, dtype=np.int64)  # default: unseen
-    names = []
-    prev = 0.0
-    for b, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
-        bucket[order[lo:hi]] = b
+    if unk_id is not None:
+        seen = seen[seen != unk_id]
+    return seen[np.lexsort((seen, -counts[seen]))]
+
+
+def _bucket_names(fractions: list[float], suffix: str, unk_id: int | None) -> list[str]:
+    names, prev = [], 0.0
+    for b in range(len(fractions) + 1):
         frac = fractions[b] if b < len(fractions) else 1.0
         label = "top" if b == 0 else ("rest" if b == len(fractions) else "next")
-        names.append(f"{label} {round(100 * (frac - prev))}%")
+        names.append(f"{label} {round(100 * (frac - prev))}%{suffix}")
         prev = frac
-    names.append("unseen")
-    return bucket, names
+    return names + ["unseen"] + (["<unk>"] if unk_id is not None else [])
+
+
+def frequency_buckets(train_counts: np.ndarray, fractions: list[float],
+                      unk_id: int | None = None) -> tuple[np.ndarray, list[str]]:
+    """Bucket every token id by its training-set frequency rank, by types.
+
+    Token types seen in training are ranked by count (ties by id); `fractions` are cumulative
+    cut points over those types, e.g. [0.1, 0.5] -> top 10%, next 40%, rest 50% of the types.
+    Types never seen in training (and padding ids) form the bucket "unseen". Given the
+    tokenizer's unk_id, <unk> - a frequent token that stands for the rarest words - is not
+    ranked but gets the last bucket, "<unk>", of its own; without it (the default), it is ranked
+    by its count like any token. The end-of-text token is ranked by its count. Returns (bucket id
+    per token id, bucket names)."""
+    counts = np.asarray(train_counts)
+    order = _ranked_types(counts, unk_id)
+    cuts = [0] + [int(round(f * len(order))) for f in fractions] + [len(order)]
+    bucket = np.full(len(counts), len(fractions) + 1, dtype=np.int64)  # default: unseen
+    for b, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
+        bucket[order[lo:hi]] = b
+    if unk_id is not None and 0 <= unk_id < len(counts):
+        bucket[unk_id] = len(fractions) + 2
+    return bucket, _bucket_names(fractions, "", unk_id)
+
+
+def mass_buckets(train_counts: np.ndarray, fractions: list[float],
+                 unk_id: int | None = None) -> tuple[np.ndarray, list[str]]:
+    """Bucket every token id by its training-set frequency rank, by token mass.
+
+    As frequency_buckets, but `fractions` are cumulative shares of the training tokens (those of
+    ranked types: <unk>, given unk_id, is in its own bucket and not counted): [0.1, 0.5] -> the
+    most frequent types that hold the first 10% of the training tokens, the next 40%, the rest.
+    A type goes where the middle of its own mass falls, so a bucket's share is close to nominal
+    (a type holding more than a bucket's share makes its neighbour smaller, or empty)."""
+    counts = np.asarray(train_counts)
+    order = _ranked_types(counts, unk_id)
+    bucket = np.full(len(counts), len(fractions) + 1, dtype=np.int64)
+    if len(order):
+        c = counts[order].astype(np.float64)
+        middle = (np.cumsum(c) - c / 2) / c.sum()
+        bucket[order] = np.searchsorted(np.asarray(fractions), middle, side="right")
+    if unk_id is not None and 0 <= unk_id < len(counts):
+        bucket[unk_id] = len(fractions) + 2
+    return bucket, _bucket_names(fractions, " of tokens", unk_id)
+
+
+def _bucket_rows(bucket_of: np.ndarray, names: list[str], targets: np.ndarray, nll: np.ndarray) -> list[dict]:
+    b = bucket_of[np.clip(targets, 0, len(bucket_of) - 1)]
+    sums = np.bincount(b, weights=nll, minlength=len(names))
+    cnts = np.bincount(b, minlength=len(names))
+    return [{"name": name, "tokens": int(c), "loss": float(s / c) if c else None,
+             "perplexity": perplexity(float(s), int(c)) if c else None}
+            for name, s, c in zip(names, sums, cnts)]
 
 
 def summarize_nll(targets: np.ndarray, nll: np.ndarray, n_tokens: int, n_bytes: int | None = None,
                   n_words: int | None = None, train_counts: np.ndarray | None = None,
-                  fractions: list[float] | None = None) -> dict:
+                  fractions: list[float] | None = None, unk_id: int | None = None) -> dict:
     """Aggregate per-token NLL into the figures of a report. Bytes and words are apportioned to the
     predicted tokens (all but the first of n_tokens), so bits per byte and perplexity per word use
-    the same text as the token perplexity."""
+    the same text as the token perplexity. Given train_counts and fractions: loss per bucket by
+    types ("buckets", frequency_buckets) and by token mass ("mass_buckets", mass_buckets, whose
+    rows also give train_share: the bucket's share of all training tokens, <unk> included). Given
+    unk_id, <unk> is the last bucket of both, "<unk>"."""
     total = float(nll.sum())
     n = int(len(nll))
     out: dict[str, Any] = {"tokens": n, "loss": total / n if n else float("nan"),
@@ -120,22 +171,21 @@ def summarize_nll(targets: np.ndarray, nll: np.ndarray, n_tokens: int, n_bytes: 
     if n_words:
         out["word_perplexity"] = perplexity(total, n_words * share)
     if train_counts is not None and fractions is not None:
-        bucket_of, names = frequency_buckets(train_counts, fractions)
-        b = bucket_of[np.clip(targets, 0, len(bucket_of) - 1)]
-        sums = np.bincount(b, weights=nll, minlength=len(names))
-        cnts = np.bincount(b, minlength=len(names))
-        out["buckets"] = [
-            {"name": name, "tokens": int(c), "loss": float(s / c) if c else None,
-             "perplexity": perplexity(float(s), int(c)) if c else None}
-            for name, s, c in zip(names, sums, cnts)
-        ]
+        out["buckets"] = _bucket_rows(*frequency_buckets(train_counts, fractions, unk_id), targets, nll)
+        bucket_of, names = mass_buckets(train_counts, fractions, unk_id)
+        counts = np.asarray(train_counts, dtype=np.float64)
+        held = np.bincount(bucket_of, weights=counts, minlength=len(names)) / max(counts.sum(), 1.0)
+        out["mass_buckets"] = [{**row, "train_share": float(h)}
+                               for row, h in zip(_bucket_rows(bucket_of, names, targets, nll), held)]
     return out
 
 
 def evaluate_split(model, split, block_size: int, stride: int | None, batch_size: int, device: Any,
                    autocast: Any = None, train_counts: np.ndarray | None = None,
-                   fractions: list[float] | None = None, max_tokens: int | None = None) -> dict:
-    """Score a whole split (or its first max_tokens+1 tokens, for the periodic evaluation)."""
+                   fractions: list[float] | None = None, max_tokens: int | None = None,
+                   unk_id: int | None = None) -> dict:
+    """Score a whole split (or its first max_tokens+1 tokens, for the periodic evaluation).
+    unk_id: the tokenizer's <unk>, bucketed on its own (summarize_nll)."""
     tokens = split.tokens
     n_bytes, n_words = split.n_bytes, split.n_words
     if max_tokens is not None and len(tokens) > max_tokens + 1:
@@ -144,7 +194,7 @@ def evaluate_split(model, split, block_size: int, stride: int | None, batch_size
         n_words = n_words * keep / len(tokens) if n_words else n_words
         tokens = tokens[:keep]
     targets, nll = score_tokens(model, tokens, block_size, stride or block_size, batch_size, device, autocast)
-    return summarize_nll(targets, nll, len(tokens), n_bytes, n_words, train_counts, fractions)
+    return summarize_nll(targets, nll, len(tokens), n_bytes, n_words, train_counts, fractions, unk_id)
 
 
 def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = None,
@@ -199,7 +249,8 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
                               "choose one of those")
         results[split] = evaluate_split(model, data.splits[split], cfg.model.block_size, stride or cfg.eval.stride,
                                         cfg.eval.batch_size, device, autocast_ctx(device, dtype),
-                                        train_counts=data.train_counts, fractions=cfg.eval.buckets)
+                                        train_counts=data.train_counts, fractions=cfg.eval.buckets,
+                                        unk_id=data.tokenizer.unk_id)
     lines = [f"{run_dir.name} ({ckpt.name}, {'tied' if tied else 'untied'})"]
     for split, r in results.items():
         bpb = f"  bits/byte {r['bits_per_byte']:.4f}" if "bits_per_byte" in r else ""

@@ -300,27 +300,63 @@ def render_report_md(r: RunReport) -> str:
 
 
 def _final_md(final: dict, floor: dict | None) -> list[str]:
-    """The final-evaluation section of report.md: one row per split, then loss by bucket."""
+    """The final-evaluation section of report.md: one row per split (with builtin:synthetic, the
+    split's own floor beside the model, per token), then loss by bucket, by types and by mass."""
+    per_split = (floor or {}).get("splits") or {}
+    label = "best achievable" if (floor or {}).get("with_unk") else "floor"
     header = ["split", "tokens", "loss", "perplexity", "bits/byte", "perplexity/word"]
-    header += ["floor ppl/word", "floor bits/byte"] if floor else []
+    header += [f"{label} loss", f"{label} perplexity", f"{label} bits/byte"] if per_split else []
     rows = []
     for split, res in final.items():
         row = [split, fmt(res["tokens"]), fmt(res["loss"], 4), fmt(res["perplexity"], 2),
                fmt(res.get("bits_per_byte"), 4), fmt(res.get("word_perplexity"), 2)]
-        if floor:
-            row += [fmt(floor.get("perplexity_per_word"), 2), fmt((floor.get("bits_per_byte") or {}).get(split), 4)]
+        if per_split:
+            f = per_split.get(split) or {}
+            row += [fmt(f.get("nats_per_token"), 4), fmt(f.get("perplexity"), 2), fmt(f.get("bits_per_byte"), 4)]
         rows.append(row)
     lines = ["## Final evaluation", "", markdown_table(header, rows), ""]
-    if floor and floor.get("note"):
-        lines += [f"The floor is the synthetic language's expected entropy rate, not a bound on this split: "
-                  f"{floor['note']}.", ""]
-    first = next(iter(final.values()))
-    if first.get("buckets"):
-        rows = [[f"{split} loss", *(f"{fmt(b['loss'], 3)} ({fmt(b['tokens'])} tok)" for b in res.get("buckets", []))]
+    if floor:
+        lines += [" ".join(_floor_md(floor, final)), ""]
+    for key, title in (("buckets", "by types"), ("mass_buckets", "by token mass")):
+        first = next((res[key] for res in final.values() if res.get(key)), None)
+        if not first:
+            continue
+        rows = [[f"{split} loss", *(f"{fmt(b['loss'], 3)} ({fmt(b['tokens'])} tok)" for b in res.get(key, []))]
                 for split, res in final.items()]
-        lines += ["### Loss by training-set frequency of the target token", "",
-                  markdown_table(["split", *(b["name"] for b in first["buckets"])], rows), ""]
+        names = [(f"`{b['name']}`" if "<" in b["name"] else b["name"])  # raw <unk> is an HTML tag to Markdown
+                 + (f" ({100 * b['train_share']:.1f}% of train)" if "train_share" in b else "") for b in first]
+        lines += [f"### Loss by training-set frequency of the target token, {title}", "",
+                  markdown_table(["split", *names], rows), ""]
+    if any(b["name"] == "<unk>" for res in final.values() for b in res.get("buckets", [])):
+        lines += ["`<unk>` has a bucket of its own: a frequent token that stands for the rarest words.", ""]
     return lines
+
+
+def _floor_md(floor: dict, final: dict) -> list[str]:
+    """The sentences under the final-evaluation table that say what its floor columns are."""
+    out = []
+    per_split = floor.get("splits") or {}
+    if per_split and floor.get("with_unk"):
+        out.append(f"Best achievable: the true model's loss on the token stream this model sees, in which `<unk>` "
+                   f"stands for the {fmt(floor.get('unk_words'))} words of the language outside the tokenizer's "
+                   "vocabulary (exact, by a forward pass over the hidden classes), per token over the same targets; "
+                   "no model can expect to do better on these tokens. `<unk>` is "
+                   + ", ".join(f"{100 * f['unk_tokens'] / f['tokens']:.2f}% of {s}'s tokens"
+                               for s, f in per_split.items() if s in final and f.get("tokens")) + ".")
+    elif per_split:
+        out.append("Floor: the true model's loss on each split's own tokens, per token over the same targets as the "
+                   "model (end-of-text tokens cost nothing: the generator fixes where they go): what a perfect model "
+                   "scores on this split.")
+    if any(not f.get("per_token", True) for f in per_split.values()):
+        out.append("With this tokenizer it is the text's loss over the scored tokens, the first word and a last word "
+                   "cut by a token limit left out (so a hair low).")
+    missing = [s for s in final if per_split and s not in per_split]
+    if missing:
+        out.append(f"No floor for {', '.join(missing)}: its tokens are not the generator's words in place.")
+    out.append(f"The language's expected entropy rate is {fmt(floor.get('nats_per_word'), 4)} nats per word "
+               f"(perplexity {fmt(floor.get('perplexity_per_word'), 2)} per word): an average over endless text, "
+               "not a bound on this split.")
+    return out
 
 
 # ------------------------------------------------------------------------- reading a folder

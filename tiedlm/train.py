@@ -465,7 +465,8 @@ def final_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: T
                               "checkpointed) — run the same command again to evaluate")
         res = evaluate_split(model, pre.data.splits[split], cfg.model.block_size, cfg.eval.stride,
                              cfg.eval.batch_size, pre.device, autocast_ctx(pre.device, pre.dtype),
-                             train_counts=pre.data.train_counts, fractions=cfg.eval.buckets)
+                             train_counts=pre.data.train_counts, fractions=cfg.eval.buckets,
+                             unk_id=pre.data.tokenizer.unk_id)
         final[split] = res
         runs.append_metrics(run_dir, [{"kind": "final", "step": state.step, "tokens": state.tokens, "split": split,
                                        "loss": res["loss"], "perplexity": res["perplexity"]}])
