@@ -62,7 +62,9 @@ def split_metrics(ppl: float, shift: float = 0.0, buckets: bool = True) -> dict:
 
 
 FLOOR = {"nats_per_word": 3.9, "perplexity_per_word": 49.4, "bits_per_byte": {"validation": 1.1, "test": 1.1},
-         "note": "exact entropy rate"}
+         "note": "expected entropy rate", "with_unk": False,
+         "splits": {"validation": {"label": "split floor", "perplexity": 49.6}, "test": {"label": "split floor",
+                                                                                         "perplexity": 49.5}}}
 
 
 def make_run(runs_dir: Path, name: str, seed: int, overrides=(), val=60.0, test=None, status="finished",
@@ -123,6 +125,11 @@ def make_pair(runs_dir: Path, tied_vals, untied_vals, seeds=None):
         make_run(runs_dir, f"base-untied-s{s}", s, UNTIED, val=v)
 
 
+def dloss(a, b) -> float:
+    """The mean per-seed loss difference of two lists of perplexities, paired in order."""
+    return statistics.mean(math.log(x) - math.log(y) for x, y in zip(a, b))
+
+
 def no_nan(text: str) -> bool:
     return re.search(r"\bnan\b|\binf\b", text, re.IGNORECASE) is None
 
@@ -154,27 +161,37 @@ def test_three_variants_mixed_seeds_grouped_labelled_and_tested(tmp_path):
         make_run(runs, f"u128-s{s}", s, UNTIED + (["name=other"] if s == 1 else []), val=v)
     for s, v in tied64.items():
         make_run(runs, f"t64-s{s}", s, TIED + ["model.n_embd=64"], val=v)
-    result = C.compare_runs(runs_dir=runs)
+    result = C.compare_runs(runs_dir=runs, baseline="untied, n_embd=128")
 
     labels = sorted(v.label for v in result.variants)
     assert labels == ["tied, n_embd=128", "tied, n_embd=64", "untied, n_embd=128"]
     assert result.differing_keys == ["model.tie_embeddings", "model.n_embd"]
-    assert result.baseline_label == "untied, n_embd=128"
+    assert result.mode == "baseline" and result.baseline_label == "untied, n_embd=128"
     assert result.variants[0].is_baseline  # the baseline comes first
     assert result.variant("tied, n_embd=64").seeds == [1, 2, 5]
     assert result.variant("untied, n_embd=128").n_seeds == 3
 
+    # tested on the loss (log-perplexity), paired by seed
+    log = {k: {s: math.log(v) for s, v in d.items()} for k, d in
+           (("t128", tied128), ("u128", untied128), ("t64", tied64))}
     paired = result.variant("tied, n_embd=128").contrast("validation")
-    ref = scipy_stats.ttest_rel(list(tied128.values()), list(untied128.values()))
+    ref = scipy_stats.ttest_rel(list(log["t128"].values()), list(log["u128"].values()))
     assert paired.test == "paired" and paired.p_value == pytest.approx(ref.pvalue, rel=1e-8)
-    diffs = [tied128[s] - untied128[s] for s in (0, 1, 2)]
-    assert paired.difference == pytest.approx(statistics.mean(diffs))
-    assert paired.relative == pytest.approx(statistics.mean(diffs) / statistics.mean(untied128.values()))
+    ci = ref.confidence_interval(0.95)
+    assert paired.difference == pytest.approx(dloss(tied128.values(), untied128.values()))
+    assert paired.relative == pytest.approx(math.exp(paired.difference) - 1)
+    assert paired.relative_ci_low == pytest.approx(math.exp(ci.low) - 1, rel=1e-9)
+    assert paired.relative_ci_high == pytest.approx(math.exp(ci.high) - 1, rel=1e-9)
     assert paired.significant is bool(ref.pvalue < 0.05)
+    gmean = scipy_stats.gmean
+    assert paired.variant_mean == pytest.approx(gmean(list(tied128.values())))
+    assert paired.perplexity_difference == pytest.approx(gmean(list(tied128.values())) - gmean(list(untied128.values())))
 
     welch = result.variant("tied, n_embd=64").contrast("validation")
-    ref = scipy_stats.ttest_ind(list(tied64.values()), list(untied128.values()), equal_var=False)
+    ref = scipy_stats.ttest_ind(list(log["t64"].values()), list(log["u128"].values()), equal_var=False)
+    ci = ref.confidence_interval(0.95)
     assert welch.test == "welch" and welch.p_value == pytest.approx(ref.pvalue, rel=1e-8)
+    assert (welch.ci_low, welch.ci_high) == (pytest.approx(ci.low, rel=1e-9), pytest.approx(ci.high, rel=1e-9))
 
     # parameters against the baseline: tying saves V·d; n_embd=64 saves more
     t128 = result.variant("tied, n_embd=128")
@@ -183,15 +200,28 @@ def test_three_variants_mixed_seeds_grouped_labelled_and_tested(tmp_path):
     assert t128.vs_baseline.params_difference == -V * 128
     assert t128.vs_baseline.params_relative == pytest.approx(-V * 128 / u128.params["total"])
 
-    # the validation statistics are those of the per-seed numbers
-    m = t128.split("validation").perplexity
-    assert m.mean == pytest.approx(statistics.mean(tied128.values()))
-    assert m.sd == pytest.approx(statistics.stdev(tied128.values()))
+    # the perplexity of a variant: the geometric mean over seeds, with exp() of the loss interval
+    m = t128.split("validation")
+    lo, hi = scipy_stats.t.interval(0.95, 2, loc=statistics.mean(log["t128"].values()),
+                                    scale=statistics.stdev(log["t128"].values()) / math.sqrt(3))
+    assert m.perplexity.mean == pytest.approx(gmean(list(tied128.values())))
+    assert (m.perplexity.ci_low, m.perplexity.ci_high) == (pytest.approx(math.exp(lo)), pytest.approx(math.exp(hi)))
+    assert m.loss.sd == pytest.approx(statistics.stdev(log["t128"].values()))
     assert t128.buckets("validation")[0].name == "top 10%"
 
     v = result.verdicts[0]
-    assert v.startswith("**tied, n_embd=128** is ") and "lower perplexity than **untied, n_embd=128** on validation" in v
+    assert v.startswith("**tied, n_embd=128** has ")
+    assert "lower perplexity than **untied, n_embd=128** on validation, the primary endpoint" in v
     assert "paired over 3 seeds" in v and "fewer parameters" in v
+
+    # without --baseline the grid's answer is the matched contrast: tied vs untied at n_embd=128
+    grid = C.compare_runs(runs_dir=runs, out=tmp_path / "grid")
+    assert grid.mode == "matched" and grid.baseline_label is None and grid.baseline is None
+    assert [(m.label, m.tied, m.untied) for m in grid.matched] == [
+        ("n_embd=128", "tied, n_embd=128", "untied, n_embd=128")]
+    assert grid.variant("tied, n_embd=64").vs_baseline is None  # no untied twin at n_embd=64
+    md = (tmp_path / "grid" / "comparison.md").read_text()
+    assert "No untied variant with the same settings (not contrasted): tied, n_embd=64" in md
 
 
 def test_short_keys_and_labels():
@@ -210,7 +240,8 @@ def test_baseline_choice_explicit_and_independent_of_order(tmp_path):
         # named to come first: the baseline must not depend on which variant is seen first
         make_run(runs, f"a64-s{s}", s, UNTIED + ["model.n_embd=64"], val=70 + s)
         make_run(runs, f"u128-s{s}", s, UNTIED, val=60 + s)
-        make_run(runs, f"t128-s{s}", s, TIED, val=58 + s)
+        # no untied twin at n_embd=96: no matched contrast, so one baseline is chosen automatically
+        make_run(runs, f"t96-s{s}", s, TIED + ["model.n_embd=96"], val=58 + s)
     make_run(runs, "u128-s2", 2, UNTIED, val=61)
     auto = C.compare_runs(runs_dir=runs)
     # two untied variants: the one with more seeds, and the reason says it was picked automatically
@@ -230,7 +261,7 @@ def test_baseline_choice_explicit_and_independent_of_order(tmp_path):
     assert C.compare_runs(tie[::-1], runs_dir=runs).baseline_label == "untied, n_embd=128"
 
     assert C.compare_runs(runs_dir=runs, baseline="untied, n_embd=64").baseline_label == "untied, n_embd=64"
-    assert C.compare_runs(runs_dir=runs, baseline="t128-s1").baseline_label == "tied, n_embd=128"
+    assert C.compare_runs(runs_dir=runs, baseline="t96-s1").baseline_label == "tied, n_embd=96"
     assert C.compare_runs(runs_dir=runs, baseline="n_embd=64").baseline_label == "untied, n_embd=64"
     with raises_exactly(ConfigError, match="several variants"):
         C.compare_runs(runs_dir=runs, baseline="untied")
@@ -357,12 +388,16 @@ def test_end_to_end_writes_every_output_and_valid_pngs(tmp_path):
     md = (out / "comparison.md").read_text()
     for plot in C.PLOTS.values():
         assert f"]({plot})" in md  # relative links, so the folder can be moved or pasted
-    assert "**tied** is " in md and "lower perplexity than **untied** on validation" in md
+    assert "**tied** has " in md and "lower perplexity than **untied** on validation, the primary endpoint" in md
     assert "paired over 3 seeds" in md and "significant at 0.05" in md
-    assert "confidence interval for the mean over seeds" in md
+    assert "The primary endpoint is the validation loss: it alone carries the verdict. Test is reported as " \
+           "confirmation, and the per-bucket differences are secondary" in md
+    assert "  - test confirms: " in md and "not detectable with 3 seeds (80% power, α = 0.05)" in md
+    assert "Student-t interval of the mean loss" in md and "geometric mean over seeds" in md
+    assert "Embeddings are weight-decayed" in md  # base config: train.decay_embeddings true
     assert "Loss by token frequency" in md and "top 10%" in md
     assert "saved by tying" in md and f"{V * 128:,}" in md
-    assert "Floor of the synthetic language" in md
+    assert "the floor: validation 49.60, test 49.50. The language's expected entropy rate is 49.40" in md
     assert "stale-s5" in md and "status interrupted" in md
     assert "| 117.7 MiB |" in md  # peak memory, 123,456,789 bytes
     assert no_nan(md)
@@ -378,48 +413,65 @@ def test_end_to_end_writes_every_output_and_valid_pngs(tmp_path):
     kinds = [r["row_type"] for r in rows]
     assert kinds.count("variant") == 2 and kinds.count("run") == 6 and kinds.count("skipped") == 1
     tied = next(r for r in rows if r["row_type"] == "variant" and r["variant"] == "tied")
-    assert float(tied["validation_perplexity"]) == pytest.approx(statistics.mean([57.0, 58.1, 57.4]))
+    assert float(tied["validation_perplexity"]) == pytest.approx(scipy_stats.gmean([57.0, 58.1, 57.4]))
     assert float(tied["validation_p_value"]) < 0.05 and tied["validation_test"] == "paired"
+    assert float(tied["validation_effect"]) == pytest.approx(math.exp(dloss([57.0, 58.1, 57.4], [59.2, 60.0, 60.1])) - 1)
+    assert int(tied["validation_seeds_needed"]) >= 2 and tied["reference"] == "untied"
     assert float(tied["validation_loss[top 10%]"]) > 0
     assert no_nan(text)
 
     table = C.format_terminal_table(result)
     lines = table.splitlines()
-    assert lines[0].split()[:3] == ["variant", "seeds", "val"]
+    assert lines[0].split()[:5] == ["variant", "seeds", "val", "ppl", "95%"] and "vs untied" in lines[0]
     assert lines[2].startswith("untied ") and "baseline" in lines[2] and lines[3].startswith("tied ")
     assert "comparison.md" in table
 
 
-def test_comparison_json_keeps_its_keys(tmp_path):
-    """comparison.json's keys at every level, as tiedlm 0.1 wrote them (checked against its output)."""
+def test_comparison_json_keys(tmp_path):
+    """comparison.json's keys at every level (format 2: statistics on the loss, primary endpoint,
+    power, matched contrasts, FLOPs and the resolved device)."""
     runs = tmp_path / "runs"
     make_pair(runs, [57.0, 58.1], [59.2, 60.0])
     C.compare_runs(runs_dir=runs)
     data = _strict_json(runs / "compare" / "comparison.json")
-    assert list(data) == ["format", "tiedlm_version", "created", "out", "level", "alpha", "interval", "difference",
-                          "baseline", "differing_keys", "variants", "runs", "skipped", "notes", "match", "verdicts",
-                          "data_sets", "not_compared", "files"]
+    assert list(data) == ["format", "tiedlm_version", "created", "out", "level", "alpha", "power", "interval",
+                          "difference", "primary", "confirmation", "secondary", "mode", "baseline", "differing_keys",
+                          "variants", "runs", "skipped", "notes", "match", "verdicts", "data_sets", "not_compared",
+                          "matched", "files"]
+    assert (data["format"], data["primary"], data["confirmation"], data["mode"]) == (2, "validation", ["test"],
+                                                                                     "baseline")
     tied = data["variants"][1]
     assert list(tied) == ["label", "config_hash", "config", "tied", "seeds", "runs", "n_seeds", "metrics", "params",
-                          "flops_per_token", "cost", "device", "dtype", "floor", "tokenizer_kind", "curve",
-                          "is_baseline", "vs_baseline", "verdicts"]
+                          "flops_per_token", "train_flops", "cost", "device", "dtype", "resolution", "floor",
+                          "tokenizer_kind", "curve", "is_baseline", "vs_baseline", "verdicts"]
+    assert tied["resolution"] == "cpu, fp32" and tied["train_flops"] == pytest.approx(3e7 * 409_600)
     assert list(tied["metrics"]["validation"]) == ["perplexity", "bits_per_byte", "loss", "word_perplexity",
-                                                   "by_seed", "buckets"]
+                                                   "by_seed", "loss_by_seed", "buckets"]
+    assert list(tied["metrics"]["validation"]["perplexity"]) == ["n", "mean", "ci_low", "ci_high", "level",
+                                                                 "sd_factor", "min", "max", "values", "note"]
     assert list(tied["metrics"]["validation"]["by_seed"]) == ["0", "1"]
     assert list(tied["metrics"]["validation"]["buckets"][0]) == ["name", "loss", "by_seed", "perplexity", "tokens"]
     assert list(tied["cost"]) == ["tokens_per_s", "wall_time_s", "peak_memory_bytes", "tokens_seen", "steps"]
     assert list(tied["curve"][0]) == ["tokens", "mean", "min", "max", "n"]
     vs = tied["vs_baseline"]
-    assert list(vs) == ["baseline", "validation", "test", "params_difference", "params_relative"]
-    assert list(vs["validation"]) == ["test", "difference", "se", "df", "t", "p_value", "ci_low", "ci_high", "level",
-                                      "note", "n", "seeds_a", "seeds_b", "relative", "relative_ci_low",
-                                      "relative_ci_high", "significant", "variant_mean", "baseline_mean", "buckets"]
-    assert list(vs["validation"]["buckets"]["rest"])[-3:] == ["n", "seeds_a", "seeds_b"]
+    assert list(vs) == ["baseline", "kind", "validation", "test", "params_difference", "params_relative",
+                        "parameter_matched", "train_flops_per_token", "baseline_train_flops_per_token",
+                        "train_flops_relative", "compute_matched"]
+    assert vs["kind"] == "baseline" and vs["parameter_matched"] is False and vs["compute_matched"] is True
+    tested = ["test", "difference", "se", "df", "t", "p_value", "ci_low", "ci_high", "level", "note", "n", "seeds_a",
+              "seeds_b"]
+    assert list(vs["validation"]) == tested + ["relative", "relative_ci_low", "relative_ci_high", "significant",
+                                               "variant_mean", "baseline_mean", "perplexity_difference", "power",
+                                               "buckets"]
+    assert list(vs["validation"]["power"]) == ["test", "seeds", "power", "alpha", "mde", "mde_relative", "observed",
+                                               "observed_relative", "seeds_needed", "note"]
+    assert list(vs["validation"]["buckets"]["rest"]) == tested + ["p_holm"]
     assert data["variants"][0]["vs_baseline"] is None
     assert list(data["runs"][0]) == ["name", "path", "variant", "seed", "config_hash", "validation_perplexity",
                                      "validation_bits_per_byte", "validation_loss", "test_perplexity",
-                                     "test_bits_per_byte", "test_loss", "buckets", "params_total", "tokens_per_s",
-                                     "wall_time_s", "peak_memory_bytes", "tokens_seen", "steps", "device"]
+                                     "test_bits_per_byte", "test_loss", "buckets", "train_perplexity",
+                                     "train_bits_per_byte", "train_loss", "params_total", "tokens_per_s",
+                                     "wall_time_s", "peak_memory_bytes", "tokens_seen", "steps", "device", "dtype"]
 
 
 def test_plots_leave_the_matplotlib_backend_and_pyplot_alone(tmp_path):
@@ -445,11 +497,14 @@ def test_single_seed_says_plainly_that_no_interval_can_be_given(tmp_path):
     make_pair(runs, [57.0], [60.0])
     result = C.compare_runs(runs_dir=runs)
     d = result.variant("tied").contrast("validation")
-    assert d.difference == pytest.approx(-3.0) and d.p_value is None and d.ci_low is None
+    assert d.difference == pytest.approx(math.log(57 / 60)) and d.p_value is None and d.ci_low is None
+    assert d.power.mde is None and d.power.seeds_needed is None
     out = runs / "compare"
     md = (out / "comparison.md").read_text()
     assert "one seed: no interval" in md and "no confidence interval or p-value can be given" in md
-    assert "5.0% lower perplexity than **untied**" in md
+    assert "5.00% lower perplexity than **untied**" in md
+    assert ("With 1 seed no interval can be given: at least 2 seeds per variant are needed for one, 3 or more for "
+            "a useful one.") in md
     for name in ("comparison.md", "comparison.csv", "comparison.json"):
         assert no_nan((out / name).read_text())
     _strict_json(out / "comparison.json")

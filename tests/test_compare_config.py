@@ -14,6 +14,8 @@ from tests.test_compare import (
     PNG,
     TIED,
     V,
+    dloss,
+    edit_report,
     gpt2_params,
     make_run,
     no_nan,
@@ -50,11 +52,19 @@ def fake_training(monkeypatch):
         shutil.rmtree(run_dir, ignore_errors=True)
         extra_layers = cfg.model.n_layer - 2
         val = 60.0 - (1.5 if cfg.model.tie_embeddings else 0.0) - 0.7 * extra_layers + 0.4 * cfg.seed
-        return make_run(Path(out), name, cfg.seed, val=val, cfg=cfg)
+        run = make_run(Path(out), name, cfg.seed, val=val, cfg=cfg)
+        edit_report(run, flops_per_token=fake_flops(cfg.model))  # deeper costs more, as model.py counts
+        return run
 
     monkeypatch.setattr(tiedlm.model, "count_params_config", gpt2_params)
     monkeypatch.setattr(tiedlm.data, "prepare_data", lambda cfg, progress=True: types.SimpleNamespace(model_vocab_size=V))
     return types.SimpleNamespace(calls=calls, fail=fail, train=train_run)
+
+
+def fake_flops(model_cfg) -> dict:
+    """FLOPs per token, 2N forward and 6N train with N the matmul parameters (blocks and W_out)."""
+    n = 12 * model_cfg.n_layer * model_cfg.n_embd ** 2 + V * model_cfg.n_embd
+    return {"forward": 2 * n, "train": 6 * n}
 
 
 def write_config(tmp_path: Path) -> Path:
@@ -76,7 +86,7 @@ def test_compare_config_trains_both_variants_and_reuses_finished_runs(tmp_path, 
     assert result.variant("tied").config["train"]["lr"] == 2e-3  # --set applies to every variant
     assert (runs / "compare" / "comparison.md").exists()
     d = result.variant("tied").contrast("validation")
-    assert d.test == "paired" and d.difference == pytest.approx(-1.5)
+    assert d.test == "paired" and d.difference == pytest.approx(dloss([58.5, 58.9], [60.0, 60.4]))  # on the loss
 
     fake_training.calls.clear()
     make_run(runs, "unrelated-s0", 0, TIED + ["model.n_layer=3"])  # compares exactly its own runs
@@ -151,6 +161,25 @@ def test_match_params_adds_a_tied_variant_within_one_layer_of_untied(tmp_path, f
     md = (runs / "compare" / "comparison.md").read_text()
     assert "Parameter matching" in md
     assert f"{m.untied_total:,}" in md and f"{m.matched_total:,}" in md
+
+    # parameter-matched is not compute-matched: the FLOPs are reported and the verdict says so
+    untied = result.variant("untied, n_layer=2")
+    more = fake_flops(types.SimpleNamespace(n_layer=m.matched_n_layer, n_embd=d))["train"] / \
+        fake_flops(types.SimpleNamespace(n_layer=2, n_embd=d))["train"] - 1
+    vs = matched.vs_baseline
+    assert vs.parameter_matched and not vs.compute_matched
+    assert vs.train_flops_relative == pytest.approx(more) and more > 0.5
+    assert matched.train_flops == pytest.approx(matched.train_flops_per_token * 409_600)
+    assert untied.train_flops_per_token == fake_flops(types.SimpleNamespace(n_layer=2, n_embd=d))["train"]
+    verdict = matched.verdicts[0]
+    assert (f"It is parameter-matched to **untied, n_layer=2** but not compute-matched: +{more * 100:.0f}% "
+            "training FLOPs") in verdict
+    assert "| train FLOPs/token | total train FLOPs | FLOPs vs untied |" in md
+    assert f"+{more * 100:.0f}% |" in md
+    # the plain tied variant: fewer parameters, the same FLOPs (the output matmul runs either way)
+    plain = result.variant("tied, n_layer=2").vs_baseline
+    assert not plain.parameter_matched and plain.compute_matched and "FLOPs" not in result.variant(
+        "tied, n_layer=2").verdicts[0]
 
 
 # ------------------------------------------------------------------ the real thing, tiny

@@ -2,6 +2,7 @@
 runs on several data sets are refused, or --baseline picks one and the others are listed."""
 
 import csv
+import math
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from tests.test_compare import (
     UNTIED,
     V,
     _strict_json,
+    dloss,
     edit_report,
     make_run,
     raises_exactly,
@@ -74,7 +76,8 @@ def test_baseline_compares_within_its_data_set_and_lists_the_others(tmp_path):
     assert sorted(r.name for r in result.runs) == [
         "v1000-tied-s0", "v1000-tied-s1", "v1000-untied-s0", "v1000-untied-s1"]
     tied = result.variant("tied").vs_baseline
-    assert tied.split("validation").difference == pytest.approx(-1.0)  # 40.5 vs 41.5, not vs 124.5
+    # 40, 41 vs 41, 42, not vs 124, 125: tested on the loss
+    assert tied.split("validation").difference == pytest.approx(dloss([40.0, 41.0], [41.0, 42.0]))
     assert tied.split("validation").test == "paired" and tied.params_difference == -V * 128
     assert result.data_sets == 2
     other = {n.variant: n for n in result.not_compared}
@@ -105,7 +108,7 @@ def test_baseline_compares_within_its_data_set_and_lists_the_others(tmp_path):
     # a run name picks the data set too; "untied" alone is ambiguous across data sets
     by_run = C.compare_runs(runs_dir=runs, baseline="v4096-untied-s0")
     assert {r.name[:5] for r in by_run.runs} == {"v4096"}
-    assert by_run.variant("tied").contrast("validation").difference == pytest.approx(-4.0)
+    assert by_run.variant("tied").contrast("validation").difference == pytest.approx(dloss([120, 121], [124, 125]))
     with raises_exactly(ConfigError, match="several variants"):
         C.compare_runs(runs_dir=runs, baseline="untied")
 
@@ -142,7 +145,7 @@ def test_data_without_recorded_identity_falls_back_to_the_config(tmp_path):
     make_run(runs, "a-untied-s0", 0, UNTIED, val=59.0)
     result = C.compare_runs(runs_dir=runs)
     assert result.data_sets == 1 and not result.not_compared
-    assert result.variant("tied").contrast("validation").difference == pytest.approx(-2.0)
+    assert result.variant("tied").contrast("validation").difference == pytest.approx(math.log(57 / 59))
     # without data_identity, a different data config is different data
     make_run(runs, "b-untied-s0", 0, UNTIED + ["data.synthetic.seed=7"], val=70.0)
     with raises_exactly(RunError, match="data.synthetic.seed 0 vs 7"):

@@ -278,7 +278,10 @@ def compare(
     seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds per variant with --config (default 1)."),
     match: Optional[str] = typer.Option(None, "--match", help="'params': add a tied variant with extra layers "
                                         "matching the untied parameter count."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="The variant to compare against."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="The variant to compare against (in a grid, "
+                                           "instead of each tied variant against its untied twin)."),
+    primary: str = typer.Option("validation", "--primary", help="The split whose loss carries the verdict "
+                                "(train, validation or test); the others confirm."),
     out: Path = typer.Option(Path("runs"), "--out", help="Runs folder; the comparison goes to OUT/compare/."),
     overwrite: bool = typer.Option(False, "--overwrite", help="With --config: retrain runs whose folders hold "
                                    "another config (say, after editing it) instead of refusing them."),
@@ -287,8 +290,9 @@ def compare(
     """Compare finished runs (tied vs untied), across seeds, with intervals and plots."""
 
     def go():
-        from .checks import check_at_most, check_positive
+        from .checks import check_at_most, check_positive, check_split
 
+        check_split(primary, "--primary")
         if match not in (None, "params"):
             raise ConfigError(f"--match {match!r} is not known — the one choice is --match params")
         if config is None:
@@ -307,9 +311,9 @@ def compare(
 
         if config is not None:
             result = compare_config(config, set_ or [], seeds=seeds or 1, match=match, runs_dir=out,
-                                    baseline=baseline, progress=not quiet, overwrite=overwrite)
+                                    baseline=baseline, progress=not quiet, overwrite=overwrite, primary=primary)
         else:
-            result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline)
+            result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline, primary=primary)
         typer.echo(format_terminal_table(result))
         failures = result.train_failures
         if failures:

@@ -2,12 +2,14 @@
 
     collect     find run folders and read finished runs (through runs.py)
     datasets    group runs by the tokens they were trained and evaluated on
-    variants    variants, labels, the baseline, aggregates over seeds, contrasts
+    variants    variants, labels, the baseline, aggregates over seeds, contrasts on the loss
+    grid        matched contrasts: each tied variant against its untied twin in a grid
     comparison  build_comparison and the Comparison it returns (what comparison.json holds)
-    stats       the t distribution, summaries, paired and Welch tests (pure)
+    stats       t and noncentral t distributions, summaries, paired and Welch tests, Holm, power (pure)
     matching    --match params: the tied model with as many parameters as the untied one
+    verdicts    the sentences: verdict on the primary endpoint, confirmation, seeds needed, FLOPs
     report      comparison.md / .csv / .json and the terminal table
-    plots       the three PNG plots
+    plots       the PNG plots
 
 compare_runs compares runs that exist; compare_config trains the tied and untied variants of a
 config first. Both write comparison.md, comparison.csv, comparison.json and three PNG plots
@@ -30,41 +32,45 @@ from .collect import (
     load_runs,
     no_runs_error,
 )
-from .comparison import Comparison, NotCompared, RunRow, TrainFailure, build_comparison
+from .comparison import PRIMARY, Comparison, NotCompared, RunRow, TrainFailure, build_comparison
+from .grid import MatchedContrast
 from .matching import ParamMatch, match_layers
-from .plots import PLOTS, write_plots
-from .report import (
-    FILES,
-    format_terminal_table,
-    to_csv,
-    to_json_text,
-    to_markdown,
-    verdicts_for,
-)
+from .plots import MATCHED_PLOT, PLOTS, write_plots
+from .report import FILES, format_terminal_table, to_csv, to_json_text, to_markdown
 from .stats import (
     ALPHA,
     LEVEL,
+    POWER,
+    GeometricSummary,
+    Power,
     Summary,
     TestResult,
     betainc,
     compare_by_seed,
+    geometric,
+    holm,
+    nct_cdf,
     paired_test,
+    power_analysis,
     summarize,
     t_cdf,
+    t_power,
     t_ppf,
     t_sf,
     t_two_sided_p,
     welch_test,
 )
-from .variants import Contrast, SplitContrast, Variant, choose_baseline, label_variants
+from .variants import BucketContrast, Contrast, SplitContrast, Variant, choose_baseline, label_variants
+from .verdicts import verdicts_for
 
 __all__ = [
     "compare_runs", "compare_config", "write_outputs", "format_terminal_table", "to_markdown", "to_csv",
-    "Comparison", "Variant", "Contrast", "SplitContrast", "RunRow", "NotCompared", "TrainFailure", "LoadedRun",
-    "LeftOut", "ParamMatch", "Summary", "TestResult", "COMPARE_DIR", "PLOTS", "LEVEL", "ALPHA",
+    "Comparison", "Variant", "Contrast", "SplitContrast", "BucketContrast", "MatchedContrast", "RunRow",
+    "NotCompared", "TrainFailure", "LoadedRun", "LeftOut", "ParamMatch", "Summary", "GeometricSummary", "Power",
+    "TestResult", "COMPARE_DIR", "PLOTS", "MATCHED_PLOT", "LEVEL", "ALPHA", "POWER", "PRIMARY",
     "discover", "load_run", "match_layers", "label_variants", "choose_baseline", "short_keys",
-    "betainc", "t_sf", "t_cdf", "t_ppf", "t_two_sided_p", "summarize", "paired_test", "welch_test",
-    "compare_by_seed",
+    "betainc", "t_sf", "t_cdf", "t_ppf", "t_two_sided_p", "summarize", "geometric", "paired_test", "welch_test",
+    "compare_by_seed", "holm", "nct_cdf", "t_power", "power_analysis",
 ]
 
 
@@ -74,6 +80,8 @@ def write_outputs(c: Comparison, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     c.files = {k: str(out / v) for k, v in FILES.items()}
+    if c.matched:
+        c.files["plot_tying_effect"] = str(out / MATCHED_PLOT)
     write_plots(c, out)
     atomic_write_text(out / FILES["csv"], to_csv(c))
     atomic_write_text(out / FILES["markdown"], to_markdown(c))
@@ -81,26 +89,35 @@ def write_outputs(c: Comparison, out: Path) -> None:
 
 
 def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline: str | None, runs_dir: Path,
-             match: ParamMatch | None = None, failed: dict[str, str] | None = None) -> Comparison:
+             match: ParamMatch | None = None, failed: dict[str, str] | None = None,
+             primary: str = PRIMARY) -> Comparison:
     runs, skipped = load_runs(run_dirs, left_out, failed)
     if not runs:
         raise no_runs_error(run_dirs, skipped, runs_dir)
-    c = build_comparison(runs, skipped, baseline, str(out), match)
+    c = build_comparison(runs, skipped, baseline, str(out), match, primary)
     for v in c.variants:
-        v.verdicts = verdicts_for(v)
+        v.verdicts = verdicts_for(v, c)
     write_outputs(c, Path(out))
     return c
 
 
+def _check_primary(primary: str) -> None:
+    from ..checks import check_split
+
+    check_split(primary, "--primary")
+
+
 def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("runs"),
-                 out: Path | None = None, baseline: str | None = None) -> Comparison:
+                 out: Path | None = None, baseline: str | None = None, primary: str = PRIMARY) -> Comparison:
     """Compare finished runs (run folders, folders of runs, or globs; default: every run under
     runs_dir). Writes comparison.md/.csv/.json and plots to `out` (default runs_dir/compare) and
-    returns the comparison. Unfinished or unreadable runs are listed in its `skipped`."""
+    returns the comparison. Unfinished or unreadable runs are listed in its `skipped`. `primary`
+    is the split whose loss carries the verdict (train, validation or test)."""
+    _check_primary(primary)
     runs_dir = Path(runs_dir)
     out = Path(out) if out is not None else runs_dir / COMPARE_DIR
     run_dirs, missing = discover(list(paths) if paths else None, runs_dir, out)
-    return _compare(run_dirs, missing, out, baseline, runs_dir)
+    return _compare(run_dirs, missing, out, baseline, runs_dir, primary=primary)
 
 
 def _variants(cfg_path: str | Path, overrides: list[str], match: str | None,
@@ -123,7 +140,7 @@ def _variants(cfg_path: str | Path, overrides: list[str], match: str | None,
 def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, seeds: int = 1,
                    match: str | None = None, runs_dir: Path = Path("runs"), baseline: str | None = None,
                    progress: bool = True, out: Path | None = None, overwrite: bool = False,
-                   train: Callable[..., Any] | None = None) -> Comparison:
+                   train: Callable[..., Any] | None = None, primary: str = PRIMARY) -> Comparison:
     """Train the tied and untied variants of a config (seeds cfg.seed .. cfg.seed+seeds-1; finished
     runs are reused) and compare exactly those runs. match="params" adds a tied variant with extra
     layers whose total is as close as possible to the untied one's. Training failures do not stop
@@ -136,6 +153,7 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
         raise ConfigError(f"--match {match!r} is not supported — the only option is --match params")
     if seeds < 1:
         raise ConfigError(f"--seeds must be at least 1, got {seeds}")
+    _check_primary(primary)
     overrides = list(overrides or [])
     runs_dir = Path(runs_dir)
     base = load_config(cfg_path, overrides)
@@ -151,6 +169,6 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
     failures = {r.name: r.error for r in results if r.status == "failed"}
     out = Path(out) if out is not None else runs_dir / COMPARE_DIR
     run_dirs = [run_dir_for(runs_dir, name) for name, _ in jobs]
-    c = _compare(run_dirs, [], out, baseline, runs_dir, match=matched, failed=failures)
+    c = _compare(run_dirs, [], out, baseline, runs_dir, match=matched, failed=failures, primary=primary)
     c.train_failures = [TrainFailure(n, e) for n, e in failures.items()]
     return c

@@ -1,6 +1,7 @@
-"""The comparison: the runs of one data set grouped into variants, each contrasted with the
-baseline (build_comparison), and the Comparison that comparison.json, comparison.md, the CSV,
-the terminal table and the plots are written from.
+"""The comparison: the runs of one data set grouped into variants (one per config and resolved
+device type and dtype), each contrasted with the baseline, or in a grid with its matched untied
+variant (build_comparison); and the Comparison that comparison.json, comparison.md, the CSV, the
+terminal table and the plots are written from. One split, the primary endpoint, carries the verdict.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from ..errors import RunError
+from ..errors import ConfigError, RunError
 from .collect import LeftOut, LoadedRun
 from .datasets import DataSet, data_difference, data_sets, mixed_data_message
+from .grid import MatchedContrast, matched_contrasts
 from .matching import ParamMatch
-from .stats import ALPHA, LEVEL, number
+from .stats import ALPHA, LEVEL, POWER, number
 from .variants import (
     COST_KEYS,
     SPLITS,
@@ -23,9 +25,13 @@ from .variants import (
     aggregate,
     choose_baseline,
     label_variants,
+    resolution,
+    run_loss,
     variant_config,
     versus,
 )
+
+PRIMARY = "validation"  # the default primary endpoint
 
 
 @dataclass
@@ -44,6 +50,9 @@ class RunRow:
     test_bits_per_byte: float | None
     test_loss: float | None
     buckets: dict[str, dict[str, float | None]]  # split -> bucket name -> loss
+    train_perplexity: float | None
+    train_bits_per_byte: float | None
+    train_loss: float | None
     params_total: Any
     tokens_per_s: float | None
     wall_time_s: float | None
@@ -51,6 +60,7 @@ class RunRow:
     tokens_seen: float | None
     steps: float | None
     device: str | None
+    dtype: str | None
 
     def metric(self, split: str, key: str) -> float | None:
         return getattr(self, f"{split}_{key}")
@@ -83,7 +93,7 @@ class Comparison:
 
     created: str
     out: str
-    baseline_label: str
+    baseline_label: str | None  # None in matched mode: each tied variant has its own untied reference
     baseline_reason: str
     differing_keys: list[str]
     variants: list[Variant]  # the baseline first, then by label
@@ -98,14 +108,22 @@ class Comparison:
     tiedlm_version: str = ""
     level: float = LEVEL
     alpha: float = ALPHA
+    primary: str = PRIMARY  # the split whose loss carries the verdict; the others confirm
+    mode: str = "baseline"  # "baseline": every variant against one; "matched": tied vs untied per setting
+    matched: list[MatchedContrast] = field(default_factory=list)
 
     @property
     def verdicts(self) -> list[str]:
         return [line for v in self.variants for line in v.verdicts]
 
     @property
-    def baseline(self) -> Variant:
-        return next(v for v in self.variants if v.is_baseline)
+    def baseline(self) -> Variant | None:
+        return next((v for v in self.variants if v.is_baseline), None)
+
+    @property
+    def confirmations(self) -> list[str]:
+        """The splits that confirm the primary one: the other splits some variant has."""
+        return [s for s in SPLITS if s != self.primary and any(s in v.metrics for v in self.variants)]
 
     def variant(self, label: str) -> Variant:
         return next(v for v in self.variants if v.label == label)
@@ -120,22 +138,29 @@ class Comparison:
     def to_json(self) -> dict:
         """comparison.json: strict JSON (NaN and infinities as null, integer keys as strings)."""
         return _json_safe({
-            "format": 1, "tiedlm_version": self.tiedlm_version, "created": self.created, "out": self.out,
-            "level": self.level, "alpha": self.alpha, "interval": INTERVAL, "difference": DIFFERENCE,
-            "baseline": {"label": self.baseline_label, "reason": self.baseline_reason},
+            "format": 2, "tiedlm_version": self.tiedlm_version, "created": self.created, "out": self.out,
+            "level": self.level, "alpha": self.alpha, "power": POWER, "interval": INTERVAL, "difference": DIFFERENCE,
+            "primary": self.primary, "confirmation": self.confirmations, "secondary": SECONDARY,
+            "mode": self.mode, "baseline": {"label": self.baseline_label, "reason": self.baseline_reason},
             "differing_keys": self.differing_keys, "variants": [v.to_json() for v in self.variants],
             "runs": [asdict(r) for r in self.runs], "skipped": [asdict(s) for s in self.skipped],
             "notes": self.notes, "match": self.match.to_json() if self.match else None,
             "verdicts": self.verdicts, "data_sets": self.data_sets,
-            "not_compared": [asdict(n) for n in self.not_compared], "files": self.files,
+            "not_compared": [asdict(n) for n in self.not_compared],
+            "matched": [m.to_json(self.primary) for m in self.matched], "files": self.files,
         })
 
 
-INTERVAL = ("95% Student-t confidence interval for the mean over seeds: "
-            "mean ± t(0.975, n−1)·sd/√n, sd the sample standard deviation (n−1)")
-DIFFERENCE = ("variant − baseline, in perplexity; paired t-test on per-seed differences when "
-              "both variants have the same seeds, Welch's t-test (Welch–Satterthwaite df) otherwise; "
-              "two-sided p-values")
+INTERVAL = ("95% Student-t confidence interval for the mean loss over seeds, mean ± t(0.975, n−1)·sd/√n "
+            "(sd the sample standard deviation, n−1); perplexities are exp(mean loss), the geometric mean "
+            "over seeds, with exp() of the loss interval as bounds")
+DIFFERENCE = ("variant − reference in loss (nats per token), shown as exp(Δloss) − 1, the ratio of the "
+              "perplexities minus one, with exp(CI) − 1 bounds; paired t-test on per-seed differences when "
+              "both variants have the same seeds, Welch's t-test (Welch–Satterthwaite df) otherwise; two-sided "
+              "p-values; no spread between seeds: the interval is the point and p = 0 (undefined, null, when "
+              "the difference is 0 too)")
+SECONDARY = ("per-bucket loss differences: own 95% intervals, p-values Holm-adjusted over the buckets of one "
+             "contrast (p_holm)")
 
 
 def _json_safe(obj: Any) -> Any:
@@ -149,11 +174,17 @@ def _json_safe(obj: Any) -> Any:
 
 
 def _one_per_seed(runs: list[LoadedRun], skipped: list[LeftOut]) -> dict[str, list[LoadedRun]]:
-    """Runs grouped by config hash in a stable order (first appearance by run name), one run per
-    seed; the duplicates are added to `skipped`."""
+    """Runs grouped by config hash and resolved device type and dtype, in a stable order (first
+    appearance by run name), one run per seed; the duplicates are added to `skipped`. The key is the
+    config hash, followed by "|" and the resolution when runs of one hash resolved several ways."""
+    ordered = sorted(runs, key=lambda r: (r.name, r.path))
+    ways: dict[str, set[str]] = {}
+    for run in ordered:
+        ways.setdefault(run.config_hash, set()).add(resolution(run))
     groups: dict[str, list[LoadedRun]] = {}
-    for run in sorted(runs, key=lambda r: (r.name, r.path)):
-        groups.setdefault(run.config_hash, []).append(run)
+    for run in ordered:
+        split = len(ways[run.config_hash]) > 1
+        groups.setdefault(f"{run.config_hash}|{resolution(run)}" if split else run.config_hash, []).append(run)
     kept: dict[str, list[LoadedRun]] = {}
     for chash, members in groups.items():
         by_seed: dict[int, LoadedRun] = {}
@@ -167,12 +198,28 @@ def _one_per_seed(runs: list[LoadedRun], skipped: list[LeftOut]) -> dict[str, li
     return kept
 
 
+def _resolved(labels: list[str], firsts: list[LoadedRun]) -> list[str]:
+    """Labels with the resolved device type and dtype appended ("tied (cuda, bf16)") when the runs
+    did not all resolve alike."""
+    ways = [resolution(r) for r in firsts]
+    return labels if len(set(ways)) <= 1 else [f"{lab} ({w})" for lab, w in zip(labels, ways)]
+
+
 def _labels(kept: dict[str, list[LoadedRun]]) -> tuple[list[str], list[str]]:
     hashes = list(kept)
     labels, keys = label_variants([kept[h][0].config for h in hashes])
+    labels = _resolved(labels, [kept[h][0] for h in hashes])
     if len(set(labels)) != len(labels):  # configs that differ only where the hash saw it
         labels = [f"{lab} [{h[:6]}]" for lab, h in zip(labels, hashes)]
     return labels, keys
+
+
+def _resolution_note(variants: list[Variant]) -> list[str]:
+    ways = sorted({v.resolution for v in variants})
+    if len(ways) <= 1:
+        return []
+    return [f"the runs resolved to different devices or dtypes ({'; '.join(ways)}): each is a variant of its own, "
+            "labelled with it, and a contrast across them mixes the effect with the numerics of the device"]
 
 
 def pick_data_set(groups: list[DataSet], kept_by_group: list[dict[str, list[LoadedRun]]],
@@ -182,6 +229,7 @@ def pick_data_set(groups: list[DataSet], kept_by_group: list[dict[str, list[Load
     labels computed over all the runs, which name the data keys that tell the data sets apart."""
     entries = [(gi, h) for gi, kept in enumerate(kept_by_group) for h in kept]
     labels, _ = label_variants([kept_by_group[gi][h][0].config for gi, h in entries])
+    labels = _resolved(labels, [kept_by_group[gi][h][0] for gi, h in entries])
     if len(set(labels)) != len(labels):  # the same config on other data (the data files changed)
         labels = [f"{lab} [data set {gi + 1}]" for lab, (gi, _h) in zip(labels, entries)]
     candidates = []
@@ -204,44 +252,74 @@ def pick_data_set(groups: list[DataSet], kept_by_group: list[dict[str, list[Load
 
 def _run_row(run: LoadedRun, label: str) -> RunRow:
     finals = {f"{s}_{k}": run.metric(s, k) for s in SPLITS for k in ("perplexity", "bits_per_byte", "loss")}
+    for s in SPLITS:  # the loss is what is tested: log(perplexity) where a report lacks it
+        finals[f"{s}_loss"] = run_loss(run, s)
     return RunRow(name=run.name, path=run.path, variant=label, seed=run.seed, config_hash=run.config_hash,
                   **finals,
                   buckets={s: {n: number((run.bucket(s, n) or {}).get("loss")) for n in run.bucket_names(s)}
                            for s in SPLITS},
                   params_total=run.params.get("total"),
-                  **{k: number(getattr(run.report, k)) for k in COST_KEYS}, device=run.report.device)
+                  **{k: number(getattr(run.report, k)) for k in COST_KEYS}, device=run.report.device,
+                  dtype=run.report.dtype)
+
+
+def _check_primary(variants: list[Variant], primary: str) -> None:
+    if not any(primary in v.metrics for v in variants):
+        have = [s for s in SPLITS if any(s in v.metrics for v in variants)]
+        raise ConfigError(f"--primary {primary}: no compared run has a final {primary} evaluation (eval.splits) "
+                          f"— choose one the runs have: {', '.join(have) or 'none'}")
+
+
+def _contrast(variants: list[Variant], keys: list[str], baseline: str | None, base_key: str | None,
+              match: ParamMatch | None) -> tuple[Variant | None, str, list[MatchedContrast]]:
+    """Set every variant's contrast: tied against its untied twin in a grid (no --baseline, no
+    --match), else every variant against one baseline. Returns (the baseline or None, why, the
+    matched contrasts)."""
+    if base_key is None and not baseline and match is None:
+        matched = matched_contrasts(variants, keys)
+        if matched:
+            return None, ("none: the variants differ in more than tying, so each tied variant is contrasted with "
+                          "the untied variant identical in every other key (pass --baseline for one baseline)"), matched
+    if base_key is None:
+        base, why = choose_baseline(variants, baseline)
+    else:
+        base, why = next(v for v in variants if v.key == base_key), ""
+    for v in variants:
+        v.is_baseline = v is base
+        v.vs_baseline = None if v is base else versus(v, base)
+    return base, why, []
 
 
 def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: str | None, out: str,
-                     match: ParamMatch | None = None) -> Comparison:
-    """Group runs into data sets and variants, aggregate, and contrast each variant with the
-    baseline. Runs on several data sets need --baseline (a RunError otherwise); then only the
-    baseline's data set is compared."""
+                     match: ParamMatch | None = None, primary: str = PRIMARY) -> Comparison:
+    """Group runs into data sets and variants, aggregate, and contrast: in a grid without --baseline,
+    each tied variant with its matched untied variant; otherwise each variant with the baseline.
+    Runs on several data sets need --baseline (a RunError otherwise); then only the baseline's data
+    set is compared. The primary split must be one the runs were evaluated on (a ConfigError)."""
     from .. import __version__
 
     groups = data_sets(runs)
     kept_by_group = [_one_per_seed(g.runs, skipped) for g in groups]
     not_compared: list[NotCompared] = []
+    why = ""
     if len(groups) == 1:
-        home, base_hash = 0, None
+        home, base_key = 0, None
     elif not baseline or not baseline.strip():
         raise RunError(mixed_data_message(groups))
     else:
-        home, base_hash, why, not_compared = pick_data_set(groups, kept_by_group, baseline)
+        home, base_key, why, not_compared = pick_data_set(groups, kept_by_group, baseline)
     kept = kept_by_group[home]
     labels, keys = _labels(kept)  # within the data set, so that labels name only what differs there
-    variants = [aggregate(lab, kept[h]) for lab, h in zip(labels, kept)]
-    if base_hash is None:
-        base, why = choose_baseline(variants, baseline)
-    else:
-        base = next(v for v in variants if v.config_hash == base_hash)
-    variants.sort(key=lambda v: (v is not base, v.label))
-    for v in variants:
-        v.is_baseline = v is base
-        v.vs_baseline = None if v is base else versus(v, base)
+    variants = [aggregate(lab, kept[h], h) for lab, h in zip(labels, kept)]
+    _check_primary(variants, primary)
+    base, reason, matched = _contrast(variants, keys, baseline, base_key, match)
+    order = {label: i for i, m in enumerate(matched) for label in (m.tied, m.untied)}  # settings in numeric order
+    variants.sort(key=lambda v: (v is not base, order.get(v.label, len(order)), v.label))
     rows = [_run_row(r, lab) for lab, h in zip(labels, kept) for r in kept[h]]
     return Comparison(
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), out=out, baseline_label=base.label,
-        baseline_reason=why, differing_keys=keys, variants=variants, runs=rows, skipped=skipped,
-        notes=[n for r in groups[home].runs for n in r.notes], data_sets=len(groups),
-        not_compared=not_compared, match=match, tiedlm_version=__version__)
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), out=out,
+        baseline_label=base.label if base else None, baseline_reason=why or reason, differing_keys=keys,
+        variants=variants, runs=rows, skipped=skipped,
+        notes=[n for r in groups[home].runs for n in r.notes] + _resolution_note(variants), data_sets=len(groups),
+        not_compared=not_compared, match=match, tiedlm_version=__version__, primary=primary,
+        mode="matched" if matched else "baseline", matched=matched)

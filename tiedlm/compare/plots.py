@@ -1,5 +1,6 @@
-"""The comparison's three PNG plots: validation perplexity during training, final perplexity
-against parameters, loss by frequency bucket.
+"""The comparison's PNG plots: validation perplexity during training, final perplexity against
+parameters, loss by frequency bucket; and in a grid, the tying effect per setting (against the
+swept key when it is a number, and against the embedding share of parameters).
 
 matplotlib is imported inside the functions, so that `tiedlm --help` stays instant, and used
 through its object interface (a Figure on an Agg canvas), never pyplot: a library call must not
@@ -23,19 +24,24 @@ PLOTS = {
     "params": "perplexity_vs_params.png",
     "buckets": "bucket_loss.png",
 }
+MATCHED_PLOT = "tying_effect.png"  # written only when the comparison has matched contrasts
 
 
 @contextlib.contextmanager
-def _figure(path: Path, title: str) -> Iterator[Any]:
-    """One plot: yields its axes, then titles it and writes the PNG atomically."""
+def _figure(path: Path, title: str, panels: int = 1) -> Iterator[Any]:
+    """One plot: yields its axes (a list of them with panels > 1), then titles it and writes the
+    PNG atomically."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 4.5))
+    fig = Figure(figsize=(7 if panels == 1 else 11, 4.5))
     FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    yield ax
-    ax.set_title(title, fontsize=10)
+    ax = fig.subplots(1, panels)
+    yield ax if panels == 1 else list(ax)
+    if panels == 1:
+        ax.set_title(title, fontsize=10)
+    else:
+        fig.suptitle(title, fontsize=10)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
     from ..runs import atomic_write_bytes  # a full disk is then one line, as for every run file
@@ -62,10 +68,13 @@ def _empty(ax: Any, text: str) -> None:
     ax.set_yticks([])
 
 
-def _floor_ppl(variants: list[Variant]) -> float | None:
+def _floor_ppl(variants: list[Variant]) -> tuple[float, str] | None:
+    """The validation split's own floor (per token, whatever the tokenizer) and its label; None
+    for runs that recorded none (tiedlm 0.1 recorded only the expected rate, which is no bound)."""
     for v in variants:
-        if v.floor and v.tokenizer_kind == "word":  # a word-level floor is per token there
-            return number(v.floor.get("perplexity_per_word"))
+        split = ((v.floor or {}).get("splits") or {}).get("validation")
+        if split and number(split.get("perplexity")) is not None:
+            return split["perplexity"], split.get("label") or "split floor"
     return None
 
 
@@ -87,7 +96,8 @@ def plot_curve(c: Comparison, path: Path) -> None:
             return
         floor = _floor_ppl(c.variants)
         if floor:
-            ax.axhline(floor, color="0.3", linestyle="--", linewidth=1, label="floor (true entropy rate)")
+            ax.axhline(floor[0], color="0.3", linestyle="--", linewidth=1,
+                       label=f"{floor[1]} (the true model on validation)")
         ax.set_yscale("log")
         _plain_ticks(ax, "x")
         _plain_ticks(ax, "y", log=True)
@@ -98,7 +108,7 @@ def plot_curve(c: Comparison, path: Path) -> None:
 
 
 def plot_params(c: Comparison, path: Path) -> None:
-    with _figure(path, "Final validation perplexity against parameters (seeds, mean and 95% CI)") as ax:
+    with _figure(path, "Final validation perplexity against parameters (seeds, geometric mean and 95% CI)") as ax:
         drawn = False
         for i, v in enumerate(c.variants):
             total = v.params.get("total")
@@ -146,8 +156,56 @@ def plot_buckets(c: Comparison, path: Path) -> None:
         ax.legend(fontsize=8)
 
 
+def _effect_panel(ax: Any, xs: list[float], c: Comparison, xlabel: str, labels: list[str] | None = None,
+                  annotate: bool = False) -> None:
+    """The tying effect (%) with its 95% interval against xs, one point per matched contrast
+    (named by its setting when annotate)."""
+    for x, m in zip(xs, c.matched):
+        d = m.split(c.primary)
+        if d is None or d.relative is None:
+            continue
+        y = d.relative * 100
+        yerr = None if d.relative_ci_low is None else [[y - d.relative_ci_low * 100], [d.relative_ci_high * 100 - y]]
+        ax.errorbar([x], [y], yerr=yerr, fmt="o", color="C0", capsize=4, markersize=6)
+        if annotate:
+            ax.annotate(m.label, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7, color="0.3")
+    ax.axhline(0.0, color="0.3", linewidth=1, linestyle="--")
+    if labels is not None:
+        ax.set_xticks(xs)
+        ax.set_xticklabels(labels, rotation=20, fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"tying effect on {c.primary} perplexity (%)")
+    ax.grid(True, alpha=0.3)
+
+
+def plot_tying_effect(c: Comparison, path: Path) -> None:
+    """Tied against untied per setting: against the swept key (numeric, else by setting) and the
+    embedding share V·d / untied total. Negative: tying is better."""
+    from .grid import numeric_key
+
+    title = "Tying effect per setting: exp(Δloss) − 1 with 95% CI (negative: tying better)"
+    with _figure(path, title, panels=2) as (left, right):
+        key = numeric_key(c.matched)
+        if key is not None:
+            xs = [float(m.setting[key]) for m in c.matched]
+            _effect_panel(left, xs, c, key)
+            if len(set(xs)) > 1 and min(xs) > 0 and max(xs) / min(xs) >= 8:
+                left.set_xscale("log", base=2)
+                _plain_ticks(left, "x")
+        else:
+            _effect_panel(left, list(range(len(c.matched))), c, "setting", [m.label for m in c.matched])
+        shares = [m.embedding_share for m in c.matched]
+        if all(s is not None for s in shares):
+            _effect_panel(right, [s * 100 for s in shares], c, "embedding share V·d / untied parameters (%)",
+                          annotate=True)
+        else:
+            _empty(right, "no parameter counts in the reports")
+
+
 def write_plots(c: Comparison, out: Path) -> None:
-    """The three plots, into the folder out."""
+    """The plots, into the folder out (the tying-effect plot only with matched contrasts)."""
     plot_curve(c, out / PLOTS["curve"])
     plot_params(c, out / PLOTS["params"])
     plot_buckets(c, out / PLOTS["buckets"])
+    if c.matched:
+        plot_tying_effect(c, out / MATCHED_PLOT)

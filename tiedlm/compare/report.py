@@ -1,6 +1,6 @@
-"""A Comparison as text: the verdict sentences, comparison.md (one function per section),
-comparison.csv, comparison.json and the table printed after a comparison. Numbers, sizes and
-tables are formatted by tiedlm.formatting, as everywhere else."""
+"""A Comparison as text: comparison.md (one function per section), comparison.csv,
+comparison.json and the table printed after a comparison (the sentences are verdicts.py's).
+Numbers, sizes and tables are formatted by tiedlm.formatting, as everywhere else."""
 
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ from ..formatting import (
     text_table,
 )
 from .comparison import Comparison, RunRow
-from .plots import PLOTS
-from .stats import Summary, TestResult
-from .variants import SPLITS, Variant
+from .plots import MATCHED_PLOT, PLOTS
+from .stats import GeometricSummary, Summary, TestResult
+from .variants import SPLITS, SplitContrast, Variant
+from .verdicts import decay_line, fmt_flops, percent, plural, roles, test_words
 
 FILES = {"markdown": "comparison.md", "csv": "comparison.csv", "json": "comparison.json",
          **{f"plot_{k}": v for k, v in PLOTS.items()}}
@@ -42,76 +43,34 @@ def _mean_sd(s: Summary, digits: int = 2) -> str:
     return f"{fmt(s.mean, digits)} ± {fmt(s.sd, digits)}"
 
 
-def _ci(s: Summary, digits: int = 2) -> str:
+def _ci(s: Summary | GeometricSummary, digits: int = 2) -> str:
     if s.ci_low is None:
         return "one seed: no interval" if s.n == 1 else MISSING
     return f"{fmt(s.ci_low, digits)} – {fmt(s.ci_high, digits)}"
 
 
-def _test_words(d: TestResult) -> str:
-    if d.test == "paired":
-        return f"paired over {d.n} seeds"
-    return f"Welch, {d.n_a} vs {d.n_b} seeds"
+def _p_only(p: float | None) -> str:
+    """0.012 or <0.001: fmt_p without its 'p='; a dash for None."""
+    return fmt_p(p)[1:].lstrip("=") if p is not None else MISSING
 
 
-def _p_only(p: float) -> str:
-    """0.012 or <0.001: fmt_p without its 'p='."""
-    return fmt_p(p)[1:].lstrip("=")
+def _effect_ci(d: TestResult, digits: int = 2) -> str:
+    """The interval of a split contrast as percentages, or why there is none."""
+    if d.ci_low is None:
+        return "no interval"
+    return f"{percent(d.relative_ci_low, digits)} to {percent(d.relative_ci_high, digits)}"
 
 
-def _percent(x: float) -> str:
-    return fmt_signed(x * 100, 1) + "%"
+def _nats_ci(d: TestResult) -> str:
+    return "no interval" if d.ci_low is None else f"{fmt_signed(d.ci_low, 4)} to {fmt_signed(d.ci_high, 4)}"
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' if n != 1 else ''}"
-
-
-# ============================================================================ verdicts
-
-
-def verdict(variant: Variant, split: str) -> str | None:
-    """One plain-English sentence on the variant against the baseline on one split."""
-    d = variant.contrast(split)
-    if d is None or d.difference is None or d.relative is None:
-        return None
-    base = variant.vs_baseline.baseline
-    rel = d.relative
-    if rel == 0:
-        claim = f"has the same perplexity as **{base}**"
-    else:
-        claim = f"is {abs(rel) * 100:.1f}% {'lower' if rel < 0 else 'higher'} perplexity than **{base}**"
-    head = f"**{variant.label}** {claim} on {split} ({fmt(d.variant_mean)} vs {fmt(d.baseline_mean)}"
-    if d.p_value is None:
-        return head + f"; {d.note or 'no interval can be given'})."
-    ci = f"{_percent(d.relative_ci_low)} to {_percent(d.relative_ci_high)}"
-    sig = ("significant at 0.05" if d.significant
-           else "not significant at 0.05 (the interval includes zero)")
-    return head + f"; 95% CI of the difference {ci}, {fmt_p(d.p_value)}, {_test_words(d)}): {sig}."
-
-
-def _params_sentence(variant: Variant) -> str | None:
-    vs = variant.vs_baseline
-    if vs is None or vs.params_relative is None:
-        return None
-    total = variant.params.get("total")
-    base_total = total - vs.params_difference
-    if vs.params_relative == 0:
-        return f"Same parameter count as {vs.baseline} ({fmt_int(total)})."
-    more = "fewer" if vs.params_relative < 0 else "more"
-    return (f"It has {abs(vs.params_relative) * 100:.1f}% {more} parameters "
-            f"({fmt_int(total)} vs {fmt_int(base_total)}).")
-
-
-def verdicts_for(variant: Variant) -> list[str]:
-    """The variant's verdict per split, the parameter sentence after the first; none for the baseline."""
-    if variant.vs_baseline is None:
-        return []
-    lines = [line for line in (verdict(variant, s) for s in SPLITS) if line]
-    ps = _params_sentence(variant)
-    if ps and lines:
-        lines[0] += " " + ps
-    return lines
+def _detectable(d: SplitContrast) -> str:
+    pw = d.power
+    if pw is None or pw.mde_relative is None:
+        return MISSING
+    need = f"{pw.seeds_needed}" if pw.seeds_needed is not None else MISSING
+    return f"{pw.mde_relative * 100:.2f}% / {need}"
 
 
 # ============================================================================ comparison.md
@@ -119,15 +78,20 @@ def verdicts_for(variant: Variant) -> list[str]:
 
 def _md_intro(c: Comparison) -> list[str]:
     n_runs = sum(v.n_seeds for v in c.variants)
+    if c.mode == "matched":
+        how = ("no single baseline: each tied variant is contrasted with the untied variant identical in every "
+               "other key (pass --baseline to compare every variant with one)")
+    else:
+        how = f"baseline **{c.baseline_label}** ({c.baseline_reason})"
     md = ["# tiedlm comparison", "",
-          f"{_plural(n_runs, 'finished run')} in {_plural(len(c.variants), 'variant')}; baseline "
-          f"**{c.baseline_label}** ({c.baseline_reason}). Written by tiedlm {c.tiedlm_version} on {c.created}."]
+          f"{plural(n_runs, 'finished run')} in {plural(len(c.variants), 'variant')}; {how}. "
+          f"Written by tiedlm {c.tiedlm_version} on {c.created}."]
     if c.differing_keys:
         md += ["", "The variants differ in: " + ", ".join(f"`{k}`" for k in c.differing_keys) + "."]
     if c.not_compared:
         n_other = len(c.not_compared)
         md += ["", f"Only variants trained on the baseline's data are compared: the runs came from "
-                   f"{c.data_sets} data sets, and {_plural(n_other, 'variant')} trained on other data "
+                   f"{c.data_sets} data sets, and {plural(n_other, 'variant')} trained on other data "
                    f"{'are' if n_other != 1 else 'is'} listed under *Not compared*."]
     return md
 
@@ -135,15 +99,39 @@ def _md_intro(c: Comparison) -> list[str]:
 def _md_verdict(c: Comparison) -> list[str]:
     md = ["", "## Verdict", ""]
     if c.verdicts:
-        md += ["Percentages are of the baseline's mean perplexity; the interval is the 95% confidence "
-               "interval of the difference in mean perplexity, expressed the same way. Lower is better.", ""]
-        md += [f"- {line}" for line in c.verdicts]
+        md += [roles(c) + " Effects are ratios of perplexities, exp(Δloss) − 1, with 95% intervals computed on the "
+               "loss (nats per token) across seeds; lower is better.", ""]
+        for v in c.variants:
+            md += [("- " if i == 0 else "  - ") + line for i, line in enumerate(v.verdicts)]
     elif len(c.variants) == 1:
         md.append("- Only one variant: nothing to compare against. Train another (for example "
                   "`tiedlm compare --config CONFIG`, which trains both tied and untied).")
     if any(v.n_seeds == 1 for v in c.variants):
         md.append("- Some variants have a single seed: no confidence interval or p-value can be given for "
                   "them. Use `--seeds 3` or more.")
+    decay = decay_line(c)
+    return md + (["", decay] if decay else [])
+
+
+def _md_matched(c: Comparison) -> list[str]:
+    if not c.matched:
+        return []
+    rows = []
+    for m in c.matched:
+        d = m.split(c.primary)
+        rows.append([m.label, fmt(d.variant_mean) if d else MISSING, fmt(d.baseline_mean) if d else MISSING,
+                     percent(d.relative) if d else MISSING, _effect_ci(d) if d else MISSING,
+                     _p_only(d.p_value) if d else MISSING, str(d.seeds) if d else MISSING,
+                     percent(m.embedding_share, 1).lstrip("+") if m.embedding_share is not None else MISSING])
+    unmatched = [v.label for v in c.variants if v.tied and v.vs_baseline is None]
+    md = ["", f"## Tying effect per setting ({c.primary})", "",
+          "Each tied variant against the untied variant identical in every other key: the effect is exp(Δloss) − 1 "
+          "(negative: tying is better) with its 95% interval and p-value; `V·d share` is the embedding matrix's "
+          "share of the untied model's parameters.", "",
+          markdown_table(["setting", "tied ppl", "untied ppl", "tying effect", "95% CI", "p", "seeds", "V·d share"],
+                         rows, "lrrrrrrr"), "", f"![tying effect per setting]({MATCHED_PLOT})"]
+    if unmatched:
+        md += ["", "No untied variant with the same settings (not contrasted): " + "; ".join(unmatched) + "."]
     return md
 
 
@@ -156,99 +144,127 @@ def _md_match(c: Comparison) -> list[str]:
           f"{fmt_int(m.tied_total)}. The matched variant is tied with n_layer={m.matched_n_layer} "
           f"instead of {m.n_layer} (one layer holds {fmt_int(m.layer_params)}), for "
           f"{fmt_int(m.matched_total)} parameters: "
-          f"{m.matched_total - m.untied_total:+,} against the untied model.".replace("-", "−")]
+          f"{m.matched_total - m.untied_total:+,} against the untied model.".replace("-", "−")
+          + " Parameter-matched is not compute-matched: its extra layers cost FLOPs on every token."]
     if m.note:
         md += ["", m.note + "."]
-    return md
+    untied = next((v for v in c.variants if v.tied is False), None)
+    ref = untied.train_flops if untied else None
+    rows = [[v.name, fmt_int(v.params.get("total")), fmt_flops(v.train_flops_per_token), fmt_flops(v.train_flops),
+             percent(v.train_flops / ref - 1.0, 0) if v.train_flops is not None and ref else MISSING]
+            for v in c.variants]
+    return md + ["", markdown_table(["variant", "parameters", "train FLOPs/token", "total train FLOPs",
+                                     "FLOPs vs untied"], rows, "lrrrr")]
 
 
 def _present_splits(c: Comparison) -> list[str]:
     return [s for s in SPLITS if any(s in v.metrics for v in c.variants)]
 
 
+def _floor_line(c: Comparison) -> list[str]:
+    """builtin:synthetic: each split's own floor (the true model's loss on its tokens) where the
+    runs recorded it, and the language's expected rate, which is an average, not a bound."""
+    floor = next((v.floor for v in c.variants if v.floor), None)
+    if not floor:
+        return []
+    splits = floor.get("splits") or {}
+    parts = [f"{name} {fmt(sf.get('perplexity'))}" for name, sf in splits.items()]
+    label = "best achievable perplexity (`<unk>` merges the rarest words)" if floor.get("with_unk") else "floor"
+    own = (f"The true model's perplexity on each split's own tokens, the {label}: {', '.join(parts)}. "
+           if parts else "")
+    return ["", own + f"The language's expected entropy rate is {fmt(floor.get('perplexity_per_word'))} perplexity "
+                "per word: an average over endless text, not a bound on a finite split."]
+
+
 def _md_results(c: Comparison) -> list[str]:
     md = ["", "## Results", "",
-          "Mean ± standard deviation over seeds; the 95% interval is a Student-t confidence interval "
-          "for the mean over seeds (mean ± t(0.975, n−1)·sd/√n) — where the average run of this "
-          "variant would land, not the range of single runs. Lower is better.", ""]
+          "Everything is computed on the loss (mean NLL, nats per token) across seeds. Perplexity is exp(mean loss), "
+          "the geometric mean over seeds, and its 95% interval is exp() of the Student-t interval of the mean loss "
+          "(mean ± t(0.975, n−1)·sd/√n) — where the average run of this variant would land, not the range of "
+          "single runs. Lower is better.", ""]
     present = _present_splits(c)
     header = ["variant", "seeds"]
     for s in present:
-        header += [f"{s} perplexity", "95% CI", f"{s} bits/byte"]
+        header += [f"{s} perplexity", "95% CI", f"{s} loss ± SD", f"{s} bits/byte"]
     rows = []
     for v in c.variants:
         row = [v.name, str(v.n_seeds)]
         for s in present:
             m = v.split(s)
-            row += ([_mean_sd(m.perplexity), _ci(m.perplexity), _mean_sd(m.bits_per_byte, 4)] if m
-                    else [MISSING] * 3)
+            row += ([fmt(m.perplexity.mean), _ci(m.perplexity), _mean_sd(m.loss, 4), _mean_sd(m.bits_per_byte, 4)]
+                    if m else [MISSING] * 4)
         rows.append(row)
-    md.append(markdown_table(header, rows))
-    floor = next((v.floor for v in c.variants if v.floor), None)
-    if floor:
-        bpb = floor.get("bits_per_byte") or {}
-        md += ["", f"Floor of the synthetic language (its true entropy rate): {fmt(floor.get('perplexity_per_word'))} "
-                   f"perplexity per word, {fmt(bpb.get('validation'), 4)} bits per byte on validation, "
-                   f"{fmt(bpb.get('test'), 4)} on test. No model can do better on average."
-                   + (f" ({floor['note'].rstrip('.')}.)" if floor.get("note") else "")]
-    return md
+    return md + [markdown_table(header, rows)] + _floor_line(c)
 
 
 def _md_differences(c: Comparison) -> list[str]:
-    others = [v for v in c.variants if not v.is_baseline]
+    others = [v for v in c.variants if v.vs_baseline]
     if not others:
         return []
-    md = ["", f"## Difference from the baseline ({c.baseline_label})", "",
-          "Difference in mean perplexity, variant − baseline (negative: the variant is better), with its "
-          "95% confidence interval and two-sided p-value: paired t-test on per-seed differences when both "
-          "have the same seeds, Welch's t-test otherwise.", ""]
+    md = ["", "## Contrasts", "",
+          "Each variant against its reference (variant − reference), tested on the per-seed loss: paired t-test "
+          "when both have the same seeds, Welch's t-test otherwise. `effect` is exp(Δloss) − 1 (negative: the "
+          "variant is better) with exp(CI) − 1 bounds; `Δ ppl` (difference of the geometric means) is descriptive "
+          "only. `detectable / seeds` is the smallest effect the seeds run detect with 80% power at α = 0.05, and "
+          "the seeds per variant that would resolve the observed one.", ""]
     rows = []
     for v in others:
         for s in _present_splits(c):
             d = v.contrast(s)
             if d is None or d.difference is None:
                 continue
-            if d.p_value is None:
-                ci, p, how = "no interval", MISSING, d.note or MISSING
-            else:
-                ci = f"{fmt_signed(d.ci_low)} to {fmt_signed(d.ci_high)}"
-                p, how = _p_only(d.p_value), _test_words(d)
-            rel = _percent(d.relative) if d.relative is not None else MISSING
-            sig = MISSING if d.significant is None else ("yes" if d.significant else "no")
-            rows.append([v.label, s, fmt_signed(d.difference), rel, ci, p, sig, how])
-    md.append(markdown_table(["variant", "split", "Δ perplexity", "relative", "95% CI", "p", "p < 0.05", "test"],
-                             rows, "llrrrrll"))
+            role = "primary" if s == c.primary else "confirmation"
+            how = test_words(d) if d.test and d.ci_low is not None else d.note or MISSING
+            rows.append([v.label, v.vs_baseline.baseline, f"{s} ({role})", percent(d.relative), _effect_ci(d),
+                         fmt_signed(d.difference, 4), _nats_ci(d), _p_only(d.p_value),
+                         fmt_signed(d.perplexity_difference), _detectable(d) if s == c.primary else "", how])
+    md.append(markdown_table(["variant", "vs", "split", "effect", "95% CI", "Δ loss", "95% CI (nats)", "p",
+                              "Δ ppl", "detectable / seeds", "test"], rows, "lllrrrrrrrl"))
     return md
 
 
-def _bucket_cell(v: Variant, base: Variant, name: str) -> str:
-    """Mean ± SD of a bucket's loss; for a variant, its difference from the baseline and p-value."""
-    b = v.split("validation").bucket(name) if v.split("validation") else None
+def _bucket_split(c: Comparison) -> str:
+    return c.primary if c.bucket_names(c.primary) else "validation"
+
+
+def _bucket_cell(c: Comparison, v: Variant, split: str, name: str) -> str:
+    """Mean ± SD of a bucket's loss; for a contrasted variant, its difference and Holm-adjusted p."""
+    m = v.split(split)
+    b = m.bucket(name) if m else None
     if not b or b.loss.mean is None:
         return MISSING
     cell = _mean_sd(b.loss, 3)
-    ref = base.split("validation").bucket(name) if base.split("validation") else None
-    if not v.is_baseline and ref and ref.loss.mean is not None:
-        test = v.vs_baseline.bucket("validation", name)
-        p = test.p_value if test else None
-        cell += f" ({fmt_signed(b.loss.mean - ref.loss.mean, 3)}" + (f", {fmt_p(p)}" if p is not None else "") + ")"
+    test = v.vs_baseline.bucket(split, name) if v.vs_baseline else None
+    if test is not None and test.difference is not None:
+        cell += f" ({fmt_signed(test.difference, 3)}" + (f", Holm p={_p_only(test.p_holm)}" if test.p_holm is not None
+                                                           else "") + ")"
     return cell
 
 
 def _md_buckets(c: Comparison) -> list[str]:
-    names = c.bucket_names("validation")
+    split = _bucket_split(c)
+    names = c.bucket_names(split)
     if not names:
         return []
     shown = {}  # each bucket as the last variant that has it reports it (for its token count)
     for v in c.variants:
-        shown.update({b.name: b for b in v.buckets("validation")})
+        shown.update({b.name: b for b in v.buckets(split)})
     header = ["variant"] + [f"{n} ({fmt_count(shown[n].tokens)} tokens)" if shown[n].tokens else n for n in names]
-    rows = [[v.name] + [_bucket_cell(v, c.baseline, n) for n in names] for v in c.variants]
-    return ["", "## Loss by token frequency (validation)", "",
-            "Mean loss in nats per token of each frequency bucket (vocabulary ranked by training-set "
-            "count), ± SD over seeds; in brackets the difference from the baseline and its p-value (the same "
-            "test as for perplexity: paired by seed where the seeds match). The weight-tying literature "
-            "expects tying to help rare tokens most.", "", markdown_table(header, rows)]
+    rows = [[v.name] + [_bucket_cell(c, v, split, n) for n in names] for v in c.variants]
+    diffs = [[v.label, n, fmt_signed(t.difference, 4), _nats_ci(t), _p_only(t.p_value), _p_only(t.p_holm)]
+             for v in c.variants if v.vs_baseline for n, t in v.vs_baseline.splits.get(split).buckets.items()
+             if t.difference is not None] if any(v.vs_baseline and split in v.vs_baseline.splits
+                                                for v in c.variants) else []
+    md = ["", f"## Loss by token frequency ({split}, secondary)", "",
+          "Mean loss in nats per token of each frequency bucket (vocabulary ranked by training-set count), ± SD "
+          "over seeds; in brackets the difference from the reference and its Holm-adjusted p-value. The weight-tying "
+          "literature expects tying to help rare tokens most. These are secondary: read them for where an effect "
+          "comes from, not as separate verdicts.", "", markdown_table(header, rows)]
+    if diffs:
+        md += ["", "Per-bucket differences (variant − reference, nats per token), each with its own 95% interval; "
+                   "`Holm p` adjusts the p-values over the buckets of one contrast.", "",
+               markdown_table(["variant", "bucket", "Δ loss", "95% CI", "p", "Holm p"], diffs, "llrrrr")]
+    return md
 
 
 def _md_params(c: Comparison) -> list[str]:
@@ -258,12 +274,12 @@ def _md_params(c: Comparison) -> list[str]:
         rel = v.vs_baseline.params_relative if v.vs_baseline else None
         rows.append([v.name, *(fmt_int(p.get(k)) for k in ("total", "wte", "lm_head", "wpe", "non_embedding",
                                                            "saved_by_tying")),
-                     MISSING if rel is None else _percent(rel)])
+                     MISSING if rel is None else percent(rel, 1)])
     return ["", "## Parameters", "",
             "Unique parameters. `lm_head` counts W_out's extra parameters (0 when it is E); "
             "`saved by tying` is V·d, also 16 bytes each of AdamW training memory in fp32.", "",
             markdown_table(["variant", "total", "wte (E)", "lm_head (W_out)", "wpe", "non-embedding",
-                            "saved by tying", "vs baseline"], rows)]
+                            "saved by tying", "vs reference"], rows)]
 
 
 def _md_cost(c: Comparison) -> list[str]:
@@ -272,17 +288,19 @@ def _md_cost(c: Comparison) -> list[str]:
         cost = {k: s.mean for k, s in v.cost.items()}
         rows.append([v.name, fmt_int(cost["tokens_per_s"]), fmt_seconds(cost["wall_time_s"]),
                      format_bytes(cost["peak_memory_bytes"] or None),  # 0: not measured
-                     fmt_count(cost["tokens_seen"]), fmt_int(cost["steps"]), ", ".join(v.device + v.dtype) or MISSING])
+                     fmt_count(cost["tokens_seen"]), fmt_int(cost["steps"]), fmt_flops(v.train_flops_per_token),
+                     fmt_flops(v.train_flops), v.resolution or MISSING])
     return ["", "## Cost", "",
-            "Means over seeds. Tying saves parameters and memory, never FLOPs: the output matmul runs either way.", "",
-            markdown_table(["variant", "tokens/s", "wall time", "peak memory", "tokens seen", "steps", "device"],
-                           rows, "lrrrrrl")]
+            "Means over seeds. Tying saves parameters and memory, never FLOPs: the output matmul runs either way. "
+            "Training FLOPs are per token × tokens seen; `device` is the device type and dtype the runs resolved to.",
+            "", markdown_table(["variant", "tokens/s", "wall time", "peak memory", "tokens seen", "steps",
+                                "train FLOPs/token", "train FLOPs", "device"], rows, "lrrrrrrrl")]
 
 
-def _md_plots() -> list[str]:
+def _md_plots(c: Comparison) -> list[str]:
     return ["", "## Plots", "",
             f"![validation perplexity against tokens seen]({PLOTS['curve']})", "",
-            "Validation perplexity during training (on the fixed evaluation slice): mean over seeds, "
+            "Validation perplexity during training (on the fixed evaluation slice): geometric mean over seeds, "
             "band from the lowest to the highest seed, log scale.", "",
             f"![final validation perplexity against parameter count]({PLOTS['params']})", "",
             f"![validation loss by frequency bucket]({PLOTS['buckets']})"]
@@ -290,10 +308,10 @@ def _md_plots() -> list[str]:
 
 def _md_runs(c: Comparison) -> list[str]:
     rows = [[r.name, r.variant, str(r.seed), fmt(r.validation_perplexity), fmt(r.test_perplexity),
-             fmt(r.validation_bits_per_byte, 4), fmt_int(r.params_total), fmt_seconds(r.wall_time_s)]
+             fmt(r.validation_loss, 4), fmt_int(r.params_total), fmt_seconds(r.wall_time_s)]
             for r in c.runs]
     return ["", "## Runs", "",
-            markdown_table(["run", "variant", "seed", "validation ppl", "test ppl", "validation bits/byte",
+            markdown_table(["run", "variant", "seed", "validation ppl", "test ppl", "validation loss",
                             "parameters", "wall time"], rows, "lllrrrrr")]
 
 
@@ -314,58 +332,70 @@ def _md_left_aside(c: Comparison) -> list[str]:
 
 
 def to_markdown(c: Comparison) -> str:
-    sections = (_md_intro(c) + _md_verdict(c) + _md_match(c) + _md_results(c) + _md_differences(c)
-                + _md_buckets(c) + _md_params(c) + _md_cost(c) + _md_plots() + _md_runs(c) + _md_left_aside(c))
+    sections = (_md_intro(c) + _md_verdict(c) + _md_matched(c) + _md_match(c) + _md_results(c)
+                + _md_differences(c) + _md_buckets(c) + _md_params(c) + _md_cost(c) + _md_plots(c) + _md_runs(c)
+                + _md_left_aside(c))
     return "\n".join(sections + [""])
 
 
 # ============================================================================ comparison.csv
 
 
-def _csv_columns(bucket_names: list[str]) -> list[str]:
+def _csv_columns(splits: list[str], bucket_names: list[str]) -> list[str]:
     cols = ["row_type", "variant", "run", "seeds", "n_seeds", "config_hash"]
-    for s in SPLITS:
-        cols += [f"{s}_perplexity", f"{s}_perplexity_sd", f"{s}_perplexity_ci_low", f"{s}_perplexity_ci_high",
-                 f"{s}_bits_per_byte", f"{s}_bits_per_byte_sd", f"{s}_loss"]
+    for s in splits:
+        cols += [f"{s}_perplexity", f"{s}_perplexity_ci_low", f"{s}_perplexity_ci_high", f"{s}_loss",
+                 f"{s}_loss_sd", f"{s}_bits_per_byte", f"{s}_bits_per_byte_sd"]
     cols += [f"validation_loss[{n}]" for n in bucket_names]
     cols += ["params_total", "params_wte", "params_lm_head", "params_wpe", "params_non_embedding",
              "params_saved_by_tying", "tokens_per_s", "wall_time_s", "peak_memory_bytes", "tokens_seen",
-             "steps", "device", "is_baseline"]
-    for s in SPLITS:
-        cols += [f"{s}_perplexity_diff", f"{s}_perplexity_diff_ci_low", f"{s}_perplexity_diff_ci_high",
-                 f"{s}_p_value", f"{s}_test"]
-    return cols + ["params_relative_change", "reason", "path"]
+             "steps", "train_flops_per_token", "train_flops", "device", "dtype", "is_baseline", "reference"]
+    for s in splits:
+        cols += [f"{s}_effect", f"{s}_effect_ci_low", f"{s}_effect_ci_high", f"{s}_loss_diff",
+                 f"{s}_loss_diff_ci_low", f"{s}_loss_diff_ci_high", f"{s}_p_value", f"{s}_test",
+                 f"{s}_perplexity_diff", f"{s}_detectable_effect", f"{s}_seeds_needed"]
+    return cols + ["params_relative_change", "train_flops_relative_change", "reason", "path"]
+
+
+def _csv_contrast(s: str, d: SplitContrast) -> dict[str, Any]:
+    return {f"{s}_effect": d.relative, f"{s}_effect_ci_low": d.relative_ci_low,
+            f"{s}_effect_ci_high": d.relative_ci_high, f"{s}_loss_diff": d.difference,
+            f"{s}_loss_diff_ci_low": d.ci_low, f"{s}_loss_diff_ci_high": d.ci_high, f"{s}_p_value": d.p_value,
+            f"{s}_test": d.test, f"{s}_perplexity_diff": d.perplexity_difference,
+            f"{s}_detectable_effect": d.power.mde_relative if d.power else None,
+            f"{s}_seeds_needed": d.power.seeds_needed if d.power else None}
 
 
 def _csv_variant(v: Variant) -> dict[str, Any]:
     row: dict[str, Any] = {"row_type": "variant", "variant": v.label, "seeds": " ".join(map(str, v.seeds)),
-                           "n_seeds": v.n_seeds, "config_hash": v.config_hash, "is_baseline": v.is_baseline}
-    for s in SPLITS:
-        m = v.split(s)
-        if m:
-            p = m.perplexity
-            row.update({f"{s}_perplexity": p.mean, f"{s}_perplexity_sd": p.sd, f"{s}_perplexity_ci_low": p.ci_low,
-                        f"{s}_perplexity_ci_high": p.ci_high, f"{s}_bits_per_byte": m.bits_per_byte.mean,
-                        f"{s}_bits_per_byte_sd": m.bits_per_byte.sd, f"{s}_loss": m.loss.mean})
+                           "n_seeds": v.n_seeds, "config_hash": v.config_hash, "is_baseline": v.is_baseline,
+                           "reference": v.vs_baseline.baseline if v.vs_baseline else None}
+    for s, m in v.metrics.items():
+        p = m.perplexity
+        row.update({f"{s}_perplexity": p.mean, f"{s}_perplexity_ci_low": p.ci_low, f"{s}_perplexity_ci_high": p.ci_high,
+                    f"{s}_loss": m.loss.mean, f"{s}_loss_sd": m.loss.sd, f"{s}_bits_per_byte": m.bits_per_byte.mean,
+                    f"{s}_bits_per_byte_sd": m.bits_per_byte.sd})
         d = v.contrast(s)
         if d:
-            row.update({f"{s}_perplexity_diff": d.difference, f"{s}_perplexity_diff_ci_low": d.ci_low,
-                        f"{s}_perplexity_diff_ci_high": d.ci_high, f"{s}_p_value": d.p_value, f"{s}_test": d.test})
+            row.update(_csv_contrast(s, d))
     for b in v.buckets("validation"):
         row[f"validation_loss[{b.name}]"] = b.loss.mean
     for k in ("total", "wte", "lm_head", "wpe", "non_embedding", "saved_by_tying"):
         row[f"params_{k}"] = v.params.get(k)
     row.update({k: s.mean for k, s in v.cost.items()})
-    row["device"] = " ".join(v.device)
-    row["params_relative_change"] = v.vs_baseline.params_relative if v.vs_baseline else None
+    row.update(train_flops_per_token=v.train_flops_per_token, train_flops=v.train_flops, device=" ".join(v.device),
+               dtype=" ".join(v.dtype))
+    if v.vs_baseline:
+        row.update(params_relative_change=v.vs_baseline.params_relative,
+                   train_flops_relative_change=v.vs_baseline.train_flops_relative)
     return row
 
 
 def _csv_run(r: RunRow) -> dict[str, Any]:
     row = {"row_type": "run", "variant": r.variant, "run": r.name, "seeds": r.seed, "n_seeds": 1,
            "config_hash": r.config_hash, "path": r.path, "params_total": r.params_total, "device": r.device,
-           "tokens_per_s": r.tokens_per_s, "wall_time_s": r.wall_time_s, "peak_memory_bytes": r.peak_memory_bytes,
-           "tokens_seen": r.tokens_seen, "steps": r.steps}
+           "dtype": r.dtype, "tokens_per_s": r.tokens_per_s, "wall_time_s": r.wall_time_s,
+           "peak_memory_bytes": r.peak_memory_bytes, "tokens_seen": r.tokens_seen, "steps": r.steps}
     for s in SPLITS:
         row.update({f"{s}_{k}": r.metric(s, k) for k in ("perplexity", "bits_per_byte", "loss")})
     row.update({f"validation_loss[{n}]": loss for n, loss in r.buckets.get("validation", {}).items()})
@@ -379,7 +409,7 @@ def _cell(x: Any) -> Any:
 def to_csv(c: Comparison) -> str:
     """One row per variant, one per run, one per run not compared (other data) and one per run left
     out; the row_type column tells them apart."""
-    cols = _csv_columns(c.bucket_names("validation"))
+    cols = _csv_columns(_present_splits(c), c.bucket_names("validation"))
     rows = [_csv_variant(v) for v in c.variants] + [_csv_run(r) for r in c.runs]
     rows += [{"row_type": "not_compared", "variant": n.variant, "run": name, "seeds": seed, "reason": n.reason,
               "path": path} for n in c.not_compared for name, seed, path in zip(n.runs, n.seeds, n.paths)]
@@ -399,31 +429,52 @@ def to_json_text(c: Comparison) -> str:
 # ============================================================================ the terminal
 
 
-def _terminal_row(v: Variant) -> list[str]:
-    m = v.split("validation")
-    ppl = m.perplexity if m else Summary(n=0)
-    d = v.contrast("validation")
+SHORT = {"validation": "val", "test": "test", "train": "train"}
+
+
+def _terminal_row(c: Comparison, v: Variant) -> list[str]:
+    m = v.split(c.primary)
+    ppl = m.perplexity if m else GeometricSummary(n=0)
+    d = v.contrast(c.primary)
     if v.is_baseline:
-        delta, p = "baseline", ""
+        effect, ci, p = "baseline", "", ""
     elif d is None or d.difference is None:
-        delta, p = MISSING, ""
+        effect, ci, p = MISSING, "", ""
     else:
-        delta = fmt_signed(d.difference) + (f" ({_percent(d.relative)})" if d.relative is not None else "")
-        p = _p_only(d.p_value) if d.p_value is not None else "n/a"
+        effect, ci, p = percent(d.relative), _effect_ci(d), _p_only(d.p_value) if d.p_value is not None else "n/a"
     prel = v.vs_baseline.params_relative if v.vs_baseline else None
-    params = fmt_count(v.params.get("total")) + (f" ({_percent(prel)})" if prel else "")
-    return [v.label, str(v.n_seeds), _mean_sd(ppl), _ci(ppl) if ppl.n else MISSING, delta, p, params]
+    params = fmt_count(v.params.get("total")) + (f" ({percent(prel, 1)})" if prel else "")
+    return [v.label, str(v.n_seeds), fmt(ppl.mean), _ci(ppl) if ppl.n else MISSING, effect, ci, p, params]
+
+
+def _matched_table(c: Comparison) -> str:
+    rows = []
+    for m in c.matched:
+        d = m.split(c.primary)
+        rows.append([m.label, fmt(d.variant_mean), fmt(d.baseline_mean), percent(d.relative), _effect_ci(d),
+                     _p_only(d.p_value) if d.p_value is not None else "n/a", str(d.seeds),
+                     f"{m.embedding_share * 100:.1f}%" if m.embedding_share is not None else MISSING]
+                    if d else [m.label] + [MISSING] * 7)
+    return text_table(["setting", f"tied {SHORT[c.primary]} ppl", "untied ppl", "tying effect", "95% CI", "p",
+                       "seeds", "V·d share"], rows)
 
 
 def format_terminal_table(c: Comparison) -> str:
-    """The compact table printed after a comparison: one line per variant, then verdicts and left-out runs."""
-    header = ["variant", "seeds", "val ppl", "95% CI", f"Δ vs {c.baseline_label}", "p", "params"]
-    lines = [text_table(header, [_terminal_row(v) for v in c.variants])]
+    """The compact table printed after a comparison: one line per variant (per setting in a grid),
+    then the verdicts and what was left out."""
+    if c.mode == "matched":
+        lines = [_matched_table(c)]
+        alone = [v.label for v in c.variants if v.tied and v.vs_baseline is None]
+        lines += ["not contrasted (no untied variant with the same settings): " + "; ".join(alone)] if alone else []
+    else:
+        header = ["variant", "seeds", f"{SHORT[c.primary]} ppl", "95% CI", f"vs {c.baseline_label}", "95% CI", "p",
+                  "params"]
+        lines = [text_table(header, [_terminal_row(c, v) for v in c.variants])]
     lines += [line.replace("**", "") for line in c.verdicts]
     if any(v.n_seeds == 1 for v in c.variants):
         lines.append("Single-seed variants: no confidence interval or p-value can be given; use --seeds 3 or more.")
     for n in c.not_compared:
-        lines.append(f"not compared: {n.variant} ({_plural(len(n.runs), 'run')}: {', '.join(n.runs)}): {n.reason}")
+        lines.append(f"not compared: {n.variant} ({plural(len(n.runs), 'run')}: {', '.join(n.runs)}): {n.reason}")
     lines += [f"left out {s.path}: {s.reason}" for s in c.skipped]
     lines += [f"training failed: {f.name}: {f.error}" for f in c.train_failures]
     if c.files.get("markdown"):

@@ -1,24 +1,40 @@
 """Statistics over seeds, the unit of replication. Pure functions of numbers: no I/O, no torch.
 
+A run's result is its mean NLL (the loss, log-perplexity): every mean, interval and test is
+computed on the loss and only then shown as a perplexity.
+
 - summarize: mean ± sample standard deviation (n − 1 in the denominator) and a 95% Student-t
   confidence interval for the *mean* over seeds: mean ± t(0.975, n−1)·sd/√n;
+- geometric: a loss summary as a perplexity: exp(mean loss) (the geometric mean of the seeds'
+  perplexities) with exp(CI) bounds, so never negative;
 - paired_test / welch_test / compare_by_seed: the difference of two means with a confidence
   interval and a two-sided p-value, paired by seed when both sides have the same seeds (same seed
   = same data order, so pairing removes that noise), Welch's t-test with Welch–Satterthwaite
-  degrees of freedom otherwise.
+  degrees of freedom otherwise. No spread (every seed gives the same difference, up to float
+  rounding: sd ≤ 1e-12 × the largest |value|): the interval is the point itself and p = 0 when
+  the difference is not 0 (the limit scipy.stats also reports: t = inf, p = 0); p is undefined
+  (None) when the difference is 0 as well (scipy: nan);
+- holm: Holm's step-down adjustment of a family of p-values;
+- nct_cdf / t_power / power_analysis: the noncentral t distribution (Lenth 1989, AS 243), the
+  power of a two-sided t-test, the smallest effect detectable with 80% power and the seeds that
+  would detect the observed effect.
 
-The t distribution is implemented here (regularised incomplete beta by continued fraction) so
-that tiedlm needs no scipy; tests/test_compare_stats.py checks it against scipy.stats.
+The distributions are implemented here (regularised incomplete beta by continued fraction, the
+noncentral t as a Poisson mixture of incomplete betas) so that tiedlm needs no scipy;
+tests/test_compare_stats.py checks them against scipy.stats.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 LEVEL = 0.95  # confidence level of every interval
 ALPHA = 0.05  # significance level of the verdicts
+POWER = 0.80  # the power at which "detectable" is defined
+SEEDS_CAP = 100_000  # seeds_needed beyond this is reported as None ("more than 100,000")
+ZERO_SD = 1e-12  # a spread below ZERO_SD x the largest |value| is float rounding, not spread
 
 
 # ============================================================================ the t distribution
@@ -162,6 +178,50 @@ def summarize(values: Iterable[Any], level: float = LEVEL) -> Summary:
                    min=min(xs), max=max(xs), values=xs)
 
 
+def _exp(x: float | None) -> float | None:
+    if x is None:
+        return None
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return None
+
+
+@dataclass
+class GeometricSummary:
+    """A perplexity over seeds, computed on its logarithm (the loss): `mean` is exp(mean loss), the
+    geometric mean of the seeds' perplexities; the interval is exp() of the loss's Student-t
+    interval (so never negative); `sd_factor` is exp(sd of the loss), the geometric standard
+    deviation (a seed is typically within ×/÷ sd_factor of the mean)."""
+
+    n: int
+    mean: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    level: float = LEVEL
+    sd_factor: float | None = None
+    min: float | None = None
+    max: float | None = None
+    values: list[float] = field(default_factory=list)  # the seeds' perplexities, exp(loss)
+    note: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def geometric(loss: Summary) -> GeometricSummary:
+    """The perplexity view of a summary of losses (nats per token)."""
+    return GeometricSummary(n=loss.n, mean=_exp(loss.mean), ci_low=_exp(loss.ci_low), ci_high=_exp(loss.ci_high),
+                            level=loss.level, sd_factor=_exp(loss.sd), min=_exp(loss.min), max=_exp(loss.max),
+                            values=[v for v in (_exp(x) for x in loss.values) if v is not None], note=loss.note)
+
+
+def log_of(value: Any) -> float | None:
+    """log(value) for a finite positive number (a perplexity), else None."""
+    x = number(value)
+    return math.log(x) if x is not None and x > 0 else None
+
+
 # ============================================================================ tests of a difference
 
 
@@ -169,7 +229,9 @@ def summarize(values: Iterable[Any], level: float = LEVEL) -> Summary:
 class TestResult:
     """A difference of means with its interval and two-sided p-value. `test` is "paired",
     "welch", or None when one side has no values; se, df, t, p_value and the interval are None
-    when they cannot be computed (one seed, no spread), and `note` says why."""
+    when they cannot be computed (one seed), and `note` says why. With no spread between seeds
+    the interval is the difference itself, t is None (infinite) and p is 0 (None when the
+    difference is 0 too)."""
 
     __test__ = False  # not a pytest test class
 
@@ -188,34 +250,56 @@ class TestResult:
     n_b: int | None = None
     seeds_a: list[int] | None = None  # compare_by_seed: the seeds of each side
     seeds_b: list[int] | None = None
+    sd_a: float | None = None  # welch: each side's sample SD (for the power analysis)
+    sd_b: float | None = None
+
+    @property
+    def seeds(self) -> int:
+        """The seeds behind the test: the pairs, or the smaller side."""
+        if self.test == "paired":
+            return self.n or 0
+        return min(self.n_a or 0, self.n_b or 0)
 
     def to_json(self) -> dict:
-        """The keys comparison.json has always had for this kind of test, in the same order (the
-        seed counts come straight after the difference when there were too few seeds to test)."""
         counts = {"n": self.n} if self.test == "paired" else {"n_a": self.n_a, "n_b": self.n_b} if self.test else {}
-        too_few = bool(counts) and min(counts.values()) < 2
-        out: dict[str, Any] = {"test": self.test, "difference": self.difference, **(counts if too_few else {})}
+        out: dict[str, Any] = {"test": self.test, "difference": self.difference}
         if self.test is not None:
             out.update(se=self.se, df=self.df, t=self.t)
         out.update(p_value=self.p_value, ci_low=self.ci_low, ci_high=self.ci_high, level=self.level,
-                   note=self.note, **({} if too_few else counts))
+                   note=self.note, **counts)
         if self.seeds_a is not None:
             out.update(seeds_a=self.seeds_a, seeds_b=self.seeds_b)
         return out
 
 
-def _with_interval(result: TestResult, se: float, df: float) -> TestResult:
-    """result with t, p-value and interval filled in from its difference and standard error."""
-    if se == 0.0 or not math.isfinite(se):
-        result.note = ("no spread between seeds: the difference is the same for every seed, so no "
-                       "interval or p-value can be computed")
-        return result
+NO_SPREAD = ("no spread between seeds: the difference is the same on every seed, so the interval is the "
+             "difference itself and p = 0 (t is infinite)")
+NO_DIFFERENCE = "identical on every seed: the difference is 0 with no spread, so p is undefined"
+
+
+def _with_interval(result: TestResult, se: float, df: float | None, scale: float) -> TestResult:
+    """result with t, p-value and interval filled in from its difference and standard error.
+    `scale` is the largest |value| tested: a standard error below ZERO_SD·scale is no spread."""
     diff = result.difference
+    if not math.isfinite(se):
+        result.note = "the spread between seeds is not finite: no interval or p-value"
+        return result
+    if se <= ZERO_SD * max(scale, 1e-300):
+        result.se, result.df = 0.0, df
+        result.ci_low = result.ci_high = diff
+        zero = abs(diff) <= ZERO_SD * max(scale, 1e-300)
+        result.p_value = None if zero else 0.0
+        result.note = NO_DIFFERENCE if zero else NO_SPREAD
+        return result
     half = t_ppf(0.5 + result.level / 2.0, df) * se
     result.se, result.df, result.t = se, df, diff / se
     result.p_value = t_two_sided_p(diff / se, df)
     result.ci_low, result.ci_high = diff - half, diff + half
     return result
+
+
+def _scale(*lists: list[float]) -> float:
+    return max((abs(x) for xs in lists for x in xs), default=0.0)
 
 
 def paired_test(a: list[float], b: list[float], level: float = LEVEL) -> TestResult:
@@ -230,7 +314,7 @@ def paired_test(a: list[float], b: list[float], level: float = LEVEL) -> TestRes
         result.note = "one seed: no interval or p-value can be given; run more seeds"
         return result
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
-    return _with_interval(result, sd / math.sqrt(n), n - 1)
+    return _with_interval(result, sd / math.sqrt(n), n - 1, _scale(a, b))
 
 
 def welch_test(a: list[float], b: list[float], level: float = LEVEL) -> TestResult:
@@ -242,11 +326,12 @@ def welch_test(a: list[float], b: list[float], level: float = LEVEL) -> TestResu
     if na < 2 or nb < 2:
         result.note = "one seed on at least one side: no interval or p-value can be given; run more seeds"
         return result
-    va = sum((x - ma) ** 2 for x in a) / (na - 1) / na  # squared standard errors
-    vb = sum((x - mb) ** 2 for x in b) / (nb - 1) / nb
+    result.sd_a = math.sqrt(sum((x - ma) ** 2 for x in a) / (na - 1))
+    result.sd_b = math.sqrt(sum((x - mb) ** 2 for x in b) / (nb - 1))
+    va, vb = result.sd_a ** 2 / na, result.sd_b ** 2 / nb  # squared standard errors
     se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1)) if se > 0 else float("nan")
-    return _with_interval(result, se, df)
+    df = (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1)) if se > 0 else None
+    return _with_interval(result, se, df, _scale(a, b))
 
 
 def compare_by_seed(a: dict[int, Any], b: dict[int, Any], level: float = LEVEL) -> TestResult:
@@ -262,3 +347,162 @@ def compare_by_seed(a: dict[int, Any], b: dict[int, Any], level: float = LEVEL) 
         result = welch_test(list(a.values()), list(b.values()), level)
     result.seeds_a, result.seeds_b = sorted(a), sorted(b)
     return result
+
+
+def holm(p_values: list[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values (None stays None and does not count towards the family):
+    sorted ascending, p_(i) becomes max over k <= i of min(1, (m − k + 1)·p_(k))."""
+    present = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    m = len(present)
+    out: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    for k, (p, i) in enumerate(present):
+        running = max(running, min(1.0, (m - k) * p))
+        out[i] = running
+    return out
+
+
+# ============================================================================ the noncentral t and power
+
+
+def norm_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def _nct_nonnegative(t: float, df: float, nc: float) -> float:
+    """P(T <= t) for t >= 0 (Lenth 1989, AS 243): Φ(−δ) + ½ Σ_j [p_j I_x(j+½, ν/2) + q_j I_x(j+1, ν/2)],
+    x = t²/(t²+ν), with Poisson weights p_j = e^−λ λ^j/j! and q_j = δ e^−λ λ^j/(√2 Γ(j+3/2)),
+    λ = δ²/2; summed over the Poisson mode ± 12 SD, the betas by their recurrence in a."""
+    base = norm_cdf(-nc)
+    if t == 0.0:
+        return base
+    x = t * t / (t * t + df)
+    log_x, log_1mx = math.log(x), math.log(df) - math.log(t * t + df)
+    lam = nc * nc / 2.0
+    lo = max(0, int(lam - 12.0 * math.sqrt(lam) - 12.0))
+    hi = int(lam + 12.0 * math.sqrt(lam) + 12.0)
+    b = df / 2.0
+    ip, iq = betainc(lo + 0.5, b, x), betainc(lo + 1.0, b, x)
+    log_lam = math.log(lam) if lam > 0 else -math.inf
+    total = 0.0
+    for j in range(lo, hi + 1):
+        log_w = -lam + (j * log_lam if j else 0.0)
+        p_j = math.exp(log_w - math.lgamma(j + 1.0))
+        q_j = nc / math.sqrt(2.0) * math.exp(log_w - math.lgamma(j + 1.5))
+        total += p_j * ip + q_j * iq
+        # I_x(a+1, b) = I_x(a, b) − x^a (1−x)^b Γ(a+b) / (Γ(a+1) Γ(b))
+        for_a = (j + 0.5, j + 1.0)
+        steps = [math.exp(math.lgamma(a + b) - math.lgamma(a + 1.0) - math.lgamma(b) + a * log_x + b * log_1mx)
+                 for a in for_a]
+        ip, iq = max(0.0, ip - steps[0]), max(0.0, iq - steps[1])
+    return min(1.0, max(0.0, base + 0.5 * total))
+
+
+def nct_cdf(t: float, df: float, nc: float) -> float:
+    """P(T <= t) for the noncentral t with df degrees of freedom (df may be fractional) and
+    noncentrality nc; absolute error about 1e-12."""
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    if nc == 0.0:
+        return t_cdf(t, df)
+    if t < 0:  # −T is noncentral t with −nc
+        return 1.0 - _nct_nonnegative(-t, df, -nc)
+    return _nct_nonnegative(t, df, nc)
+
+
+def t_power(nc: float, df: float, alpha: float = ALPHA) -> float:
+    """The power of a two-sided t-test at level alpha when the true effect is nc standard errors."""
+    c = t_ppf(1.0 - alpha / 2.0, df)
+    return (1.0 - nct_cdf(c, df, nc)) + nct_cdf(-c, df, nc)
+
+
+def detectable_nc(df: float, power: float = POWER, alpha: float = ALPHA) -> float:
+    """The noncentrality (effect in standard errors) a two-sided t-test detects with `power`."""
+    lo, hi = 0.0, 4.0
+    while t_power(hi, df, alpha) < power:
+        lo, hi = hi, hi * 2.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if t_power(mid, df, alpha) < power:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-9 * hi:
+            break
+    return 0.5 * (lo + hi)
+
+
+@dataclass
+class Power:
+    """What a contrast's seeds can detect: a two-sided t-test on the loss at level alpha, with the
+    seed-to-seed spread observed (the SD of the paired differences, or each side's SD for Welch).
+    `mde` is the smallest |Δloss| detected with `power` at the seeds run (mde_relative: exp(mde) − 1);
+    `seeds_needed` the seeds per variant that would detect the observed Δloss with `power`
+    (None: no spread to plan from, no effect observed, or more than SEEDS_CAP)."""
+
+    test: str | None
+    seeds: int
+    power: float = POWER
+    alpha: float = ALPHA
+    mde: float | None = None
+    mde_relative: float | None = None
+    observed: float | None = None
+    observed_relative: float | None = None
+    seeds_needed: int | None = None
+    note: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _smallest_n(power_at: Callable[[int], float], target: float) -> int | None:
+    """The smallest n >= 2 with power_at(n) >= target (power_at increasing in n), or None past SEEDS_CAP."""
+    lo, hi = 1, 2
+    while power_at(hi) < target:
+        lo, hi = hi, hi * 2
+        if lo >= SEEDS_CAP:
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if power_at(mid) >= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi if hi <= SEEDS_CAP else None
+
+
+def _power_at_seeds(test: TestResult, effect: float, alpha: float) -> Callable[[int], float]:
+    """n -> the power to detect `effect` with n seeds per variant, at the observed spread."""
+    if test.test == "paired":
+        sd = test.se * math.sqrt(test.n)
+        return lambda n: t_power(effect / (sd / math.sqrt(n)), n - 1, alpha)
+    va, vb = test.sd_a ** 2, test.sd_b ** 2
+    df_per = (va + vb) ** 2 / (va ** 2 + vb ** 2)  # Welch–Satterthwaite df / (n − 1) with n a side
+    return lambda n: t_power(effect / math.sqrt((va + vb) / n), (n - 1) * df_per, alpha)
+
+
+def power_analysis(test: TestResult, power: float = POWER, alpha: float = ALPHA) -> Power:
+    """The smallest effect the test's seeds detect with `power`, and the seeds the observed one needs."""
+    out = Power(test=test.test, seeds=test.seeds, power=power, alpha=alpha)
+    if test.difference is None:
+        out.note = "nothing to test"
+        return out
+    out.observed, out.observed_relative = abs(test.difference), _exp(test.difference) - 1.0
+    if test.se is None:
+        out.note = ("one seed: no interval can be given and there is no spread to plan from; at least 2 seeds "
+                    "per variant are needed for an interval, 3 or more for a useful one")
+        return out
+    if test.se == 0.0:
+        out.mde, out.mde_relative = 0.0, 0.0
+        out.seeds_needed = None if test.p_value is None else 2
+        out.note = "no spread between seeds: any difference is detected with the seeds run"
+        return out
+    out.mde = detectable_nc(test.df, power, alpha) * test.se
+    out.mde_relative = _exp(out.mde) - 1.0
+    if out.observed == 0.0:
+        out.note = "no effect observed: no number of seeds resolves it"
+        return out
+    out.seeds_needed = _smallest_n(_power_at_seeds(test, out.observed, alpha), power)
+    if out.seeds_needed is None:
+        out.note = f"the observed effect needs more than {SEEDS_CAP:,} seeds"
+    return out

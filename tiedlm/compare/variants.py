@@ -9,17 +9,34 @@ bucket (the tying literature's claim is about rare tokens), by stats.compare_by_
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from ..errors import ConfigError
 from ..naming import scalar, short_keys
 from .collect import LoadedRun
-from .stats import ALPHA, Summary, TestResult, compare_by_seed, number, summarize
+from .stats import (
+    ALPHA,
+    GeometricSummary,
+    Power,
+    Summary,
+    TestResult,
+    compare_by_seed,
+    geometric,
+    holm,
+    log_of,
+    number,
+    power_analysis,
+    summarize,
+)
 
-SPLITS = ("validation", "test")
+SPLITS = ("train", "validation", "test")  # in report order; only the splits the runs have appear
 TIE_KEY = "model.tie_embeddings"
+TYING_KEYS = (TIE_KEY, "model.untie_at")  # what a matched contrast may differ in
 COST_KEYS = ("tokens_per_s", "wall_time_s", "peak_memory_bytes", "tokens_seen", "steps")
+COMPUTE_MATCH = 0.01  # training FLOPs within 1% of the reference's: compute-matched
+PARAM_MATCH = 0.01  # parameters within 1% (or half a layer) of the reference's: parameter-matched
 
 
 # ============================================================================ aggregates
@@ -27,12 +44,12 @@ COST_KEYS = ("tokens_per_s", "wall_time_s", "peak_memory_bytes", "tokens_seen", 
 
 @dataclass
 class BucketMetrics:
-    """One frequency bucket's loss over a variant's seeds."""
+    """One frequency bucket's loss over a variant's seeds (its perplexity: the geometric view)."""
 
     name: str
     loss: Summary
     by_seed: dict[int, Any]  # seed -> the bucket's loss (None where a run lacks the bucket)
-    perplexity: Summary
+    perplexity: GeometricSummary
     tokens: float | None
 
     def to_json(self) -> dict:
@@ -42,13 +59,15 @@ class BucketMetrics:
 
 @dataclass
 class SplitMetrics:
-    """A variant's final metrics on one split, over its seeds."""
+    """A variant's final metrics on one split, over its seeds. Everything is computed on the loss:
+    `perplexity` is exp(mean loss) with exp(CI) bounds (geometric), never a mean of perplexities."""
 
-    perplexity: Summary
+    perplexity: GeometricSummary
     bits_per_byte: Summary
     loss: Summary
-    word_perplexity: Summary
-    by_seed: dict[int, float | None]  # seed -> final perplexity
+    word_perplexity: GeometricSummary
+    by_seed: dict[int, float | None]  # seed -> final perplexity as reported (exp(loss) where it is not)
+    loss_by_seed: dict[int, float | None]  # seed -> final loss (nats per token): what is tested
     buckets: list[BucketMetrics]
 
     def bucket(self, name: str) -> BucketMetrics | None:
@@ -57,12 +76,13 @@ class SplitMetrics:
     def to_json(self) -> dict:
         return {"perplexity": self.perplexity.to_json(), "bits_per_byte": self.bits_per_byte.to_json(),
                 "loss": self.loss.to_json(), "word_perplexity": self.word_perplexity.to_json(),
-                "by_seed": self.by_seed, "buckets": [b.to_json() for b in self.buckets]}
+                "by_seed": self.by_seed, "loss_by_seed": self.loss_by_seed,
+                "buckets": [b.to_json() for b in self.buckets]}
 
 
 @dataclass
 class CurvePoint:
-    """Validation perplexity over seeds at one number of tokens seen."""
+    """Validation perplexity over seeds at one number of tokens seen (mean: the geometric mean)."""
 
     tokens: float
     mean: float
@@ -75,9 +95,22 @@ class CurvePoint:
 
 
 @dataclass
+class BucketContrast(TestResult):
+    """A frequency bucket's loss difference (variant − reference, nats per token), with its own
+    interval; `p_holm` is its p-value Holm-adjusted over the buckets of the same contrast."""
+
+    p_holm: float | None = None
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "p_holm": self.p_holm}
+
+
+@dataclass
 class SplitContrast(TestResult):
-    """A variant against the baseline on one split: the test of the perplexity difference (variant
-    − baseline), that difference relative to the baseline's mean, and one test per bucket loss."""
+    """A variant against its reference on one split, tested on the loss: `difference` is the mean
+    Δloss (paired by seed, or Welch), `relative` = exp(Δloss) − 1 is the ratio of the geometric-mean
+    perplexities minus one, with exp(CI) − 1 bounds. `perplexity_difference` (variant − reference
+    geometric means) is descriptive only: no interval is computed on the perplexity scale."""
 
     relative: float | None = None
     relative_ci_low: float | None = None
@@ -85,34 +118,52 @@ class SplitContrast(TestResult):
     significant: bool | None = None
     variant_mean: float | None = None
     baseline_mean: float | None = None
-    buckets: dict[str, TestResult] = field(default_factory=dict)
+    perplexity_difference: float | None = None
+    power: Power | None = None
+    buckets: dict[str, BucketContrast] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {**super().to_json(), "relative": self.relative, "relative_ci_low": self.relative_ci_low,
                 "relative_ci_high": self.relative_ci_high, "significant": self.significant,
                 "variant_mean": self.variant_mean, "baseline_mean": self.baseline_mean,
+                "perplexity_difference": self.perplexity_difference,
+                "power": self.power.to_json() if self.power else None,
                 "buckets": {n: t.to_json() for n, t in self.buckets.items()}}
 
 
 @dataclass
 class Contrast:
-    """A variant against the baseline: per split, and in parameters."""
+    """A variant against its reference (the baseline, or in a grid the matched untied variant): per
+    split, in parameters, and in training FLOPs (per token × tokens seen)."""
 
-    baseline: str  # the baseline's label
+    baseline: str  # the reference's label
+    kind: str = "baseline"  # "baseline", or "matched": the untied variant identical in every other key
     splits: dict[str, SplitContrast] = field(default_factory=dict)
     params_difference: int | None = None
     params_relative: float | None = None
+    parameter_matched: bool | None = None  # within half a layer (or 1%) of the reference's total
+    train_flops_per_token: float | None = None  # the variant's, then the reference's
+    baseline_train_flops_per_token: float | None = None
+    train_flops_relative: float | None = None  # total training FLOPs, variant / reference − 1
 
     def split(self, name: str) -> SplitContrast | None:
         return self.splits.get(name)
 
-    def bucket(self, split: str, name: str) -> TestResult | None:
+    def bucket(self, split: str, name: str) -> BucketContrast | None:
         s = self.splits.get(split)
         return s.buckets.get(name) if s else None
 
+    @property
+    def compute_matched(self) -> bool | None:
+        r = self.train_flops_relative
+        return None if r is None else abs(r) < COMPUTE_MATCH
+
     def to_json(self) -> dict:
-        return {"baseline": self.baseline, **{s: c.to_json() for s, c in self.splits.items()},
-                "params_difference": self.params_difference, "params_relative": self.params_relative}
+        return {"baseline": self.baseline, "kind": self.kind, **{s: c.to_json() for s, c in self.splits.items()},
+                "params_difference": self.params_difference, "params_relative": self.params_relative,
+                "parameter_matched": self.parameter_matched, "train_flops_per_token": self.train_flops_per_token,
+                "baseline_train_flops_per_token": self.baseline_train_flops_per_token,
+                "train_flops_relative": self.train_flops_relative, "compute_matched": self.compute_matched}
 
 
 # ============================================================================ variants
@@ -120,7 +171,7 @@ class Contrast:
 
 @dataclass
 class Variant:
-    """The runs of one config (seeds apart) and their aggregates."""
+    """The runs of one config (seeds apart) resolved to one device type and dtype, and their aggregates."""
 
     label: str
     config_hash: str
@@ -137,9 +188,11 @@ class Variant:
     floor: dict | None  # builtin:synthetic's entropy rate
     tokenizer_kind: str | None
     curve: list[CurvePoint]
+    resolution: str = ""  # "cuda, bf16": the device type and dtype the runs resolved to
+    key: str = ""  # config_hash, plus the resolution when one config resolved several ways
     is_baseline: bool = False
-    vs_baseline: Contrast | None = None  # None for the baseline
-    verdicts: list[str] = field(default_factory=list)  # one sentence per split, against the baseline
+    vs_baseline: Contrast | None = None  # against the baseline, or its matched untied variant
+    verdicts: list[str] = field(default_factory=list)  # the verdict, confirmation and seeds-needed sentences
 
     @property
     def n_seeds(self) -> int:
@@ -149,6 +202,16 @@ class Variant:
     def name(self) -> str:
         """The label, marked when it is the baseline (the first column of every table)."""
         return f"{self.label} (baseline)" if self.is_baseline else self.label
+
+    @property
+    def train_flops_per_token(self) -> float | None:
+        return number((self.flops_per_token or {}).get("train"))
+
+    @property
+    def train_flops(self) -> float | None:
+        """Total training FLOPs: per token × the mean tokens seen."""
+        per, tokens = self.train_flops_per_token, self.cost["tokens_seen"].mean if "tokens_seen" in self.cost else None
+        return per * tokens if per is not None and tokens is not None else None
 
     def split(self, name: str) -> SplitMetrics | None:
         return self.metrics.get(name)
@@ -164,8 +227,9 @@ class Variant:
         return {"label": self.label, "config_hash": self.config_hash, "config": self.config, "tied": self.tied,
                 "seeds": self.seeds, "runs": self.runs, "n_seeds": self.n_seeds,
                 "metrics": {s: m.to_json() for s, m in self.metrics.items()}, "params": self.params,
-                "flops_per_token": self.flops_per_token, "cost": {k: s.to_json() for k, s in self.cost.items()},
-                "device": self.device, "dtype": self.dtype, "floor": self.floor,
+                "flops_per_token": self.flops_per_token, "train_flops": self.train_flops,
+                "cost": {k: s.to_json() for k, s in self.cost.items()},
+                "device": self.device, "dtype": self.dtype, "resolution": self.resolution, "floor": self.floor,
                 "tokenizer_kind": self.tokenizer_kind, "curve": [asdict(p) for p in self.curve],
                 "is_baseline": self.is_baseline,
                 "vs_baseline": self.vs_baseline.to_json() if self.vs_baseline else None,
@@ -180,7 +244,7 @@ class Candidate:
     runs: list[str]
     seeds: list[int]
     config: dict
-    config_hash: str
+    config_hash: str  # the variant key (config hash, plus the resolution where it splits one)
     data_set: int = 0  # index into the data sets
 
 
@@ -264,13 +328,27 @@ def choose_baseline(variants: Sequence[Any], baseline: str | None) -> tuple[Any,
 # ============================================================================ aggregation
 
 
+def run_loss(run: LoadedRun, split: str) -> float | None:
+    """A run's final mean NLL on split (nats per token); log(perplexity) when a report lacks the loss."""
+    loss = run.metric(split, "loss")
+    return loss if loss is not None else log_of(run.metric(split, "perplexity"))
+
+
+def resolution(run: LoadedRun) -> str:
+    """The device type and dtype a run resolved to: "cuda, bf16" ("cuda:1" counts as cuda)."""
+    device = str(run.report.device).split(":")[0] if run.report.device else "device unknown"
+    return f"{device}, {run.report.dtype or 'dtype unknown'}"
+
+
 def _curve(runs: list[LoadedRun]) -> list[CurvePoint]:
-    """Mean, min and max validation perplexity over seeds at each number of tokens seen."""
+    """Geometric mean, min and max validation perplexity over seeds at each number of tokens seen."""
     by_tokens: dict[float, list[float]] = {}
     for run in runs:
         for tokens, ppl in run.curve:
-            by_tokens.setdefault(tokens, []).append(ppl)
-    return [CurvePoint(t, sum(v) / len(v), min(v), max(v), len(v)) for t, v in sorted(by_tokens.items())]
+            if ppl > 0:
+                by_tokens.setdefault(tokens, []).append(ppl)
+    return [CurvePoint(t, math.exp(sum(map(math.log, v)) / len(v)), min(v), max(v), len(v))
+            for t, v in sorted(by_tokens.items())]
 
 
 def _bucket_metrics(runs: list[LoadedRun], split: str) -> list[BucketMetrics]:
@@ -281,23 +359,29 @@ def _bucket_metrics(runs: list[LoadedRun], split: str) -> list[BucketMetrics]:
     for name in names:
         found = [run.bucket(split, name) or {} for run in runs]
         tokens = next((b.get("tokens") for b in found if b.get("tokens") is not None), None)
-        out.append(BucketMetrics(name=name, loss=summarize(b.get("loss") for b in found),
-                                 by_seed={r.seed: b.get("loss") for r, b in zip(runs, found)},
-                                 perplexity=summarize(b.get("perplexity") for b in found), tokens=number(tokens)))
+        loss = summarize(b.get("loss") for b in found)
+        out.append(BucketMetrics(name=name, loss=loss, by_seed={r.seed: b.get("loss") for r, b in zip(runs, found)},
+                                 perplexity=geometric(loss), tokens=number(tokens)))
     return out
 
 
+def _perplexity(run: LoadedRun, split: str, loss: float | None) -> float | None:
+    """The perplexity the run reported, else exp(loss)."""
+    ppl = run.metric(split, "perplexity")
+    return ppl if ppl is not None else math.exp(loss) if loss is not None else None
+
+
 def _split_metrics(runs: list[LoadedRun], split: str) -> SplitMetrics:
-    def over_seeds(key: str) -> Summary:
-        return summarize(r.metric(split, key) for r in runs)
+    losses = {r.seed: run_loss(r, split) for r in runs}
+    loss = summarize(losses.values())
+    return SplitMetrics(perplexity=geometric(loss), bits_per_byte=summarize(r.metric(split, "bits_per_byte") for r in runs),
+                        loss=loss, word_perplexity=geometric(summarize(log_of(r.metric(split, "word_perplexity"))
+                                                                       for r in runs)),
+                        by_seed={r.seed: _perplexity(r, split, losses[r.seed]) for r in runs},
+                        loss_by_seed=losses, buckets=_bucket_metrics(runs, split))
 
-    return SplitMetrics(perplexity=over_seeds("perplexity"), bits_per_byte=over_seeds("bits_per_byte"),
-                        loss=over_seeds("loss"), word_perplexity=over_seeds("word_perplexity"),
-                        by_seed={r.seed: r.metric(split, "perplexity") for r in runs},
-                        buckets=_bucket_metrics(runs, split))
 
-
-def aggregate(label: str, runs: list[LoadedRun]) -> Variant:
+def aggregate(label: str, runs: list[LoadedRun], key: str = "") -> Variant:
     """The variant of runs (one per seed, in seed order)."""
     first = runs[0]
     report = first.report
@@ -307,8 +391,7 @@ def aggregate(label: str, runs: list[LoadedRun]) -> Variant:
         label=label, config_hash=first.config_hash, config=variant_config(first.config),
         tied=first.config.get("model", {}).get("tie_embeddings"),
         seeds=[r.seed for r in runs], runs=[r.name for r in runs],
-        metrics={s: _split_metrics(runs, s) for s in SPLITS
-                 if any(r.metric(s, "perplexity") is not None for r in runs)},
+        metrics={s: _split_metrics(runs, s) for s in SPLITS if any(run_loss(r, s) is not None for r in runs)},
         params=params if isinstance(params, dict) else {},
         flops_per_token=report.flops_per_token,
         cost={key: summarize(getattr(r.report, key) for r in runs) for key in COST_KEYS},
@@ -316,30 +399,46 @@ def aggregate(label: str, runs: list[LoadedRun]) -> Variant:
         dtype=sorted({str(r.report.dtype) for r in runs if r.report.dtype}),
         floor=next((r.report.floor for r in runs if isinstance(r.report.floor, dict)), None),
         tokenizer_kind=first.config.get("tokenizer", {}).get("kind"),
-        curve=_curve(runs),
+        curve=_curve(runs), resolution=resolution(first), key=key or first.config_hash,
     )
 
 
+def _minus_one(x: float | None) -> float | None:
+    return math.exp(x) - 1.0 if x is not None else None
+
+
+def _bucket_contrasts(mv: SplitMetrics, mb: SplitMetrics) -> dict[str, BucketContrast]:
+    """Each bucket's loss difference, its p-value Holm-adjusted over this contrast's buckets."""
+    base = {b.name: b for b in mb.buckets}
+    tests = {b.name: BucketContrast(**vars(compare_by_seed(b.by_seed, base[b.name].by_seed)))
+             for b in mv.buckets if b.name in base}
+    for t, p in zip(tests.values(), holm([t.p_value for t in tests.values()])):
+        t.p_holm = p
+    return tests
+
+
 def _split_contrast(mv: SplitMetrics, mb: SplitMetrics) -> SplitContrast:
-    test = compare_by_seed(mv.by_seed, mb.by_seed)
-    base_mean = mb.perplexity.mean
-
-    def rel(x: float | None) -> float | None:
-        return x / base_mean if (x is not None and base_mean) else None
-
-    base_buckets = {b.name: b for b in mb.buckets}
+    test = compare_by_seed(mv.loss_by_seed, mb.loss_by_seed)
+    vm, bm = mv.perplexity.mean, mb.perplexity.mean
     return SplitContrast(
-        **vars(test), relative=rel(test.difference), relative_ci_low=rel(test.ci_low),
-        relative_ci_high=rel(test.ci_high),
+        **vars(test), relative=_minus_one(test.difference), relative_ci_low=_minus_one(test.ci_low),
+        relative_ci_high=_minus_one(test.ci_high),
         significant=(test.p_value < ALPHA) if test.p_value is not None else None,
-        variant_mean=mv.perplexity.mean, baseline_mean=base_mean,
-        buckets={b.name: compare_by_seed(b.by_seed, base_buckets[b.name].by_seed)
-                 for b in mv.buckets if b.name in base_buckets})
+        variant_mean=vm, baseline_mean=bm, perplexity_difference=vm - bm if vm is not None and bm is not None else None,
+        power=power_analysis(test) if test.test else None, buckets=_bucket_contrasts(mv, mb))
 
 
-def versus(variant: Variant, base: Variant) -> Contrast:
-    """variant against base on every split both have, and in total parameters."""
-    out = Contrast(baseline=base.label)
+def _parameter_matched(variant: Variant, difference: int, base_total: int) -> bool:
+    """Within 1% of the reference's total, or within half of one of the variant's layers."""
+    layers = variant.config.get("model", {}).get("n_layer")
+    body = variant.params.get("non_embedding")
+    half_layer = body / layers / 2 if isinstance(body, int) and isinstance(layers, int) and layers > 0 else 0
+    return abs(difference) <= max(PARAM_MATCH * base_total, half_layer)
+
+
+def versus(variant: Variant, base: Variant, kind: str = "baseline") -> Contrast:
+    """variant against base on every split both have, in total parameters and in training FLOPs."""
+    out = Contrast(baseline=base.label, kind=kind)
     for split in SPLITS:
         mv, mb = variant.metrics.get(split), base.metrics.get(split)
         if mv and mb:
@@ -348,5 +447,12 @@ def versus(variant: Variant, base: Variant) -> Contrast:
     if isinstance(tv, int) and isinstance(tb, int) and tb:
         out.params_difference = tv - tb
         out.params_relative = (tv - tb) / tb
+        out.parameter_matched = _parameter_matched(variant, tv - tb, tb)
+    out.train_flops_per_token, out.baseline_train_flops_per_token = (variant.train_flops_per_token,
+                                                                      base.train_flops_per_token)
+    fv, fb = variant.train_flops, base.train_flops
+    if fv is None or fb is None:  # no tokens seen recorded: per token
+        fv, fb = out.train_flops_per_token, out.baseline_train_flops_per_token
+    if fv is not None and fb:
+        out.train_flops_relative = fv / fb - 1.0
     return out
-

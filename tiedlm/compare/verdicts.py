@@ -1,0 +1,164 @@
+"""The comparison's sentences: the verdict on the primary endpoint, the confirmation by the other
+split(s), what the seeds could detect and how many the observed effect needs, parameters and
+training FLOPs (parameter-matched is not compute-matched), and the weight-decay caveat.
+
+Every effect is a ratio of perplexities, exp(Δloss) − 1, with exp(CI) − 1 bounds."""
+
+from __future__ import annotations
+
+from ..formatting import fmt, fmt_int, fmt_p, fmt_signed
+from .comparison import Comparison
+from .stats import SEEDS_CAP, TestResult
+from .variants import Contrast, SplitContrast, Variant
+
+ROLES = ("The primary endpoint is the {primary} loss: it alone carries the verdict. {others} "
+         "reported as confirmation, and the per-bucket differences are secondary (their p-values "
+         "Holm-adjusted over the buckets of each contrast).")
+
+
+def percent(x: float | None, digits: int = 2) -> str:
+    """−5.00% (a typographic minus); a dash for None."""
+    return fmt_signed(x * 100, digits) + "%" if x is not None else fmt(None)
+
+
+def fmt_flops(x: float | None) -> str:
+    """FLOPs in SI units: 30.0M, 12.3G, 4.56P (fmt_count stops at B)."""
+    if x is None:
+        return fmt(None)
+    for div, suffix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}"
+    return f"{x:g}"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def test_words(d: TestResult) -> str:
+    if d.test == "paired":
+        return f"paired over {plural(d.n or 0, 'seed')}"
+    return f"Welch, {d.n_a} vs {d.n_b} seeds"
+
+
+def interval_words(d: SplitContrast) -> str:
+    """'95% CI −4.01% to −2.20%, p=0.004, paired over 3 seeds', or why there is none."""
+    if d.ci_low is None:
+        return d.note or "no interval can be given"
+    p = fmt_p(d.p_value) if d.p_value is not None else "p undefined"
+    return f"95% CI {percent(d.relative_ci_low)} to {percent(d.relative_ci_high)}, {p}, {test_words(d)}"
+
+
+def roles(c: Comparison) -> str:
+    """The one sentence that says which split is primary, which confirm, and what is secondary."""
+    others = " and ".join(c.confirmations)
+    others = f"{others[0].upper()}{others[1:]} {'is' if len(c.confirmations) == 1 else 'are'}" if others else \
+        "No other split is"
+    return ROLES.format(primary=c.primary, others=others)
+
+
+def verdict(label: str, ref: str, d: SplitContrast | None, split: str) -> str | None:
+    """One sentence on the variant against its reference on the primary split."""
+    if d is None or d.difference is None or d.relative is None:
+        return None
+    rel = d.relative
+    if abs(rel) < 5e-5:
+        claim = f"has the same perplexity as **{ref}**"
+    else:
+        claim = f"has {abs(rel) * 100:.2f}% {'lower' if rel < 0 else 'higher'} perplexity than **{ref}**"
+    head = (f"**{label}** {claim} on {split}, the primary endpoint (perplexity {fmt(d.variant_mean)} vs "
+            f"{fmt(d.baseline_mean)}; {interval_words(d)})")
+    if d.significant is None:
+        return head + ("." if d.ci_low is None else ": no difference on any seed.")
+    return head + (": significant at 0.05." if d.significant else
+                   ": not significant at 0.05 (the interval includes 0%).")
+
+
+def confirmation(primary: SplitContrast | None, d: SplitContrast | None, split: str) -> str | None:
+    """'test confirms: …' / 'test does not confirm: …' for a confirmation split."""
+    if d is None or d.difference is None or primary is None:
+        return None
+    stats = f"{percent(d.relative)} ({interval_words(d)})"
+    if primary.significant is None or d.significant is None:
+        return f"{split}: {stats}."
+    if primary.significant:
+        same_way = (d.difference < 0) == (primary.difference < 0)
+        return f"{split} {'confirms' if d.significant and same_way else 'does not confirm'}: {stats}."
+    if d.significant:
+        return (f"{split} does not confirm: it alone finds a significant difference, {stats}; the verdict stays with "
+                "the primary endpoint.")
+    return f"{split} confirms: no significant difference either, {stats}."
+
+
+def seeds_sentence(d: SplitContrast | None) -> str | None:
+    """What the seeds could detect (80% power, α = 0.05) and how many the observed effect needs."""
+    pw = d.power if d else None
+    if pw is None:
+        return None
+    if pw.mde is None:
+        return (f"With {plural(pw.seeds, 'seed')} no interval can be given: at least 2 seeds per variant are "
+                "needed for one, 3 or more for a useful one.")
+    level = f"({pw.power:.0%} power, α = {pw.alpha:g})"
+    if pw.mde == 0.0:
+        return (f"The difference has no spread between seeds: any difference is detectable with "
+                f"{plural(pw.seeds, 'seed')} {level}.")
+    head = f"Differences below {pw.mde_relative * 100:.2f}% are not detectable with {plural(pw.seeds, 'seed')} {level}"
+    observed = percent(pw.observed_relative)
+    if pw.seeds_needed is not None:
+        return head + f"; about {pw.seeds_needed} seeds per variant would resolve the observed {observed}."
+    if not pw.observed:
+        return head + "; no difference was observed."
+    return head + f"; the observed {observed} would need more than {SEEDS_CAP:,} seeds per variant."
+
+
+def params_sentence(total: int | None, vs: Contrast) -> str | None:
+    if vs.params_relative is None or total is None:
+        return None
+    if vs.params_relative == 0:
+        return f"Same parameter count as {vs.baseline} ({fmt_int(total)})."
+    more = "fewer" if vs.params_relative < 0 else "more"
+    return (f"It has {abs(vs.params_relative) * 100:.1f}% {more} parameters "
+            f"({fmt_int(total)} vs {fmt_int(total - vs.params_difference)}).")
+
+
+def flops_sentence(vs: Contrast) -> str | None:
+    """Parameter-matched is not compute-matched: say which this contrast is."""
+    r = vs.train_flops_relative
+    if r is None or vs.compute_matched:
+        return "It is parameter- and compute-matched." if vs.parameter_matched and r is not None else None
+    per = (f"{fmt_flops(vs.train_flops_per_token)} vs {fmt_flops(vs.baseline_train_flops_per_token)} "
+           "per token") if vs.train_flops_per_token and vs.baseline_train_flops_per_token else ""
+    what = f"{percent(r, 0)} training FLOPs" + (f" ({per})" if per else "")
+    if vs.parameter_matched:
+        return f"It is parameter-matched to **{vs.baseline}** but not compute-matched: {what}."
+    return f"It spends {what}."
+
+
+def verdicts_for(v: Variant, c: Comparison) -> list[str]:
+    """The variant's verdict on the primary split (with parameters and FLOPs), one confirmation per
+    other split, and the seeds sentence; none for a variant without a contrast."""
+    vs = v.vs_baseline
+    if vs is None:
+        return []
+    main = vs.split(c.primary)
+    first = verdict(v.label, vs.baseline, main, c.primary)
+    if first is None:
+        return []
+    extra = [s for s in (params_sentence(v.params.get("total"), vs), flops_sentence(vs)) if s]
+    lines = [" ".join([first] + extra)]
+    lines += [line for s in c.confirmations if (line := confirmation(main, vs.split(s), s))]
+    seeds = seeds_sentence(main)
+    return lines + ([seeds] if seeds else [])
+
+
+def decay_line(c: Comparison) -> str | None:
+    """One line when embeddings are weight-decayed: tying changes what decay does to rare rows."""
+    def decayed(v: Variant) -> bool:
+        train = v.config.get("train", {})
+        return bool(train.get("decay_embeddings")) and (train.get("weight_decay") or 0) > 0
+
+    if not any(decayed(v) for v in c.variants):
+        return None
+    return ("Embeddings are weight-decayed (`train.decay_embeddings: true`): decay shrinks the rows of an untied E "
+            "that get no gradient (tokens absent from a batch: the rare ones), while tying gives those rows gradient "
+            "from the output side, so tying also changes what decay does (`configs/decay-ablation.yaml` separates the two).")
