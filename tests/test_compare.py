@@ -397,7 +397,7 @@ def test_end_to_end_writes_every_output_and_valid_pngs(tmp_path):
     assert "Embeddings are weight-decayed" in md  # base config: train.decay_embeddings true
     assert "Loss by token frequency" in md and "top 10%" in md
     assert "saved by tying" in md and f"{V * 128:,}" in md
-    assert "the floor: validation 49.60, test 49.50. The language's expected entropy rate is 49.40" in md
+    assert "validation 49.60 (split floor), test 49.50 (split floor). The language's expected entropy rate is 49.40" in md
     assert "stale-s5" in md and "status interrupted" in md
     assert "| 117.7 MiB |" in md  # peak memory, 123,456,789 bytes
     assert no_nan(md)

@@ -17,8 +17,8 @@ def test_numbers():
 
 
 def test_tables_align_and_escape():
-    md = f.markdown_table(["a", "b"], [["x|y", 1]])
-    assert md.splitlines() == ["| a | b |", "| --- | ---: |", "| x\\|y | 1 |"]
+    md = f.markdown_table(["a", "<unk>"], [["x|y", 1]])
+    assert md.splitlines() == ["| a | &lt;unk&gt; |", "| --- | ---: |", "| x\\|y | 1 |"]
     text = f.text_table(["name", "n"], [["tied", "12"], ["untied", "3"]]).splitlines()
     assert text[0] == "name     n" and text[2] == "tied    12" and text[3] == "untied   3"
 

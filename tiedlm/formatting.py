@@ -81,9 +81,14 @@ def markdown_table(header: list[str], rows: Iterable[list[Any]], align: str | No
     left, the rest right)."""
     align = align or "l" + "r" * (len(header) - 1)
     sep = ["---:" if a == "r" else "---" for a in align]
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    lines = ["| " + " | ".join(_md_cell(h) for h in header) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _md_cell(c: Any) -> str:
+    """A table cell: | would end the cell, and <unk> would be read as an HTML tag and vanish."""
+    return str(c).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def text_table(header: list[str], rows: list[list[Any]], align: str | None = None) -> str:

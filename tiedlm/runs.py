@@ -323,8 +323,8 @@ def _final_md(final: dict, floor: dict | None) -> list[str]:
             continue
         rows = [[f"{split} loss", *(f"{fmt(b['loss'], 3)} ({fmt(b['tokens'])} tok)" for b in res.get(key, []))]
                 for split, res in final.items()]
-        names = [(f"`{b['name']}`" if "<" in b["name"] else b["name"])  # raw <unk> is an HTML tag to Markdown
-                 + (f" ({100 * b['train_share']:.1f}% of train)" if "train_share" in b else "") for b in first]
+        names = [b["name"] + (f" ({100 * b['train_share']:.1f}% of train)" if "train_share" in b else "")
+                 for b in first]  # markdown_table escapes <unk>, which Markdown would read as an HTML tag
         lines += [f"### Loss by training-set frequency of the target token, {title}", "",
                   markdown_table(["split", *names], rows), ""]
     if any(b["name"] == "<unk>" for res in final.values() for b in res.get("buckets", [])):

@@ -168,10 +168,11 @@ def _floor_line(c: Comparison) -> list[str]:
     if not floor:
         return []
     splits = floor.get("splits") or {}
-    parts = [f"{name} {fmt(sf.get('perplexity'))}" for name, sf in splits.items()]
-    label = "best achievable perplexity (`<unk>` merges the rarest words)" if floor.get("with_unk") else "floor"
-    own = (f"The true model's perplexity on each split's own tokens, the {label}: {', '.join(parts)}. "
-           if parts else "")
+    parts = [f"{name} {fmt(sf.get('perplexity'))} ({sf.get('label') or 'split floor'}"
+             + (f", {sf['unk_tokens']:,} `<unk>` token{'s' if sf['unk_tokens'] != 1 else ''})" if sf.get("unk_tokens")
+                else ")") for name, sf in splits.items()]
+    own = ("The true model's perplexity on each split's own tokens (with `<unk>`, which merges the rarest words, the "
+           f"best achievable one): {', '.join(parts)}. " if parts else "")
     return ["", own + f"The language's expected entropy rate is {fmt(floor.get('perplexity_per_word'))} perplexity "
                 "per word: an average over endless text, not a bound on a finite split."]
 
@@ -249,7 +250,8 @@ def _md_buckets(c: Comparison) -> list[str]:
     shown = {}  # each bucket as the last variant that has it reports it (for its token count)
     for v in c.variants:
         shown.update({b.name: b for b in v.buckets(split)})
-    header = ["variant"] + [f"{n} ({fmt_count(shown[n].tokens)} tokens)" if shown[n].tokens else n for n in names]
+    header = ["variant"] + [f"{n} ({fmt_count(shown[n].tokens)} token{'s' if shown[n].tokens != 1 else ''})"
+                            if shown[n].tokens else n for n in names]
     rows = [[v.name] + [_bucket_cell(c, v, split, n) for n in names] for v in c.variants]
     diffs = [[v.label, n, fmt_signed(t.difference, 4), _nats_ci(t), _p_only(t.p_value), _p_only(t.p_holm)]
              for v in c.variants if v.vs_baseline for n, t in v.vs_baseline.splits.get(split).buckets.items()
