@@ -463,7 +463,8 @@ def test_comparison_json_keys(tmp_path):
     assert list(vs["validation"]) == tested + ["relative", "relative_ci_low", "relative_ci_high", "significant",
                                                "variant_mean", "baseline_mean", "perplexity_difference", "power",
                                                "buckets"]
-    assert list(vs["validation"]["power"]) == ["test", "seeds", "power", "alpha", "mde", "mde_relative", "observed",
+    assert list(vs["validation"]["power"]) == ["test", "seeds", "power", "alpha", "mde", "mde_relative",
+                                               "mde_relative_down", "observed",
                                                "observed_relative", "seeds_needed", "note"]
     assert list(vs["validation"]["buckets"]["rest"]) == tested + ["p_holm"]
     assert data["variants"][0]["vs_baseline"] is None

@@ -79,7 +79,7 @@ def test_primary_endpoint_carries_the_verdict_and_the_other_split_confirms(tmp_p
     lines = result.variant("tied").verdicts
     assert "on validation, the primary endpoint" in lines[0] and ": significant at 0.05" in lines[0]
     assert lines[1].startswith("test does not confirm: ")
-    assert lines[2].startswith("Differences below ")
+    assert lines[2].startswith("Effects between −") and " are not detectable with " in lines[2]
     assert len([line for line in result.verdicts if "primary endpoint" in line]) == 1  # one verdict, not two
 
     on_test = C.compare_runs(runs_dir=runs, primary="test", out=tmp_path / "t")
@@ -246,3 +246,16 @@ def test_decay_ablation_grid_loads_and_crosses_tying_with_decay():
     combos = {(r.cfg.model.tie_embeddings, r.cfg.train.decay_embeddings) for r in runs}
     assert combos == {(True, True), (True, False), (False, True), (False, False)}
     assert len(runs) == 12 and {r.cfg.seed for r in runs} == {0, 1, 2}
+
+
+def test_a_tiny_but_consistent_difference_is_never_called_the_same():
+    import types
+
+    from tiedlm.compare.verdicts import verdict
+
+    d = types.SimpleNamespace(difference=1e-7, relative=1e-7, variant_mean=60.000006, baseline_mean=60.0,
+                              ci_low=None, note="no spread between seeds", significant=True)
+    text = verdict("tied", "untied", d, "validation")
+    assert "1e-05% higher perplexity" in text and "same perplexity" not in text and text.endswith("significant at 0.05.")
+    d.relative = d.difference = 0.0
+    assert "has the same perplexity as **untied**" in verdict("tied", "untied", d, "validation")

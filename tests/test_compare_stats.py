@@ -254,6 +254,7 @@ def test_power_analysis_paired_matches_scipy():
     # at the smallest detectable effect the power is 80%, with the seeds run
     assert _scipy_power(pw.mde / (sd / math.sqrt(3)), 2) == pytest.approx(0.8, abs=1e-7)
     assert pw.mde_relative == pytest.approx(math.exp(pw.mde) - 1)
+    assert pw.mde_relative_down == pytest.approx(1 - math.exp(-pw.mde)) and pw.mde_relative_down < pw.mde_relative
     # seeds needed: the first n whose power reaches 80% for the observed effect
     effect = abs(statistics.mean(d))
     n = pw.seeds_needed

@@ -70,7 +70,7 @@ def _detectable(d: SplitContrast) -> str:
     if pw is None or pw.mde_relative is None:
         return MISSING
     need = f"{pw.seeds_needed}" if pw.seeds_needed is not None else MISSING
-    return f"{pw.mde_relative * 100:.2f}% / {need}"
+    return f"−{pw.mde_relative_down * 100:.2f}% / +{pw.mde_relative * 100:.2f}% / {need}"
 
 
 # ============================================================================ comparison.md
@@ -206,7 +206,7 @@ def _md_differences(c: Comparison) -> list[str]:
           "Each variant against its reference (variant − reference), tested on the per-seed loss: paired t-test "
           "when both have the same seeds, Welch's t-test otherwise. `effect` is exp(Δloss) − 1 (negative: the "
           "variant is better) with exp(CI) − 1 bounds; `Δ ppl` (difference of the geometric means) is descriptive "
-          "only. `detectable / seeds` is the smallest effect the seeds run detect with 80% power at α = 0.05, and "
+          "only. `detectable / seeds` is the smallest decrease and increase the seeds run detect with 80% power at α = 0.05, and "
           "the seeds per variant that would resolve the observed one.", ""]
     rows = []
     for v in others:
@@ -365,6 +365,7 @@ def _csv_contrast(s: str, d: SplitContrast) -> dict[str, Any]:
             f"{s}_loss_diff_ci_low": d.ci_low, f"{s}_loss_diff_ci_high": d.ci_high, f"{s}_p_value": d.p_value,
             f"{s}_test": d.test, f"{s}_perplexity_diff": d.perplexity_difference,
             f"{s}_detectable_effect": d.power.mde_relative if d.power else None,
+            f"{s}_detectable_decrease": d.power.mde_relative_down if d.power else None,
             f"{s}_seeds_needed": d.power.seeds_needed if d.power else None}
 
 

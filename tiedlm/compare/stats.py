@@ -436,7 +436,8 @@ def detectable_nc(df: float, power: float = POWER, alpha: float = ALPHA) -> floa
 class Power:
     """What a contrast's seeds can detect: a two-sided t-test on the loss at level alpha, with the
     seed-to-seed spread observed (the SD of the paired differences, or each side's SD for Welch).
-    `mde` is the smallest |Δloss| detected with `power` at the seeds run (mde_relative: exp(mde) − 1);
+    `mde` is the smallest |Δloss| detected with `power` at the seeds run: as ratios of perplexities,
+    an increase of mde_relative = exp(mde) − 1 or a decrease of mde_relative_down = 1 − exp(−mde);
     `seeds_needed` the seeds per variant that would detect the observed Δloss with `power`
     (None: no spread to plan from, no effect observed, or more than SEEDS_CAP)."""
 
@@ -446,6 +447,7 @@ class Power:
     alpha: float = ALPHA
     mde: float | None = None
     mde_relative: float | None = None
+    mde_relative_down: float | None = None
     observed: float | None = None
     observed_relative: float | None = None
     seeds_needed: int | None = None
@@ -493,12 +495,12 @@ def power_analysis(test: TestResult, power: float = POWER, alpha: float = ALPHA)
                     "per variant are needed for an interval, 3 or more for a useful one")
         return out
     if test.se == 0.0:
-        out.mde, out.mde_relative = 0.0, 0.0
+        out.mde, out.mde_relative, out.mde_relative_down = 0.0, 0.0, 0.0
         out.seeds_needed = None if test.p_value is None else 2
         out.note = "no spread between seeds: any difference is detected with the seeds run"
         return out
     out.mde = detectable_nc(test.df, power, alpha) * test.se
-    out.mde_relative = _exp(out.mde) - 1.0
+    out.mde_relative, out.mde_relative_down = _exp(out.mde) - 1.0, 1.0 - _exp(-out.mde)
     if out.observed == 0.0:
         out.note = "no effect observed: no number of seeds resolves it"
         return out

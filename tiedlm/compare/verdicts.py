@@ -62,10 +62,11 @@ def verdict(label: str, ref: str, d: SplitContrast | None, split: str) -> str | 
     if d is None or d.difference is None or d.relative is None:
         return None
     rel = d.relative
-    if abs(rel) < 5e-5:
+    if rel == 0:
         claim = f"has the same perplexity as **{ref}**"
-    else:
-        claim = f"has {abs(rel) * 100:.2f}% {'lower' if rel < 0 else 'higher'} perplexity than **{ref}**"
+    else:  # a tiny but consistent difference can be significant: never round it to "the same"
+        shown = f"{abs(rel) * 100:.2f}" if abs(rel) >= 5e-5 else f"{abs(rel) * 100:.2g}"
+        claim = f"has {shown}% {'lower' if rel < 0 else 'higher'} perplexity than **{ref}**"
     head = (f"**{label}** {claim} on {split}, the primary endpoint (perplexity {fmt(d.variant_mean)} vs "
             f"{fmt(d.baseline_mean)}; {interval_words(d)})")
     if d.significant is None:
@@ -102,7 +103,8 @@ def seeds_sentence(d: SplitContrast | None) -> str | None:
     if pw.mde == 0.0:
         return (f"The difference has no spread between seeds: any difference is detectable with "
                 f"{plural(pw.seeds, 'seed')} {level}.")
-    head = f"Differences below {pw.mde_relative * 100:.2f}% are not detectable with {plural(pw.seeds, 'seed')} {level}"
+    head = (f"Effects between −{pw.mde_relative_down * 100:.2f}% and +{pw.mde_relative * 100:.2f}% are not "
+            f"detectable with {plural(pw.seeds, 'seed')} {level}")
     observed = percent(pw.observed_relative)
     if pw.seeds_needed is not None:
         return head + f"; about {pw.seeds_needed} seeds per variant would resolve the observed {observed}."
