@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tiedlm"
 LAYERS = [
     ["cli"],
     ["compare", "sweep", "params"],
-    ["train"],
+    ["train", "selection", "optim"],
     ["evaluate"],
     ["checkpoints", "runs", "process"],
     ["model", "device"],

@@ -435,7 +435,7 @@ def test_comparison_json_keys(tmp_path):
     C.compare_runs(runs_dir=runs)
     data = _strict_json(runs / "compare" / "comparison.json")
     assert list(data) == ["format", "tiedlm_version", "created", "out", "level", "alpha", "power", "interval",
-                          "difference", "primary", "confirmation", "secondary", "mode", "baseline", "differing_keys",
+                          "difference", "primary", "confirmation", "secondary", "select", "mode", "baseline", "differing_keys",
                           "variants", "runs", "skipped", "notes", "match", "verdicts", "data_sets", "not_compared",
                           "matched", "files"]
     assert (data["format"], data["primary"], data["confirmation"], data["mode"]) == (2, "validation", ["test"],
@@ -443,7 +443,7 @@ def test_comparison_json_keys(tmp_path):
     tied = data["variants"][1]
     assert list(tied) == ["label", "config_hash", "config", "tied", "seeds", "runs", "n_seeds", "metrics", "params",
                           "flops_per_token", "train_flops", "cost", "device", "dtype", "resolution", "floor",
-                          "tokenizer_kind", "curve", "is_baseline", "vs_baseline", "verdicts"]
+                          "tokenizer_kind", "curve", "best_points", "is_baseline", "vs_baseline", "verdicts"]
     assert tied["resolution"] == "cpu, fp32" and tied["train_flops"] == pytest.approx(3e7 * 409_600)
     assert list(tied["metrics"]["validation"]) == ["perplexity", "bits_per_byte", "loss", "word_perplexity",
                                                    "by_seed", "loss_by_seed", "buckets"]
@@ -472,7 +472,8 @@ def test_comparison_json_keys(tmp_path):
                                      "validation_bits_per_byte", "validation_loss", "test_perplexity",
                                      "test_bits_per_byte", "test_loss", "buckets", "train_perplexity",
                                      "train_bits_per_byte", "train_loss", "params_total", "tokens_per_s",
-                                     "wall_time_s", "peak_memory_bytes", "tokens_seen", "steps", "device", "dtype"]
+                                     "wall_time_s", "peak_memory_bytes", "tokens_seen", "steps", "device", "dtype",
+                                     "weights", "best_step", "last_above_best", "overtrained"]
 
 
 def test_plots_leave_the_matplotlib_backend_and_pyplot_alone(tmp_path):

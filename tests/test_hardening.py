@@ -79,6 +79,9 @@ VALID = {
     "train.log_every": ("huge",),
     "train.eval_tokens": ("huge",),  # a cap on the periodic validation slice
     "train.max_skipped": ("zero", "huge"),
+    "train.keep_best": ("bool",),
+    "train.early_stop_patience": ("zero", "huge"),  # 0 never stops; huge: never in practice
+    "train.early_stop_min_delta": ("zero",),  # the default; any other value needs a patience
 }
 
 # Valid to the config, but a model or batch that no machine holds: the memory estimate in the

@@ -3,6 +3,8 @@
     checkpoints/LATEST                 the name of the newest complete checkpoint
     checkpoints/step-0000500/          model.safetensors (a tied matrix once), state.pt (optimizer,
                                        counters, RNG states), manifest.json (each file's SHA-256)
+    checkpoints/best-step-0000300/     train.keep_best: the weights of the best validation evaluation
+                                       (model.safetensors and manifest.json), named by the state
 
 A checkpoint is written into a temporary folder (files fsynced, the manifest last) and renamed
 into place; LATEST is then pointed at it, and only then is the previous one removed. Nothing is
@@ -52,23 +54,50 @@ def save_checkpoint(run_dir: Path, step: int, tensors: dict, metadata: dict, sta
         final = _write_checkpoint_folder(tmp, root, name, step, tensors, metadata, state)
     atomic_write_text(root / "LATEST", final.name + "\n")
     if not keep_previous:
-        for old in root.iterdir():
-            if old.name != final.name and old.name != "LATEST" and old.is_dir():
+        for old in _checkpoint_folders(root):
+            if old.name != final.name:
                 shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def save_best_weights(run_dir: Path, step: int, tensors: dict, metadata: dict) -> Path:
+    """Write checkpoints/best-step-N (weights and manifest, no training state) atomically, as
+    save_checkpoint does; which one is the best is recorded in the training state, not here."""
+    root = Path(run_dir) / CHECKPOINTS
+    name = f"{BEST_PREFIX}{step:07d}"
+    with writing(root / name):
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+        return _write_checkpoint_folder(tmp, root, name, step, tensors, {**metadata, "kind": "best"}, None)
+
+
+def best_weight_folders(run_dir: Path) -> list[Path]:
+    root = Path(run_dir) / CHECKPOINTS
+    return sorted(p for p in root.iterdir() if p.is_dir() and _BEST_DIR.fullmatch(p.name)) if root.is_dir() else []
+
+
+def prune_best_weights(run_dir: Path, keep: set) -> list[str]:
+    """Remove the kept-best folders whose names are not in `keep`; return their names."""
+    removed = []
+    for path in best_weight_folders(run_dir):
+        if path.name not in keep:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
+    return removed
+
+
 def _write_checkpoint_folder(tmp: Path, root: Path, name: str, step: int, tensors: dict, metadata: dict,
-                             state: dict) -> Path:
+                             state: dict | None) -> Path:
     """Fill tmp and rename it to root/name (or name-1, ... if that exists); tmp is removed on failure."""
     import torch
     from safetensors.torch import save_file
 
     try:
         save_file(tensors, str(tmp / MODEL_FILE), metadata={k: str(v) for k, v in metadata.items()})
-        torch.save(state, tmp / STATE_FILE)
+        if state is not None:
+            torch.save(state, tmp / STATE_FILE)
         files = {}
-        for fname in (MODEL_FILE, STATE_FILE):
+        for fname in (MODEL_FILE, STATE_FILE) if state is not None else (MODEL_FILE,):
             with open(tmp / fname, "rb") as f:
                 os.fsync(f.fileno())
             files[fname] = {"sha256": sha256_file(tmp / fname), "bytes": (tmp / fname).stat().st_size}
@@ -87,6 +116,8 @@ def _write_checkpoint_folder(tmp: Path, root: Path, name: str, step: int, tensor
 
 
 _STEP_DIR = re.compile(r"step-(\d+)(?:-(\d+))?")
+BEST_PREFIX = "best-step-"
+_BEST_DIR = re.compile(r"best-step-(\d+)(?:-(\d+))?")
 
 
 def _checkpoint_folders(root: Path) -> list[Path]:

@@ -169,8 +169,9 @@ def _validate_train(t: Any) -> None:
     check_positive(t.lr, "train.lr")
     _check(0 <= t.min_lr <= t.lr, f"train.min_lr must be between 0 and train.lr ({t.lr}), got {t.min_lr}")
     for key in ("warmup_steps", "weight_decay", "grad_clip", "eval_every", "checkpoint_every",
-                "max_skipped", "threads"):
+                "max_skipped", "threads", "early_stop_patience", "early_stop_min_delta"):
         check_not_negative(getattr(t, key), f"train.{key}")
+    _validate_selection(t)
     check_at_most(t.threads, THREADS_LIMIT, "train.threads", "more than any CPU has cores; 0 keeps torch's default")
     # AdamW multiplies each decayed weight by 1 - lr * weight_decay every step: at 1 or more that
     # zeroes or flips the weights, so the run can only diverge.
@@ -178,6 +179,17 @@ def _validate_train(t: Any) -> None:
            f"train.lr x train.weight_decay must be below 1, got {t.lr:g} x {t.weight_decay:g} (AdamW scales weights "
            "by 1 - lr x weight_decay each step) — lower train.lr or train.weight_decay")
     _check(0.0 <= t.beta1 < 1.0 and 0.0 <= t.beta2 < 1.0, "train.beta1 and train.beta2 must be in [0, 1)")
+
+
+def _validate_selection(t: Any) -> None:
+    """keep_best and early stopping act on the periodic evaluations, so they need some."""
+    for key, on in (("keep_best", t.keep_best), ("early_stop_patience", t.early_stop_patience)):
+        _check(not on or t.eval_every > 0,
+               f"train.{key} acts on the periodic validation evaluations, and train.eval_every is 0 — set "
+               "train.eval_every to the steps between them (e.g. 200)")
+    _check(t.early_stop_min_delta == 0 or t.early_stop_patience > 0,
+           f"train.early_stop_min_delta ({t.early_stop_min_delta:g}) only applies with early stopping — set "
+           "train.early_stop_patience (evaluations without improvement before stopping) or drop it")
 
 
 def _validate_tokenizer(tok: Any) -> None:

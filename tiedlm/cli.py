@@ -280,8 +280,12 @@ def compare(
                                         "matching the untied parameter count."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="The variant to compare against (in a grid, "
                                            "instead of each tied variant against its untied twin)."),
-    primary: str = typer.Option("validation", "--primary", help="The split whose loss carries the verdict "
-                                "(train, validation or test); the others confirm."),
+    primary: Optional[str] = typer.Option(None, "--primary", help="The split whose loss carries the verdict "
+                                          "(train, validation or test; default validation, test with --select "
+                                          "best); the others confirm."),
+    select: Optional[str] = typer.Option(None, "--select", help="Whose scores to compare: 'best' (the weights "
+                                         "each run kept at its best validation evaluation, train.keep_best) or "
+                                         "'final' (the last weights). Default: best when every run kept them."),
     out: Path = typer.Option(Path("runs"), "--out", help="Runs folder; the comparison goes to OUT/compare/."),
     overwrite: bool = typer.Option(False, "--overwrite", help="With --config: retrain runs whose folders hold "
                                    "another config (say, after editing it) instead of refusing them."),
@@ -292,7 +296,11 @@ def compare(
     def go():
         from .checks import check_at_most, check_positive, check_split
 
-        check_split(primary, "--primary")
+        if primary is not None:
+            check_split(primary, "--primary")
+        if select not in (None, "best", "final"):
+            raise ConfigError(f"--select {select!r} is not known — choose best (each run's kept best weights) "
+                              "or final (the last weights)")
         if match not in (None, "params"):
             raise ConfigError(f"--match {match!r} is not known — the one choice is --match params")
         if config is None:
@@ -311,9 +319,10 @@ def compare(
 
         if config is not None:
             result = compare_config(config, set_ or [], seeds=seeds or 1, match=match, runs_dir=out,
-                                    baseline=baseline, progress=not quiet, overwrite=overwrite, primary=primary)
+                                    baseline=baseline, progress=not quiet, overwrite=overwrite, primary=primary,
+                                    select=select)
         else:
-            result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline, primary=primary)
+            result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select)
         typer.echo(format_terminal_table(result))
         failures = result.train_failures
         if failures:

@@ -105,6 +105,9 @@ class TrainConfig:
     checkpoint_every: int = 500  # steps between checkpoints; 0 writes only the final one
     log_every: int = 10  # steps between training-loss lines in metrics.jsonl
     max_skipped: int = 0  # non-finite steps to skip before the run counts as diverged
+    keep_best: bool = False  # keep the weights of the best periodic evaluation; score them at the end too
+    early_stop_patience: int = 0  # stop after this many evaluations without improvement; 0 never stops
+    early_stop_min_delta: float = 0.0  # the least fall in validation loss (nats) that counts as improvement
 
 
 @dataclass
@@ -432,6 +435,42 @@ def to_yaml(cfg: Config) -> str:
 # optimizer do change results, and are not here.
 OPERATIONAL_KEYS = ("train.threads", "train.compile", "train.checkpoint_every", "train.log_every",
                     "train.eval_every", "train.eval_tokens", "eval.batch_size")
+# The periodic evaluation decides when early stopping ends a run and which weights keep_best keeps:
+# with either on, its interval and slice are part of what a run is.
+SELECTION_KEYS = ("train.eval_every", "train.eval_tokens")
+
+# Keys added after runs were already written, with the value that means "as before". At that value
+# a key is left out of the config hash, and a stored config that lacks it reads as having it, so
+# that older runs keep their hash, resume, and group with newer ones.
+ADDED_KEYS = {"train.keep_best": False, "train.early_stop_patience": 0, "train.early_stop_min_delta": 0.0}
+
+
+def _get(data: dict, key: str, default: Any = None) -> Any:
+    section, leaf = key.split(".")
+    node = data.get(section)
+    return node.get(leaf, default) if isinstance(node, dict) else default
+
+
+def selects_checkpoints(data: dict) -> bool:
+    """True when a config dict keeps its best weights or stops early (see SELECTION_KEYS)."""
+    return bool(_get(data, "train.keep_best")) or bool(_get(data, "train.early_stop_patience"))
+
+
+def operational_keys(data: dict) -> tuple[str, ...]:
+    """OPERATIONAL_KEYS of this config dict: without SELECTION_KEYS when it selects checkpoints."""
+    if selects_checkpoints(data):
+        return tuple(k for k in OPERATIONAL_KEYS if k not in SELECTION_KEYS)
+    return OPERATIONAL_KEYS
+
+
+def with_added_keys(data: dict) -> dict:
+    """A config dict with ADDED_KEYS it lacks filled in at their "as before" values (a copy)."""
+    out = json.loads(json.dumps(data, default=str))
+    for key, value in ADDED_KEYS.items():
+        section, leaf = key.split(".")
+        if isinstance(out.get(section), dict):
+            out[section].setdefault(leaf, value)
+    return out
 
 
 def strip_variant_keys(data: dict) -> dict:
@@ -439,7 +478,8 @@ def strip_variant_keys(data: dict) -> dict:
     out = json.loads(json.dumps(data, default=str))
     out.pop("seed", None)
     out.pop("name", None)
-    for key in OPERATIONAL_KEYS:
+    drop = [*operational_keys(out), *(k for k, v in ADDED_KEYS.items() if _get(out, k, v) == v)]
+    for key in drop:
         section, leaf = key.split(".")
         if isinstance(out.get(section), dict):
             out[section].pop(leaf, None)

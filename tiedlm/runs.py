@@ -235,6 +235,9 @@ class RunReport:
     checkpoint: str | None = None  # the final checkpoint, relative to the run folder
     interrupted_at_step: int | None = None
     diverged_at_step: int | None = None
+    best: dict | None = None  # selection.BestTracker.summary: the best periodic validation evaluation
+    final_best: dict | None = None  # train.keep_best: the final evaluation of the best weights, as `final`
+    stopped_early: dict | None = None  # early stopping: the step, the budget in steps, the reason
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -285,6 +288,7 @@ def render_report_md(r: RunReport) -> str:
                   f"{fmt(p.get('model_vocab_size'))} ({fmt(p.get('vocab_padding'))}) |", ""]
     if r.final:
         lines += _final_md(r.final, r.floor)
+    lines += _best_md(r)
     lines += ["## Training", "",
               f"- steps {fmt(r.steps)} of {fmt(r.total_steps)}, tokens seen {fmt(r.tokens_seen)}",
               f"- tokens/s {fmt(r.tokens_per_s, 0)}, train time {fmt(r.train_time_s, 1)} s, "
@@ -330,6 +334,44 @@ def _final_md(final: dict, floor: dict | None) -> list[str]:
     if any(b["name"] == "<unk>" for res in final.values() for b in res.get("buckets", [])):
         lines += ["`<unk>` has a bucket of its own: a frequent token that stands for the rarest words.", ""]
     return lines
+
+
+def _best_md(r: RunReport) -> list[str]:
+    """The best periodic validation evaluation, early stopping, and the kept best weights' scores."""
+    b = r.best if isinstance(r.best, dict) else None
+    lines = []
+    if b:
+        lines += ["## Best validation evaluation", "",
+                  f"- best: loss {fmt(b.get('loss'), 4)} (perplexity {fmt(b.get('perplexity'), 2)}) at step "
+                  f"{fmt(b.get('step'))} ({fmt(b.get('tokens'))} tokens), of {fmt(b.get('evaluations'))} evaluations "
+                  f"on the first {fmt(b.get('eval_tokens'))} validation tokens",
+                  f"- last: loss {fmt(b.get('last_loss'), 4)} (perplexity {fmt(b.get('last_perplexity'), 2)}) at step "
+                  f"{fmt(b.get('last_step'))}, {_pct(b.get('last_above_best'))} above the best"]
+        lines.append("- **" + overtrained_text(b) + "**" if b.get("overtrained") else
+                     f"- not over-trained (the flag is raised above {100 * (b.get('margin') or 0):g}%)")
+    if isinstance(r.stopped_early, dict):
+        s = r.stopped_early
+        lines.append(f"- stopped early at step {fmt(s.get('step'))} of {fmt(s.get('of_steps'))}: {s.get('reason')}")
+    if lines:
+        lines.append("")
+    if isinstance(r.final_best, dict) and r.final_best:
+        if b and b.get("final_is_last"):
+            lines += ["The kept best weights are the last ones (the best evaluation is the last): their final "
+                      "evaluation is the one above.", ""]
+        else:
+            body = _final_md(r.final_best, r.floor)[2:]  # without its heading
+            lines += [f"## Final evaluation of the best weights (step {fmt(b.get('step') if b else None)})", "", *body]
+    return lines
+
+
+def _pct(x: Any) -> str:
+    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) and x == x and abs(x) != float("inf") else "—"
+
+
+def overtrained_text(b: dict) -> str:
+    """"over-trained: final 12.0% above best at step 500 (...)", from report.json's `best`."""
+    return (f"over-trained: final {_pct(b.get('last_above_best'))} above best at step {fmt(b.get('step'))} "
+            f"(validation perplexity; flagged above {100 * (b.get('margin') or 0):g}%)")
 
 
 def _floor_md(floor: dict, final: dict) -> list[str]:
@@ -403,7 +445,7 @@ def existing_state(run_dir: Path, config: dict) -> str:
     """What to do with a run folder: 'new', 'finished' (nothing to do), or 'resume'.
 
     A folder holding a different config is refused with the keys that differ."""
-    from .config import OPERATIONAL_KEYS, diff_keys
+    from .config import diff_keys, operational_keys, with_added_keys
 
     run_dir = Path(run_dir)
     if not run_dir.exists():
@@ -417,7 +459,8 @@ def existing_state(run_dir: Path, config: dict) -> str:
                            "— choose another --name, or --overwrite to replace it")
         return "new"
     if old is not None:
-        differ = [k for k in diff_keys(old, config) if k not in OPERATIONAL_KEYS]
+        skip = operational_keys(config)
+        differ = [k for k in diff_keys(with_added_keys(old), with_added_keys(config)) if k not in skip]
         if differ:
             shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
             raise ConfigMismatchError(f"{run_dir} holds a run with a different config ({shown} differ) — "
@@ -492,13 +535,13 @@ def trim_metrics(run_dir: Path, up_to_step: int) -> None:
 
 def clean_temporary_files(run_dir: Path) -> list[str]:
     """Remove what a killed writer left: `.NAME.*.tmp` files (atomic_write_bytes) in the run folder
-    and its checkpoints folder, and `.tmp-step-*` folders (save_checkpoint). Only called by the
+    and its checkpoints folder, and `.tmp-step-*` / `.tmp-best-step-*` folders (checkpoints.py). Only called by the
     process holding the run's lock, so no other writer can own them. Returns what was removed."""
     removed = []
     for folder in (Path(run_dir), Path(run_dir) / CHECKPOINTS):
         for child in folder.iterdir() if folder.is_dir() else []:
             stray_file = child.name.startswith(".") and child.name.endswith(".tmp") and child.is_file()
-            stray_dir = child.name.startswith(".tmp-step-") and child.is_dir()
+            stray_dir = child.name.startswith((".tmp-step-", ".tmp-best-step-")) and child.is_dir()
             if stray_file or stray_dir:
                 with contextlib.suppress(OSError):
                     shutil.rmtree(child) if stray_dir else child.unlink()

@@ -13,7 +13,7 @@ import random
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,70 +30,9 @@ from .errors import (
     RunError,
     TiedlmError,
 )
+from .optim import budget_steps, build_optimizer, lr_at, untie_step, untie_with_optimizer  # noqa: F401
+from .selection import BestTracker, evaluate_best, keep_best_weights, stop_reason
 from .process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
-
-# ------------------------------------------------------------------------- optimizer and schedule
-
-
-def build_optimizer(model, tcfg) -> Any:
-    """AdamW over each unique parameter once (a tied matrix is one entry). Matrices are decayed;
-    biases and LayerNorm gains never are; the embedding matrices (E, W_out, positions) follow
-    train.decay_embeddings. W_out goes last in its group so that a model untied late
-    (`untie_at`) and one built untied have the same parameter order for optimizer state."""
-    import torch
-
-    embed_names = {"transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"}
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():  # yields a shared Parameter once
-        is_embed = name in embed_names
-        wants_decay = tcfg.decay_embeddings if is_embed else p.dim() >= 2
-        (decay if wants_decay else no_decay).append((name, p))
-    last = lambda item: item[0] == "lm_head.weight"  # noqa: E731
-    decay.sort(key=last)
-    no_decay.sort(key=last)
-    groups = [
-        {"params": [p for _, p in decay], "weight_decay": tcfg.weight_decay},
-        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), eps=1e-8)
-
-
-def lr_at(step: int, total: int, tcfg) -> float:
-    """Linear warmup from 0 to lr over warmup_steps, then cosine decay to min_lr at `total`."""
-    if step < tcfg.warmup_steps:
-        return tcfg.lr * (step + 1) / tcfg.warmup_steps
-    if total <= tcfg.warmup_steps:
-        return tcfg.lr
-    progress = min(1.0, (step - tcfg.warmup_steps) / (total - tcfg.warmup_steps))
-    return tcfg.min_lr + 0.5 * (tcfg.lr - tcfg.min_lr) * (1.0 + math.cos(math.pi * progress))
-
-
-def budget_steps(cfg: Config) -> int:
-    t = cfg.train
-    if t.max_steps is not None:
-        return t.max_steps
-    per_step = t.batch_size * t.grad_accum * cfg.model.block_size
-    return max(1, math.ceil(t.max_tokens / per_step))
-
-
-def untie_step(cfg: Config, total: int) -> int | None:
-    if cfg.model.untie_at is None:
-        return None
-    return max(1, min(total - 1, round(cfg.model.untie_at * total))) if total > 1 else None
-
-
-def untie_with_optimizer(model, optimizer) -> None:
-    """Split the tied matrix in two; W_out gets an identical copy of E's AdamW state."""
-    old = model.transformer.wte.weight
-    new = model.untie()
-    for group in optimizer.param_groups:
-        if any(p is old for p in group["params"]):
-            group["params"].append(new)
-            break
-    state = optimizer.state.get(old)
-    if state:
-        optimizer.state[new] = {k: (v.clone() if hasattr(v, "clone") else v) for k, v in state.items()}
-
 
 # ------------------------------------------------------------------------- the entry point
 
@@ -168,6 +107,9 @@ def preflight(cfg: Config, run_dir: Path, fresh: bool, progress: bool) -> Prefli
                           "raise train.max_steps / train.max_tokens or drop model.untie_at")
     ckpt, note = (None, None) if fresh else checkpoints.resolve_checkpoint(run_dir)
     loaded = checkpoints.load_checkpoint(ckpt) if ckpt is not None else None
+    best = ((loaded[1] or {}).get("best") or {}).get("weights") if loaded is not None else None
+    if best and cfg.train.keep_best:  # the kept best weights the checkpoint names must be intact
+        checkpoints.verify_checkpoint(run_dir / runs.CHECKPOINTS / best)
     old = None if fresh else runs.read_report(run_dir)
     data = prepare_data(cfg, progress=progress)
     missing = [s for s in cfg.eval.splits if s not in data.splits]
@@ -193,11 +135,13 @@ class TrainState:
     skipped: int = 0  # non-finite steps skipped (train.max_skipped)
     train_time: float = 0.0  # seconds inside training steps, over every attempt
     untied_at_step: int | None = None  # the step at which an untie_at run did split
+    best: BestTracker = field(default_factory=BestTracker)  # the best validation evaluation, early stopping
 
     def to_checkpoint(self) -> dict:
         # key names as tiedlm 0.1 wrote them, so that its checkpoints resume
         return {"step": self.step, "tokens": self.tokens, "skipped": self.skipped, "train_time": self.train_time,
-                "untied_at": self.untied_at_step, "untied": self.untied_at_step is not None}
+                "untied_at": self.untied_at_step, "untied": self.untied_at_step is not None,
+                "best": self.best.to_state()}
 
     def restore(self, st: dict) -> None:
         """Take the counters of a checkpoint's state (what to_checkpoint wrote, or tiedlm 0.1)."""
@@ -230,7 +174,8 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
         try:
             model = _train_loop(cfg, run_dir, pre, record, state, signals, interrupted, progress, stop_after_step)
             final = final_evaluation(cfg, run_dir, pre, model, state, signals, interrupted)
-            _finish(record, pre, model, state, final, wall_before + time.time() - t_start)
+            final_best = _best_evaluation(cfg, run_dir, pre, model, state, signals, interrupted, final)
+            _finish(record, cfg, pre, model, state, final, final_best, wall_before + time.time() - t_start)
         except (Interrupted, DivergedError):
             raise
         except KeyboardInterrupt:
@@ -299,6 +244,11 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
         set_rng_state(st["rng"], sampler)
         state.restore(st)
         runs.trim_metrics(run_dir, state.step)
+        # a checkpoint written before the tracker existed: its evaluations are in metrics.jsonl
+        state.best = BestTracker.from_state(st["best"]) if "best" in st else \
+            BestTracker.from_metrics(runs.read_metrics(run_dir), state.step, cfg.train.early_stop_min_delta)
+        # kept best weights newer than the checkpoint belong to steps this attempt trains again
+        checkpoints.prune_best_weights(run_dir, keep={state.best.weights})
         record.report.resumed_at_steps.append(state.step)
         log(f"resuming {run_dir} from its checkpoint at step {state.step} of {pre.total_steps}")
     else:
@@ -359,7 +309,7 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
     import torch
 
     from .device import autocast_ctx
-    from .evaluate import evaluate_split, perplexity
+    from .evaluate import perplexity
     from .model import model_tensors
 
     tcfg, total, T = cfg.train, pre.total_steps, cfg.model.block_size
@@ -371,7 +321,8 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
     params = list(model.parameters())
     bar = _progress_bar(progress, total, state.step, run_dir.name)
     pending: list[dict] = []
-    while state.step < total:
+    covered = state.best.weights  # the kept best weights the last checkpoint names
+    while state.step < total and state.best.stopped_at is None:
         t0 = time.perf_counter()
         lr = lr_at(state.step, total, tcfg)
         loss, grad_norm = train_step(fwd, optimizer, params, next_batch, amp, tcfg, lr)
@@ -393,23 +344,21 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
                             "tokens_per_s": state.tokens / state.train_time if state.train_time else None,
                             "time": round(state.train_time, 3)})
         if tcfg.eval_every and (step % tcfg.eval_every == 0 or step == total):
-            ev = evaluate_split(model, pre.data.splits["validation"], T, T, cfg.eval.batch_size, pre.device, amp,
-                                max_tokens=tcfg.eval_tokens)
-            pending.append({"kind": "eval", "step": step, "tokens": state.tokens, "split": "validation",
-                            "loss": ev["loss"], "perplexity": ev["perplexity"]})
-            if bar is None or bar.disable:
-                log(f"step {step}/{total}  val loss {ev['loss']:.4f}  val ppl {ev['perplexity']:.2f}")
+            _periodic_eval(cfg, run_dir, pre, model, state, amp, pending, covered, quiet_bar=bar is None or bar.disable)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", ppl=f"{perplexity(loss, 1):.1f}",
                             tok_s=f"{state.tokens / max(state.train_time, 1e-9):.0f}", refresh=False)
         stopping = signals.received is not None or (stop_after_step is not None and step >= stop_after_step)
-        if stopping or step == total or (tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
+        last = step == total or state.best.stopped_at is not None
+        if stopping or last or (tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
             runs.append_metrics(run_dir, pending)
             pending = []
             tensors, meta = model_tensors(model)
             checkpoints.save_checkpoint(run_dir, step, tensors, meta, {
                 "optimizer": optimizer.state_dict(), **state.to_checkpoint(), "rng": rng_state(sampler)})
+            covered = state.best.weights
+            checkpoints.prune_best_weights(run_dir, keep={covered})
         if stopping:
             if bar is not None:
                 bar.close()
@@ -419,6 +368,29 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
         bar.close()
     runs.append_metrics(run_dir, pending)
     return model
+
+
+def _periodic_eval(cfg: Config, run_dir: Path, pre: Preflight, model, state: TrainState, amp: Any, pending: list,
+                   covered: str | None, quiet_bar: bool) -> None:
+    """The validation slice scored; the best evaluation tracked (its weights kept with
+    train.keep_best); early stopping decided."""
+    from .evaluate import evaluate_split
+
+    tcfg, step, T = cfg.train, state.step, cfg.model.block_size
+    ev = evaluate_split(model, pre.data.splits["validation"], T, T, cfg.eval.batch_size, pre.device, amp,
+                        max_tokens=tcfg.eval_tokens)
+    pending.append({"kind": "eval", "step": step, "tokens": state.tokens, "split": "validation",
+                    "loss": ev["loss"], "perplexity": ev["perplexity"]})
+    if quiet_bar:
+        log(f"step {step}/{pre.total_steps}  val loss {ev['loss']:.4f}  val ppl {ev['perplexity']:.2f}")
+    if state.best.observe(step, state.tokens, ev["loss"], tcfg.early_stop_min_delta) and tcfg.keep_best:
+        keep_best_weights(run_dir, state.best, step, model, covered)
+    if state.best.should_stop(tcfg.early_stop_patience) and step < pre.total_steps:
+        state.best.stopped_at = step
+        pending.append({"kind": "early_stop", "step": step, "tokens": state.tokens, "best_step": state.best.step,
+                        "best_loss": state.best.loss})
+        log(f"{run_dir.name}: stopped at step {step} of {pre.total_steps} — "
+            + stop_reason(state.best, tcfg.early_stop_patience, tcfg.early_stop_min_delta))
 
 
 def _progress_bar(progress: bool, total: int, initial: int, desc: str):
@@ -452,9 +424,10 @@ def _skip_or_diverge(run_dir: Path, record: runs.RunRecord, state: TrainState, t
 
 
 def final_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: TrainState, signals: StopSignals,
-                     interrupted: Callable) -> dict:
+                     interrupted: Callable, weights: str = "last") -> dict:
     """Every eval.splits split scored whole. A signal here stops between splits, and the same
-    command then redoes the evaluation from the final checkpoint."""
+    command then redoes the evaluation from the final checkpoint. `weights` names what is scored
+    in metrics.jsonl: the last weights, or the kept best ones."""
     from .device import autocast_ctx
     from .evaluate import evaluate_split
 
@@ -468,17 +441,44 @@ def final_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: T
                              train_counts=pre.data.train_counts, fractions=cfg.eval.buckets,
                              unk_id=pre.data.tokenizer.unk_id)
         final[split] = res
-        runs.append_metrics(run_dir, [{"kind": "final", "step": state.step, "tokens": state.tokens, "split": split,
-                                       "loss": res["loss"], "perplexity": res["perplexity"]}])
+        record = {"kind": "final", "step": state.step, "tokens": state.tokens, "split": split,
+                  "loss": res["loss"], "perplexity": res["perplexity"]}
+        if weights != "last":
+            record.update(weights=weights, step=state.best.step, tokens=state.best.tokens)
+        runs.append_metrics(run_dir, [record])
     return final
 
 
-def _finish(record: runs.RunRecord, pre: Preflight, model, state: TrainState, final: dict, wall_time: float) -> None:
+def _best_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: TrainState, signals: StopSignals,
+                     interrupted: Callable, final: dict) -> dict | None:
+    """With train.keep_best, the kept best weights scored like the last ones (the same numbers,
+    without a second pass, when the best evaluation is the last one)."""
+    best = state.best
+    if not cfg.train.keep_best or best.weights is None:
+        return None
+    if best.step == state.step:
+        return final
+    log(f"{run_dir.name}: scoring the best weights (step {best.step}) too")
+    return evaluate_best(run_dir, model, best, lambda m: final_evaluation(
+        cfg, run_dir, pre, m, state, signals, interrupted, weights="best"))
+
+
+def _finish(record: runs.RunRecord, cfg: Config, pre: Preflight, model, state: TrainState, final: dict,
+            final_best: dict | None, wall_time: float) -> None:
     from .device import peak_memory
 
     mem, mem_kind = peak_memory(pre.device)
     run_dir = record.run_dir
-    record.write(status="finished", final=final, steps=state.step, tokens_seen=state.tokens,
+    best = state.best.summary(cfg.train.eval_tokens)
+    if best is not None and final_best is not None:
+        best["final_is_last"] = state.best.step == state.step
+    stopped = None if state.best.stopped_at is None else {
+        "step": state.best.stopped_at, "of_steps": pre.total_steps,
+        "reason": stop_reason(state.best, cfg.train.early_stop_patience, cfg.train.early_stop_min_delta)}
+    if best and best.get("overtrained"):
+        log(f"{run_dir.name}: {runs.overtrained_text(best)}")
+    record.write(status="finished", final=final, best=best, final_best=final_best, stopped_early=stopped,
+                 steps=state.step, tokens_seen=state.tokens,
                  train_time_s=state.train_time, wall_time_s=wall_time,
                  tokens_per_s=state.tokens / state.train_time if state.train_time else None,
                  peak_memory_bytes=mem, peak_memory_kind=mem_kind, untied_at_step=state.untied_at_step,

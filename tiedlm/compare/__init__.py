@@ -25,12 +25,15 @@ from ..errors import ConfigError
 from ..naming import override_tag, short_keys
 from .collect import (
     COMPARE_DIR,
+    SELECT,
     LeftOut,
     LoadedRun,
+    choose_weights,
     discover,
     load_run,
     load_runs,
     no_runs_error,
+    overtrained_notes,
 )
 from .comparison import PRIMARY, Comparison, NotCompared, RunRow, TrainFailure, build_comparison
 from .grid import MatchedContrast
@@ -90,34 +93,45 @@ def write_outputs(c: Comparison, out: Path) -> None:
 
 def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline: str | None, runs_dir: Path,
              match: ParamMatch | None = None, failed: dict[str, str] | None = None,
-             primary: str = PRIMARY) -> Comparison:
+             primary: str | None = None, select: str | None = None) -> Comparison:
     runs, skipped = load_runs(run_dirs, left_out, failed)
+    runs, left, select, why, primary = choose_weights(runs, select, primary)
+    skipped += left
     if not runs:
         raise no_runs_error(run_dirs, skipped, runs_dir)
     c = build_comparison(runs, skipped, baseline, str(out), match, primary)
+    c.select, c.select_reason = select, why
+    c.notes += overtrained_notes(runs, select)
     for v in c.variants:
         v.verdicts = verdicts_for(v, c)
     write_outputs(c, Path(out))
     return c
 
 
-def _check_primary(primary: str) -> None:
+def _check_options(primary: str | None, select: str | None) -> None:
     from ..checks import check_split
 
-    check_split(primary, "--primary")
+    if primary is not None:
+        check_split(primary, "--primary")
+    if select is not None and select not in SELECT:
+        raise ConfigError(f"--select {select!r} is not known — choose best (each run's kept best weights) or "
+                          "final (the last weights)")
 
 
 def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("runs"),
-                 out: Path | None = None, baseline: str | None = None, primary: str = PRIMARY) -> Comparison:
+                 out: Path | None = None, baseline: str | None = None, primary: str | None = None,
+                 select: str | None = None) -> Comparison:
     """Compare finished runs (run folders, folders of runs, or globs; default: every run under
     runs_dir). Writes comparison.md/.csv/.json and plots to `out` (default runs_dir/compare) and
     returns the comparison. Unfinished or unreadable runs are listed in its `skipped`. `primary`
-    is the split whose loss carries the verdict (train, validation or test)."""
-    _check_primary(primary)
+    is the split whose loss carries the verdict (train, validation or test; default validation, or
+    test when the best weights are compared). `select` is "best" (the weights each run kept at its
+    best validation evaluation), "final" (the last weights) or None: best when every run kept them."""
+    _check_options(primary, select)
     runs_dir = Path(runs_dir)
     out = Path(out) if out is not None else runs_dir / COMPARE_DIR
     run_dirs, missing = discover(list(paths) if paths else None, runs_dir, out)
-    return _compare(run_dirs, missing, out, baseline, runs_dir, primary=primary)
+    return _compare(run_dirs, missing, out, baseline, runs_dir, primary=primary, select=select)
 
 
 def _variants(cfg_path: str | Path, overrides: list[str], match: str | None,
@@ -140,7 +154,8 @@ def _variants(cfg_path: str | Path, overrides: list[str], match: str | None,
 def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, seeds: int = 1,
                    match: str | None = None, runs_dir: Path = Path("runs"), baseline: str | None = None,
                    progress: bool = True, out: Path | None = None, overwrite: bool = False,
-                   train: Callable[..., Any] | None = None, primary: str = PRIMARY) -> Comparison:
+                   train: Callable[..., Any] | None = None, primary: str | None = None,
+                   select: str | None = None) -> Comparison:
     """Train the tied and untied variants of a config (seeds cfg.seed .. cfg.seed+seeds-1; finished
     runs are reused) and compare exactly those runs. match="params" adds a tied variant with extra
     layers whose total is as close as possible to the untied one's. Training failures do not stop
@@ -153,7 +168,7 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
         raise ConfigError(f"--match {match!r} is not supported — the only option is --match params")
     if seeds < 1:
         raise ConfigError(f"--seeds must be at least 1, got {seeds}")
-    _check_primary(primary)
+    _check_options(primary, select)
     overrides = list(overrides or [])
     runs_dir = Path(runs_dir)
     base = load_config(cfg_path, overrides)
@@ -169,6 +184,7 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
     failures = {r.name: r.error for r in results if r.status == "failed"}
     out = Path(out) if out is not None else runs_dir / COMPARE_DIR
     run_dirs = [run_dir_for(runs_dir, name) for name, _ in jobs]
-    c = _compare(run_dirs, [], out, baseline, runs_dir, match=matched, failed=failures, primary=primary)
+    c = _compare(run_dirs, [], out, baseline, runs_dir, match=matched, failed=failures, primary=primary,
+                 select=select)
     c.train_failures = [TrainFailure(n, e) for n, e in failures.items()]
     return c

@@ -7,6 +7,7 @@ words why it is left out (unfinished, failed, damaged, not a run folder).
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 from dataclasses import dataclass
@@ -47,6 +48,9 @@ class LoadedRun:
     notes: list[str]  # what could not be read, for the comparison's notes
     data: dict  # the config's data and tokenizer sections, defaults filled in
     data_identity: dict | None  # report.json's data_identity: fingerprint and tokenizer key
+    best: dict | None = None  # report.json's `best`: the best periodic validation evaluation
+    final_best: dict[str, dict] | None = None  # the final evaluation of the kept best weights (keep_best)
+    weights: str = "last"  # whose scores `final` holds: the last weights, or the kept best ones
 
     def metric(self, split: str, key: str) -> float | None:
         section = self.final.get(split)
@@ -183,11 +187,9 @@ def load_run(run_dir: str | Path) -> tuple[LoadedRun | None, str | None]:
     config, why = _config_of(run_dir, report)
     if config is None:
         return None, why
-    final = {k: v for k, v in report.final.items() if isinstance(v, dict)} if isinstance(report.final, dict) else {}
+    final = _final_section(report.final)
     if not final:
         return None, f"{run_folder.REPORT} has no final evaluation (final.validation / final.test)"
-    # tolerate hand-edited reports: buckets must be a list of dicts
-    final = {k: v if isinstance(v.get("buckets"), list) else {**v, "buckets": []} for k, v in final.items()}
     chash, why = _hash_of(config, report)
     if chash is None:
         return None, why
@@ -198,7 +200,56 @@ def load_run(run_dir: str | Path) -> tuple[LoadedRun | None, str | None]:
     return LoadedRun(name=run_dir.name, path=str(run_dir), seed=seed, config=config, config_hash=chash,
                      report=report, final=final, params=report.params if isinstance(report.params, dict) else {},
                      curve=curve, notes=notes, data=data_sections(config),
-                     data_identity=_recorded_identity(report)), None
+                     data_identity=_recorded_identity(report),
+                     best=report.best if isinstance(report.best, dict) else None,
+                     final_best=_final_section(report.final_best) or None), None
+
+
+def _final_section(final: Any) -> dict[str, dict]:
+    """report.json's final (or final_best): split -> metrics, tolerant of hand-edited reports
+    (buckets must be a list of dicts)."""
+    out = {k: v for k, v in final.items() if isinstance(v, dict)} if isinstance(final, dict) else {}
+    return {k: v if isinstance(v.get("buckets"), list) else {**v, "buckets": []} for k, v in out.items()}
+
+
+# ============================================================================ which weights
+
+
+SELECT = ("best", "final")
+
+
+def choose_weights(runs: list[LoadedRun], select: str | None,
+                   primary: str | None) -> tuple[list[LoadedRun], list[LeftOut], str, str, str]:
+    """(the runs with `final` holding the selected weights' scores, runs left out, the selection,
+    why, the primary split).
+
+    --select best compares the weights each run kept at its best validation evaluation; since
+    validation chose them, their validation scores are biased low and the verdict is on test.
+    The default is best when every run kept its best weights and scored test with them (and
+    --primary is not validation), else final."""
+    from ..errors import ConfigError
+
+    kept = [r for r in runs if r.final_best]
+    if select is None:
+        if primary == "validation":
+            select, why = "final", "--primary validation: validation chose the best weights, so only the last are fair"
+        elif runs and len(kept) == len(runs) and all("test" in r.final_best for r in kept):
+            select, why = "best", "every run kept its best weights (train.keep_best)"
+        else:
+            missing = len(runs) - len(kept)
+            select, why = "final", (f"{missing} of {len(runs)} runs kept no best weights (train.keep_best: false)"
+                                    if missing else "the kept best weights were not scored on test (eval.splits)")
+    else:
+        why = f"--select {select}"
+    if select == "final":
+        return runs, [], "final", why, primary or "validation"
+    if primary == "validation":
+        raise ConfigError("--select best with --primary validation: validation chose each run's best weights, so "
+                          "its scores of them are biased low — use --primary test, or --select final")
+    left = [LeftOut(r.path, r.name, "kept no best weights (train.keep_best: false), and --select best compares "
+                    "only those") for r in runs if not r.final_best]
+    chosen = [dataclasses.replace(r, final=r.final_best, weights="best") for r in kept]
+    return chosen, left, "best", why, primary or "test"
 
 
 def load_runs(run_dirs: list[Path], left_out: list[LeftOut],
@@ -280,3 +331,17 @@ def discover(paths: list[str | Path] | None, runs_dir: Path, out: Path) -> tuple
             else:
                 found.append(m)
     return _dedupe(found), missing
+
+
+def overtrained_notes(runs: list[LoadedRun], select: str) -> list[str]:
+    """With the last weights compared, one note per run whose last validation evaluation ended
+    more than the margin above its best: how much of the comparison is over-training."""
+    if select != "final":
+        return []
+    notes = []
+    for r in runs:
+        if r.best and r.best.get("overtrained"):
+            fix = ("compare --select best to compare its best weights" if r.final_best else
+                   "train with train.keep_best: true and compare --select best to compare the best weights")
+            notes.append(f"`{r.name}` is {run_folder.overtrained_text(r.best)}; its last weights are compared — {fix}")
+    return notes

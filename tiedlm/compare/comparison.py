@@ -61,6 +61,10 @@ class RunRow:
     steps: float | None
     device: str | None
     dtype: str | None
+    weights: str = "last"  # the weights scored: the last, or the kept best
+    best_step: int | None = None  # the best periodic validation evaluation
+    last_above_best: float | None = None  # the last one's perplexity over the best's, minus one
+    overtrained: bool | None = None  # last_above_best over the margin (selection.OVERTRAINED_MARGIN)
 
     def metric(self, split: str, key: str) -> float | None:
         return getattr(self, f"{split}_{key}")
@@ -111,6 +115,8 @@ class Comparison:
     primary: str = PRIMARY  # the split whose loss carries the verdict; the others confirm
     mode: str = "baseline"  # "baseline": every variant against one; "matched": tied vs untied per setting
     matched: list[MatchedContrast] = field(default_factory=list)
+    select: str = "final"  # whose scores are compared: each run's last weights, or its kept best ones
+    select_reason: str = ""
 
     @property
     def verdicts(self) -> list[str]:
@@ -141,6 +147,7 @@ class Comparison:
             "format": 2, "tiedlm_version": self.tiedlm_version, "created": self.created, "out": self.out,
             "level": self.level, "alpha": self.alpha, "power": POWER, "interval": INTERVAL, "difference": DIFFERENCE,
             "primary": self.primary, "confirmation": self.confirmations, "secondary": SECONDARY,
+            "select": {"weights": self.select, "reason": self.select_reason},
             "mode": self.mode, "baseline": {"label": self.baseline_label, "reason": self.baseline_reason},
             "differing_keys": self.differing_keys, "variants": [v.to_json() for v in self.variants],
             "runs": [asdict(r) for r in self.runs], "skipped": [asdict(s) for s in self.skipped],
@@ -260,7 +267,9 @@ def _run_row(run: LoadedRun, label: str) -> RunRow:
                            for s in SPLITS},
                   params_total=run.params.get("total"),
                   **{k: number(getattr(run.report, k)) for k in COST_KEYS}, device=run.report.device,
-                  dtype=run.report.dtype)
+                  dtype=run.report.dtype, weights=run.weights, best_step=(run.best or {}).get("step"),
+                  last_above_best=number((run.best or {}).get("last_above_best")),
+                  overtrained=(run.best or {}).get("overtrained"))
 
 
 def _check_primary(variants: list[Variant], primary: str) -> None:

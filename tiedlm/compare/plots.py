@@ -90,7 +90,13 @@ def plot_curve(c: Comparison, path: Path) -> None:
             if v.n_seeds > 1:
                 ax.fill_between(x, [p.min for p in v.curve], [p.max for p in v.curve], color=color, alpha=0.2,
                                 linewidth=0)
+            if v.best_points:  # each run's best evaluation, on its own curve
+                ax.scatter([t for t, _ in v.best_points], [p for _, p in v.best_points], color=color, marker="v",
+                           s=30, zorder=3, edgecolors="black", linewidths=0.5)
             drawn = True
+        if any(v.best_points for v in c.variants):
+            ax.scatter([], [], color="0.6", marker="v", edgecolors="black", linewidths=0.5,
+                       label="best evaluation of each run")
         if not drawn:
             _empty(ax, "no validation evaluations in metrics.jsonl (train.eval_every = 0?)")
             return

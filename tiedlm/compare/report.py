@@ -86,6 +86,7 @@ def _md_intro(c: Comparison) -> list[str]:
     md = ["# tiedlm comparison", "",
           f"{plural(n_runs, 'finished run')} in {plural(len(c.variants), 'variant')}; {how}. "
           f"Written by tiedlm {c.tiedlm_version} on {c.created}."]
+    md += ["", selection_line(c)]
     if c.differing_keys:
         md += ["", "The variants differ in: " + ", ".join(f"`{k}`" for k in c.differing_keys) + "."]
     if c.not_compared:
@@ -94,6 +95,17 @@ def _md_intro(c: Comparison) -> list[str]:
                    f"{c.data_sets} data sets, and {plural(n_other, 'variant')} trained on other data "
                    f"{'are' if n_other != 1 else 'is'} listed under *Not compared*."]
     return md
+
+
+def selection_line(c: Comparison) -> str:
+    """Which weights are compared, and why; with the best ones, why the verdict is on test."""
+    if c.select == "best":
+        return (f"Weights compared: each run's best validation evaluation (`--select best`: {c.select_reason}). "
+                f"Validation chose those weights, so their validation scores are biased low: the verdict is on "
+                f"**{c.primary}**.")
+    over = sum(1 for r in c.runs if r.overtrained)
+    extra = f" {plural(over, 'run')} ended over-trained: see the notes." if over else ""
+    return f"Weights compared: each run's last weights (`--select final`: {c.select_reason}).{extra}"
 
 
 def _md_verdict(c: Comparison) -> list[str]:
@@ -303,18 +315,25 @@ def _md_plots(c: Comparison) -> list[str]:
     return ["", "## Plots", "",
             f"![validation perplexity against tokens seen]({PLOTS['curve']})", "",
             "Validation perplexity during training (on the fixed evaluation slice): geometric mean over seeds, "
-            "band from the lowest to the highest seed, log scale.", "",
+            "band from the lowest to the highest seed, log scale; a triangle marks each run's best evaluation.", "",
             f"![final validation perplexity against parameter count]({PLOTS['params']})", "",
             f"![validation loss by frequency bucket]({PLOTS['buckets']})"]
 
 
 def _md_runs(c: Comparison) -> list[str]:
     rows = [[r.name, r.variant, str(r.seed), fmt(r.validation_perplexity), fmt(r.test_perplexity),
-             fmt(r.validation_loss, 4), fmt_int(r.params_total), fmt_seconds(r.wall_time_s)]
+             fmt(r.validation_loss, 4), fmt_int(r.params_total), fmt_seconds(r.wall_time_s), _best_cell(r)]
             for r in c.runs]
     return ["", "## Runs", "",
             markdown_table(["run", "variant", "seed", "validation ppl", "test ppl", "validation loss",
-                            "parameters", "wall time"], rows, "lllrrrrr")]
+                            "parameters", "wall time", "weights (best step; last vs best)"], rows, "lllrrrrrl")]
+
+
+def _best_cell(r: RunRow) -> str:
+    if r.best_step is None:
+        return r.weights
+    above = "" if r.last_above_best is None else f"; {fmt_signed(100 * r.last_above_best, 1)}%"
+    return f"{r.weights} ({fmt_int(r.best_step)}{above})"
 
 
 def _md_left_aside(c: Comparison) -> list[str]:
@@ -356,7 +375,8 @@ def _csv_columns(splits: list[str], bucket_names: list[str]) -> list[str]:
         cols += [f"{s}_effect", f"{s}_effect_ci_low", f"{s}_effect_ci_high", f"{s}_loss_diff",
                  f"{s}_loss_diff_ci_low", f"{s}_loss_diff_ci_high", f"{s}_p_value", f"{s}_test",
                  f"{s}_perplexity_diff", f"{s}_detectable_effect", f"{s}_seeds_needed"]
-    return cols + ["params_relative_change", "train_flops_relative_change", "reason", "path"]
+    return cols + ["params_relative_change", "train_flops_relative_change", "weights", "best_step",
+                   "last_above_best", "reason", "path"]
 
 
 def _csv_contrast(s: str, d: SplitContrast) -> dict[str, Any]:
@@ -398,7 +418,8 @@ def _csv_run(r: RunRow) -> dict[str, Any]:
     row = {"row_type": "run", "variant": r.variant, "run": r.name, "seeds": r.seed, "n_seeds": 1,
            "config_hash": r.config_hash, "path": r.path, "params_total": r.params_total, "device": r.device,
            "dtype": r.dtype, "tokens_per_s": r.tokens_per_s, "wall_time_s": r.wall_time_s,
-           "peak_memory_bytes": r.peak_memory_bytes, "tokens_seen": r.tokens_seen, "steps": r.steps}
+           "peak_memory_bytes": r.peak_memory_bytes, "tokens_seen": r.tokens_seen, "steps": r.steps,
+           "weights": r.weights, "best_step": r.best_step, "last_above_best": r.last_above_best}
     for s in SPLITS:
         row.update({f"{s}_{k}": r.metric(s, k) for k in ("perplexity", "bits_per_byte", "loss")})
     row.update({f"validation_loss[{n}]": loss for n, loss in r.buckets.get("validation", {}).items()})
@@ -474,6 +495,7 @@ def format_terminal_table(c: Comparison) -> str:
                   "params"]
         lines = [text_table(header, [_terminal_row(c, v) for v in c.variants])]
     lines += [line.replace("**", "") for line in c.verdicts]
+    lines.append(selection_line(c).replace("**", "").replace("`", ""))
     if any(v.n_seeds == 1 for v in c.variants):
         lines.append("Single-seed variants: no confidence interval or p-value can be given; use --seeds 3 or more.")
     for n in c.not_compared:

@@ -188,6 +188,7 @@ class Variant:
     floor: dict | None  # builtin:synthetic's entropy rate
     tokenizer_kind: str | None
     curve: list[CurvePoint]
+    best_points: list[tuple[float, float]] = field(default_factory=list)  # each run's best (tokens, perplexity)
     resolution: str = ""  # "cuda, bf16": the device type and dtype the runs resolved to
     key: str = ""  # config_hash, plus the resolution when one config resolved several ways
     is_baseline: bool = False
@@ -231,6 +232,7 @@ class Variant:
                 "cost": {k: s.to_json() for k, s in self.cost.items()},
                 "device": self.device, "dtype": self.dtype, "resolution": self.resolution, "floor": self.floor,
                 "tokenizer_kind": self.tokenizer_kind, "curve": [asdict(p) for p in self.curve],
+                "best_points": [list(p) for p in self.best_points],
                 "is_baseline": self.is_baseline,
                 "vs_baseline": self.vs_baseline.to_json() if self.vs_baseline else None,
                 "verdicts": self.verdicts}
@@ -351,6 +353,16 @@ def _curve(runs: list[LoadedRun]) -> list[CurvePoint]:
             for t, v in sorted(by_tokens.items())]
 
 
+def _best_points(runs: list[LoadedRun]) -> list[tuple[float, float]]:
+    """(tokens, perplexity) of each run's best periodic validation evaluation, where it recorded one."""
+    points = []
+    for run in runs:
+        tokens, ppl = number((run.best or {}).get("tokens")), number((run.best or {}).get("perplexity"))
+        if tokens is not None and ppl is not None:
+            points.append((tokens, ppl))
+    return points
+
+
 def _bucket_metrics(runs: list[LoadedRun], split: str) -> list[BucketMetrics]:
     names: list[str] = []
     for run in runs:
@@ -399,7 +411,8 @@ def aggregate(label: str, runs: list[LoadedRun], key: str = "") -> Variant:
         dtype=sorted({str(r.report.dtype) for r in runs if r.report.dtype}),
         floor=next((r.report.floor for r in runs if isinstance(r.report.floor, dict)), None),
         tokenizer_kind=first.config.get("tokenizer", {}).get("kind"),
-        curve=_curve(runs), resolution=resolution(first), key=key or first.config_hash,
+        curve=_curve(runs), best_points=_best_points(runs), resolution=resolution(first),
+        key=key or first.config_hash,
     )
 
 

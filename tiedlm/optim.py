@@ -1,0 +1,69 @@
+"""The optimizer and its schedule: AdamW parameter groups in which a tied matrix appears once,
+linear warmup then cosine decay, the budget in steps, and the untie_at split."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .config import Config
+
+
+def build_optimizer(model, tcfg) -> Any:
+    """AdamW over each unique parameter once (a tied matrix is one entry). Matrices are decayed;
+    biases and LayerNorm gains never are; the embedding matrices (E, W_out, positions) follow
+    train.decay_embeddings. W_out goes last in its group so that a model untied late
+    (`untie_at`) and one built untied have the same parameter order for optimizer state."""
+    import torch
+
+    embed_names = {"transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"}
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():  # yields a shared Parameter once
+        is_embed = name in embed_names
+        wants_decay = tcfg.decay_embeddings if is_embed else p.dim() >= 2
+        (decay if wants_decay else no_decay).append((name, p))
+    last = lambda item: item[0] == "lm_head.weight"  # noqa: E731
+    decay.sort(key=last)
+    no_decay.sort(key=last)
+    groups = [
+        {"params": [p for _, p in decay], "weight_decay": tcfg.weight_decay},
+        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), eps=1e-8)
+
+
+def lr_at(step: int, total: int, tcfg) -> float:
+    """Linear warmup from 0 to lr over warmup_steps, then cosine decay to min_lr at `total`."""
+    if step < tcfg.warmup_steps:
+        return tcfg.lr * (step + 1) / tcfg.warmup_steps
+    if total <= tcfg.warmup_steps:
+        return tcfg.lr
+    progress = min(1.0, (step - tcfg.warmup_steps) / (total - tcfg.warmup_steps))
+    return tcfg.min_lr + 0.5 * (tcfg.lr - tcfg.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def budget_steps(cfg: Config) -> int:
+    t = cfg.train
+    if t.max_steps is not None:
+        return t.max_steps
+    per_step = t.batch_size * t.grad_accum * cfg.model.block_size
+    return max(1, math.ceil(t.max_tokens / per_step))
+
+
+def untie_step(cfg: Config, total: int) -> int | None:
+    if cfg.model.untie_at is None:
+        return None
+    return max(1, min(total - 1, round(cfg.model.untie_at * total))) if total > 1 else None
+
+
+def untie_with_optimizer(model, optimizer) -> None:
+    """Split the tied matrix in two; W_out gets an identical copy of E's AdamW state."""
+    old = model.transformer.wte.weight
+    new = model.untie()
+    for group in optimizer.param_groups:
+        if any(p is old for p in group["params"]):
+            group["params"].append(new)
+            break
+    state = optimizer.state.get(old)
+    if state:
+        optimizer.state[new] = {k: (v.clone() if hasattr(v, "clone") else v) for k, v in state.items()}

@@ -1,0 +1,126 @@
+"""Choosing a checkpoint on validation: the best periodic evaluation, early stopping, the kept
+best weights.
+
+Every run with periodic evaluations (train.eval_every) tracks the lowest validation loss on its
+fixed slice (train.eval_tokens), with its step and tokens, and says in its report whether the last
+evaluation ended more than OVERTRAINED_MARGIN above it. `train.keep_best` also keeps those weights
+(checkpoints/best-step-N/, written atomically like every checkpoint) and scores them at the end
+beside the last ones. `train.early_stop_patience` ends training after that many evaluations in a
+row without a fall of at least `train.early_stop_min_delta` nats.
+
+The tracker's state travels in every checkpoint, so a resumed run keeps its best and its count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+OVERTRAINED_MARGIN = 0.02  # a last evaluation more than 2% above the best perplexity is flagged
+
+
+@dataclass
+class BestTracker:
+    """The best periodic validation evaluation so far, the last one, and the early-stopping count."""
+
+    step: int | None = None  # the best evaluation's step, tokens, loss (nats per token)
+    tokens: int | None = None
+    loss: float | None = None
+    last_step: int | None = None  # the most recent evaluation
+    last_tokens: int | None = None
+    last_loss: float | None = None
+    evals: int = 0  # periodic evaluations so far
+    stop_loss: float | None = None  # early stopping's reference: the last loss that improved by min_delta
+    stale: int = 0  # evaluations since then
+    stopped_at: int | None = None  # the step at which early stopping ended training
+    weights: str | None = None  # the folder of the kept best weights under checkpoints/ (keep_best)
+
+    def observe(self, step: int, tokens: int, loss: float, min_delta: float = 0.0) -> bool:
+        """Take one evaluation; True when it is a new best (a lower loss than every earlier one).
+        A non-finite loss is never a best and never an improvement."""
+        self.evals += 1
+        self.last_step, self.last_tokens, self.last_loss = step, tokens, loss
+        finite = math.isfinite(loss)
+        if finite and (self.stop_loss is None or loss < self.stop_loss - min_delta):
+            self.stop_loss, self.stale = loss, 0
+        else:
+            self.stale += 1
+        if finite and (self.loss is None or loss < self.loss):
+            self.step, self.tokens, self.loss = step, tokens, loss
+            return True
+        return False
+
+    def should_stop(self, patience: int) -> bool:
+        return patience > 0 and self.stale >= patience
+
+    def to_state(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, state: dict | None) -> "BestTracker":
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in (state or {}).items() if k in names})
+
+    @classmethod
+    def from_metrics(cls, records: list[dict], up_to_step: int, min_delta: float = 0.0) -> "BestTracker":
+        """Rebuilt from metrics.jsonl's validation evaluations (a checkpoint written before the
+        tracker existed has none in its state)."""
+        tracker = cls()
+        for rec in records:
+            step, loss = rec.get("step"), rec.get("loss")
+            if (rec.get("kind") == "eval" and rec.get("split", "validation") == "validation"
+                    and isinstance(step, int) and step <= up_to_step and isinstance(loss, (int, float))):
+                tracker.observe(step, int(rec.get("tokens") or 0), float(loss), min_delta)
+        return tracker
+
+    def summary(self, eval_tokens: int | None = None) -> dict | None:
+        """What report.json's `best` says: the best and last evaluations and how far apart they are."""
+        if self.loss is None or self.last_loss is None:
+            return None
+        above = math.exp(self.last_loss - self.loss) - 1.0 if math.isfinite(self.last_loss) else math.inf
+        out = {"split": "validation", "eval_tokens": eval_tokens, "evaluations": self.evals,
+               "step": self.step, "tokens": self.tokens, "loss": self.loss, "perplexity": math.exp(self.loss),
+               "last_step": self.last_step, "last_tokens": self.last_tokens, "last_loss": self.last_loss,
+               "last_perplexity": math.exp(self.last_loss) if math.isfinite(self.last_loss) else None,
+               "last_above_best": above, "margin": OVERTRAINED_MARGIN, "overtrained": above > OVERTRAINED_MARGIN}
+        if self.weights:
+            out["weights"] = f"checkpoints/{self.weights}"
+        return out
+
+
+def stop_reason(tracker: BestTracker, patience: int, min_delta: float) -> str:
+    by = f"at least {min_delta:g} nats" if min_delta else "any amount"
+    return (f"early stopping: {patience} validation evaluation{'s' * (patience != 1)} in a row without a fall of "
+            f"{by}; best loss {tracker.loss:.4f} at step {tracker.step}")
+
+
+# ------------------------------------------------------------------------- the kept weights
+
+
+def keep_best_weights(run_dir: Path, tracker: BestTracker, step: int, model, covered: str | None) -> None:
+    """Write the model's weights as the new best (checkpoints/best-step-N/) and remove the kept
+    weights that are neither these nor `covered`, the ones the last checkpoint's state names
+    (a resume from that checkpoint needs them)."""
+    from .checkpoints import prune_best_weights, save_best_weights
+    from .model import model_tensors
+
+    tensors, meta = model_tensors(model)
+    folder = save_best_weights(run_dir, step, tensors, meta)
+    tracker.weights = folder.name
+    prune_best_weights(run_dir, keep={folder.name, covered})
+
+
+def evaluate_best(run_dir: Path, model, tracker: BestTracker, evaluate) -> dict:
+    """Load the kept best weights into `model` (the trained model, no longer needed as it is) and
+    return evaluate(model). Weights kept while an untie_at run was still tied load into both
+    matrices of the untied model."""
+    from .checkpoints import load_checkpoint
+    from .model import load_model_tensors
+
+    tensors, _, manifest = load_checkpoint(Path(run_dir) / "checkpoints" / tracker.weights, with_state=False)
+    was_tied = manifest.get("tied") in (True, "True")
+    if was_tied and not model.is_tied:
+        tensors = {**tensors, "lm_head.weight": tensors["transformer.wte.weight"].clone()}
+    load_model_tensors(model, tensors, tied=was_tied and model.is_tied)
+    return evaluate(model)
