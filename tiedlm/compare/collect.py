@@ -240,7 +240,7 @@ def choose_weights(runs: list[LoadedRun], select: str | None,
             select, why = "final", (f"{missing} of {len(runs)} runs kept no best weights (train.keep_best: false)"
                                     if missing else "the kept best weights were not scored on test (eval.splits)")
     else:
-        why = f"--select {select}"
+        why = "chosen on the command line"
     if select == "final":
         return runs, [], "final", why, primary or "validation"
     if primary == "validation":

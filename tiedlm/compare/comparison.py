@@ -128,8 +128,10 @@ class Comparison:
 
     @property
     def confirmations(self) -> list[str]:
-        """The splits that confirm the primary one: the other splits some variant has."""
-        return [s for s in SPLITS if s != self.primary and any(s in v.metrics for v in self.variants)]
+        """The splits that confirm the primary one: the other splits some variant has (not validation
+        when it chose the compared weights: its scores of them are biased)."""
+        return [s for s in SPLITS if s != self.primary and any(s in v.metrics for v in self.variants)
+                and not (s == "validation" and self.select == "best")]
 
     def variant(self, label: str) -> Variant:
         return next(v for v in self.variants if v.label == label)

@@ -54,7 +54,9 @@ def roles(c: Comparison) -> str:
     others = " and ".join(c.confirmations)
     others = f"{others[0].upper()}{others[1:]} {'is' if len(c.confirmations) == 1 else 'are'}" if others else \
         "No other split is"
-    return ROLES.format(primary=c.primary, others=others)
+    chose = (" Validation chose the compared weights, so its scores of them are shown but confirm nothing."
+             if c.select == "best" else "")
+    return ROLES.format(primary=c.primary, others=others) + chose
 
 
 def verdict(label: str, ref: str, d: SplitContrast | None, split: str) -> str | None:
