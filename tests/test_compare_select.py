@@ -139,3 +139,4 @@ def test_cli_prints_which_weights_it_compared(tmp_path):
     r = CliRunner().invoke(app, ["compare", "--out", str(tmp_path), "--select", "final"])
     assert r.exit_code == 0, r.output
     assert "Weights compared: each run's last weights (--select final: chosen on the command line)" in r.stdout
+    assert "  w-untied-s0: last evaluation +41.3% above its best (step 300)" in r.stdout.splitlines()

@@ -73,6 +73,7 @@ def test_the_best_step_is_the_lowest_periodic_validation_loss(reference):
     assert best["overtrained"]  # by a wide margin in this set-up
     assert best["tokens"] == best["step"] * 8 * 32
     assert best["perplexity"] == pytest.approx(math.exp(loss))
+    assert best["eval_tokens"] == 2000  # train.eval_tokens targets of the slice, each scored once
     md = (reference / runs.REPORT_MD).read_text()
     pct = f"{100 * best['last_above_best']:.1f}%"
     assert f"over-trained: final {pct} above best at step {best['step']}" in md
@@ -108,6 +109,23 @@ def test_kept_best_weights_reload_to_the_recorded_best_loss_exactly(reference):
     assert full["loss"] == pytest.approx(r["final_best"]["test"]["loss"], rel=1e-12)
     md = (reference / runs.REPORT_MD).read_text()
     assert f"## Final evaluation of the best weights (step {r['best']['step']})" in md
+
+
+def test_eval_best_scores_the_kept_weights_as_the_final_evaluation_did(reference, tmp_path):
+    from typer.testing import CliRunner
+
+    from tiedlm.cli import app
+
+    r = report(reference)
+    out = CliRunner().invoke(app, ["eval", str(reference), "--best", "--json", "--device", "cpu"])
+    assert out.exit_code == 0, out.output
+    scored = json.loads(out.stdout)
+    assert {s: scored[s]["loss"] for s in scored} == {s: r["final_best"][s]["loss"] for s in r["final_best"]}
+    last = json.loads(CliRunner().invoke(app, ["eval", str(reference), "--json", "--device", "cpu"]).stdout)
+    assert {s: last[s]["loss"] for s in last} == {s: r["final"][s]["loss"] for s in r["final"]}
+    plain = train(tmp_path, "plain", "train.max_steps=10")
+    out = CliRunner().invoke(app, ["eval", str(plain), "--best"])
+    assert out.exit_code == 1 and "kept no best weights" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
 def test_every_run_records_its_best_even_without_keep_best(tmp_path, reference):
@@ -255,7 +273,7 @@ def test_tracker_summary_states_the_overtraining_margin():
     t = BestTracker()
     for step, loss in ((10, 4.0), (20, 3.5), (30, 3.5 + math.log(1.12))):
         t.observe(step, step, loss)
-    s = t.summary(eval_tokens=1000)
+    s = t.summary()
     assert s["last_above_best"] == pytest.approx(0.12) and s["overtrained"] and s["step"] == 20
     t.observe(40, 40, 3.5 + math.log(1.01))
     assert t.summary()["overtrained"] is False and BestTracker().summary() is None

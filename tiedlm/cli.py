@@ -190,6 +190,8 @@ def eval_(
     split: Optional[List[str]] = typer.Option(None, "--split", help="Split(s) to score (default: the config's)."),
     stride: Optional[int] = typer.Option(None, "--stride", help="Window stride (default: the config's)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
+    best: bool = typer.Option(False, "--best", help="Score the weights kept at the best validation evaluation "
+                              "(train.keep_best) instead of the last checkpoint."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Re-evaluate a run's checkpoint on whole splits."""
@@ -204,7 +206,7 @@ def eval_(
         check_device(device, "--device")
         from .evaluate import evaluate_run
 
-        result = evaluate_run(run, splits=split, stride=stride, device=device)
+        result = evaluate_run(run, splits=split, stride=stride, device=device, best=best)
         typer.echo(json.dumps(result["results"], indent=2) if as_json else result["text"])
 
     run_command(go)

@@ -198,8 +198,9 @@ def evaluate_split(model, split, block_size: int, stride: int | None, batch_size
 
 
 def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = None,
-                 device: str = "auto") -> dict:
-    """`tiedlm eval RUN`: rebuild a run's model from its checkpoint and score whole splits.
+                 device: str = "auto", best: bool = False) -> dict:
+    """`tiedlm eval RUN`: rebuild a run's model from its checkpoint (with `best`, from the weights
+    it kept at its best validation evaluation) and score whole splits.
 
     The data are prepared from the run's own config (a token-cache hit when nothing changed); the
     tokenizer must have the size the checkpoint was trained with."""
@@ -219,11 +220,11 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
     cfg = from_dict(raw)
     if stride is not None and not 1 <= stride <= cfg.model.block_size:
         raise ConfigError(f"--stride must be between 1 and the run's block_size ({cfg.model.block_size}), got {stride}")
-    ckpt = checkpoints.latest_checkpoint(run_dir)
+    ckpt = _best_weights(run_dir) if best else checkpoints.latest_checkpoint(run_dir)
     if ckpt is None:
         raise RunError(f"{run_dir} has no checkpoint yet — train it first (tiedlm train --config ...)")
     tensors, state, manifest = checkpoints.load_checkpoint(ckpt, with_state=False)
-    tied = str(manifest.get("tied")) == "True"
+    tied = manifest.get("tied") in (True, "True")
     data = prepare_data(cfg, progress=False)
     report = runs.read_report(run_dir)
     recorded = report.data_identity if report is not None else None
@@ -257,3 +258,21 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
         lines.append(f"{split:>10}: loss {r['loss']:.4f}  perplexity {r['perplexity']:.3f}{bpb}  "
                      f"({r['tokens']:,} tokens)")
     return {"results": results, "text": "\n".join(lines)}
+
+
+def _best_weights(run_dir):
+    """The folder of the weights a run kept at its best validation evaluation (report.json's best)."""
+    from . import checkpoints, runs
+    from .errors import RunError
+
+    report = runs.read_report(run_dir)
+    kept = (report.best or {}).get("weights") if report is not None and isinstance(report.best, dict) else None
+    if not kept:
+        raise RunError(f"{run_dir} kept no best weights (train.keep_best was off, or the run has not finished) — "
+                       "drop --best to score its last checkpoint")
+    folders = {p.name: p for p in checkpoints.best_weight_folders(run_dir)}
+    name = kept.rsplit("/", 1)[-1]
+    if name not in folders:
+        raise RunError(f"{run_dir}'s report names kept best weights {kept!r} that are not in its checkpoints folder "
+                       "— restore them, or drop --best to score its last checkpoint")
+    return folders[name]

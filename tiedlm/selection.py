@@ -35,6 +35,7 @@ class BestTracker:
     stale: int = 0  # evaluations since then
     stopped_at: int | None = None  # the step at which early stopping ended training
     weights: str | None = None  # the folder of the kept best weights under checkpoints/ (keep_best)
+    slice_tokens: int | None = None  # the validation tokens each evaluation scores
 
     def observe(self, step: int, tokens: int, loss: float, min_delta: float = 0.0) -> bool:
         """Take one evaluation; True when it is a new best (a lower loss than every earlier one).
@@ -74,12 +75,12 @@ class BestTracker:
                 tracker.observe(step, int(rec.get("tokens") or 0), float(loss), min_delta)
         return tracker
 
-    def summary(self, eval_tokens: int | None = None) -> dict | None:
+    def summary(self) -> dict | None:
         """What report.json's `best` says: the best and last evaluations and how far apart they are."""
         if self.loss is None or self.last_loss is None:
             return None
         above = math.exp(self.last_loss - self.loss) - 1.0 if math.isfinite(self.last_loss) else math.inf
-        out = {"split": "validation", "eval_tokens": eval_tokens, "evaluations": self.evals,
+        out = {"split": "validation", "eval_tokens": self.slice_tokens, "evaluations": self.evals,
                "step": self.step, "tokens": self.tokens, "loss": self.loss, "perplexity": math.exp(self.loss),
                "last_step": self.last_step, "last_tokens": self.last_tokens, "last_loss": self.last_loss,
                "last_perplexity": math.exp(self.last_loss) if math.isfinite(self.last_loss) else None,

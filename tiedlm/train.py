@@ -2,7 +2,8 @@
 
 AdamW with parameter groups in which a tied matrix appears once; linear warmup then cosine decay;
 gradient clipping and accumulation; a budget in tokens or steps; periodic evaluation on a fixed
-validation slice; checkpoints that resume bit-identically on CPU; SIGINT/SIGTERM handled at a
+validation slice, with the best tracked and, optionally, kept or used to stop early
+(selection.py); checkpoints that resume bit-identically on CPU; SIGINT/SIGTERM handled at a
 step boundary; a non-finite loss or gradient norm stops the run as `diverged`.
 """
 
@@ -304,8 +305,9 @@ def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: Any, tcf
 
 def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, state: TrainState,
                 signals: StopSignals, interrupted: Callable, progress: bool, stop_after_step: int | None):
-    """Steps until the budget is spent: logging, periodic evaluation, the untie split, checkpoints,
-    and a stop at a step boundary on a signal. Returns the trained model."""
+    """Steps until the budget is spent or early stopping ends training: logging, periodic
+    evaluation (the best tracked, its weights kept), the untie split, checkpoints, and a stop at a
+    step boundary on a signal. Returns the trained model."""
     import torch
 
     from .device import autocast_ctx
@@ -383,6 +385,7 @@ def _periodic_eval(cfg: Config, run_dir: Path, pre: Preflight, model, state: Tra
                     "loss": ev["loss"], "perplexity": ev["perplexity"]})
     if quiet_bar:
         log(f"step {step}/{pre.total_steps}  val loss {ev['loss']:.4f}  val ppl {ev['perplexity']:.2f}")
+    state.best.slice_tokens = ev["tokens"]
     if state.best.observe(step, state.tokens, ev["loss"], tcfg.early_stop_min_delta) and tcfg.keep_best:
         keep_best_weights(run_dir, state.best, step, model, covered)
     if state.best.should_stop(tcfg.early_stop_patience) and step < pre.total_steps:
@@ -469,7 +472,7 @@ def _finish(record: runs.RunRecord, cfg: Config, pre: Preflight, model, state: T
 
     mem, mem_kind = peak_memory(pre.device)
     run_dir = record.run_dir
-    best = state.best.summary(cfg.train.eval_tokens)
+    best = state.best.summary()
     if best is not None and final_best is not None:
         best["final_is_last"] = state.best.step == state.step
     stopped = None if state.best.stopped_at is None else {
