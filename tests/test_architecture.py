@@ -14,13 +14,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tiedlm"
 LAYERS = [
     ["cli"],
     ["compare", "sweep", "params"],
+    ["analyze"],
     ["train", "selection", "optim"],
     ["evaluate"],
-    ["checkpoints", "runs", "process"],
+    ["checkpoints", "figures", "runs", "process"],
     ["model", "device"],
     ["data", "corpora"],
     ["naming", "config", "checks"],
-    ["files", "formatting", "errors"],
+    ["files", "formatting", "errors", "geometry"],
 ]
 RANK = {name: (i, j) for i, layer in enumerate(LAYERS) for j, name in enumerate(layer)}
 

@@ -443,7 +443,7 @@ def test_comparison_json_keys(tmp_path):
     tied = data["variants"][1]
     assert list(tied) == ["label", "config_hash", "config", "tied", "seeds", "runs", "n_seeds", "metrics", "params",
                           "flops_per_token", "train_flops", "cost", "device", "dtype", "resolution", "floor",
-                          "tokenizer_kind", "curve", "best_points", "is_baseline", "vs_baseline", "verdicts"]
+                          "tokenizer_kind", "curve", "best_points", "matrices", "is_baseline", "vs_baseline", "verdicts"]
     assert tied["resolution"] == "cpu, fp32" and tied["train_flops"] == pytest.approx(3e7 * 409_600)
     assert list(tied["metrics"]["validation"]) == ["perplexity", "bits_per_byte", "loss", "word_perplexity",
                                                    "by_seed", "loss_by_seed", "buckets"]

@@ -213,6 +213,41 @@ def eval_(
 
 
 @app.command()
+def analyze(
+    runs_: List[str] = typer.Argument(..., metavar="RUN_DIR|GLOB...", help="Run folders or globs."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write here instead of into the run folder (with "
+                                       "several runs, into OUT/<run name>/)."),
+    split: str = typer.Option("validation", "--split", help="The split the direct path is scored on."),
+    sample: int = typer.Option(2000, "--sample", help="Tokens sampled for the neighbour statistics."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the samples."),
+    as_json: bool = typer.Option(False, "--json", help="Print analysis.json of each run (a JSON list)."),
+) -> None:
+    """Look inside E and W_out: norms, anisotropy, spectra, how the two differ, the direct path."""
+
+    def go():
+        from .checks import check_at_most, check_positive, check_split
+
+        check_split(split, "--split")
+        check_positive(sample, "--sample")
+        check_at_most(sample, 100_000, "--sample", "neighbours of that many tokens are plenty for a mean")
+        from .analyze import analyze_run, expand_runs
+
+        dirs = expand_runs(runs_)
+        results = []
+        for d in dirs:
+            target = None if out is None else (out if len(dirs) == 1 else out / d.name)
+            results.append(analyze_run(d, out=target, split=split, sample=sample, seed=seed))
+            if not as_json:
+                from .analyze import summary_line
+
+                typer.echo(summary_line(results[-1], target or d))
+        if as_json:
+            typer.echo(json.dumps(results, indent=2))
+
+    run_command(go)
+
+
+@app.command()
 def data(
     config: Path = ConfigOpt,
     set_: Optional[List[str]] = SetOpt,
@@ -291,6 +326,8 @@ def compare(
     out: Path = typer.Option(Path("runs"), "--out", help="Runs folder; the comparison goes to OUT/compare/."),
     overwrite: bool = typer.Option(False, "--overwrite", help="With --config: retrain runs whose folders hold "
                                    "another config (say, after editing it) instead of refusing them."),
+    analyze: bool = typer.Option(False, "--analyze", help="First analyse each run's two matrices (tiedlm "
+                                 "analyze) and add what they show to the report."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Compare finished runs (tied vs untied), across seeds, with intervals and plots."""
@@ -322,9 +359,10 @@ def compare(
         if config is not None:
             result = compare_config(config, set_ or [], seeds=seeds or 1, match=match, runs_dir=out,
                                     baseline=baseline, progress=not quiet, overwrite=overwrite, primary=primary,
-                                    select=select)
+                                    select=select, analyze=analyze)
         else:
-            result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select)
+            result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select,
+                                  analyze=analyze)
         typer.echo(format_terminal_table(result))
         failures = result.train_failures
         if failures:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -197,33 +198,43 @@ def evaluate_split(model, split, block_size: int, stride: int | None, batch_size
     return summarize_nll(targets, nll, len(tokens), n_bytes, n_words, train_counts, fractions, unk_id)
 
 
-def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = None,
-                 device: str = "auto", best: bool = False) -> dict:
-    """`tiedlm eval RUN`: rebuild a run's model from its checkpoint (with `best`, from the weights
-    it kept at its best validation evaluation) and score whole splits.
+@dataclass
+class RunModel:
+    """A run's model rebuilt from a checkpoint, with the data its config prepares."""
 
-    The data are prepared from the run's own config (a token-cache hit when nothing changed); the
-    tokenizer must have the size the checkpoint was trained with."""
+    run_dir: Any
+    cfg: Any  # config.Config
+    data: Any  # data.PreparedData
+    model: Any  # model.GPT, on the CPU
+    checkpoint: Any  # the checkpoint folder (Path)
+    tied: bool  # as stored: a run untied late (untie_at) is two matrices
+    report: Any  # runs.RunReport or None
+
+
+def load_run_model(run_dir, best: bool = False) -> RunModel:
+    """Rebuild a run's model from its latest checkpoint (with `best`, the weights it kept at its best
+    validation evaluation), never loading the optimizer state. The data are prepared from the
+    run's own config (a token-cache hit when nothing changed); they must be the tokens it was
+    trained on."""
     from pathlib import Path
 
     from . import checkpoints, runs
     from .config import from_dict
     from .data import data_identity, prepare_data
-    from .device import autocast_ctx, resolve_device, resolve_dtype
-    from .errors import ConfigError, RunError
+    from .errors import RunError
     from .model import GPT, load_model_tensors
 
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunError(f"{run_dir} does not exist or is not a folder — give a run folder such as runs/base-s0")
     raw = runs.read_config(run_dir)
     if raw is None:
         raise RunError(f"{run_dir} has no config.yaml — is it a tiedlm run folder?")
     cfg = from_dict(raw)
-    if stride is not None and not 1 <= stride <= cfg.model.block_size:
-        raise ConfigError(f"--stride must be between 1 and the run's block_size ({cfg.model.block_size}), got {stride}")
     ckpt = _best_weights(run_dir) if best else checkpoints.latest_checkpoint(run_dir)
     if ckpt is None:
         raise RunError(f"{run_dir} has no checkpoint yet — train it first (tiedlm train --config ...)")
-    tensors, state, manifest = checkpoints.load_checkpoint(ckpt, with_state=False)
+    tensors, _, manifest = checkpoints.load_checkpoint(ckpt, with_state=False)
     tied = manifest.get("tied") in (True, "True")
     data = prepare_data(cfg, progress=False)
     report = runs.read_report(run_dir)
@@ -235,14 +246,34 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
     if vocab != data.model_vocab_size:
         raise RunError(f"the checkpoint has a vocabulary of {vocab} but the data prepared from the run's config "
                        f"gives {data.model_vocab_size} — the tokenizer changed; re-train the run")
+    model = GPT(cfg.model, vocab)
+    if not tied and model.is_tied:  # a run untied late (untie_at) is stored as two matrices
+        model.untie()
+    load_model_tensors(model, tensors, tied=tied)
+    return RunModel(run_dir, cfg, data, model, ckpt, tied, report)
+
+
+def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = None,
+                 device: str = "auto", best: bool = False) -> dict:
+    """`tiedlm eval RUN`: rebuild a run's model from its checkpoint (with `best`, from the weights
+    it kept at its best validation evaluation) and score whole splits."""
+    from pathlib import Path
+
+    from . import runs
+    from .config import from_dict
+    from .device import autocast_ctx, resolve_device, resolve_dtype
+    from .errors import ConfigError
+
+    raw = runs.read_config(Path(run_dir)) if Path(run_dir).is_dir() else None
+    if raw is not None and stride is not None:  # refused before any data are prepared
+        block = from_dict(raw).model.block_size
+        if not 1 <= stride <= block:
+            raise ConfigError(f"--stride must be between 1 and the run's block_size ({block}), got {stride}")
+    rm = load_run_model(run_dir, best=best)
+    cfg, data = rm.cfg, rm.data
     device = resolve_device(device)
     dtype = resolve_dtype(cfg.train.dtype, device)
-    model = GPT(cfg.model, vocab)
-    if not tied:
-        if model.is_tied:  # a run untied late (untie_at) is stored as two matrices
-            model.untie()
-    load_model_tensors(model, tensors, tied=tied)
-    model.to(device)
+    model = rm.model.to(device)
     results = {}
     for split in splits or [s for s in cfg.eval.splits if s in data.splits]:
         if split not in data.splits:
@@ -252,7 +283,7 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
                                         cfg.eval.batch_size, device, autocast_ctx(device, dtype),
                                         train_counts=data.train_counts, fractions=cfg.eval.buckets,
                                         unk_id=data.tokenizer.unk_id)
-    lines = [f"{run_dir.name} ({ckpt.name}, {'tied' if tied else 'untied'})"]
+    lines = [f"{rm.run_dir.name} ({rm.checkpoint.name}, {'tied' if rm.tied else 'untied'})"]
     for split, r in results.items():
         bpb = f"  bits/byte {r['bits_per_byte']:.4f}" if "bits_per_byte" in r else ""
         lines.append(f"{split:>10}: loss {r['loss']:.4f}  perplexity {r['perplexity']:.3f}{bpb}  "

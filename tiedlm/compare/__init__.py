@@ -93,8 +93,10 @@ def write_outputs(c: Comparison, out: Path) -> None:
 
 def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline: str | None, runs_dir: Path,
              match: ParamMatch | None = None, failed: dict[str, str] | None = None,
-             primary: str | None = None, select: str | None = None) -> Comparison:
+             primary: str | None = None, select: str | None = None, analyze: bool = False) -> Comparison:
     runs, skipped = load_runs(run_dirs, left_out, failed)
+    if analyze:
+        runs = [_analyzed(r) for r in runs]
     runs, left, select, why, primary = choose_weights(runs, select, primary)
     skipped += left
     if not runs:
@@ -106,6 +108,15 @@ def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline:
         v.verdicts = verdicts_for(v, c)
     write_outputs(c, Path(out))
     return c
+
+
+def _analyzed(run: LoadedRun) -> LoadedRun:
+    """The run with a fresh analysis of its final checkpoint (tiedlm analyze, into its folder)."""
+    import dataclasses
+
+    from ..analyze import analyze_run
+
+    return dataclasses.replace(run, analysis=analyze_run(run.path))
 
 
 def _check_options(primary: str | None, select: str | None) -> None:
@@ -120,18 +131,19 @@ def _check_options(primary: str | None, select: str | None) -> None:
 
 def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("runs"),
                  out: Path | None = None, baseline: str | None = None, primary: str | None = None,
-                 select: str | None = None) -> Comparison:
+                 select: str | None = None, analyze: bool = False) -> Comparison:
     """Compare finished runs (run folders, folders of runs, or globs; default: every run under
     runs_dir). Writes comparison.md/.csv/.json and plots to `out` (default runs_dir/compare) and
     returns the comparison. Unfinished or unreadable runs are listed in its `skipped`. `primary`
     is the split whose loss carries the verdict (train, validation or test; default validation, or
     test when the best weights are compared). `select` is "best" (the weights each run kept at its
-    best validation evaluation), "final" (the last weights) or None: best when every run kept them."""
+    best validation evaluation), "final" (the last weights) or None: best when every run kept them.
+    `analyze` first analyses each run's two matrices (tiedlm analyze) for the report's section on them."""
     _check_options(primary, select)
     runs_dir = Path(runs_dir)
     out = Path(out) if out is not None else runs_dir / COMPARE_DIR
     run_dirs, missing = discover(list(paths) if paths else None, runs_dir, out)
-    return _compare(run_dirs, missing, out, baseline, runs_dir, primary=primary, select=select)
+    return _compare(run_dirs, missing, out, baseline, runs_dir, primary=primary, select=select, analyze=analyze)
 
 
 def _variants(cfg_path: str | Path, overrides: list[str], match: str | None,
@@ -155,7 +167,7 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
                    match: str | None = None, runs_dir: Path = Path("runs"), baseline: str | None = None,
                    progress: bool = True, out: Path | None = None, overwrite: bool = False,
                    train: Callable[..., Any] | None = None, primary: str | None = None,
-                   select: str | None = None) -> Comparison:
+                   select: str | None = None, analyze: bool = False) -> Comparison:
     """Train the tied and untied variants of a config (seeds cfg.seed .. cfg.seed+seeds-1; finished
     runs are reused) and compare exactly those runs. match="params" adds a tied variant with extra
     layers whose total is as close as possible to the untied one's. Training failures do not stop
@@ -185,6 +197,6 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
     out = Path(out) if out is not None else runs_dir / COMPARE_DIR
     run_dirs = [run_dir_for(runs_dir, name) for name, _ in jobs]
     c = _compare(run_dirs, [], out, baseline, runs_dir, match=matched, failed=failures, primary=primary,
-                 select=select)
+                 select=select, analyze=analyze)
     c.train_failures = [TrainFailure(n, e) for n, e in failures.items()]
     return c

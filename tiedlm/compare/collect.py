@@ -51,6 +51,7 @@ class LoadedRun:
     best: dict | None = None  # report.json's `best`: the best periodic validation evaluation
     final_best: dict[str, dict] | None = None  # the final evaluation of the kept best weights (keep_best)
     weights: str = "last"  # whose scores `final` holds: the last weights, or the kept best ones
+    analysis: dict | None = None  # analysis.json (tiedlm analyze) of the final checkpoint, where there is one
 
     def metric(self, split: str, key: str) -> float | None:
         section = self.final.get(split)
@@ -197,12 +198,28 @@ def load_run(run_dir: str | Path) -> tuple[LoadedRun | None, str | None]:
     if not isinstance(seed, int) or isinstance(seed, bool):
         return None, f"{run_folder.REPORT} has no integer seed"
     curve, notes = _read_curve(run_dir)
+    analysis, note = current_analysis(run_dir, report)
+    notes += [note] if note else []
     return LoadedRun(name=run_dir.name, path=str(run_dir), seed=seed, config=config, config_hash=chash,
                      report=report, final=final, params=report.params if isinstance(report.params, dict) else {},
                      curve=curve, notes=notes, data=data_sections(config),
                      data_identity=_recorded_identity(report),
                      best=report.best if isinstance(report.best, dict) else None,
-                     final_best=_final_section(report.final_best) or None), None
+                     final_best=_final_section(report.final_best) or None, analysis=analysis), None
+
+
+def current_analysis(run_dir: Path, report: run_folder.RunReport) -> tuple[dict | None, str | None]:
+    """The run's analysis.json when it analysed the final checkpoint; (None, why) for an older one."""
+    from ..analyze import read_analysis
+
+    analysis = read_analysis(run_dir)
+    if analysis is None:
+        return None, None
+    final = Path(str(report.checkpoint or "")).name
+    if analysis.get("checkpoint") != final:
+        return None, (f"{run_dir.name}: its analysis.json is of {analysis.get('checkpoint')}, not the final "
+                      f"checkpoint {final} — run tiedlm analyze again (or compare --analyze)")
+    return analysis, None
 
 
 def _final_section(final: Any) -> dict[str, dict]:

@@ -9,12 +9,10 @@ switch the caller's backend or leave figures in pyplot's registry.
 
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from ..formatting import fmt_count
+from ..figures import empty_panel, figure, plain_ticks
 from .comparison import Comparison
 from .stats import number
 from .variants import Variant
@@ -25,47 +23,6 @@ PLOTS = {
     "buckets": "bucket_loss.png",
 }
 MATCHED_PLOT = "tying_effect.png"  # written only when the comparison has matched contrasts
-
-
-@contextlib.contextmanager
-def _figure(path: Path, title: str, panels: int = 1) -> Iterator[Any]:
-    """One plot: yields its axes (a list of them with panels > 1), then titles it and writes the
-    PNG atomically."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7 if panels == 1 else 11, 4.5))
-    FigureCanvasAgg(fig)
-    ax = fig.subplots(1, panels)
-    yield ax if panels == 1 else list(ax)
-    if panels == 1:
-        ax.set_title(title, fontsize=10)
-    else:
-        fig.suptitle(title, fontsize=10)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    from ..runs import atomic_write_bytes  # a full disk is then one line, as for every run file
-
-    atomic_write_bytes(path, buf.getvalue())
-
-
-def _plain_ticks(ax: Any, which: str, log: bool = False) -> None:
-    """Tick labels as 60, 100, 200k, 1.2M instead of 6x10^1 or an offset 1e6."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    axis = ax.xaxis if which == "x" else ax.yaxis
-    fmt = FuncFormatter(lambda x, _: fmt_count(x) if abs(x) >= 1000 else f"{x:g}")
-    axis.set_major_formatter(fmt)
-    if log:
-        lo, hi = ax.get_ylim() if which == "y" else ax.get_xlim()
-        # minor ticks (20, 30, ..., 90) are labelled only when the axis spans little more than a decade
-        axis.set_minor_formatter(fmt if lo > 0 and hi / lo < 20 else NullFormatter())
-
-
-def _empty(ax: Any, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
-    ax.set_xticks([])
-    ax.set_yticks([])
 
 
 def _floor_ppl(variants: list[Variant]) -> tuple[float, str] | None:
@@ -79,7 +36,7 @@ def _floor_ppl(variants: list[Variant]) -> tuple[float, str] | None:
 
 
 def plot_curve(c: Comparison, path: Path) -> None:
-    with _figure(path, "Validation perplexity during training (mean, min–max band over seeds)") as ax:
+    with figure(path, "Validation perplexity during training (mean, min–max band over seeds)") as ax:
         drawn = False
         for i, v in enumerate(c.variants):
             if not v.curve:
@@ -98,15 +55,15 @@ def plot_curve(c: Comparison, path: Path) -> None:
             ax.scatter([], [], color="0.6", marker="v", edgecolors="black", linewidths=0.5,
                        label="best evaluation of each run")
         if not drawn:
-            _empty(ax, "no validation evaluations in metrics.jsonl (train.eval_every = 0?)")
+            empty_panel(ax, "no validation evaluations in metrics.jsonl (train.eval_every = 0?)")
             return
         floor = _floor_ppl(c.variants)
         if floor:
             ax.axhline(floor[0], color="0.3", linestyle="--", linewidth=1,
                        label=f"{floor[1]} (the true model on validation)")
         ax.set_yscale("log")
-        _plain_ticks(ax, "x")
-        _plain_ticks(ax, "y", log=True)
+        plain_ticks(ax, "x")
+        plain_ticks(ax, "y", log=True)
         ax.set_xlabel("tokens seen")
         ax.set_ylabel("validation perplexity (log scale)")
         ax.grid(True, which="both", alpha=0.3)
@@ -114,7 +71,7 @@ def plot_curve(c: Comparison, path: Path) -> None:
 
 
 def plot_params(c: Comparison, path: Path) -> None:
-    with _figure(path, "Final validation perplexity against parameters (seeds, geometric mean and 95% CI)") as ax:
+    with figure(path, "Final validation perplexity against parameters (seeds, geometric mean and 95% CI)") as ax:
         drawn = False
         for i, v in enumerate(c.variants):
             total = v.params.get("total")
@@ -127,20 +84,20 @@ def plot_params(c: Comparison, path: Path) -> None:
             ax.errorbar([total], [m.mean], yerr=yerr, fmt="o", color=color, capsize=4, markersize=7, label=v.label)
             drawn = True
         if not drawn:
-            _empty(ax, "no final validation perplexity or parameter counts")
+            empty_panel(ax, "no final validation perplexity or parameter counts")
             return
         ax.set_xlabel("total parameters (unique)")
         ax.set_ylabel("final validation perplexity")
-        _plain_ticks(ax, "x")
+        plain_ticks(ax, "x")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
 
 
 def plot_buckets(c: Comparison, path: Path) -> None:
-    with _figure(path, "Validation loss by token frequency (mean ± SD over seeds)") as ax:
+    with figure(path, "Validation loss by token frequency (mean ± SD over seeds)") as ax:
         names = c.bucket_names("validation")
         if not names:
-            _empty(ax, "no per-bucket losses in the reports")
+            empty_panel(ax, "no per-bucket losses in the reports")
             return
         width = 0.8 / max(1, len(c.variants))
         for i, v in enumerate(c.variants):
@@ -190,14 +147,14 @@ def plot_tying_effect(c: Comparison, path: Path) -> None:
     from .grid import numeric_key
 
     title = "Tying effect per setting: exp(Δloss) − 1 with 95% CI (negative: tying better)"
-    with _figure(path, title, panels=2) as (left, right):
+    with figure(path, title, panels=2) as (left, right):
         key = numeric_key(c.matched)
         if key is not None:
             xs = [float(m.setting[key]) for m in c.matched]
             _effect_panel(left, xs, c, key)
             if len(set(xs)) > 1 and min(xs) > 0 and max(xs) / min(xs) >= 8:
                 left.set_xscale("log", base=2)
-                _plain_ticks(left, "x")
+                plain_ticks(left, "x")
         else:
             _effect_panel(left, list(range(len(c.matched))), c, "setting", [m.label for m in c.matched])
         shares = [m.embedding_share for m in c.matched]
@@ -205,7 +162,7 @@ def plot_tying_effect(c: Comparison, path: Path) -> None:
             _effect_panel(right, [s * 100 for s in shares], c, "embedding share V·d / untied parameters (%)",
                           annotate=True)
         else:
-            _empty(right, "no parameter counts in the reports")
+            empty_panel(right, "no parameter counts in the reports")
 
 
 def write_plots(c: Comparison, out: Path) -> None:

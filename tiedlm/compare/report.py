@@ -311,6 +311,27 @@ def _md_cost(c: Comparison) -> list[str]:
                                 "train FLOPs/token", "train FLOPs", "device"], rows, "lrrrrrrrl")]
 
 
+MATRIX_COLUMNS = (("pair_cosine", "cosine e_t·w_t", 3), ("aligned_cosine", "after rotation", 3), ("cka", "CKA", 3),
+                  ("norm_frequency_spearman", "E norm–frequency ρ", 3), ("direct_path_nll", "direct path loss", 3),
+                  ("direct_path_nll_e_as_w_out", "with W_out := E", 3), ("symmetric_share", "symmetric share", 3))
+
+
+def _md_matrices(c: Comparison) -> list[str]:
+    """What tiedlm analyze found in the runs' two matrices, mean ± SD over the seeds analysed."""
+    shown = [v for v in c.variants if v.matrices]
+    if not shown:
+        return []
+    rows = [[v.name, str(next(iter(v.matrices.values())).n),
+             *(_mean_sd(v.matrices[k], d) if v.matrices[k].n else "—" for k, _, d in MATRIX_COLUMNS)] for v in shown]
+    return ["", "## What the matrices show", "",
+            "From `tiedlm analyze` of each run's final checkpoint (the last weights), mean ± SD over seeds. Tied runs "
+            "have one matrix: cosine, CKA and symmetric share are 1 by construction. The direct path is "
+            "softmax(W_out · LN_f(E[t])), the model without its layers, a bigram model, scored on validation; "
+            "\"with W_out := E\" is the same path forced to use E, what tying would have imposed on it. See each "
+            "run's analysis.md.", "",
+            markdown_table(["variant", "seeds", *(h for _, h, _ in MATRIX_COLUMNS)], rows, "lr" + "r" * len(MATRIX_COLUMNS))]
+
+
 def _md_plots(c: Comparison) -> list[str]:
     return ["", "## Plots", "",
             f"![validation perplexity against tokens seen]({PLOTS['curve']})", "",
@@ -354,7 +375,8 @@ def _md_left_aside(c: Comparison) -> list[str]:
 
 def to_markdown(c: Comparison) -> str:
     sections = (_md_intro(c) + _md_verdict(c) + _md_matched(c) + _md_match(c) + _md_results(c)
-                + _md_differences(c) + _md_buckets(c) + _md_params(c) + _md_cost(c) + _md_plots(c) + _md_runs(c)
+                + _md_differences(c) + _md_buckets(c) + _md_matrices(c) + _md_params(c) + _md_cost(c) + _md_plots(c)
+                + _md_runs(c)
                 + _md_left_aside(c))
     return "\n".join(sections + [""])
 

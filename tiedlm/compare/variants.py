@@ -189,6 +189,7 @@ class Variant:
     tokenizer_kind: str | None
     curve: list[CurvePoint]
     best_points: list[tuple[float, float]] = field(default_factory=list)  # each run's best (tokens, perplexity)
+    matrices: dict[str, Summary] = field(default_factory=dict)  # tiedlm analyze's figures over seeds
     resolution: str = ""  # "cuda, bf16": the device type and dtype the runs resolved to
     key: str = ""  # config_hash, plus the resolution when one config resolved several ways
     is_baseline: bool = False
@@ -233,6 +234,7 @@ class Variant:
                 "device": self.device, "dtype": self.dtype, "resolution": self.resolution, "floor": self.floor,
                 "tokenizer_kind": self.tokenizer_kind, "curve": [asdict(p) for p in self.curve],
                 "best_points": [list(p) for p in self.best_points],
+                "matrices": {k: s.to_json() for k, s in self.matrices.items()},
                 "is_baseline": self.is_baseline,
                 "vs_baseline": self.vs_baseline.to_json() if self.vs_baseline else None,
                 "verdicts": self.verdicts}
@@ -363,6 +365,16 @@ def _best_points(runs: list[LoadedRun]) -> list[tuple[float, float]]:
     return points
 
 
+def _matrices(runs: list[LoadedRun]) -> dict[str, Summary]:
+    """tiedlm analyze's per-run figures (analyze.report.summary_row) over the seeds that have them."""
+    from ..analyze.report import summary_row
+
+    rows = [summary_row(r.analysis) for r in runs if r.analysis]
+    if not rows:
+        return {}
+    return {k: summarize(row.get(k) for row in rows) for k in rows[0]}
+
+
 def _bucket_metrics(runs: list[LoadedRun], split: str) -> list[BucketMetrics]:
     names: list[str] = []
     for run in runs:
@@ -411,7 +423,7 @@ def aggregate(label: str, runs: list[LoadedRun], key: str = "") -> Variant:
         dtype=sorted({str(r.report.dtype) for r in runs if r.report.dtype}),
         floor=next((r.report.floor for r in runs if isinstance(r.report.floor, dict)), None),
         tokenizer_kind=first.config.get("tokenizer", {}).get("kind"),
-        curve=_curve(runs), best_points=_best_points(runs), resolution=resolution(first),
+        curve=_curve(runs), best_points=_best_points(runs), matrices=_matrices(runs), resolution=resolution(first),
         key=key or first.config_hash,
     )
 

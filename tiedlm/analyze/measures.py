@@ -1,0 +1,110 @@
+"""What the analysis measures, from a run's two matrices and its data: each matrix on its own
+(norms against training frequency, anisotropy, spectrum), the pair (cosines raw and after the best
+rotation, CKA, shared neighbours, drift), the direct path, and for builtin:synthetic how
+asymmetric the language's true bigrams are. The geometry itself is geometry.py's."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import geometry as g
+
+
+def _buckets(counts: np.ndarray, fractions: list[float], unk_id: int | None) -> tuple[np.ndarray, list[str]]:
+    from ..evaluate import frequency_buckets
+
+    return frequency_buckets(counts, fractions, unk_id)
+
+
+def matrix_stats(M, counts: np.ndarray, bucket_of: np.ndarray, names: list[str], seed: int,
+                 pairs: int) -> dict:
+    """One matrix (V real rows): norm against training count, anisotropy, spectrum."""
+    norms = g.row_norms(M).double().numpy()
+    seen = counts > 0
+    rho = g.spearman(norms[seen], counts[seen]) if seen.sum() > 2 else None
+    by_bucket = [{"name": n, "types": int((bucket_of == b).sum()),
+                  "mean_norm": float(norms[bucket_of == b].mean()) if (bucket_of == b).any() else None}
+                 for b, n in enumerate(names)]
+    s = g.singular_values(M)
+    return {"norm_frequency_spearman": rho, "mean_norm": float(norms.mean()), "norms_by_bucket": by_bucket,
+            "anisotropy": g.anisotropy(M, n_pairs=pairs, seed=seed), "singular_values": s,
+            "effective_rank": g.effective_rank(s), "rank_of": min(M.shape)}
+
+
+def pair_stats(E, W, bucket_of: np.ndarray, names: list[str], seed: int, sample: int, k: int = 10) -> dict:
+    """E against W_out: per-token cosines raw and after the best rotation (by bucket), linear
+    CKA, the overlap of each token's nearest neighbours, and the relative drift."""
+    raw = g.pair_cosines(E, W).double().numpy()
+    aligned = g.aligned_cosines(E, W).double().numpy()
+    by_bucket = []
+    for b, n in enumerate(names):
+        sel = bucket_of == b
+        by_bucket.append({"name": n, "types": int(sel.sum()),
+                          "cosine": float(raw[sel].mean()) if sel.any() else None,
+                          "aligned_cosine": float(aligned[sel].mean()) if sel.any() else None})
+    return {"cosine": float(raw.mean()), "aligned_cosine": float(aligned.mean()), "by_bucket": by_bucket,
+            "cka": g.linear_cka(E, W), "neighbours": g.knn_overlap(E, W, k=k, sample=sample, seed=seed),
+            "relative_drift": g.relative_drift(E, W)}
+
+
+def direct_path(model, tokens: np.ndarray, vocab: int, max_pairs: int) -> dict:
+    """The direct path from the embedding to the head, softmax(W_out · LN_f(scale · E[t])), as a
+    bigram model scored on the first max_pairs consecutive pairs of `tokens`; for an untied model
+    also with E in W_out's place (what tying would have imposed on this path); and the symmetric
+    share of its bilinear form W_out · diag(γ) · Eᵀ (exactly 1 when tied)."""
+    import torch
+
+    t = model.transformer
+    E = t.wte.weight.detach().float()
+    W = model.lm_head.weight.detach().float()
+    ln = t.ln_f
+    ln_b = ln.bias.detach().float() if ln.bias is not None else torch.zeros_like(ln.weight)
+    head_bias = model.lm_head.bias.detach().float() if model.lm_head.bias is not None else None
+    ids = torch.from_numpy(np.asarray(tokens[: max_pairs + 1], dtype=np.int64))
+    prev, nxt = ids[:-1], ids[1:]
+    args = dict(ln_weight=ln.weight.detach().float(), ln_bias=ln_b, eps=ln.eps, scale=model.embed_scale,
+                head_bias=head_bias)
+    own = g.direct_path_nll(E, W, prev, nxt, **args)
+    out = {"pairs": own["pairs"], "distinct_prev": own["distinct_prev"], "nll": own["nll"],
+           "perplexity": own["perplexity"],
+           **g.bilinear_symmetry(E[:vocab], W[:vocab], gain=ln.weight.detach().float())}
+    if not model.is_tied:
+        tied = g.direct_path_nll(E, E, prev, nxt, **args)
+        out["with_e_as_w_out"] = {"nll": tied["nll"], "perplexity": tied["perplexity"]}
+    return out
+
+
+def language_asymmetry(scfg: Any) -> dict:
+    """How asymmetric the synthetic language's true bigrams are: the share of the class
+    transitions that occur whose reverse never does, and the antisymmetric share of the joint
+    word-bigram distribution J[a, b] = π(c_a) e_a T[c_a, c_b] e_b, computed through the classes
+    (‖J‖² = Σ F_ij² s_i s_j and ⟨J, Jᵀ⟩ = Σ F_ij F_ji s_i s_j, F = diag(π) T, s_i = Σ_{a∈i} e_a²)."""
+    from ..corpora import synthetic_language
+
+    lang = synthetic_language(scfg)
+    T = lang.transitions
+    allowed = T > 0
+    no_reverse = float((allowed & ~allowed.T).sum() / allowed.sum())
+    F = lang.stationary[:, None] * T
+    s = np.zeros(lang.n_classes)
+    np.add.at(s, lang.word_class, lang.emission ** 2)
+    w = s[:, None] * s[None, :]
+    norm2, inner = float((F * F * w).sum()), float((F * F.T * w).sum())
+    flow = float((np.abs(F - F.T)).sum() / 2)  # probability mass of class pairs that flows one way
+    return {"classes": lang.n_classes, "transitions": int(allowed.sum()), "without_reverse": no_reverse,
+            "joint_antisymmetric_share": (norm2 - inner) / (2 * norm2), "one_way_mass": flow}
+
+
+def per_token_arrays(model, vocab: int) -> tuple[Any, Any]:
+    """(E, W_out) restricted to the tokenizer's V rows (padding rows are never trained)."""
+    E = model.transformer.wte.weight.detach().float()[:vocab]
+    W = model.lm_head.weight.detach().float()[:vocab]
+    return E, W
+
+
+def finite(x: Any) -> Any:
+    """None for nan/inf, so that analysis.json is strict JSON."""
+    return x if not isinstance(x, float) or math.isfinite(x) else None

@@ -1,0 +1,197 @@
+"""analysis.md, analysis.json and the analysis plots of one run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ..figures import figure, plain_ticks
+from ..formatting import fmt, fmt_int, markdown_table
+
+PLOTS = {"norms": "analysis_norms.png", "spectrum": "analysis_spectrum.png", "cosine": "analysis_pair_cosine.png"}
+
+
+def write_analysis(result: dict, arrays: dict, out: Path) -> None:
+    from ..runs import atomic_write_text
+    from . import ANALYSIS_JSON, ANALYSIS_MD
+
+    out.mkdir(parents=True, exist_ok=True)
+    _plot_norms(arrays, out / PLOTS["norms"])
+    _plot_spectrum(result, out / PLOTS["spectrum"])
+    if arrays["W"] is not None:
+        _plot_cosines(arrays, out / PLOTS["cosine"])
+    atomic_write_text(out / ANALYSIS_JSON, json.dumps(result, indent=2, allow_nan=False) + "\n")
+    atomic_write_text(out / ANALYSIS_MD, to_markdown(result))
+
+
+# ------------------------------------------------------------------------- analysis.md
+
+
+def to_markdown(r: dict) -> str:
+    state = ", still training: its latest checkpoint" if r["still_training"] else ""
+    kind = "tied" if r["tied"] else ("untied at step " + fmt_int(r["untied_at_step"]) if r.get("untied_at_step")
+                                     else "untied")
+    md = [f"# What the two matrices learned: {r['run']}", "",
+          f"{kind}; checkpoint `{r['checkpoint']}`{state}. V = {fmt_int(r['vocab_size'])} token rows "
+          f"(padding rows left out), d = {r['n_embd']}. Anisotropy uses {fmt_int(r['anisotropy_pairs'])} random "
+          f"row pairs; neighbours use {fmt_int(r['sample'])} sampled tokens (seed {r['seed']}).", ""]
+    md += _md_matrices(r) + _md_pair(r) + _md_direct(r) + _md_plots(r)
+    return "\n".join(md) + "\n"
+
+
+def _md_matrices(r: dict) -> list[str]:
+    mats = r["matrices"]
+    cols = list(mats)
+    rows = [
+        ["norm–frequency Spearman ρ (seen tokens)", *(fmt(mats[m]["norm_frequency_spearman"], 3) for m in cols)],
+        ["mean row norm", *(fmt(mats[m]["mean_norm"], 3) for m in cols)],
+        ["anisotropy: mean cosine of random row pairs", *(fmt(mats[m]["anisotropy"]["mean_cosine"], 3) for m in cols)],
+        ["top principal direction's share of variance (centred)",
+         *(fmt(mats[m]["anisotropy"]["top_pc_share"], 3) for m in cols)],
+        ["common direction's share, ‖mean row‖² / mean ‖row‖²",
+         *(fmt(mats[m]["anisotropy"]["mean_direction_share"], 3) for m in cols)],
+        [f"effective rank (of {r['n_embd']})", *(fmt(mats[m]["effective_rank"], 1) for m in cols)],
+    ]
+    names = [b["name"] for b in mats["E"]["norms_by_bucket"]]
+    by_bucket = [[f"{m} mean norm", *(fmt(b["mean_norm"], 3) for b in mats[m]["norms_by_bucket"])] for m in cols]
+    types = ["types", *(fmt_int(b["types"]) for b in mats["E"]["norms_by_bucket"])]
+    return ["## Each matrix", "", markdown_table(["", *cols], rows, "l" + "r" * len(cols)), "",
+            "Row norm by training-frequency bucket (types ranked by their count in the training split):", "",
+            markdown_table(["", *names], [types, *by_bucket], "l" + "r" * len(names)), ""]
+
+
+def _md_pair(r: dict) -> list[str]:
+    p = r["pair"]
+    if p.get("tied"):
+        return ["## The pair", "", "Tied: E and W_out are one matrix, so every pair figure is 1 (cosine, CKA) or 0 "
+                "(drift) by construction, and there are no W_out-only figures.", ""]
+    drift = "relative drift ‖E − W_out‖ / ‖E‖" + (" since the split" if r.get("untied_at_step") else "")
+    rows = [["mean cosine of e_t and w_t", fmt(p["cosine"], 3)],
+            ["after the best rotation of E onto W_out (orthogonal Procrustes)", fmt(p["aligned_cosine"], 3)],
+            ["linear CKA of E and W_out", fmt(p["cka"], 3)],
+            [f"overlap of the {p['neighbours']['k']} nearest neighbours (cosine; {fmt_int(p['neighbours']['sampled'])} "
+             "sampled tokens)", fmt(p["neighbours"]["mean"], 3)],
+            [drift, fmt(p["relative_drift"], 3)]]
+    names = [b["name"] for b in p["by_bucket"]]
+    by = [["cosine", *(fmt(b["cosine"], 3) for b in p["by_bucket"])],
+          ["aligned cosine", *(fmt(b["aligned_cosine"], 3) for b in p["by_bucket"])]]
+    return ["## The pair", "", markdown_table(["", "value"], rows, "lr"), "",
+            "By training-frequency bucket:", "", markdown_table(["", *names], by, "l" + "r" * len(names)), "",
+            "A cosine near 0 with an aligned cosine near 1 means one geometry in another orientation (what tying "
+            "asks for, up to a rotation); a low aligned cosine means the two matrices arrange the tokens "
+            "differently.", ""]
+
+
+def _md_direct(r: dict) -> list[str]:
+    d = r["direct_path"]
+    rows = [["W_out · LN_f(E[t]), this model's direct path", fmt(d["nll"], 4), fmt(d["perplexity"], 2)]]
+    if d.get("with_e_as_w_out"):
+        w = d["with_e_as_w_out"]
+        rows.append(["E · LN_f(E[t]), the same path with W_out := E (what tying imposes)", fmt(w["nll"], 4),
+                     fmt(w["perplexity"], 2)])
+    if r.get("model_loss") is not None:
+        rows.append(["the whole model (final evaluation, every layer)", fmt(r["model_loss"], 4),
+                     fmt(math.exp(r["model_loss"]), 2)])
+    if r.get("floor"):
+        f = r["floor"]
+        rows.append([f"the language's true model ({f.get('label')}: the best bigram model, each word fixes its class)",
+                     fmt(f["nats_per_token"], 4), fmt(f.get("perplexity"), 2)])
+    md = ["## The direct path", "",
+          f"The embedding straight into the head, no layer between: a bigram model, scored on the first "
+          f"{fmt_int(d['pairs'])} consecutive token pairs of {d['split']} ({fmt_int(d['distinct_prev'])} distinct "
+          "previous tokens).", "",
+          markdown_table(["path", "loss (nats/token)", "perplexity"], rows, "lrr"), "",
+          f"Its bilinear form W_out · diag(γ_f) · Eᵀ (LN_f's gain folded in) is {100 * d['symmetric_share']:.1f}% "
+          f"symmetric and {100 * d['antisymmetric_share']:.1f}% antisymmetric (shares of its squared Frobenius norm). "
+          "Tied, it is exactly symmetric: the direct path cannot say \"b follows a\" without saying \"a follows b\"."]
+    lang = r.get("language")
+    if lang:
+        md += ["", f"The synthetic language's true bigrams are asymmetric: {100 * lang['without_reverse']:.1f}% of its "
+                   f"{fmt_int(lang['transitions'])} class transitions never occur in reverse, and the joint word-bigram "
+                   f"distribution is {100 * lang['joint_antisymmetric_share']:.1f}% antisymmetric."]
+    return md + [""]
+
+
+def _md_plots(r: dict) -> list[str]:
+    md = ["## Plots", "", f"![row norm against training count]({PLOTS['norms']})", "",
+          "Row norm against the token's count in the training split (log scale), E and W_out overlaid: "
+          "how much each matrix grows the rows of frequent and rare tokens.", "",
+          f"![singular value spectra]({PLOTS['spectrum']})", "",
+          "Singular values over the largest (log scale): a fast fall is a matrix that uses few directions.", ""]
+    if not r["tied"]:
+        md += [f"![pair cosine against training count]({PLOTS['cosine']})", "",
+               "Cosine of e_t and w_t against the token's training count, raw and after the best rotation: "
+               "where the two matrices agree on a token's place.", ""]
+    return md
+
+
+# ------------------------------------------------------------------------- plots
+
+
+def _seen(arrays: dict):
+    import numpy as np
+
+    counts = np.asarray(arrays["counts"])
+    return counts, counts > 0
+
+
+def _plot_norms(arrays: dict, path: Path) -> None:
+    from .. import geometry as g
+
+    counts, seen = _seen(arrays)
+    with figure(path, "Row norm against training frequency") as ax:
+        for label, M, color in (("E", arrays["E"], "C0"), ("W_out", arrays["W"], "C1")):
+            if M is None:
+                continue
+            norms = g.row_norms(M).numpy()
+            ax.scatter(counts[seen], norms[seen], s=4, alpha=0.35, color=color, label=label, linewidths=0)
+        ax.set_xscale("log")
+        plain_ticks(ax, "x")
+        ax.set_xlabel("count in the training split (log scale)")
+        ax.set_ylabel("row norm")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, markerscale=3)
+
+
+def _plot_spectrum(result: dict, path: Path) -> None:
+    with figure(path, "Singular value spectra (over the largest)") as ax:
+        for i, (label, m) in enumerate(result["matrices"].items()):
+            s = m["singular_values"]
+            if s and s[0]:
+                ax.plot(range(1, len(s) + 1), [x / s[0] for x in s], color=f"C{i}",
+                        label=f"{label} (effective rank {m['effective_rank']:.1f})")
+        ax.set_yscale("log")
+        ax.set_xlabel("index")
+        ax.set_ylabel("singular value / largest (log scale)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+
+
+def _plot_cosines(arrays: dict, path: Path) -> None:
+    from .. import geometry as g
+
+    counts, seen = _seen(arrays)
+    raw = g.pair_cosines(arrays["E"], arrays["W"]).numpy()
+    aligned = g.aligned_cosines(arrays["E"], arrays["W"]).numpy()
+    with figure(path, "Cosine of e_t and w_t against training frequency") as ax:
+        ax.scatter(counts[seen], raw[seen], s=4, alpha=0.35, color="C0", label="raw", linewidths=0)
+        ax.scatter(counts[seen], aligned[seen], s=4, alpha=0.35, color="C3", label="after the best rotation",
+                   linewidths=0)
+        ax.set_xscale("log")
+        plain_ticks(ax, "x")
+        ax.set_xlabel("count in the training split (log scale)")
+        ax.set_ylabel("cosine")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, markerscale=3)
+
+
+def summary_row(analysis: dict) -> dict[str, Any]:
+    """The few figures a comparison shows per run."""
+    d = analysis.get("direct_path") or {}
+    pair = analysis.get("pair") or {}
+    return {"pair_cosine": pair.get("cosine"), "aligned_cosine": pair.get("aligned_cosine"), "cka": pair.get("cka"),
+            "norm_frequency_spearman": ((analysis.get("matrices") or {}).get("E") or {}).get("norm_frequency_spearman"),
+            "direct_path_nll": d.get("nll"), "direct_path_nll_e_as_w_out": (d.get("with_e_as_w_out") or {}).get("nll"),
+            "symmetric_share": d.get("symmetric_share")}
