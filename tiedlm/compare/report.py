@@ -517,7 +517,7 @@ def format_terminal_table(c: Comparison) -> str:
                   "params"]
         lines = [text_table(header, [_terminal_row(c, v) for v in c.variants])]
     lines += [line.replace("**", "") for line in c.verdicts]
-    lines.append(selection_line(c).replace("**", "").replace("`", "").replace(": see the notes", ":"))
+    lines.append(selection_line(c).replace("**", "").replace("`", "").replace(": see the notes.", ":"))
     over = [r for r in c.runs if r.overtrained and c.select == "final"]
     lines += [f"  {r.name}: last evaluation {fmt_signed(100 * r.last_above_best, 1)}% above its best "
               f"(step {fmt_int(r.best_step)})" for r in over if r.last_above_best is not None]
