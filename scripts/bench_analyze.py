@@ -31,10 +31,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "gpt2-width.yaml"
+        config.write_text("name: gpt2-width\n")
         for tag, tie in (("tied", "true"), ("untied", "false")):
             sets = [a for kv in GPT2 + [f"model.tie_embeddings={tie}"] for a in ("--set", kv)]
-            subprocess.run([sys.executable, "-m", "tiedlm", "train", *sets, "--out", tmp, "--name", tag, "--quiet"],
-                           check=True)
+            subprocess.run([sys.executable, "-m", "tiedlm", "train", "--config", str(config), *sets, "--out", tmp,
+                            "--name", tag, "--quiet"], check=True)
         rows = []
         for tag in ("tied", "untied"):
             times = []

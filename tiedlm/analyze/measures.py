@@ -70,7 +70,8 @@ def direct_path(model, tokens: np.ndarray, vocab: int, max_pairs: int) -> dict:
     own = g.direct_path_nll(E, W, prev, nxt, **args)
     out = {"pairs": own["pairs"], "distinct_prev": own["distinct_prev"], "nll": own["nll"],
            "perplexity": own["perplexity"],
-           **g.bilinear_symmetry(E[:vocab], W[:vocab], gain=ln.weight.detach().float())}
+           **{k: min(1.0, max(0.0, v)) for k, v in  # rounding can leave a tied model's 0 at -1e-8
+              g.bilinear_symmetry(E[:vocab], W[:vocab], gain=ln.weight.detach().float()).items()}}
     if not model.is_tied:
         tied = g.direct_path_nll(E, E, prev, nxt, **args)
         out["with_e_as_w_out"] = {"nll": tied["nll"], "perplexity": tied["perplexity"]}

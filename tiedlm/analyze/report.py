@@ -96,7 +96,7 @@ def _md_direct(r: dict) -> list[str]:
                      fmt(math.exp(r["model_loss"]), 2)])
     if r.get("floor"):
         f = r["floor"]
-        rows.append([f"the language's true model ({f.get('label')}: the best bigram model, each word fixes its class)",
+        rows.append([f"the language's true model on this split ({f.get('label')}; no model does better)",
                      fmt(f["nats_per_token"], 4), fmt(f.get("perplexity"), 2)])
     md = ["## The direct path", "",
           f"The embedding straight into the head, no layer between: a bigram model, scored on the first "
