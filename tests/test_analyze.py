@@ -191,5 +191,38 @@ def test_compare_analyze_adds_the_section_and_ignores_stale_analyses(pair, tmp_p
     data = json.loads((root / "compare" / "comparison.json").read_text())
     assert next(v for v in data["variants"] if not v["tied"])["matrices"] == {}
     assert any("analysis.json is of step-0000001" in n for n in data["notes"])
+    r = invoke("compare", "--out", root, "--analyze")  # analysed afresh: used, and no stale note left
+    data = json.loads((root / "compare" / "comparison.json").read_text())
+    assert next(v for v in data["variants"] if not v["tied"])["matrices"]["cka"]["n"] == 1
+    assert not any("analysis.json" in n for n in data["notes"])
+    analyze_run(root / "a-untied-s0", split="test")  # another split than the comparison shows
+    data = json.loads((root / "compare" / "comparison.json").read_text()) if invoke(
+        "compare", "--out", root).exit_code == 0 else {}
+    assert any("scored the direct path on test" in n for n in data["notes"])
     assert math.isclose(next(v for v in data["variants"] if v["tied"])["matrices"]["symmetric_share"]["mean"], 1.0,
                         abs_tol=1e-6)
+
+
+def test_json_output_and_an_untie_at_run(tmp_path):
+    cfg = load_config(None, TINY + ["model.tie_embeddings=true", "model.untie_at=0.5"])
+    run = train_run(cfg, out=tmp_path, name="split", progress=False)
+    r = invoke("analyze", run, "--json", "--sample", "50", "--seed", "3")
+    assert r.exit_code == 0, r.output
+    [a] = json.loads(r.stdout)
+    assert a["untied_at_step"] == 20 and a["tied"] is False and a["seed"] == 3 and a["sample"] == 50
+    assert a["pair"]["neighbours"]["sampled"] == 50
+    assert 0 < a["pair"]["relative_drift"] < 1.5  # two copies of one matrix that drifted for 20 steps
+    assert "relative drift ‖E − W_out‖ / ‖E‖ since the split" in (run / ANALYSIS_MD).read_text()
+    assert json.loads((run / ANALYSIS_JSON).read_text()) == a
+
+
+def test_a_tiny_vocabulary_still_gets_its_pair_figures():
+    import torch
+
+    from tiedlm.analyze.measures import pair_stats
+
+    g = torch.Generator().manual_seed(0)
+    E, W = torch.randn(5, 8, generator=g), torch.randn(5, 8, generator=g)
+    p = pair_stats(E, W, np.zeros(5, dtype=np.int64), ["all"], seed=0, sample=100)
+    assert p["neighbours"]["k"] == 4 and p["neighbours"]["sampled"] == 5
+    assert p["aligned_cosine"] >= p["cosine"] - 1e-6  # the rotation maximises the mean cosine

@@ -14,10 +14,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tiedlm"
 LAYERS = [
     ["cli"],
     ["compare", "sweep", "params"],
-    ["analyze"],
+    ["analyze", "export", "generate"],
     ["train", "selection", "optim"],
     ["evaluate"],
-    ["checkpoints", "figures", "runs", "process"],
+    ["checkpoints", "figures", "tensorboard", "runs", "process"],
     ["model", "device"],
     ["data", "corpora"],
     ["naming", "config", "checks"],

@@ -82,6 +82,7 @@ VALID = {
     "train.keep_best": ("bool",),
     "train.early_stop_patience": ("zero", "huge"),  # 0 never stops; huge: never in practice
     "train.early_stop_min_delta": ("zero",),  # the default; any other value needs a patience
+    "train.log_to": (),  # a list of known loggers ([tensorboard]): no hostile value is one
 }
 
 # Valid to the config, but a model or batch that no machine holds: the memory estimate in the

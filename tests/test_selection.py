@@ -300,12 +300,7 @@ def test_the_new_keys_leave_older_runs_their_hash_and_resume():
     from tiedlm.config import from_dict
 
     assert config_hash(from_dict(old)) == config_hash(cfg)
-    import hashlib
-
-    from tiedlm.config import strip_variant_keys
-
-    blob = json.dumps(strip_variant_keys(old), sort_keys=True, default=str)
-    assert hashlib.sha256(blob.encode()).hexdigest()[:16] == config_hash(cfg)  # the hash 0.1 computed
+    assert config_hash(cfg) == "41ab7c1512ffb7ad"  # what tiedlm computed for this config before the keys existed
     assert config_hash(load_config(None, MEMORISE + ["train.keep_best=true"])) != config_hash(cfg)
 
 

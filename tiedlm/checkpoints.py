@@ -164,6 +164,12 @@ def resolve_checkpoint(run_dir: Path) -> tuple[Path | None, str | None]:
     return None, None
 
 
+def checkpoint_names(run_dir: Path) -> list[str]:
+    """The run's checkpoint folders (step-N, newest first) and kept best weights (best-step-N)."""
+    root = Path(run_dir) / CHECKPOINTS
+    return [p.name for p in _checkpoint_folders(root)] + [p.name for p in best_weight_folders(run_dir)]
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     return resolve_checkpoint(run_dir)[0]
 

@@ -25,6 +25,7 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "fp32", "bf16")
 EMBED_SCALES = ("1", "sqrt_d")
 SPLITS = ("train", "validation", "test")
+LOG_TARGETS = ("tensorboard",)  # train.log_to: where a run is recorded besides metrics.jsonl
 SEED_LIMIT = 2**64  # torch.manual_seed takes seeds below 2**64 and overflows above
 THREADS_LIMIT = 1024  # more than any CPU has cores; torch crashes on absurd thread counts
 # builtin:synthetic generates each split in memory through Python lists (measured: about 55 bytes
@@ -94,6 +95,14 @@ def check_device(name: str, key: str = "train.device") -> None:
 
 def check_split(name: str, key: str = "eval.splits") -> None:
     _check(name in SPLITS, f"{key}: {name!r} must be train, validation or test")
+
+
+def check_log_to(targets: list[str], key: str = "train.log_to") -> None:
+    """Where a run is recorded besides metrics.jsonl: known loggers, each named once."""
+    for target in targets:
+        _check(target in LOG_TARGETS, f"{key}: {target!r} is not a logger tiedlm writes to — use "
+                                      f"{', '.join(LOG_TARGETS)} (or [] for metrics.jsonl alone)")
+    _check(len(set(targets)) == len(targets), f"{key} names a logger twice ({targets}) — name each once")
 
 
 def check_run_name(name: str, what: str = "run name") -> None:
@@ -172,6 +181,7 @@ def _validate_train(t: Any) -> None:
                 "max_skipped", "threads", "early_stop_patience", "early_stop_min_delta"):
         check_not_negative(getattr(t, key), f"train.{key}")
     _validate_selection(t)
+    check_log_to(t.log_to)
     check_at_most(t.threads, THREADS_LIMIT, "train.threads", "more than any CPU has cores; 0 keeps torch's default")
     # AdamW multiplies each decayed weight by 1 - lr * weight_decay every step: at 1 or more that
     # zeroes or flips the weights, so the run can only diverge.

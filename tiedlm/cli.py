@@ -132,6 +132,8 @@ def train(
     out: Path = typer.Option(Path("runs"), "--out", help="Parent folder of run folders."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete an existing run folder and start afresh."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
+    tensorboard: bool = typer.Option(False, "--tensorboard", help="Also write TensorBoard event files into "
+                                     "the run's tb/ (train.log_to: [tensorboard])."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Train one model. Re-running a finished run does nothing; an unfinished one resumes."""
@@ -143,7 +145,7 @@ def train(
             check_seed(seed, "--seed")
         if name is not None:
             check_run_name(name, "--name")
-        cfg = _load(config, set_, seed)
+        cfg = _load(config, list(set_ or []) + (["train.log_to=[tensorboard]"] if tensorboard else []), seed)
         if print_config:
             from .config import to_yaml
 
@@ -248,6 +250,89 @@ def analyze(
 
 
 @app.command()
+def export(
+    run: Path = typer.Argument(..., help="A run folder."),
+    out: Path = typer.Option(..., "--out", help="The folder to write (new, or empty)."),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="step-N or best-step-N (default: the "
+                                             "latest checkpoint)."),
+) -> None:
+    """Export a run as a Hugging Face transformers GPT2LMHeadModel (checked against tiedlm's logits)."""
+
+    def go():
+        from .export import export_run, summary
+
+        typer.echo(summary(export_run(run, out, checkpoint=checkpoint)))
+
+    run_command(go)
+
+
+@app.command()
+def sample(
+    run: Path = typer.Argument(..., help="A run folder."),
+    prompt: str = typer.Option("", "--prompt", help="Text to continue (default: a new document)."),
+    max_new_tokens: int = typer.Option(200, "--max-new-tokens", help="Tokens to generate at most per sample."),
+    temperature: float = typer.Option(1.0, "--temperature", help="Softmax temperature; 0 is greedy."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Sample among the k most likely tokens."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="Sample among the most likely tokens holding "
+                                          "this much probability (nucleus)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampling: the same seed gives the same text."),
+    num_samples: int = typer.Option(1, "--num-samples", help="How many samples."),
+    device: Optional[str] = typer.Option(None, "--device", help="Default: the device the run would use."),
+) -> None:
+    """Generate text from a run's latest checkpoint, streamed as it is generated."""
+
+    def go():
+        import math
+
+        from .checks import check_at_most, check_device, check_positive
+
+        check_positive(max_new_tokens, "--max-new-tokens")
+        check_at_most(max_new_tokens, 1_000_000, "--max-new-tokens", "one token per forward pass")
+        check_positive(num_samples, "--num-samples")
+        check_at_most(num_samples, 10_000, "--num-samples", "each sample is generated in turn")
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ConfigError(f"--temperature must be 0 (greedy) or positive, got {temperature}")
+        if top_k is not None:
+            check_positive(top_k, "--top-k")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ConfigError(f"--top-p must be in (0, 1], got {top_p}")
+        if device is not None:
+            check_device(device, "--device")
+        from .generate import SampleOptions, sample_run
+
+        def write(text: str) -> None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+        opts = SampleOptions(prompt, max_new_tokens, temperature, top_k, top_p, seed, num_samples)
+        sample_run(run, opts, write, note=lambda m: typer.echo(f"note: {m}", err=True), device=device)
+
+    run_command(go)
+
+
+@app.command("tensorboard")
+def tensorboard_(
+    runs_: List[str] = typer.Argument(..., metavar="RUN_DIR|GLOB...", help="Run folders, folders of runs, or globs."),
+) -> None:
+    """Write TensorBoard event files (tb/) for runs from their metrics.jsonl and report.json."""
+
+    def go():
+        from .analyze import expand_runs
+        from .tensorboard import backfill_many
+
+        import os
+
+        written = backfill_many(expand_runs(runs_))
+        for path in written:
+            typer.echo(f"wrote {path}")
+        if written:
+            logdir = os.path.commonpath([str(p.parent.parent) for p in written])
+            typer.echo(f"view them side by side: tensorboard --logdir {logdir}")
+
+    run_command(go)
+
+
+@app.command()
 def data(
     config: Path = ConfigOpt,
     set_: Optional[List[str]] = SetOpt,
@@ -328,6 +413,8 @@ def compare(
                                    "another config (say, after editing it) instead of refusing them."),
     analyze: bool = typer.Option(False, "--analyze", help="First analyse each run's two matrices (tiedlm "
                                  "analyze) and add what they show to the report."),
+    tensorboard: bool = typer.Option(False, "--tensorboard", help="Write TensorBoard event files (tb/) for the "
+                                     "compared runs, from their metrics."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Compare finished runs (tied vs untied), across seeds, with intervals and plots."""
@@ -364,6 +451,11 @@ def compare(
             result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select,
                                   analyze=analyze)
         typer.echo(format_terminal_table(result))
+        if tensorboard:
+            from .tensorboard import backfill_many
+
+            written = backfill_many([Path(r.path) for r in result.runs])
+            typer.echo(f"wrote TensorBoard event files for {len(written)} runs: tensorboard --logdir {out}")
         failures = result.train_failures
         if failures:
             raise TiedlmError(f"{len(failures)} run(s) failed to train: "

@@ -107,7 +107,8 @@ class TrainConfig:
     max_skipped: int = 0  # non-finite steps to skip before the run counts as diverged
     keep_best: bool = False  # keep the weights of the best periodic evaluation; score them at the end too
     early_stop_patience: int = 0  # stop after this many evaluations without improvement; 0 never stops
-    early_stop_min_delta: float = 0.0  # the least fall in validation loss (nats) that counts as improvement
+    early_stop_min_delta: float = 0.0  # a fall in validation loss (nats) must exceed this to count as improvement
+    log_to: list[str] = field(default_factory=list)  # loggers beside metrics.jsonl: tensorboard (<run>/tb/)
 
 
 @dataclass
@@ -434,7 +435,7 @@ def to_yaml(cfg: Config) -> str:
 # only in them are seeds of one variant. Device, dtype and everything in the model, data and
 # optimizer do change results, and are not here.
 OPERATIONAL_KEYS = ("train.threads", "train.compile", "train.checkpoint_every", "train.log_every",
-                    "train.eval_every", "train.eval_tokens", "eval.batch_size")
+                    "train.eval_every", "train.eval_tokens", "eval.batch_size", "train.log_to")
 # The periodic evaluation decides when early stopping ends a run and which weights keep_best keeps:
 # with either on, its interval and slice are part of what a run is.
 SELECTION_KEYS = ("train.eval_every", "train.eval_tokens")
@@ -442,7 +443,8 @@ SELECTION_KEYS = ("train.eval_every", "train.eval_tokens")
 # Keys added after runs were already written, with the value that means "as before". At that value
 # a key is left out of the config hash, and a stored config that lacks it reads as having it, so
 # that older runs keep their hash, resume, and group with newer ones.
-ADDED_KEYS = {"train.keep_best": False, "train.early_stop_patience": 0, "train.early_stop_min_delta": 0.0}
+ADDED_KEYS = {"train.keep_best": False, "train.early_stop_patience": 0, "train.early_stop_min_delta": 0.0,
+              "train.log_to": []}
 
 
 def _get(data: dict, key: str, default: Any = None) -> Any:

@@ -211,7 +211,7 @@ class RunModel:
     report: Any  # runs.RunReport or None
 
 
-def load_run_model(run_dir, best: bool = False) -> RunModel:
+def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None) -> RunModel:
     """Rebuild a run's model from its latest checkpoint (with `best`, the weights it kept at its best
     validation evaluation), never loading the optimizer state. The data are prepared from the
     run's own config (a token-cache hit when nothing changed); they must be the tokens it was
@@ -231,7 +231,10 @@ def load_run_model(run_dir, best: bool = False) -> RunModel:
     if raw is None:
         raise RunError(f"{run_dir} has no config.yaml — is it a tiedlm run folder?")
     cfg = from_dict(raw)
-    ckpt = _best_weights(run_dir) if best else checkpoints.latest_checkpoint(run_dir)
+    if checkpoint is not None:
+        ckpt = _named_checkpoint(run_dir, checkpoint)
+    else:
+        ckpt = _best_weights(run_dir) if best else checkpoints.latest_checkpoint(run_dir)
     if ckpt is None:
         raise RunError(f"{run_dir} has no checkpoint yet — train it first (tiedlm train --config ...)")
     tensors, _, manifest = checkpoints.load_checkpoint(ckpt, with_state=False)
@@ -307,3 +310,15 @@ def _best_weights(run_dir):
         raise RunError(f"{run_dir}'s report names kept best weights {kept!r} that are not in its checkpoints folder "
                        "— restore them, or drop --best to score its last checkpoint")
     return folders[name]
+
+
+def _named_checkpoint(run_dir, name: str):
+    """checkpoints/<name> (step-N or best-step-N), which must be one of the run's checkpoints."""
+    from . import checkpoints
+    from .errors import RunError
+
+    have = checkpoints.checkpoint_names(run_dir)
+    if name not in have:
+        shown = ", ".join(have[:6]) or "none"
+        raise RunError(f"{run_dir} has no checkpoint {name!r} (it has {shown}) — choose one of those")
+    return run_dir / checkpoints.CHECKPOINTS / name

@@ -213,9 +213,11 @@ def procrustes(E: Any, W: Any) -> torch.Tensor:
 
 
 def aligned_cosines(E: Any, W: Any) -> torch.Tensor:
-    """pair_cosines(E R, W) with R = procrustes(E, W): the per-token cosines after the best rotation."""
+    """pair_cosines(E R, W) after the rotation R that maximises their mean: procrustes of the unit
+    rows (a rotation keeps norms, so Σ⟨ê_t R, ŵ_t⟩ is the sum of the cosines). Fitted on the raw
+    rows instead, the largest rows would decide the rotation."""
     E, W = _pair(E, W)
-    return pair_cosines(E @ procrustes(E, W), W)
+    return pair_cosines(E @ procrustes(_unit_rows(E), _unit_rows(W)), W)
 
 
 def linear_cka(X: Any, Y: Any) -> float:

@@ -6,7 +6,7 @@ fixed slice (train.eval_tokens), with its step and tokens, and says in its repor
 evaluation ended more than OVERTRAINED_MARGIN above it. `train.keep_best` also keeps those weights
 (checkpoints/best-step-N/, written atomically like every checkpoint) and scores them at the end
 beside the last ones. `train.early_stop_patience` ends training after that many evaluations in a
-row without a fall of at least `train.early_stop_min_delta` nats.
+row without a fall of more than `train.early_stop_min_delta` nats.
 
 The tracker's state travels in every checkpoint, so a resumed run keeps its best and its count.
 """
@@ -91,8 +91,8 @@ class BestTracker:
 
 
 def stop_reason(tracker: BestTracker, patience: int, min_delta: float) -> str:
-    by = f"at least {min_delta:g} nats" if min_delta else "any amount"
-    return (f"early stopping: {patience} validation evaluation{'s' * (patience != 1)} in a row without a fall of "
+    by = f"a fall of more than {min_delta:g} nats" if min_delta else "a lower loss"
+    return (f"early stopping: {patience} validation evaluation{'s' * (patience != 1)} in a row without "
             f"{by}; best loss {tracker.loss:.4f} at step {tracker.step}")
 
 
@@ -106,10 +106,9 @@ def keep_best_weights(run_dir: Path, tracker: BestTracker, step: int, model, cov
     from .checkpoints import prune_best_weights, save_best_weights
     from .model import model_tensors
 
+    prune_best_weights(run_dir, keep={covered})  # an earlier best that no checkpoint names: not needed
     tensors, meta = model_tensors(model)
-    folder = save_best_weights(run_dir, step, tensors, meta)
-    tracker.weights = folder.name
-    prune_best_weights(run_dir, keep={folder.name, covered})
+    tracker.weights = save_best_weights(run_dir, step, tensors, meta).name
 
 
 def evaluate_best(run_dir: Path, model, tracker: BestTracker, evaluate) -> dict:

@@ -34,6 +34,7 @@ from .errors import (
 from .optim import budget_steps, build_optimizer, lr_at, untie_step, untie_with_optimizer  # noqa: F401
 from .selection import BestTracker, evaluate_best, keep_best_weights, stop_reason
 from .process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
+from .tensorboard import TrainingLog, require
 
 # ------------------------------------------------------------------------- the entry point
 
@@ -92,6 +93,7 @@ class Preflight:
     checkpoint_note: str | None = None  # how it was found, when not through LATEST
     loaded: tuple | None = None  # checkpoints.load_checkpoint(checkpoint): verified, not yet applied
     old_report: runs.RunReport | None = None
+    tb: TrainingLog | None = None  # train.log_to: tensorboard, opened by the loop once the model is built
 
 
 def preflight(cfg: Config, run_dir: Path, fresh: bool, progress: bool) -> Preflight:
@@ -101,6 +103,8 @@ def preflight(cfg: Config, run_dir: Path, fresh: bool, progress: bool) -> Prefli
     from .device import resolve_device, resolve_dtype
     from .model import check_fits
 
+    if "tensorboard" in cfg.train.log_to:
+        require()
     device = resolve_device(cfg.train.device)
     total = budget_steps(cfg)
     if cfg.model.untie_at is not None and total < 2:
@@ -188,6 +192,9 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
             if err is not None and err is not exc:
                 raise err from exc
             raise
+        finally:
+            if pre.tb is not None:
+                pre.tb.close()
 
 
 def _start_record(cfg: Config, run_dir: Path, pre: Preflight) -> runs.RunRecord:
@@ -316,6 +323,8 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
 
     tcfg, total, T = cfg.train, pre.total_steps, cfg.model.block_size
     model, optimizer, sampler = _build(cfg, run_dir, pre, record, state)
+    if "tensorboard" in tcfg.log_to:  # tb/ rewritten from metrics.jsonl, trimmed to the checkpoint
+        pre.tb = TrainingLog(run_dir, record.report)
     amp = autocast_ctx(pre.device, pre.dtype)
     fwd = torch.compile(model) if tcfg.compile else model
     next_batch = BatchSampler(pre.data.splits["train"].tokens, T, tcfg.batch_size, pre.device, sampler)
@@ -333,7 +342,7 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
         state.train_time += time.perf_counter() - t0
         step = state.step
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            _skip_or_diverge(run_dir, record, state, tcfg, pending, loss, grad_norm)
+            _skip_or_diverge(run_dir, record, state, tcfg, pending, loss, grad_norm, pre.tb)
         if pre.untie_step is not None and step == pre.untie_step and model.is_tied:
             untie_with_optimizer(model, optimizer)
             params = list(model.parameters())
@@ -354,7 +363,7 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
         stopping = signals.received is not None or (stop_after_step is not None and step >= stop_after_step)
         last = step == total or state.best.stopped_at is not None
         if stopping or last or (tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
-            runs.append_metrics(run_dir, pending)
+            _append_metrics(run_dir, pre.tb, pending)
             pending = []
             tensors, meta = model_tensors(model)
             checkpoints.save_checkpoint(run_dir, step, tensors, meta, {
@@ -368,8 +377,14 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
                               "the same command again to resume")
     if bar is not None:
         bar.close()
-    runs.append_metrics(run_dir, pending)
+    _append_metrics(run_dir, pre.tb, pending)
     return model
+
+
+def _append_metrics(run_dir: Path, tb: TrainingLog | None, records: list[dict]) -> None:
+    runs.append_metrics(run_dir, records)  # the record; TensorBoard only shows it
+    if tb is not None:
+        tb.append(records)
 
 
 def _periodic_eval(cfg: Config, run_dir: Path, pre: Preflight, model, state: TrainState, amp: Any, pending: list,
@@ -406,7 +421,7 @@ def _progress_bar(progress: bool, total: int, initial: int, desc: str):
 
 
 def _skip_or_diverge(run_dir: Path, record: runs.RunRecord, state: TrainState, tcfg: Any, pending: list,
-                     loss: float, grad_norm: float) -> None:
+                     loss: float, grad_norm: float, tb: TrainingLog | None = None) -> None:
     """A non-finite loss or gradient norm: the step was not taken. Up to train.max_skipped such
     steps are skipped and logged; one more stops the run as diverged."""
     state.skipped += 1
@@ -417,7 +432,7 @@ def _skip_or_diverge(run_dir: Path, record: runs.RunRecord, state: TrainState, t
     if state.skipped <= tcfg.max_skipped:
         log(f"step {step}: non-finite loss or gradient, step skipped ({state.skipped}/{tcfg.max_skipped})")
         return
-    runs.append_metrics(run_dir, pending)
+    _append_metrics(run_dir, tb, pending)
     last = checkpoints.latest_checkpoint(run_dir)
     keep = f"the last good checkpoint ({last.name}) is kept" if last else "no checkpoint was written yet"
     record.write(status="diverged", diverged_at_step=step,
@@ -448,7 +463,7 @@ def final_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: T
                   "loss": res["loss"], "perplexity": res["perplexity"]}
         if weights != "last":
             record.update(weights=weights, step=state.best.step, tokens=state.best.tokens)
-        runs.append_metrics(run_dir, [record])
+        runs.append_metrics(run_dir, [record])  # TensorBoard shows the final evaluation from the report
     return final
 
 
@@ -488,6 +503,8 @@ def _finish(record: runs.RunRecord, cfg: Config, pre: Preflight, model, state: T
                  skipped_steps=state.skipped, finished_at=now(),
                  params_after_untie=_params(model, pre.data) if state.untied_at_step is not None else None,
                  checkpoint=str(checkpoints.latest_checkpoint(run_dir).relative_to(run_dir)))
+    if pre.tb is not None:
+        pre.tb.finish(record.report)
     log(f"finished {run_dir}: " + ", ".join(f"{s} ppl {r['perplexity']:.2f}" for s, r in final.items()))
 
 

@@ -46,7 +46,9 @@ def pair_stats(E, W, bucket_of: np.ndarray, names: list[str], seed: int, sample:
                           "cosine": float(raw[sel].mean()) if sel.any() else None,
                           "aligned_cosine": float(aligned[sel].mean()) if sel.any() else None})
     return {"cosine": float(raw.mean()), "aligned_cosine": float(aligned.mean()), "by_bucket": by_bucket,
-            "cka": g.linear_cka(E, W), "neighbours": g.knn_overlap(E, W, k=k, sample=sample, seed=seed),
+            "cka": g.linear_cka(E, W),
+            "neighbours": g.knn_overlap(E, W, k=min(k, E.shape[0] - 1), sample=sample, seed=seed)
+            if E.shape[0] > 2 else None,
             "relative_drift": g.relative_drift(E, W)}
 
 

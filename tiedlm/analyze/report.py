@@ -68,12 +68,14 @@ def _md_pair(r: dict) -> list[str]:
         return ["## The pair", "", "Tied: E and W_out are one matrix, so every pair figure is 1 (cosine, CKA) or 0 "
                 "(drift) by construction, and there are no W_out-only figures.", ""]
     drift = "relative drift ‖E − W_out‖ / ‖E‖" + (" since the split" if r.get("untied_at_step") else "")
+    nb = p.get("neighbours")
     rows = [["mean cosine of e_t and w_t", fmt(p["cosine"], 3)],
-            ["after the best rotation of E onto W_out (orthogonal Procrustes)", fmt(p["aligned_cosine"], 3)],
-            ["linear CKA of E and W_out", fmt(p["cka"], 3)],
-            [f"overlap of the {p['neighbours']['k']} nearest neighbours (cosine; {fmt_int(p['neighbours']['sampled'])} "
-             "sampled tokens)", fmt(p["neighbours"]["mean"], 3)],
-            [drift, fmt(p["relative_drift"], 3)]]
+            ["after the rotation of E that maximises it (orthogonal Procrustes on unit rows)", fmt(p["aligned_cosine"], 3)],
+            ["linear CKA of E and W_out", fmt(p["cka"], 3)]]
+    if nb:
+        rows.append([f"overlap of the {nb['k']} nearest neighbours (cosine; {fmt_int(nb['sampled'])} sampled tokens)",
+                     fmt(nb["mean"], 3)])
+    rows.append([drift, fmt(p["relative_drift"], 3)])
     names = [b["name"] for b in p["by_bucket"]]
     by = [["cosine", *(fmt(b["cosine"], 3) for b in p["by_bucket"])],
           ["aligned cosine", *(fmt(b["aligned_cosine"], 3) for b in p["by_bucket"])]]

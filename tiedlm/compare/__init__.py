@@ -103,7 +103,7 @@ def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline:
         raise no_runs_error(run_dirs, skipped, runs_dir)
     c = build_comparison(runs, skipped, baseline, str(out), match, primary)
     c.select, c.select_reason = select, why
-    c.notes += overtrained_notes(runs, select)
+    c.notes += overtrained_notes(runs, select) + [r.analysis_note for r in runs if r.analysis_note]
     for v in c.variants:
         v.verdicts = verdicts_for(v, c)
     write_outputs(c, Path(out))
@@ -116,7 +116,7 @@ def _analyzed(run: LoadedRun) -> LoadedRun:
 
     from ..analyze import analyze_run
 
-    return dataclasses.replace(run, analysis=analyze_run(run.path))
+    return dataclasses.replace(run, analysis=analyze_run(run.path), analysis_note=None)
 
 
 def _check_options(primary: str | None, select: str | None) -> None:

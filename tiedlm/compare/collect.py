@@ -52,6 +52,7 @@ class LoadedRun:
     final_best: dict[str, dict] | None = None  # the final evaluation of the kept best weights (keep_best)
     weights: str = "last"  # whose scores `final` holds: the last weights, or the kept best ones
     analysis: dict | None = None  # analysis.json (tiedlm analyze) of the final checkpoint, where there is one
+    analysis_note: str | None = None  # why an analysis.json there is not used (compare --analyze replaces it)
 
     def metric(self, split: str, key: str) -> float | None:
         section = self.final.get(split)
@@ -198,18 +199,18 @@ def load_run(run_dir: str | Path) -> tuple[LoadedRun | None, str | None]:
     if not isinstance(seed, int) or isinstance(seed, bool):
         return None, f"{run_folder.REPORT} has no integer seed"
     curve, notes = _read_curve(run_dir)
-    analysis, note = current_analysis(run_dir, report)
-    notes += [note] if note else []
+    analysis, analysis_note = current_analysis(run_dir, report)
     return LoadedRun(name=run_dir.name, path=str(run_dir), seed=seed, config=config, config_hash=chash,
                      report=report, final=final, params=report.params if isinstance(report.params, dict) else {},
                      curve=curve, notes=notes, data=data_sections(config),
                      data_identity=_recorded_identity(report),
                      best=report.best if isinstance(report.best, dict) else None,
-                     final_best=_final_section(report.final_best) or None, analysis=analysis), None
+                     final_best=_final_section(report.final_best) or None, analysis=analysis,
+                     analysis_note=analysis_note), None
 
 
 def current_analysis(run_dir: Path, report: run_folder.RunReport) -> tuple[dict | None, str | None]:
-    """The run's analysis.json when it analysed the final checkpoint; (None, why) for an older one."""
+    """The run's analysis.json when it analysed the final checkpoint on validation; (None, why) otherwise."""
     from ..analyze import read_analysis
 
     analysis = read_analysis(run_dir)
@@ -219,6 +220,9 @@ def current_analysis(run_dir: Path, report: run_folder.RunReport) -> tuple[dict 
     if analysis.get("checkpoint") != final:
         return None, (f"{run_dir.name}: its analysis.json is of {analysis.get('checkpoint')}, not the final "
                       f"checkpoint {final} — run tiedlm analyze again (or compare --analyze)")
+    if analysis.get("split") != "validation":
+        return None, (f"{run_dir.name}: its analysis.json scored the direct path on {analysis.get('split')}, and the "
+                      "comparison shows validation — run tiedlm analyze again without --split (or compare --analyze)")
     return analysis, None
 
 
@@ -265,6 +269,9 @@ def choose_weights(runs: list[LoadedRun], select: str | None,
                           "its scores of them are biased low — use --primary test, or --select final")
     left = [LeftOut(r.path, r.name, "kept no best weights (train.keep_best: false), and --select best compares "
                     "only those") for r in runs if not r.final_best]
+    if primary is None and kept and not any("test" in r.final_best for r in kept):
+        raise ConfigError("--select best judges on test (validation chose the weights), and no run scored test with "
+                          "its best weights — add test to eval.splits and retrain, or use --select final")
     chosen = [dataclasses.replace(r, final=r.final_best, weights="best") for r in kept]
     return chosen, left, "best", why, primary or "test"
 

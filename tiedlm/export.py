@@ -1,0 +1,195 @@
+"""`tiedlm export`: a run as a Hugging Face `GPT2LMHeadModel` folder, checked against tiedlm.
+
+tiedlm's GPT uses GPT-2's names and layout, so the export is a renaming with three changes:
+GPT-2's Conv1D stores (in, out) where nn.Linear stores (out, in), so those weights are transposed;
+a model without biases (`model.bias: false`) gets zero biases, which is exact; `embed_scale:
+sqrt_d` is folded into E when untied (tied, E is also the head, so it cannot be) and refused
+otherwise. `lm_head_bias` has no place in GPT2LMHeadModel and is refused. A tied matrix is stored
+once (`tie_word_embeddings: true`), and transformers ties it on load.
+
+The folder: config.json, generation_config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json, special_tokens_map.json. With transformers installed, the export is loaded
+back and both implementations score one fixed batch of the run's validation tokens; a difference
+beyond fp32 tolerance fails the export and removes the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, RunError
+
+TOLERANCE = 1e-4  # largest |logit difference| accepted between tiedlm and transformers (fp32)
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    tied: bool
+    checkpoint: str
+    verified: bool  # loaded back with transformers and compared
+    max_abs_diff: float | None = None
+    tiedlm_perplexity: float | None = None
+    hf_perplexity: float | None = None
+    tokens: int | None = None  # scored in the check
+    note: str | None = None
+
+
+def check_exportable(cfg: Any, tied: bool) -> None:
+    """What GPT2LMHeadModel cannot express is refused (exit 2) before anything is written."""
+    if cfg.model.lm_head_bias:
+        raise ConfigError("model.lm_head_bias: GPT2LMHeadModel has no bias on its head, so this run cannot be "
+                          "exported exactly — export runs trained with model.lm_head_bias: false")
+    if cfg.model.embed_scale == "sqrt_d" and tied:
+        raise ConfigError("model.embed_scale: sqrt_d with a tied matrix: GPT-2 scales no embedding, and folding "
+                          "√d into the shared E would scale the head too — export an untied run, or one with "
+                          "embed_scale: 1")
+
+
+def hf_config(cfg: Any, vocab: int, tied: bool, eot_id: int) -> dict:
+    """config.json of the GPT2LMHeadModel."""
+    m = cfg.model
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab,
+            "n_positions": m.block_size, "n_ctx": m.block_size, "n_embd": m.n_embd, "n_layer": m.n_layer,
+            "n_head": m.n_head, "n_inner": 4 * m.n_embd, "activation_function": "gelu",  # exact GELU, as tiedlm
+            "layer_norm_epsilon": 1e-5, "resid_pdrop": m.dropout, "embd_pdrop": m.dropout, "attn_pdrop": m.dropout,
+            "initializer_range": 0.02, "scale_attn_weights": True, "use_cache": True,
+            "tie_word_embeddings": tied, "bos_token_id": eot_id, "eos_token_id": eot_id, "torch_dtype": "float32"}
+
+
+def hf_state_dict(model: Any) -> dict:
+    """tiedlm's tensors under GPT-2's names and layout (see the module docstring)."""
+    import torch
+
+    sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
+    if model.is_tied:
+        sd.pop("lm_head.weight")
+    if model.embed_scale != 1.0:  # untied only (check_exportable): fold the scale into E
+        sd["transformer.wte.weight"] = sd["transformer.wte.weight"] * model.embed_scale
+    for name in list(sd):
+        if name.endswith(CONV1D):
+            sd[name] = sd[name].t().contiguous()
+    d = model.transformer.wte.weight.shape[1]
+    for i in range(len(model.transformer.h)):  # no biases: GPT-2 has them, so they are zeros
+        p = f"transformer.h.{i}."
+        for key, size in (("ln_1.bias", d), ("ln_2.bias", d), ("attn.c_attn.bias", 3 * d), ("attn.c_proj.bias", d),
+                          ("mlp.c_fc.bias", 4 * d), ("mlp.c_proj.bias", d)):
+            sd.setdefault(p + key, torch.zeros(size))
+    sd.setdefault("transformer.ln_f.bias", torch.zeros(d))
+    return sd
+
+
+def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = None, verify: bool = True,
+               batch: int = 4) -> ExportResult:
+    """Write the run (its latest checkpoint, or checkpoints/<checkpoint>) as a transformers folder at
+    `out`, which must not exist or be empty; verify it when transformers is installed."""
+    from .evaluate import load_run_model
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out {out} exists and is not an empty folder — choose a new folder")
+    rm = load_run_model(run_dir, checkpoint=checkpoint)
+    model = rm.model.eval()
+    check_exportable(rm.cfg, model.is_tied)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
+    try:
+        _write_folder(tmp, rm, model)
+        result = ExportResult(out, model.is_tied, rm.checkpoint.name, verified=False)
+        if verify:
+            _verify(tmp, rm, model, result, batch)
+        if out.exists():
+            out.rmdir()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(tmp), str(out))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
+
+
+def _write_folder(folder: Path, rm: Any, model: Any) -> None:
+    from safetensors.torch import save_file
+
+    from .data.hf import write_hf_tokenizer
+    from .runs import writing
+
+    tok = rm.data.tokenizer
+    with writing(folder):
+        (folder / "config.json").write_text(json.dumps(hf_config(rm.cfg, model.vocab_size, model.is_tied, tok.eot_id),
+                                                       indent=2) + "\n")
+        (folder / "generation_config.json").write_text(json.dumps(
+            {"bos_token_id": tok.eot_id, "eos_token_id": tok.eot_id, "pad_token_id": tok.eot_id}, indent=2) + "\n")
+        save_file(hf_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+        write_hf_tokenizer(tok, folder, rm.cfg.model.block_size)
+
+
+def _batch(rm: Any, batch: int):
+    """A fixed batch: the first `batch` windows of block_size + 1 validation (else test) tokens."""
+    import numpy as np
+    import torch
+
+    split = rm.data.splits.get("validation") or rm.data.splits.get("test") or rm.data.splits["train"]
+    T = rm.cfg.model.block_size
+    n = min(batch, max(1, (len(split.tokens) - 1) // T))
+    T = min(T, len(split.tokens) - 1)
+    xy = np.asarray(split.tokens[: n * T + 1], dtype=np.int64)
+    x = torch.from_numpy(np.stack([xy[i * T:(i + 1) * T] for i in range(n)]))
+    y = torch.from_numpy(np.stack([xy[i * T + 1:(i + 1) * T + 1] for i in range(n)]))
+    return x, y
+
+
+def _verify(folder: Path, rm: Any, model: Any, result: ExportResult, batch: int) -> None:
+    """Load the folder with transformers and compare logits on a fixed batch (skipped with a note
+    when transformers is not installed)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        result.note = ("transformers is not installed, so the export was not checked — pip install 'tiedlm[hf]' "
+                       "and export again to compare the logits")
+        return
+    import torch
+    from torch.nn import functional as F
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).float().eval()
+    if model.is_tied and hf.lm_head.weight.data_ptr() != hf.transformer.wte.weight.data_ptr():
+        raise RunError("the exported model loads untied in transformers although the run is tied — "
+                       "this is a bug in tiedlm's export; please report it")
+    x, y = _batch(rm, batch)
+    tok = rm.data.tokenizer
+    text = tok.decode([int(i) for i in x[0] if int(i) not in (tok.eot_id, tok.unk_id)])  # the run's own text
+    hf_ids = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)(text, add_special_tokens=False)
+    if hf_ids["input_ids"] != tok.encode(text):
+        raise RunError("the exported tokenizer encodes the run's text to other ids than tiedlm's — the export "
+                       "was removed; this is a bug in tiedlm's export, please report it")
+    with torch.inference_mode():
+        ours = model(x).float()
+        theirs = hf(input_ids=x).logits.float()
+    diff = float((ours - theirs).abs().max())
+    result.max_abs_diff, result.tokens, result.verified = diff, y.numel(), True
+    result.tiedlm_perplexity = math.exp(float(F.cross_entropy(ours.reshape(-1, ours.size(-1)), y.reshape(-1))))
+    result.hf_perplexity = math.exp(float(F.cross_entropy(theirs.reshape(-1, theirs.size(-1)), y.reshape(-1))))
+    if not diff <= TOLERANCE:
+        raise RunError(f"the exported model's logits differ from tiedlm's by up to {diff:.3g} (more than {TOLERANCE:g}) "
+                       "— the export was removed; this is a bug in tiedlm's export, please report it")
+
+
+def summary(r: ExportResult) -> str:
+    lines = [f"exported {r.checkpoint} ({'tied' if r.tied else 'untied'}) to {r.out}"]
+    if r.verified:
+        lines.append(f"checked with transformers on {r.tokens:,} validation tokens: max |logit difference| "
+                     f"{r.max_abs_diff:.2e}; perplexity {r.tiedlm_perplexity:.4f} (tiedlm) vs {r.hf_perplexity:.4f} "
+                     "(transformers)")
+    if r.note:
+        lines.append(r.note)
+    return "\n".join(lines)

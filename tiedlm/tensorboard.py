@@ -1,0 +1,261 @@
+"""TensorBoard event files of a run, in `<run>/tb/`: a view of metrics.jsonl and report.json,
+never the record itself (metrics.jsonl stays the source of truth, and `backfill` rebuilds `tb/`
+from it at any time).
+
+Scalars, at the training step: `train/loss`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`,
+`val/loss` and `val/perplexity` (the periodic evaluation), and at the end `final/<split>/...`
+(and `final_best/<split>/...` for the kept best weights); as text, the run (name, tied or
+untied, seed, variant) and its parameter breakdown. `tensorboard --logdir runs/` shows the runs
+of a comparison side by side, told apart by their folder names.
+
+Training writes through `TrainingLog`, which opens `tb/` afresh from the (trimmed) metrics.jsonl,
+so that a resumed run has each step once, and which turns itself off with one line on a failed
+write rather than fail the run. torch and tensorboard are imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from . import runs
+from .errors import ConfigError, RunError, TiedlmError
+from .files import describe_write_failure, first_line
+from .process import log
+
+TB = "tb"  # the event files' folder inside a run folder
+INSTALL_HINT = "pip install 'tiedlm[tensorboard]'"
+# metrics.jsonl record kind -> (tag prefix, the record's fields written as scalars)
+_SCALARS = {"train": ("train", ("loss", "lr", "grad_norm", "tokens_per_s")),
+            "eval": ("val", ("loss", "perplexity"))}
+_FINAL_FIELDS = ("loss", "perplexity", "bits_per_byte", "word_perplexity")
+
+
+def require() -> None:
+    """A ConfigError when TensorBoard logging cannot work here (the package is not importable)."""
+    try:
+        import tensorboard  # noqa: F401
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"train.log_to: tensorboard needs the tensorboard package — {INSTALL_HINT}") from None
+
+
+def _number(value: Any) -> float | None:
+    """A value a scalar can hold (nan and infinities included); None for text, bools and nulls."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def record_scalars(record: dict) -> list[tuple[str, float, int]]:
+    """(tag, value, step) of one metrics.jsonl record; none for kinds TensorBoard does not show
+    (final records are written from report.json, which also holds best weights scored once)."""
+    kind = _SCALARS.get(record.get("kind"))
+    step = record.get("step")
+    if kind is None or not isinstance(step, int):
+        return []
+    prefix, names = kind
+    values = ((f"{prefix}/{name}", _number(record.get(name))) for name in names)
+    return [(tag, value, step) for tag, value in values if value is not None]
+
+
+def final_scalars(report: runs.RunReport) -> list[tuple[str, float, int]]:
+    """(tag, value, step) of the final evaluation: the last weights at the last step, and the
+    kept best weights (train.keep_best) at the step they were kept."""
+    out = []
+    last = report.steps or 0
+    best_step = (report.best or {}).get("step", last)
+    for section, results, step in (("final", report.final, last), ("final_best", report.final_best, best_step)):
+        for split, res in (results or {}).items():
+            for name in _FINAL_FIELDS:
+                value = _number(res.get(name)) if isinstance(res, dict) else None
+                if value is not None:
+                    out.append((f"{section}/{split}/{name}", value, step if isinstance(step, int) else last))
+    return out
+
+
+def run_texts(run_dir: Path, report: runs.RunReport) -> dict[str, str]:
+    """The run and its parameter breakdown as Markdown, by text tag."""
+    model = report.config.get("model", {}) if isinstance(report.config, dict) else {}
+    tie = "tied" if model.get("tie_embeddings", True) else "untied"
+    if model.get("untie_at") is not None:
+        tie += f", untied at {model['untie_at']} of training"
+    texts = {"run": f"**{Path(run_dir).name}** — {tie} input/output embeddings; seed {report.seed}, "
+                    f"variant {report.config_hash}"}
+    if report.params:
+        rows = [f"| {key} | {value:,} |" if isinstance(value, int) else f"| {key} | {value} |"
+                for key, value in report.params.items()]
+        texts["params"] = "\n".join(["| parameters | count |", "| --- | ---: |", *rows])
+    return texts
+
+
+class EventWriter:
+    """A SummaryWriter over `<run>/tb/`, which it empties first."""
+
+    def __init__(self, run_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.dir = Path(run_dir) / TB
+        if self.dir.is_symlink() or self.dir.is_file():
+            self.dir.unlink()
+        elif self.dir.exists():
+            shutil.rmtree(self.dir)
+        self.writer = SummaryWriter(log_dir=str(self.dir), max_queue=1000, flush_secs=30)
+
+    def scalars(self, items: Iterable[tuple[str, float, int]]) -> None:
+        for tag, value, step in items:
+            self.writer.add_scalar(tag, value, global_step=step)
+
+    def records(self, records: Iterable[dict]) -> None:
+        for record in records:
+            self.scalars(record_scalars(record))
+
+    def header(self, run_dir: Path, report: runs.RunReport) -> None:
+        for tag, text in run_texts(run_dir, report).items():
+            self.writer.add_text(tag, text, global_step=0)
+
+    def final(self, report: runs.RunReport) -> None:
+        self.scalars(final_scalars(report))
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def write_run(run_dir: Path, report: runs.RunReport, records: list[dict]) -> EventWriter:
+    """`tb/` written afresh from a report and metrics records; the writer is left open."""
+    writer = EventWriter(run_dir)
+    try:
+        writer.header(run_dir, report)
+        writer.records(records)
+        if report.final or report.final_best:
+            writer.final(report)
+        writer.flush()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            writer.close()
+        raise
+    return writer
+
+
+class TrainingLog:
+    """TensorBoard beside metrics.jsonl while a run trains. Opening it rewrites `tb/` from the
+    metrics.jsonl there is (trimmed to the checkpoint on resume), so no step appears twice. A
+    failure never fails the run: it is logged once and TensorBoard logging stops."""
+
+    def __init__(self, run_dir: Path, report: runs.RunReport):
+        self.run_dir = Path(run_dir)
+        self.writer: EventWriter | None = None
+        self.stopped = False  # after a failure
+        self._guard(self._open, report)
+
+    def append(self, records: list[dict]) -> None:
+        """The records just appended to metrics.jsonl."""
+        if records:
+            self._guard(self._write, records, None)
+
+    def finish(self, report: runs.RunReport) -> None:
+        """The final evaluation, from the finished report."""
+        self._guard(self._write, [], report)
+
+    def close(self) -> None:
+        """Flush and close; never raises (called on every way out of training)."""
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception as exc:
+                self._failed(exc)
+
+    def _open(self, report: runs.RunReport) -> None:
+        self.writer = write_run(self.run_dir, report, runs.read_metrics(self.run_dir))
+
+    def _write(self, records: list[dict], report: runs.RunReport | None) -> None:
+        assert self.writer is not None
+        self.writer.records(records)
+        if report is not None:
+            self.writer.final(report)
+        self.writer.flush()
+
+    def _guard(self, write: Callable[..., None], *args: Any) -> None:
+        if self.stopped:
+            return
+        try:
+            write(*args)
+        except Exception as exc:
+            self._failed(exc)
+            self.close()
+
+    def _failed(self, exc: Exception) -> None:
+        if not self.stopped:
+            self.stopped = True
+            log(f"{self.run_dir.name}: TensorBoard logging stopped ({type(exc).__name__}: {first_line(exc)}); "
+                "training goes on and metrics.jsonl is complete — back-fill tb/ from it later")
+
+
+# ------------------------------------------------------------------------- back-filling runs
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / runs.REPORT).is_file() or (path / runs.CONFIG).is_file()
+
+
+def backfill(run_dir: Path) -> Path:
+    """(Re)write `<run>/tb/` from the run's metrics.jsonl and report.json, finished or not,
+    replacing what `tb/` held; returns the `tb/` folder. Takes the run's lock, so a run that is
+    training is refused rather than raced."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or not _is_run_dir(run_dir):
+        raise RunError(f"{run_dir} is not a tiedlm run folder (no report.json or config.yaml) — give the "
+                       "folder of a run, such as runs/<name>")
+    if not (run_dir / runs.METRICS).is_file():
+        raise RunError(f"{run_dir} has no {runs.METRICS} (the run never logged a step) — train it first, "
+                       "or give another run")
+    try:
+        require()
+    except ConfigError as exc:
+        raise RunError(str(exc).replace("train.log_to: ", "")) from None
+    report = runs.read_report(run_dir)
+    if report is None:
+        report = runs.RunReport(name=run_dir.name, config=runs.read_config(run_dir) or {})
+    try:
+        with runs.RunLock(run_dir):
+            write_run(run_dir, report, runs.read_metrics(run_dir)).close()
+    except TiedlmError:
+        raise
+    except Exception as exc:  # OSError, or what the writer makes of one
+        why, _ = describe_write_failure(exc)
+        raise RunError(f"cannot write {run_dir / TB} ({why}) — check the free disk space and the folder's "
+                       "permissions, then back-fill again") from exc
+    return run_dir / TB
+
+
+def run_folders(path: Path) -> list[Path]:
+    """A run folder, or the run folders directly inside a folder of runs (those with metrics)."""
+    path = Path(path)
+    if _is_run_dir(path) or not path.is_dir():
+        return [path]
+    found = sorted(p for p in path.iterdir() if p.is_dir() and _is_run_dir(p) and (p / runs.METRICS).is_file())
+    if not found:
+        raise RunError(f"{path} holds no tiedlm runs with a {runs.METRICS} — give run folders or the folder "
+                       "they are in (such as runs/)")
+    return found
+
+
+def backfill_many(paths: Iterable[Path]) -> list[Path]:
+    """backfill for each run folder given (a folder of runs stands for the runs in it), in order,
+    each once; returns the `tb/` folders written. The first failure stops, naming its run."""
+    done: list[Path] = []
+    seen: set[Path] = set()
+    for path in paths:
+        for run_dir in run_folders(Path(path)):
+            key = run_dir.resolve()
+            if key in seen:
+                continue
+            seen.add(key)
+            done.append(backfill(run_dir))
+    return done
