@@ -1,45 +1,40 @@
 #!/usr/bin/env python3
-"""Training throughput of tiedlm's model on this machine, tied and untied, against the machine's
-own fp32 matmul ceiling; and the data preparation's cold and warm (cache-hit) times.
+"""tiedlm's speed on this machine, beside Hugging Face transformers' GPT2LMHeadModel of the same
+dimensions, tied and untied; against the machine's own fp32 matmul rate measured in the same run.
 
-    python scripts/bench.py                 # the README's table
-    python scripts/bench.py --steps 20 --device cuda --dtype bf16
+    python scripts/bench.py                  # the README's tables, and bench.json beside this script
+    python scripts/bench.py --quick          # tiny shapes, one step each (what the test runs)
+    python scripts/bench.py --device cuda --dtype bf16
 
-Throughput is measured on the real training step (forward, backward, clipping, AdamW) with random
-tokens, after warm-up steps; achieved FLOP/s uses tiedlm.model.flops_per_token (the head counted
-whether tied or not), so tied and untied models of one shape do the same work.
+Training throughput is a full step (forward, backward, clipping, AdamW) on random tokens after
+warm-up steps. The four models of a shape (tiedlm tied and untied, transformers tied and untied)
+are timed in turn, A B C D A B C D ..., so that the machine's noise falls on all of them alike;
+the tables give the median over rounds and the spread. FLOP/s use tiedlm.counting.flops_per_token
+(the head counted whether tied or not), so tied and untied models of a shape do the same work.
+Peak memory is measured in a fresh process per case (its peak resident set, VmHWM, on a CPU,
+torch.cuda.max_memory_allocated on CUDA).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 SHAPES = [  # (name, n_layer, n_head, n_embd, block_size, batch_size, vocab)
     ("base.yaml", 2, 4, 128, 64, 32, 4096),
     ("wide vocab", 2, 4, 128, 64, 32, 16384),
     ("deeper", 6, 6, 384, 128, 8, 4096),
+    ("reference", 4, 4, 256, 256, 16, 8192),
 ]
-
-
-def matmul_ceiling(device, dtype, n=2048, reps=5) -> float:
-    import torch
-
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
-    best = 0.0
-    for _ in range(3):  # the best of three: the ceiling, not an average
-        sync(device)
-        t = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        sync(device)
-        best = max(best, 2 * n**3 * reps / (time.perf_counter() - t))
-    return best
+QUICK_SHAPES = [("tiny", 1, 2, 32, 16, 4, 300)]
 
 
 def sync(device) -> None:
@@ -49,41 +44,184 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def train_throughput(shape, tied: bool, device, dtype: str, steps: int) -> tuple[float, float]:
+def matmul_rate(device, dtype, n=2048, reps=5) -> float:
+    """FLOP/s of an n³ matmul: the best of three timings, the machine's ceiling for this run."""
     import torch
-    from torch.nn import functional as F
+
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    best = 0.0
+    for _ in range(3):
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        sync(device)
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - t))
+    return best
+
+
+# ------------------------------------------------------------------------- the models
+
+
+def tiedlm_model(shape, tied: bool, device):
+    import torch
 
     from tiedlm.config import ModelConfig, TrainConfig
-    from tiedlm.model import GPT, flops_per_token
-    from tiedlm.device import autocast_ctx
-    from tiedlm.train import build_optimizer
+    from tiedlm.model import GPT
+    from tiedlm.optim import build_optimizer
 
     _, L, H, d, T, B, V = shape
-    cfg = ModelConfig(n_layer=L, n_head=H, n_embd=d, block_size=T, tie_embeddings=tied)
     torch.manual_seed(0)
-    model = GPT(cfg, V).to(device)
-    opt = build_optimizer(model, TrainConfig(max_steps=1))
-    amp = autocast_ctx(device, dtype)
-    x = torch.randint(0, V, (B, T + 1), device=device)
+    model = GPT(ModelConfig(n_layer=L, n_head=H, n_embd=d, block_size=T, tie_embeddings=tied), V).to(device)
+    return model, build_optimizer(model, TrainConfig(max_steps=1))
+
+
+def hf_model(shape, tied: bool, device):
+    """GPT2LMHeadModel with the same dimensions (SDPA attention, exact GELU, biases), AdamW over
+    the same groups (matrices decayed), or None when transformers is not installed."""
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        return None
+    import torch
+
+    _, L, H, d, T, B, V = shape
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=V, n_positions=T, n_embd=d, n_layer=L, n_head=H, activation_function="gelu",
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tied,
+                     bos_token_id=None, eos_token_id=None)
+    cfg._attn_implementation = "sdpa"
+    model = GPT2LMHeadModel(cfg).to(device)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    return model, opt
+
+
+def step_fn(kind: str, model, opt, x, amp, chunk_bytes: int | None = None):
+    import torch
+
+    from tiedlm.model import CHUNK_LOGITS_BYTES, lm_loss
+
+    chunk_bytes = chunk_bytes or CHUNK_LOGITS_BYTES
+
+    params = list(model.parameters())
 
     def step():
-        with amp:
-            logits = model(x[:, :-1])
-        loss = F.cross_entropy(logits.float().view(-1, V), x[:, 1:].reshape(-1))
+        if kind == "tiedlm":
+            loss = lm_loss(model, x[:, :-1], x[:, 1:], amp, chunk_bytes)
+        else:
+            with amp:
+                logits = model(input_ids=x[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
+                                                     x[:, 1:].reshape(-1))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(3):
-        step()
+    return step
+
+
+def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int) -> dict:
+    """tokens/s of each implementation and tying, timed in turn over rounds."""
+    import torch
+
+    from tiedlm.device import autocast_ctx
+
+    _, L, H, d, T, B, V = shape
+    amp = autocast_ctx(device, dtype)
+    x = torch.randint(0, V, (B, T + 1), device=device, generator=None)
+    steps_of = {}
+    for kind, build in (("tiedlm", tiedlm_model), ("transformers", hf_model)):
+        for tied in (True, False):
+            built = build(shape, tied, device)
+            if built is not None:
+                steps_of[(kind, tied)] = step_fn(kind, *built, x, amp)
+    for step in steps_of.values():
+        for _ in range(warmup):
+            step()
+    times: dict = {k: [] for k in steps_of}
+    for _ in range(rounds):
+        for key, step in steps_of.items():
+            sync(device)
+            t = time.perf_counter()
+            for _ in range(steps):
+                step()
+            sync(device)
+            times[key].append(B * T * steps / (time.perf_counter() - t))
+    return {f"{k[0]} {'tied' if k[1] else 'untied'}": v for k, v in times.items()}
+
+
+def eval_rate(shape, device, dtype: str, batches: int) -> float:
+    """tokens/s of tiedlm's evaluation (evaluate.score_tokens: inference mode, batches of windows)."""
+    import numpy as np
+
+    from tiedlm.device import autocast_ctx
+    from tiedlm.evaluate import score_tokens
+
+    _, L, H, d, T, B, V = shape
+    model, _ = tiedlm_model(shape, True, device)
+    tokens = np.random.default_rng(0).integers(0, V, size=T * B * batches + 1)
+    score_tokens(model, tokens[: T * B + 1], T, T, B, device, autocast_ctx(device, dtype))  # warm-up
     sync(device)
     t = time.perf_counter()
-    for _ in range(steps):
-        step()
+    score_tokens(model, tokens, T, T, B, device, autocast_ctx(device, dtype))
     sync(device)
-    tok_s = B * T * steps / (time.perf_counter() - t)
-    return tok_s, tok_s * flops_per_token(cfg, V)["train"]
+    return (len(tokens) - 1) / (time.perf_counter() - t)
+
+
+# ------------------------------------------------------------------------- in a fresh process
+
+
+def child_memory(spec: dict) -> None:
+    """--child: one model's training steps in this fresh process; print its peak memory (bytes)."""
+    import torch
+
+    from tiedlm.device import autocast_ctx, peak_memory, resolve_device
+
+    device = resolve_device(spec["device"])
+    shape = tuple(spec["shape"])
+    model, opt = tiedlm_model(shape, spec["tied"], device)
+    x = torch.randint(0, shape[6], (shape[5], shape[4] + 1), device=device)
+    step = step_fn("tiedlm", model, opt, x, autocast_ctx(device, spec["dtype"]),
+                   None if spec.get("chunked", True) else 1 << 62)
+    for _ in range(2):
+        step()
+    if device.type == "cuda":
+        print(peak_memory(device)[0])
+    else:  # VmHWM: this process image's peak RSS (ru_maxrss would carry the parent's peak across exec)
+        status = Path("/proc/self/status").read_text()
+        print(int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) * 1024)
+
+
+def measure_memory(spec: dict) -> int:
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
+                         check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def cold_seconds(args: list[str], repeats: int) -> float:
+    """Median wall time of a fresh `tiedlm ...` process."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "tiedlm", *args], capture_output=True, check=True, cwd=ROOT)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def real_run_rate(steps: int) -> float:
+    """tokens/s that a real `tiedlm train` of base.yaml reports (report.json), periodic evaluation
+    and checkpoints included at the config's intervals."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "tiedlm", "train", "-c", str(ROOT / "configs/base.yaml"), "--set",
+                        f"train.max_steps={steps}", "--out", tmp, "--name", "r", "-q"], capture_output=True,
+                       check=True, cwd=ROOT)
+        return json.loads((Path(tmp) / "r" / "report.json").read_text())["tokens_per_s"]
 
 
 def data_times() -> list[tuple[str, float, float]]:
@@ -91,7 +229,7 @@ def data_times() -> list[tuple[str, float, float]]:
     from tiedlm.config import load_config
     from tiedlm.data import prepare_data
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     cases = [("builtin:synthetic (base.yaml, 2.4M words, word)", str(root / "configs/base.yaml"), [])]
     shk = root.parent / "shared/data/tinyshakespeare/input.txt"
     if shk.exists():
@@ -111,35 +249,112 @@ def data_times() -> list[tuple[str, float, float]]:
     return out
 
 
-def main() -> None:
+# ------------------------------------------------------------------------- the tables
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def run(args) -> dict:
     import torch
 
+    from tiedlm.counting import flops_per_token
+    from tiedlm.config import ModelConfig
     from tiedlm.device import resolve_device, resolve_dtype
 
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    ceiling = matmul_rate(device, torch.bfloat16 if dtype == "bf16" else torch.float32, n=256 if args.quick else 2048)
+    result = {"device": str(device), "dtype": dtype, "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "matmul_flops": ceiling, "shapes": []}
+    for shape in QUICK_SHAPES if args.quick else SHAPES:
+        name, L, H, d, T, B, V = shape
+        rates = train_rates(shape, device, dtype, args.steps, args.rounds, args.warmup)
+        fpt = flops_per_token(ModelConfig(n_layer=L, n_head=H, n_embd=d, block_size=T), V)["train"]
+        entry = {"name": name, "shape": list(shape[1:]), "train_flops_per_token": fpt,
+                 "train": {k: summary(v) for k, v in rates.items()},
+                 "eval_tokens_per_s": eval_rate(shape, device, dtype, 2 if args.quick else 20)}
+        for tying in ("tied", "untied"):
+            ours, theirs = rates.get(f"tiedlm {tying}"), rates.get(f"transformers {tying}")
+            if ours and theirs:
+                entry[f"ratio_{tying}"] = statistics.median(a / b for a, b in zip(ours, theirs))
+            entry[f"mfu_{tying}"] = statistics.median(ours) * fpt / ceiling
+        result["shapes"].append(entry)
+        print_shape(entry)
+    if not args.quick:
+        extra(result, device, dtype, args)
+    return result
+
+
+def extra(result: dict, device, dtype: str, args) -> None:
+    wide, gpt2 = ("GPT-2 width", 1, 12, 768, 64, 4, 50257), ("GPT-2 vocabulary", 2, 4, 128, 512, 8, 50257)
+    mem = {}
+    for label, shape, tied, chunked in (("V=50,257, d=768, 1 layer, B=4, T=64: tied", wide, True, True),
+                                        ("V=50,257, d=768, 1 layer, B=4, T=64: untied", wide, False, True),
+                                        ("V=50,257, d=128, B=8, T=512: plain loss", gpt2, True, False),
+                                        ("V=50,257, d=128, B=8, T=512: chunked loss", gpt2, True, True)):
+        mem[label] = measure_memory({"device": str(device), "dtype": dtype, "shape": list(shape), "tied": tied,
+                                     "chunked": chunked})
+    result["peak_memory_bytes"] = mem
+    result["cold_seconds"] = {"tiedlm --help": cold_seconds(["--help"], 5),
+                              "tiedlm params --config configs/base.yaml": cold_seconds(
+                                  ["params", "--config", "configs/base.yaml"], 5)}
+    if device.type == "cpu":
+        result["real_train_tokens_per_s"] = real_run_rate(args.real_steps)
+    print("\n| peak memory of two training steps (fresh process) | MiB |")
+    print("| --- | ---: |")
+    for k, v in mem.items():
+        print(f"| {k} | {v / 2**20:,.0f} |")
+    print("\n| cold command | seconds (median of 5) |")
+    print("| --- | ---: |")
+    for k, v in result["cold_seconds"].items():
+        print(f"| `{k}` | {v:.2f} |")
+    result["data"] = [{"data": label, "cold_s": cold, "warm_s": warm} for label, cold, warm in data_times()]
+    print("\n| data | cold prepare (s) | warm, cache hit (s) |")
+    print("| --- | ---: | ---: |")
+    for d in result["data"]:
+        print(f"| {d['data']} | {d['cold_s']:.2f} | {d['warm_s']:.3f} |")
+    if "real_train_tokens_per_s" in result:
+        b = result["shapes"][0]["train"]["tiedlm tied"]["median"]
+        print(f"\nreal `tiedlm train` of base.yaml ({args.real_steps} steps): "
+              f"{result['real_train_tokens_per_s']:,.0f} tok/s, {result['real_train_tokens_per_s'] / b:.0%} of the bench")
+
+
+def print_shape(e: dict) -> None:
+    L, H, d, T, B, V = e["shape"]
+    print(f"\n{e['name']}: L={L} H={H} d={d} T={T} B={B} V={V:,}; evaluation {e['eval_tokens_per_s']:,.0f} tok/s")
+    print("| implementation | tokens/s (median) | min – max | % of matmul rate | tiedlm / transformers |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for k, s in e["train"].items():
+        tying = k.split()[-1]
+        ratio = f"{e[f'ratio_{tying}']:.2f}×" if k.startswith("tiedlm") and f"ratio_{tying}" in e else ""
+        mfu = f"{100 * e[f'mfu_{tying}']:.0f}%" if k.startswith("tiedlm") else ""
+        print(f"| {k} | {s['median']:,.0f} | {s['min']:,.0f} – {s['max']:,.0f} | {mfu} | {ratio} |")
+
+
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--no-data", action="store_true", help="skip the data preparation timings")
+    ap.add_argument("--steps", type=int, default=5, help="steps per timing")
+    ap.add_argument("--rounds", type=int, default=5, help="timings of each model, interleaved")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--real-steps", type=int, default=300)
+    ap.add_argument("--quick", action="store_true", help="tiny shapes, one step: a smoke test")
+    ap.add_argument("--json", type=Path, default=None, help="where to write the results (default: bench.json "
+                    "beside this script; --quick writes none unless asked)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    ceiling = matmul_ceiling(device, torch.bfloat16 if dtype == "bf16" else torch.float32)
-    print(f"device {device}, dtype {dtype}, torch threads {torch.get_num_threads()}, "
-          f"2048^3 matmul ceiling {ceiling / 1e9:.0f} GFLOP/s\n")
-    print("| model (L, d, T, batch, V) | tying | tokens/s | GFLOP/s | % of the 2048³ matmul rate |")
-    print("| --- | --- | ---: | ---: | ---: |")
-    for shape in SHAPES:
-        name, L, H, d, T, B, V = shape
-        for tied in (True, False):
-            tok_s, flops = train_throughput(shape, tied, device, dtype, args.steps)
-            print(f"| {name} ({L}, {d}, {T}, {B}, {V}) | {'tied' if tied else 'untied'} | {tok_s:,.0f} | "
-                  f"{flops / 1e9:.1f} | {100 * flops / ceiling:.0f}% |")
-    if not args.no_data:
-        print("\n| data | cold prepare (s) | warm, cache hit (s) |")
-        print("| --- | ---: | ---: |")
-        for label, cold, warm in data_times():
-            print(f"| {label} | {cold:.2f} | {warm:.3f} |")
+    if args.child:
+        return child_memory(json.loads(args.child))
+    if args.quick:
+        args.steps, args.rounds, args.warmup = 1, 1, 1
+    result = run(args)
+    path = args.json or (None if args.quick else Path(__file__).with_name("bench.json"))
+    if path:
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":

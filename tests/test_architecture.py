@@ -18,7 +18,7 @@ LAYERS = [
     ["train", "selection", "optim"],
     ["evaluate"],
     ["checkpoints", "figures", "tensorboard", "runs", "process"],
-    ["model", "device"],
+    ["model", "counting", "device"],
     ["data", "corpora"],
     ["naming", "config", "checks"],
     ["files", "formatting", "errors", "geometry"],

@@ -185,10 +185,10 @@ def test_memory_estimate_is_a_lower_bound_that_counts_what_training_keeps():
 def test_embeddings_that_cannot_fit_are_refused_after_the_data_before_any_write(tiny, tmp_path, monkeypatch):
     import torch
 
-    import tiedlm.model as model
+    import tiedlm.counting as counting
 
     # the model without its embeddings fits in 1 MiB, with them (V=62, d=16, B*T=256 logits) it does not
-    monkeypatch.setattr(model, "device_memory", lambda device: (110_000, "a test budget"))
+    monkeypatch.setattr(counting, "device_memory", lambda device: (110_000, "a test budget"))
     with pytest.raises(ConfigError, match="more than the 107.4 KiB of a test budget"):
         train_run(tiny(), out=tmp_path, progress=False)
     assert not (tmp_path / "tiny-s0").exists()

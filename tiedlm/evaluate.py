@@ -63,7 +63,7 @@ def score_tokens(model, tokens: np.ndarray, block_size: int, stride: int, batch_
     model.eval()
     ctx = autocast if autocast is not None else contextlib.nullcontext()
     try:
-        with torch.no_grad():
+        with torch.inference_mode():
             for length, group in by_len.items():
                 for i in range(0, len(group), batch_size):
                     chunk = group[i:i + batch_size]

@@ -29,7 +29,12 @@ def build_optimizer(model, tcfg) -> Any:
         {"params": [p for _, p in decay], "weight_decay": tcfg.weight_decay},
         {"params": [p for _, p in no_decay], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), eps=1e-8)
+    # Fused AdamW on CUDA (one kernel for all parameters). On the CPU it is 2 ms a step faster at
+    # base.yaml's shape (~2% of the step) but not bit-identical to the default implementation, so
+    # the default stays there and CPU results do not depend on the torch build's fused kernels.
+    fused = all(p.is_cuda for g in groups for p in g["params"])
+    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), eps=1e-8,
+                             **({"fused": True} if fused else {}))
 
 
 def lr_at(step: int, total: int, tcfg) -> float:

@@ -47,7 +47,7 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
     finished; a different config is refused unless `overwrite`. `stop_after_step` stops the run
     as an interrupt would, after that step (used to test exact resume)."""
     from .device import resolve_device
-    from .model import check_fits
+    from .counting import check_fits
 
     run_name = name or f"{cfg.name}-s{cfg.seed}"
     run_dir = runs.run_dir_for(Path(out), run_name)
@@ -101,7 +101,7 @@ def preflight(cfg: Config, run_dir: Path, fresh: bool, progress: bool) -> Prefli
     whether the model fits: any of them refuses the run while its folder is still untouched."""
     from .data import data_identity, prepare_data
     from .device import resolve_device, resolve_dtype
-    from .model import check_fits
+    from .counting import check_fits
 
     if "tensorboard" in cfg.train.log_to:
         require()
@@ -156,10 +156,10 @@ class TrainState:
 
 def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | None, fresh: bool,
            signals: StopSignals) -> None:
-    from .device import cpu_threads
+    from .device import cpu_threads, resolve_device, tf32_matmuls
 
     t_start = time.time()
-    with cpu_threads(cfg.train.threads):
+    with cpu_threads(cfg.train.threads), tf32_matmuls(resolve_device(cfg.train.device)):
         pre = preflight(cfg, run_dir, fresh, progress)
         if fresh:
             runs.clear_run_dir(run_dir)
@@ -282,6 +282,8 @@ class BatchSampler:
 
         starts = self.rng.integers(0, self.high + 1, size=self.B)
         xy = torch.from_numpy(np.asarray(self.tokens[starts[:, None] + self.offsets], dtype=np.int64))
+        if self.device.type == "cuda":  # page-locked, so that the copy overlaps the previous step's work
+            xy = xy.pin_memory()
         xy = xy.to(self.device, non_blocking=True)
         return xy[:, :-1], xy[:, 1:]
 
@@ -290,20 +292,20 @@ def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: Any, tcf
     """One optimizer step over train.grad_accum micro-batches: the mean loss, the gradient norm
     (before clipping); AdamW steps only when both are finite."""
     import torch
-    from torch.nn import functional as F
+
+    from .model import lm_loss
 
     for group in optimizer.param_groups:
         group["lr"] = lr
-    loss_sum = 0.0
+    losses = []
     for _ in range(tcfg.grad_accum):
         x, y = next_batch()
-        with amp:
-            logits = fwd(x)  # (B, T, V)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+        loss = lm_loss(fwd, x, y, amp)
         (loss / tcfg.grad_accum).backward()
-        loss_sum += loss.item()
-    loss_val = loss_sum / tcfg.grad_accum
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip if tcfg.grad_clip > 0 else float("inf")))
+        losses.append(loss.detach())
+    norm = torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip if tcfg.grad_clip > 0 else float("inf"))
+    # one device-to-host copy per step: the mean loss and the gradient norm together
+    loss_val, grad_norm = torch.stack([torch.stack(losses).double().mean(), norm.double()]).tolist()
     if math.isfinite(loss_val) and math.isfinite(grad_norm):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -37,7 +37,7 @@ def match_layers(model_cfg: Any, vocab_size: int, count: Callable[[Any, int], di
     """The n_layer of a tied model whose total is closest to the untied model's. `count` is
     model.count_params_config (the default) or a stand-in with its signature."""
     if count is None:
-        from ..model import count_params_config as count
+        from ..counting import count_params_config as count
     tied = dataclasses.replace(model_cfg, tie_embeddings=True, untie_at=None)
     untied_total = count(dataclasses.replace(model_cfg, tie_embeddings=False, untie_at=None), vocab_size)["total"]
     tied_total = count(tied, vocab_size)["total"]

@@ -1,0 +1,112 @@
+"""The fast paths compute what the plain ones do (correctness only: timings belong in
+scripts/bench.py): the chunked cross-entropy gives the plain loss and gradients, tied and untied,
+and never holds a whole batch's logits; evaluation in inference mode scores what a plain forward
+does; the counts need no torch; the bench itself runs (--quick) so that it cannot rot."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from tiedlm.config import ModelConfig
+from tiedlm.model import GPT, lm_loss
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def model_and_batch(tied: bool, V: int = 500):
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, tie_embeddings=tied), V)
+    x = torch.randint(0, V, (4, 17), generator=torch.Generator().manual_seed(1))
+    return model, x[:, :-1], x[:, 1:]
+
+
+def grads(model, loss) -> dict:
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_chunked_cross_entropy_equals_the_plain_loss_and_gradients(tied):
+    model, x, y = model_and_batch(tied)
+    plain = lm_loss(model, x, y)  # 64 tokens x 500 x 4 bytes: far below the chunking threshold
+    reference = F.cross_entropy(model(x).view(-1, 500), y.reshape(-1))
+    assert plain.item() == reference.item()
+    g_plain = grads(model, plain)
+    chunked = lm_loss(model, x, y, chunk_bytes=7 * 500 * 4)  # 7 tokens a chunk: 10 chunks, the last short
+    assert chunked.item() == pytest.approx(plain.item(), rel=1e-6)
+    g_chunked = grads(model, chunked)
+    assert g_plain.keys() == g_chunked.keys()
+    for name in g_plain:
+        assert torch.allclose(g_plain[name], g_chunked[name], rtol=1e-5, atol=1e-7), name
+
+
+def test_chunked_loss_never_holds_a_whole_batchs_logits():
+    model, x, y = model_and_batch(True)
+    rows = []
+    handle = model.lm_head.register_forward_hook(lambda m, i, out: rows.append(out.shape[0] if out.dim() == 2
+                                                                                else out.shape[0] * out.shape[1]))
+    lm_loss(model, x, y, chunk_bytes=7 * 500 * 4).backward()  # backward recomputes each chunk's logits
+    handle.remove()
+    assert max(rows) == 7 and sum(rows) == 2 * 64  # forward and the recomputation, 7 tokens at a time
+
+
+def test_evaluation_in_inference_mode_scores_what_a_plain_forward_does():
+    from tiedlm.evaluate import score_tokens
+
+    model, _, _ = model_and_batch(False)
+    tokens = np.random.default_rng(0).integers(0, 500, size=16 * 5 + 1)
+    targets, nll = score_tokens(model, tokens, 16, 16, 2, torch.device("cpu"))
+    x = torch.from_numpy(tokens[:-1].reshape(5, 16).astype(np.int64))
+    y = torch.from_numpy(tokens[1:].reshape(5, 16).astype(np.int64))
+    with torch.no_grad():
+        plain = F.cross_entropy(model.eval()(x).reshape(-1, 500), y.reshape(-1), reduction="none")
+    assert np.allclose(nll, plain.double().numpy(), rtol=1e-6, atol=1e-7)
+    assert math.isclose(nll.mean(), plain.mean().item(), rel_tol=1e-6)
+
+
+def test_the_counts_import_no_torch():
+    code = ("import sys; from tiedlm.counting import count_params_config, flops_per_token; "
+            "from tiedlm.config import ModelConfig; count_params_config(ModelConfig(), 50257); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (fused AdamW is used on CUDA only)")
+def test_adamw_is_fused_on_cuda():  # pragma: no cover - no GPU on the CI machine
+    from tiedlm.config import TrainConfig
+    from tiedlm.optim import build_optimizer
+
+    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16), 100).cuda()
+    assert build_optimizer(model, TrainConfig(max_steps=1)).defaults.get("fused") is True
+
+
+def test_adamw_on_the_cpu_keeps_the_default_implementation():
+    from tiedlm.config import TrainConfig
+    from tiedlm.optim import build_optimizer
+
+    model, _, _ = model_and_batch(True)
+    assert not build_optimizer(model, TrainConfig(max_steps=1)).defaults.get("fused")
+
+
+def test_bench_quick_runs_and_reports_every_implementation():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick"], capture_output=True,
+                         text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| tiedlm") or line.startswith("| transf")]
+    want = ["tiedlm tied", "tiedlm untied"]
+    try:
+        import transformers  # noqa: F401
+
+        want += ["transformers tied", "transformers untied"]
+    except ImportError:
+        pass
+    assert [r.split("|")[1].strip() for r in rows] == want
+    assert all(float(r.split("|")[2].replace(",", "")) > 0 for r in rows)

@@ -1,0 +1,76 @@
+"""Parameter counts, the training-memory lower bound and FLOPs per token of a config, by
+arithmetic: nothing is built and torch is not imported, so `tiedlm params` is instant for any size
+and absurd configs are refused before anything is allocated. model.count_params counts a built
+model; tests/test_model.py checks the two against each other for every option."""
+
+from __future__ import annotations
+
+from .config import ModelConfig
+from .device import device_memory
+from .errors import ConfigError
+from .formatting import format_bytes
+
+
+def count_params_config(model_cfg: ModelConfig, vocab_size: int) -> dict:
+    """The breakdown count_params gives for GPT(model_cfg, vocab_size), by arithmetic: instant for
+    any size (nothing is built), so absurd configs can be refused before they are allocated.
+    tests/test_model.py checks it against count_params on built models of every option."""
+    d, L, V, b = model_cfg.n_embd, model_cfg.n_layer, vocab_size, int(model_cfg.bias)
+    ln = d * (1 + b)  # gain, and a bias when bias=True
+    attn = d * 3 * d + b * 3 * d + d * d + b * d  # c_attn, c_proj
+    mlp = d * 4 * d + b * 4 * d + 4 * d * d + b * d  # c_fc, c_proj
+    block = 2 * ln + attn + mlp
+    tied = model_cfg.tie_embeddings
+    wte, wpe = V * d, model_cfg.block_size * d
+    lm_head = 0 if tied else V * d
+    lm_head_bias = V if model_cfg.lm_head_bias else 0
+    total = wte + wpe + L * block + ln + lm_head + lm_head_bias
+    return {"total": total, "wte": wte, "lm_head": lm_head, "lm_head_bias": lm_head_bias, "wpe": wpe,
+            "non_embedding": total - wte - lm_head - wpe, "saved_by_tying": wte if tied else 0,
+            "tied": tied, "vocab_size": V}
+
+
+# Bytes per parameter while training in fp32 with AdamW: the weight, its gradient, two moments.
+TRAIN_BYTES_PER_PARAM = 16
+
+
+def training_memory(model_cfg: ModelConfig, vocab_size: int, batch_size: int) -> dict:
+    """A lower bound on the memory one fp32 training step needs, by arithmetic: weights, gradients
+    and AdamW moments (16 bytes per parameter), plus what autograd must keep of one micro-batch:
+    at least 16 floats per token and layer (the block's inputs, q/k/v, the MLP's 4d hidden layer
+    and its GELU) and two (B, T, V) logit-sized tensors (the logits and their gradient). Real use
+    is higher (allocator slack, temporaries): this only refuses what can never fit."""
+    P = count_params_config(model_cfg, vocab_size)["total"]
+    tokens = batch_size * model_cfg.block_size
+    activations = 4 * tokens * (16 * model_cfg.n_embd * model_cfg.n_layer + 2 * vocab_size)
+    return {"params": P, "state_bytes": TRAIN_BYTES_PER_PARAM * P, "activation_bytes": activations,
+            "total_bytes": TRAIN_BYTES_PER_PARAM * P + activations}
+
+
+def check_fits(model_cfg: ModelConfig, vocab_size: int | None, batch_size: int, device) -> None:
+    """Refuse a model that cannot fit in memory before anything is allocated or written: a
+    typo like n_layer=100000000000 would otherwise hang while the model is built. With
+    vocab_size None (the data not prepared yet) only the layers are counted."""
+    need = training_memory(model_cfg, vocab_size or 0, batch_size)
+    have, where = device_memory(device)
+    if have is not None and need["total_bytes"] > have:
+        what = "this model" if vocab_size is not None else "this model's layers alone (without embeddings)"
+        raise ConfigError(
+            f"{what} need{'s' if vocab_size is not None else ''} at least {format_bytes(need['total_bytes'])} to train "
+            f"({need['params']:,} parameters x 16 bytes for weights, gradients and AdamW state, plus a batch's "
+            f"activations), more than the {format_bytes(have)} of {where} — lower model.n_layer, model.n_embd, "
+            "model.block_size, tokenizer.vocab_size or train.batch_size")
+
+
+def flops_per_token(model_cfg: ModelConfig, vocab_size: int) -> dict:
+    """Matmul FLOPs per token (2 per multiply-add), the head counted whether or not it is tied:
+    tying saves parameters, never compute. Attention scores count the full T x T product
+    (as PaLM and nanoGPT's MFU estimate do). Backward = 2 x forward; train = 3 x forward.
+    Embedding lookups, LayerNorms, GELU and softmax are not matmuls and are left out."""
+    d, L, T, V = model_cfg.n_embd, model_cfg.n_layer, model_cfg.block_size, vocab_size
+    per_layer = 2 * (3 * d * d + d * d + 8 * d * d)  # qkv, attention output, MLP (d->4d->d)
+    attention = 2 * 2 * T * d  # q@k^T and att@v, per layer
+    head = 2 * d * V
+    forward = L * (per_layer + attention) + head
+    return {"forward": forward, "train": 3 * forward, "head": head,
+            "non_head_matmul_params": L * 12 * d * d}
