@@ -6,6 +6,7 @@ import os
 import shlex
 import subprocess
 import types
+import sys
 from pathlib import Path
 
 import pytest
@@ -223,3 +224,48 @@ def test_duplicate_keys_in_a_grid_file_are_refused(tmp_path):
     grid.write_text("config: base.yaml\nseeds: [0]\ngrid:\n  model.n_embd: [64]\nseeds: [1, 2]\n")
     with raises_exactly(ConfigError, match=r"duplicate key 'seeds' \(lines 2 and 5\)"):
         load_grid(grid)
+
+
+TINY_GRID = """\
+config: ../configs/base.yaml
+set: ["train.max_steps=3", "train.eval_every=0", "model.n_layer=1", "model.n_embd=16", "model.block_size=16",
+      "train.batch_size=4", "data.synthetic.train_tokens=4000", "data.synthetic.validation_tokens=500",
+      "data.synthetic.test_tokens=500", "train.device=cpu", "train.threads=1"]
+grid:
+  model.tie_embeddings: [true, false]
+seeds: [0, 1]
+out: ../runs
+slurm: {partition: debug, time: "00:10:00"}
+"""
+
+
+def test_emit_slurm_is_one_array_task_per_run_and_runs_exactly_the_kth(tmp_path, monkeypatch):
+    import os
+    import subprocess
+
+    from typer.testing import CliRunner
+
+    from tiedlm.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    grid = write_grid(tmp_path, TINY_GRID)
+    r = CliRunner().invoke(app, ["sweep", str(grid), "--emit", "slurm", "--time", "01:00:00", "--gpus-per-task", "1"])
+    assert r.exit_code == 0, r.output
+    script = tmp_path / "job.sh"
+    script.write_text(r.stdout)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    lines = r.stdout.splitlines()
+    assert "#SBATCH --array=0-3" in lines and "#SBATCH --partition=debug" in lines
+    assert "#SBATCH --time=01:00:00" in lines and "#SBATCH --gpus-per-task=1" in lines  # the command line wins
+    names = [ln.split("--name ")[1].split()[0] for ln in lines if ln.strip()[:2] in ("0)", "1)", "2)", "3)")]
+    assert len(names) == 4 and len(set(names)) == 4
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "2", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [names[2]]  # that run and no other
+    bad = subprocess.run(["bash", str(script)], env={**env, "SLURM_ARRAY_TASK_ID": "9"}, capture_output=True, text=True)
+    assert bad.returncode == 2 and "no run for array task 9" in bad.stderr
+    shell = CliRunner().invoke(app, ["sweep", str(grid), "--emit", "shell"])
+    assert shell.exit_code == 0 and len(shell.stdout.strip().splitlines()) == 4
+    wrong = CliRunner().invoke(app, ["sweep", str(grid), "--partition", "x"])
+    assert wrong.exit_code == 2 and "only applies with --emit slurm" in wrong.stderr

@@ -467,16 +467,30 @@ def compare(
 @app.command()
 def sweep(
     grid: Path = typer.Argument(..., help="Sweep file: a base config, a grid of --set overrides, seeds."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print one `tiedlm train` command per run."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print one `tiedlm train` command per run (= --emit shell)."),
+    emit: Optional[str] = typer.Option(None, "--emit", help="'shell': the commands, for xargs -P or GNU parallel; "
+                                       "'slurm': an sbatch job-array script with one task per run."),
+    partition: Optional[str] = typer.Option(None, "--partition", help="--emit slurm: the partition."),
+    time_: Optional[str] = typer.Option(None, "--time", help="--emit slurm: each task's time limit."),
+    gpus_per_task: Optional[str] = typer.Option(None, "--gpus-per-task", help="--emit slurm: GPUs per task."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
-    """Run a grid of overrides x seeds one after another (finished runs are skipped)."""
+    """Run a grid of overrides x seeds one after another (finished runs are skipped), or emit it."""
 
     def go():
-        from .sweep import format_sweep_summary, load_grid, run_sweep
+        from .sweep import format_sweep_summary, load_grid, run_sweep, slurm_script
 
-        summary = run_sweep(load_grid(grid), dry_run=dry_run, progress=not quiet)
-        if not dry_run:
+        if emit not in (None, "shell", "slurm"):
+            raise ConfigError(f"--emit {emit!r} is not known — choose shell or slurm")
+        given = [o for o, v in (("--partition", partition), ("--time", time_), ("--gpus-per-task", gpus_per_task)) if v]
+        if given and emit != "slurm":
+            raise ConfigError(f"{given[0]} only applies with --emit slurm — add it or drop {given[0]}")
+        if emit == "slurm":
+            options = {"partition": partition, "time": time_, "gpus_per_task": gpus_per_task}
+            typer.echo(slurm_script(load_grid(grid), options), nl=False)
+            return
+        summary = run_sweep(load_grid(grid), dry_run=dry_run or emit == "shell", progress=not quiet)
+        if not summary.dry_run:
             typer.echo(format_sweep_summary(summary))
         if summary.failed:
             raise TiedlmError(f"{len(summary.failed)} of {summary.total} runs failed: "

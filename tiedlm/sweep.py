@@ -31,7 +31,8 @@ from typing import Any, Callable, TextIO
 from .errors import ConfigError
 from .naming import sanitize, scalar, short_keys
 
-GRID_KEYS = ("config", "set", "grid", "seeds", "out", "name")
+GRID_KEYS = ("config", "set", "grid", "seeds", "out", "name", "slurm")
+SLURM_KEYS = ("partition", "time", "gpus_per_task", "cpus_per_task", "mem", "account")
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Grid:
     seeds: list[int] = field(default_factory=lambda: [0])
     out: Path = Path("runs")
     name: str | None = None
+    slurm: dict[str, str] = field(default_factory=dict)  # sbatch options for --emit slurm (SLURM_KEYS)
 
 
 @dataclass
@@ -138,7 +140,24 @@ def load_grid(path: str | Path) -> Grid:
     name = data.get("name")
     if name is not None and (not isinstance(name, str) or not name):
         raise _fail(path, "name: must be a string (the prefix of the run names)")
-    return Grid(path=path, config=config, set=sets, grid=grid, seeds=seeds, out=out, name=name)
+    return Grid(path=path, config=config, set=sets, grid=grid, seeds=seeds, out=out, name=name,
+                slurm=_slurm(path, data.get("slurm")))
+
+
+def _slurm(path: Path, data: Any) -> dict[str, str]:
+    """slurm: sbatch options for --emit slurm, e.g. {partition: gpu, time: "02:00:00", gpus_per_task: 1}."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise _fail(path, f"slurm: must map sbatch options ({', '.join(SLURM_KEYS)}) to values")
+    for key, value in data.items():
+        if key not in SLURM_KEYS:
+            close = difflib.get_close_matches(str(key), SLURM_KEYS, n=1)
+            hint = f" — did you mean {close[0]}?" if close else f" — use {', '.join(SLURM_KEYS)}"
+            raise _fail(path, f"slurm: unknown option {key!r}{hint}")
+        if isinstance(value, (dict, list)) or value is None or "\n" in str(value):
+            raise _fail(path, f"slurm: {key} must be one value, got {value!r}")
+    return {k: str(v) for k, v in data.items()}
 
 
 def yaml_value(value: Any) -> str:
@@ -251,6 +270,30 @@ def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: 
     summary.runs = [SweepEntry(name=res.name, status=res.status, error=res.error, seed=run.seed, point=run.point,
                                path=str(grid.out / run.name)) for run, res in zip(runs, results)]
     return summary
+
+
+def slurm_script(grid: Grid, options: dict[str, str] | None = None) -> str:
+    """An sbatch job-array script: one array task per run, its index selecting the run's `tiedlm
+    train` command; logs per task in the submission folder. Options (SLURM_KEYS) come from the
+    grid file's slurm: and `options` (the command line's, which win). Re-submitting it is safe:
+    finished runs are skipped and interrupted ones resume from their last checkpoint."""
+    runs = expand(grid)
+    names = [r.name for r in runs]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ConfigError(f"two runs of the sweep resolve to the same run folder ({twice[0]}) — give the grid "
+                          "values that differ in their names, or a name: per sweep")
+    opts = {**grid.slurm, **{k: v for k, v in (options or {}).items() if v is not None}}
+    job = sanitize(grid.name or runs[0].cfg.name) if runs else "tiedlm"
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={job}", f"#SBATCH --array=0-{len(runs) - 1}",
+             "#SBATCH --output=%x-%A_%a.out"]
+    lines += [f"#SBATCH --{k.replace('_', '-')}={v}" for k, v in opts.items()]
+    lines += [f"# {len(runs)} runs of {_shown(grid.path)}, one per array task. Submit with: sbatch THIS_FILE",
+              "# Re-submitting is safe: finished runs are skipped, interrupted ones resume from their last checkpoint.",
+              "set -euo pipefail", f"cd {shlex.quote(str(Path.cwd()))}", 'case "${SLURM_ARRAY_TASK_ID:?not in a job array}" in']
+    lines += [f"  {i}) {shlex.join(_command(grid, r))} ;;" for i, r in enumerate(runs)]
+    lines += ['  *) echo "no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;', "esac"]
+    return "\n".join(lines) + "\n"
 
 
 def format_sweep_summary(summary: SweepSummary) -> str:
