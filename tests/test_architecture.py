@@ -14,11 +14,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tiedlm"
 LAYERS = [
     ["cli"],
     ["compare", "sweep", "params"],
-    ["analyze", "export", "generate"],
+    ["analyze", "export", "generate", "jobs"],
     ["train", "selection", "optim"],
     ["evaluate"],
     ["checkpoints", "figures", "tensorboard", "runs", "process"],
-    ["model", "counting", "device"],
+    ["model", "counting", "distributed", "device"],
     ["data", "corpora"],
     ["naming", "config", "checks"],
     ["files", "formatting", "errors", "geometry"],

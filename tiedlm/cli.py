@@ -6,6 +6,7 @@ the commands so that `tiedlm --help` is instant."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -154,7 +155,8 @@ def train(
         from .train import train_run
 
         run_dir = train_run(cfg, out=out, name=name, overwrite=overwrite, progress=not quiet)
-        typer.echo(str(run_dir / "report.md"))
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the run
+            typer.echo(str(run_dir / "report.md"))
 
     run_command(go)
 

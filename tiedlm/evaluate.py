@@ -46,14 +46,18 @@ def windows(n_tokens: int, block_size: int, stride: int) -> list[tuple[int, int,
 
 
 def score_tokens(model, tokens: np.ndarray, block_size: int, stride: int, batch_size: int,
-                 device: Any, autocast: Any = None) -> tuple[np.ndarray, np.ndarray]:
-    """Per-token NLL (nats, float64) and target ids for every predicted token of `tokens`."""
+                 device: Any, autocast: Any = None, shard: tuple[int, int] = (0, 1),
+                 reduce: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token NLL (nats, float64) and target ids for every predicted token of `tokens`. With
+    shard=(rank, world), this process scores every world-th window from its rank and `reduce`
+    sums the per-token arrays over the processes, so each token is scored exactly once."""
     import torch
     from torch.nn import functional as F
 
-    wins = windows(len(tokens), block_size, stride)
+    rank, world = shard
+    wins = windows(len(tokens), block_size, stride)[rank::world]
     n_pred = max(len(tokens) - 1, 0)
-    nll = np.empty(n_pred, dtype=np.float64)
+    nll = np.zeros(n_pred, dtype=np.float64) if world > 1 else np.empty(n_pred, dtype=np.float64)
     targets = np.asarray(tokens[1:], dtype=np.int64)
     # group windows of equal length so each batch is one dense tensor
     by_len: dict[int, list[tuple[int, int]]] = {}
@@ -80,7 +84,7 @@ def score_tokens(model, tokens: np.ndarray, block_size: int, stride: int, batch_
                         nll[start + first:start + length] = row[first:]
     finally:
         model.train(was_training)
-    return targets, nll
+    return targets, (reduce(nll) if reduce is not None else nll)
 
 
 def _ranked_types(counts: np.ndarray, unk_id: int | None) -> np.ndarray:
@@ -184,7 +188,7 @@ def summarize_nll(targets: np.ndarray, nll: np.ndarray, n_tokens: int, n_bytes: 
 def evaluate_split(model, split, block_size: int, stride: int | None, batch_size: int, device: Any,
                    autocast: Any = None, train_counts: np.ndarray | None = None,
                    fractions: list[float] | None = None, max_tokens: int | None = None,
-                   unk_id: int | None = None) -> dict:
+                   unk_id: int | None = None, shard: tuple[int, int] = (0, 1), reduce: Any = None) -> dict:
     """Score a whole split (or its first max_tokens+1 tokens, for the periodic evaluation).
     unk_id: the tokenizer's <unk>, bucketed on its own (summarize_nll)."""
     tokens = split.tokens
@@ -194,7 +198,8 @@ def evaluate_split(model, split, block_size: int, stride: int | None, batch_size
         n_bytes = n_bytes * keep / len(tokens) if n_bytes else n_bytes
         n_words = n_words * keep / len(tokens) if n_words else n_words
         tokens = tokens[:keep]
-    targets, nll = score_tokens(model, tokens, block_size, stride or block_size, batch_size, device, autocast)
+    targets, nll = score_tokens(model, tokens, block_size, stride or block_size, batch_size, device, autocast,
+                                shard, reduce)
     return summarize_nll(targets, nll, len(tokens), n_bytes, n_words, train_counts, fractions, unk_id)
 
 

@@ -167,8 +167,10 @@ def lm_loss(model, x: torch.Tensor, y: torch.Tensor, amp=None, chunk_bytes: int 
     from torch.utils.checkpoint import checkpoint
 
     amp = amp if amp is not None else contextlib.nullcontext()
-    V, n = model.vocab_size, y.numel()
-    if n * V * 4 <= chunk_bytes:
+    V, n = getattr(model, "module", model).vocab_size, y.numel()
+    # Under DistributedDataParallel the forward must go through the wrapper (its gradient hooks are
+    # prepared there), so the head is not called chunk by chunk: the whole loss, as usual.
+    if n * V * 4 <= chunk_bytes or hasattr(model, "module"):
         with amp:
             logits = model(x)
         return F.cross_entropy(logits.float().view(-1, V), y.reshape(-1))

@@ -238,6 +238,8 @@ class RunReport:
     best: dict | None = None  # selection.BestTracker.summary: the best periodic validation evaluation
     final_best: dict | None = None  # train.keep_best: the final evaluation of the best weights, as `final`
     stopped_early: dict | None = None  # early stopping: the step, the budget in steps, the reason
+    world_size: int | None = None  # processes of a distributed run (torchrun); absent for one
+    allreduce_bytes_per_step: int | None = None  # gradient bytes all-reduced per step under DDP
     extra: dict = field(default_factory=dict)
 
     @classmethod

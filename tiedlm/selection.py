@@ -99,13 +99,17 @@ def stop_reason(tracker: BestTracker, patience: int, min_delta: float) -> str:
 # ------------------------------------------------------------------------- the kept weights
 
 
-def keep_best_weights(run_dir: Path, tracker: BestTracker, step: int, model, covered: str | None) -> None:
+def keep_best_weights(run_dir: Path, tracker: BestTracker, step: int, model, covered: str | None,
+                      write: bool = True) -> None:
     """Write the model's weights as the new best (checkpoints/best-step-N/) and remove the kept
     weights that are neither these nor `covered`, the ones the last checkpoint's state names
     (a resume from that checkpoint needs them)."""
-    from .checkpoints import prune_best_weights, save_best_weights
+    from .checkpoints import BEST_PREFIX, prune_best_weights, save_best_weights
     from .model import model_tensors
 
+    if not write:  # a rank other than 0 of a distributed run: rank 0 writes these very weights
+        tracker.weights = f"{BEST_PREFIX}{step:07d}"
+        return
     prune_best_weights(run_dir, keep={covered})  # an earlier best that no checkpoint names: not needed
     tensors, meta = model_tensors(model)
     tracker.weights = save_best_weights(run_dir, step, tensors, meta).name

@@ -264,7 +264,8 @@ def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: 
         for line in summary.commands:
             print(line, file=stream or sys.stdout)
         return summary
-    from .train import train_jobs, train_run
+    from .jobs import train_jobs
+    from .train import train_run
 
     results = train_jobs([(r.name, r.cfg) for r in runs], grid.out, progress, train=train or train_run)
     summary.runs = [SweepEntry(name=res.name, status=res.status, error=res.error, seed=run.seed, point=run.point,

@@ -9,6 +9,7 @@ step boundary; a non-finite loss or gradient norm stops the run as `diverged`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import signal
@@ -25,7 +26,6 @@ from .checkpoints import rng_state, set_rng_state
 from .config import Config, config_hash, to_dict, to_yaml
 from .errors import (
     ConfigError,
-    ConfigMismatchError,
     DivergedError,
     Interrupted,
     RunError,
@@ -33,7 +33,7 @@ from .errors import (
 )
 from .optim import budget_steps, build_optimizer, lr_at, untie_step, untie_with_optimizer  # noqa: F401
 from .selection import BestTracker, evaluate_best, keep_best_weights, stop_reason
-from .process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
+from .process import STDERR, StopSignals, Terminated, git_commit, log, now, silence, versions
 from .tensorboard import TrainingLog, require
 
 # ------------------------------------------------------------------------- the entry point
@@ -46,9 +46,13 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
     An existing folder with the same config is resumed from its last checkpoint, or left alone if
     finished; a different config is refused unless `overwrite`. `stop_after_step` stops the run
     as an interrupt would, after that step (used to test exact resume)."""
-    from .device import resolve_device
     from .counting import check_fits
+    from .device import resolve_device
+    from .distributed import from_env, stop
 
+    d = from_env()
+    silence(not d.main)
+    _WRITES[0] = d.main
     run_name = name or f"{cfg.name}-s{cfg.seed}"
     run_dir = runs.run_dir_for(Path(out), run_name)
     config_dict = to_dict(cfg)
@@ -59,19 +63,22 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
     # The vocabulary is known only once the data are prepared (that check follows in preflight):
     # here the model without its embeddings, which is what an absurd depth or width is about.
     check_fits(cfg.model, None, max(cfg.train.batch_size, cfg.eval.batch_size), resolve_device(cfg.train.device))
-    created = not run_dir.exists()
-    try:
-        with StopSignals() as signals, runs.RunLock(run_dir) as lock:
-            if lock.took_over:
+    created = not run_dir.exists() and d.main
+    try:  # in a distributed run, rank 0 alone holds the lock and writes the folder
+        with StopSignals() as signals, (runs.RunLock(run_dir) if d.main else contextlib.nullcontext()) as lock:
+            if lock is not None and lock.took_over:
                 log(f"took over the lock of {run_dir}, left by process {lock.took_over.get('pid')} which is gone")
             if not overwrite and runs.existing_state(run_dir, config_dict) == "finished":
                 log(f"{run_dir} is already finished with this config: nothing to do")
                 return run_dir
-            _train(cfg, run_dir, progress, stop_after_step, fresh=overwrite, signals=signals)
+            _train(cfg, run_dir, progress and d.main, stop_after_step, fresh=overwrite, signals=signals, d=d)
     except Terminated:
         raise Interrupted("terminated (SIGTERM) before training started; nothing of the run was written — "
                           "run the same command again", exit_code=143) from None
     finally:
+        stop(d)
+        silence(False)
+        _WRITES[0] = True
         if created:  # a run that failed before writing anything leaves no empty folder behind
             try:
                 run_dir.rmdir()
@@ -94,18 +101,24 @@ class Preflight:
     loaded: tuple | None = None  # checkpoints.load_checkpoint(checkpoint): verified, not yet applied
     old_report: runs.RunReport | None = None
     tb: TrainingLog | None = None  # train.log_to: tensorboard, opened by the loop once the model is built
+    dist: Any = None  # distributed.Dist: this process's rank among the run's processes (one by default)
 
 
-def preflight(cfg: Config, run_dir: Path, fresh: bool, progress: bool) -> Preflight:
+def preflight(cfg: Config, run_dir: Path, fresh: bool, progress: bool, d: Any = None) -> Preflight:
     """The device, the budget, a verified checkpoint (resuming), the data and its identity, and
     whether the model fits: any of them refuses the run while its folder is still untouched."""
+    from .counting import check_fits
     from .data import data_identity, prepare_data
     from .device import resolve_device, resolve_dtype
-    from .counting import check_fits
+    from .distributed import Dist, check_batch, main_first, start
 
     if "tensorboard" in cfg.train.log_to:
         require()
-    device = resolve_device(cfg.train.device)
+    d = d or Dist()
+    check_batch(cfg.train.batch_size, d)
+    if d.active and cfg.model.untie_at is not None and cfg.train.compile:
+        raise ConfigError("model.untie_at with train.compile under torchrun is not supported — drop one of them")
+    device = start(d, resolve_device(cfg.train.device))
     total = budget_steps(cfg)
     if cfg.model.untie_at is not None and total < 2:
         raise ConfigError(f"model.untie_at needs at least 2 training steps, the budget gives {total} — "
@@ -116,7 +129,7 @@ def preflight(cfg: Config, run_dir: Path, fresh: bool, progress: bool) -> Prefli
     if best and cfg.train.keep_best:  # the kept best weights the checkpoint names must be intact
         checkpoints.verify_checkpoint(run_dir / runs.CHECKPOINTS / best)
     old = None if fresh else runs.read_report(run_dir)
-    data = prepare_data(cfg, progress=progress)
+    data = main_first(d, lambda: prepare_data(cfg, progress=progress))  # rank 0 fills the token cache
     missing = [s for s in cfg.eval.splits if s not in data.splits]
     if missing:
         raise ConfigError(f"eval.splits names {missing[0]!r} but the data has no such split (it has "
@@ -128,7 +141,7 @@ def preflight(cfg: Config, run_dir: Path, fresh: bool, progress: bool) -> Prefli
                        "data, or start afresh with --overwrite")
     check_fits(cfg.model, data.model_vocab_size, max(cfg.train.batch_size, cfg.eval.batch_size), device)
     return Preflight(device, resolve_dtype(cfg.train.dtype, device), total, untie_step(cfg, total), data,
-                     ckpt, note, loaded, old)
+                     ckpt, note, loaded, old, dist=d)
 
 
 @dataclass
@@ -155,19 +168,21 @@ class TrainState:
 
 
 def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | None, fresh: bool,
-           signals: StopSignals) -> None:
+           signals: StopSignals, d: Any = None) -> None:
     from .device import cpu_threads, resolve_device, tf32_matmuls
 
     t_start = time.time()
     with cpu_threads(cfg.train.threads), tf32_matmuls(resolve_device(cfg.train.device)):
-        pre = preflight(cfg, run_dir, fresh, progress)
-        if fresh:
+        pre = preflight(cfg, run_dir, fresh, progress, d)
+        main = pre.dist.main
+        if fresh and main:
             runs.clear_run_dir(run_dir)
         signals.install()
-        runs.clean_temporary_files(run_dir)
+        if main:
+            runs.clean_temporary_files(run_dir)
         if pre.checkpoint_note:
             log(f"{run_dir}: {pre.checkpoint_note}")
-        record = _start_record(cfg, run_dir, pre)
+        record = _start_record(cfg, run_dir, pre) if main else _Unwritten(run_dir, runs.RunReport())
         wall_before = record.report.wall_time_s or 0.0
         state = TrainState()
 
@@ -195,6 +210,13 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
         finally:
             if pre.tb is not None:
                 pre.tb.close()
+
+
+class _Unwritten(runs.RunRecord):
+    """The record of a rank other than 0: kept in memory, never written (rank 0 writes the folder)."""
+
+    def write(self, **changes: Any) -> None:
+        self.report.update(**changes)
 
 
 def _start_record(cfg: Config, run_dir: Path, pre: Preflight) -> runs.RunRecord:
@@ -231,10 +253,12 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
 
     from .model import GPT, flops_per_token, load_model_tensors
 
+    main = pre.dist.main
     tok_dir = run_dir / runs.TOKENIZER
-    with runs.writing(tok_dir):  # the Rust tokenizer reports a full disk as a plain Exception
-        tok_dir.mkdir(exist_ok=True)
-        pre.data.tokenizer.save(tok_dir)
+    if main:
+        with runs.writing(tok_dir):  # the Rust tokenizer reports a full disk as a plain Exception
+            tok_dir.mkdir(exist_ok=True)
+            pre.data.tokenizer.save(tok_dir)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
     random.seed(cfg.seed)
@@ -251,15 +275,16 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
         optimizer.load_state_dict(st["optimizer"])
         set_rng_state(st["rng"], sampler)
         state.restore(st)
-        runs.trim_metrics(run_dir, state.step)
         # a checkpoint written before the tracker existed: its evaluations are in metrics.jsonl
         state.best = BestTracker.from_state(st["best"]) if "best" in st else \
             BestTracker.from_metrics(runs.read_metrics(run_dir), state.step, cfg.train.early_stop_min_delta)
-        # kept best weights newer than the checkpoint belong to steps this attempt trains again
-        checkpoints.prune_best_weights(run_dir, keep={state.best.weights})
+        if main:
+            runs.trim_metrics(run_dir, state.step)
+            # kept best weights newer than the checkpoint belong to steps this attempt trains again
+            checkpoints.prune_best_weights(run_dir, keep={state.best.weights})
         record.report.resumed_at_steps.append(state.step)
         log(f"resuming {run_dir} from its checkpoint at step {state.step} of {pre.total_steps}")
-    else:
+    elif main:
         (run_dir / runs.METRICS).unlink(missing_ok=True)
         if run_dir.joinpath(runs.CHECKPOINTS).exists():
             checkpoints.clear_checkpoints(run_dir)
@@ -270,17 +295,21 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
 
 
 class BatchSampler:
-    """Random windows of the training tokens: (B, T) inputs and the (B, T) targets one token on."""
+    """Random windows of the training tokens: (B, T) inputs and the (B, T) targets one token on.
+    With shard=(rank, world), every process draws the same global batch of B windows from the
+    same seeded generator and keeps its slice: B / world rows, the rank-th block of them."""
 
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, device: Any, rng: np.random.Generator):
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, device: Any, rng: np.random.Generator,
+                 shard: tuple[int, int] = (0, 1)):
         self.tokens, self.B, self.device, self.rng = tokens, batch_size, device, rng
+        self.rows = slice(shard[0] * batch_size // shard[1], (shard[0] + 1) * batch_size // shard[1])
         self.offsets = np.arange(block_size + 1)
         self.high = len(tokens) - block_size - 1
 
     def __call__(self):
         import torch
 
-        starts = self.rng.integers(0, self.high + 1, size=self.B)
+        starts = self.rng.integers(0, self.high + 1, size=self.B)[self.rows]
         xy = torch.from_numpy(np.asarray(self.tokens[starts[:, None] + self.offsets], dtype=np.int64))
         if self.device.type == "cuda":  # page-locked, so that the copy overlaps the previous step's work
             xy = xy.pin_memory()
@@ -317,19 +346,20 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
     """Steps until the budget is spent or early stopping ends training: logging, periodic
     evaluation (the best tracked, its weights kept), the untie split, checkpoints, and a stop at a
     step boundary on a signal. Returns the trained model."""
-    import torch
-
     from .device import autocast_ctx
+    from .distributed import all_mean, any_rank
     from .evaluate import perplexity
     from .model import model_tensors
 
     tcfg, total, T = cfg.train, pre.total_steps, cfg.model.block_size
     model, optimizer, sampler = _build(cfg, run_dir, pre, record, state)
-    if "tensorboard" in tcfg.log_to:  # tb/ rewritten from metrics.jsonl, trimmed to the checkpoint
+    d = pre.dist
+    if "tensorboard" in tcfg.log_to and d.main:  # tb/ rewritten from metrics.jsonl, trimmed to the checkpoint
         pre.tb = TrainingLog(run_dir, record.report)
     amp = autocast_ctx(pre.device, pre.dtype)
-    fwd = torch.compile(model) if tcfg.compile else model
-    next_batch = BatchSampler(pre.data.splits["train"].tokens, T, tcfg.batch_size, pre.device, sampler)
+    fwd = _forward(model, tcfg, pre, record)
+    next_batch = BatchSampler(pre.data.splits["train"].tokens, T, tcfg.batch_size, pre.device, sampler,
+                              (d.rank, d.world))
     tokens_per_step = tcfg.batch_size * tcfg.grad_accum * T
     params = list(model.parameters())
     bar = _progress_bar(progress, total, state.step, run_dir.name)
@@ -339,6 +369,8 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
         t0 = time.perf_counter()
         lr = lr_at(state.step, total, tcfg)
         loss, grad_norm = train_step(fwd, optimizer, params, next_batch, amp, tcfg, lr)
+        if d.active:  # each rank's loss is its slice's: the run's is their mean (the gradients are already)
+            loss = all_mean(d, [loss], pre.device)[0]
         state.step += 1
         state.tokens += tokens_per_step
         state.train_time += time.perf_counter() - t0
@@ -348,7 +380,7 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
         if pre.untie_step is not None and step == pre.untie_step and model.is_tied:
             untie_with_optimizer(model, optimizer)
             params = list(model.parameters())
-            fwd = torch.compile(model) if tcfg.compile else model
+            fwd = _forward(model, tcfg, pre, record)  # under torchrun, a new wrapper for the new Parameter
             state.untied_at_step = step
             pending.append({"kind": "untie", "step": step, "tokens": state.tokens})
         if step % tcfg.log_every == 0 or step == total:
@@ -362,16 +394,18 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", ppl=f"{perplexity(loss, 1):.1f}",
                             tok_s=f"{state.tokens / max(state.train_time, 1e-9):.0f}", refresh=False)
-        stopping = signals.received is not None or (stop_after_step is not None and step >= stop_after_step)
+        stopping = any_rank(d, signals.received is not None or (stop_after_step is not None and step >= stop_after_step),
+                            pre.device)  # every rank stops at the same step
         last = step == total or state.best.stopped_at is not None
         if stopping or last or (tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
             _append_metrics(run_dir, pre.tb, pending)
             pending = []
-            tensors, meta = model_tensors(model)
-            checkpoints.save_checkpoint(run_dir, step, tensors, meta, {
-                "optimizer": optimizer.state_dict(), **state.to_checkpoint(), "rng": rng_state(sampler)})
             covered = state.best.weights
-            checkpoints.prune_best_weights(run_dir, keep={covered})
+            if d.main:  # one checkpoint, by rank 0: the weights, optimizer and sampler are the same on every rank
+                tensors, meta = model_tensors(model)
+                checkpoints.save_checkpoint(run_dir, step, tensors, meta, {
+                    "optimizer": optimizer.state_dict(), **state.to_checkpoint(), "rng": rng_state(sampler)})
+                checkpoints.prune_best_weights(run_dir, keep={covered})
         if stopping:
             if bar is not None:
                 bar.close()
@@ -383,7 +417,25 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
     return model
 
 
+def _forward(model, tcfg: Any, pre: Preflight, record: runs.RunRecord):
+    """What the step calls: the model, in DistributedDataParallel under torchrun (the tie asserted
+    and the bytes it all-reduces recorded), compiled with train.compile."""
+    import torch
+
+    from .distributed import allreduce_bytes, wrap
+
+    fwd = wrap(model, pre.dist, pre.device)
+    if pre.dist.active:
+        record.write(world_size=pre.dist.world, allreduce_bytes_per_step=allreduce_bytes(model))
+    return torch.compile(fwd) if tcfg.compile else fwd
+
+
+_WRITES = [True]  # False on the ranks other than 0 of a distributed run: they never write the folder
+
+
 def _append_metrics(run_dir: Path, tb: TrainingLog | None, records: list[dict]) -> None:
+    if not _WRITES[0]:
+        return
     runs.append_metrics(run_dir, records)  # the record; TensorBoard only shows it
     if tb is not None:
         tb.append(records)
@@ -404,7 +456,7 @@ def _periodic_eval(cfg: Config, run_dir: Path, pre: Preflight, model, state: Tra
         log(f"step {step}/{pre.total_steps}  val loss {ev['loss']:.4f}  val ppl {ev['perplexity']:.2f}")
     state.best.slice_tokens = ev["tokens"]
     if state.best.observe(step, state.tokens, ev["loss"], tcfg.early_stop_min_delta) and tcfg.keep_best:
-        keep_best_weights(run_dir, state.best, step, model, covered)
+        keep_best_weights(run_dir, state.best, step, model, covered, write=pre.dist.main)
     if state.best.should_stop(tcfg.early_stop_patience) and step < pre.total_steps:
         state.best.stopped_at = step
         pending.append({"kind": "early_stop", "step": step, "tokens": state.tokens, "best_step": state.best.step,
@@ -449,23 +501,27 @@ def final_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: T
     command then redoes the evaluation from the final checkpoint. `weights` names what is scored
     in metrics.jsonl: the last weights, or the kept best ones."""
     from .device import autocast_ctx
+    from .distributed import any_rank, sum_arrays
     from .evaluate import evaluate_split
 
+    d = pre.dist
     final = {}
     for split in cfg.eval.splits:
-        if signals.received is not None:
+        if any_rank(d, signals.received is not None, pre.device):
             raise interrupted("interrupted during the final evaluation (training is complete and "
                               "checkpointed) — run the same command again to evaluate")
         res = evaluate_split(model, pre.data.splits[split], cfg.model.block_size, cfg.eval.stride,
                              cfg.eval.batch_size, pre.device, autocast_ctx(pre.device, pre.dtype),
                              train_counts=pre.data.train_counts, fractions=cfg.eval.buckets,
-                             unk_id=pre.data.tokenizer.unk_id)
+                             unk_id=pre.data.tokenizer.unk_id, shard=(d.rank, d.world),
+                             reduce=lambda nll: sum_arrays(d, nll, pre.device))  # each token scored once
         final[split] = res
         record = {"kind": "final", "step": state.step, "tokens": state.tokens, "split": split,
                   "loss": res["loss"], "perplexity": res["perplexity"]}
         if weights != "last":
             record.update(weights=weights, step=state.best.step, tokens=state.best.tokens)
-        runs.append_metrics(run_dir, [record])  # TensorBoard shows the final evaluation from the report
+        if d.main:
+            runs.append_metrics(run_dir, [record])  # TensorBoard shows the final evaluation from the report
     return final
 
 
@@ -486,7 +542,11 @@ def _best_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: T
 def _finish(record: runs.RunRecord, cfg: Config, pre: Preflight, model, state: TrainState, final: dict,
             final_best: dict | None, wall_time: float) -> None:
     from .device import peak_memory
+    from .distributed import same_on_every_rank
 
+    if not same_on_every_rank(pre.dist, model.transformer.wte.weight, pre.device):
+        raise RunError("the ranks of this distributed run ended with different weights — DistributedDataParallel "
+                       "did not keep them in step; the checkpoint is rank 0's")
     mem, mem_kind = peak_memory(pre.device)
     run_dir = record.run_dir
     best = state.best.summary()
@@ -533,65 +593,3 @@ def _as_tiedlm_error(exc: BaseException) -> TiedlmError | None:
     if isinstance(exc, OSError):
         return runs.write_failure(exc, exc.filename or "the run folder")
     return None
-
-
-# ------------------------------------------------------------------------- many runs
-
-
-@dataclass
-class JobResult:
-    """What became of one job of train_jobs."""
-
-    name: str
-    status: str  # skipped (finished already) | finished | failed
-    error: str | None = None
-
-
-def run_is_finished(run_dir: Path, cfg: Config) -> bool:
-    """True when run_dir holds a finished run of exactly this variant and seed."""
-    try:
-        report = runs.read_report(Path(run_dir))
-    except (TiedlmError, OSError):
-        return False
-    return (report is not None and report.status == "finished"
-            and report.config_hash == config_hash(cfg) and report.seed == cfg.seed)
-
-
-def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
-               overwrite_other_config: bool = False, train: Callable[..., Path] = train_run) -> list[JobResult]:
-    """Train (name, config) jobs one after another into `out`, as `tiedlm compare --config` and
-    `tiedlm sweep` do: finished runs are skipped, a failure is noted and passed over (always shown,
-    --quiet or not), an interrupt stops everything (the run resumes when the command is re-run).
-    With overwrite_other_config, a folder holding another config is retrained instead of refused;
-    an unfinished run of the same config is still resumed, never thrown away. `train` trains one
-    job (train_run's signature); tests pass a fake."""
-    results = []
-    for i, (name, cfg) in enumerate(jobs, 1):
-        tag = f"[{i}/{len(jobs)}] {name}"
-        if run_is_finished(Path(out) / name, cfg):
-            results.append(JobResult(name, "skipped"))
-            if progress:
-                log(f"{tag}: finished already, skipped")
-            continue
-        if progress:
-            log(f"[{i}/{len(jobs)}] training {name}")
-        try:
-            try:
-                train(cfg, out=out, name=name, progress=progress)
-            except ConfigMismatchError:
-                if not overwrite_other_config:
-                    raise
-                if progress:
-                    log(f"{tag}: holds another config, retraining (--overwrite)")
-                train(cfg, out=out, name=name, progress=progress, overwrite=True)
-        except (Interrupted, KeyboardInterrupt):
-            raise
-        except TiedlmError as exc:
-            results.append(JobResult(name, "failed", str(exc)))
-        except Exception as exc:  # a bug or out-of-memory in one run must not cost the others
-            results.append(JobResult(name, "failed", f"{type(exc).__name__}: {exc}"))
-        else:
-            results.append(JobResult(name, "finished"))
-        if results[-1].status == "failed":
-            log(f"{tag} failed: {results[-1].error}")
-    return results

@@ -190,7 +190,8 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
     prefix = base.name + override_tag(overrides)
     jobs = [(f"{prefix}-{tag}-s{seed}", load_config(cfg_path, overrides + extra, seed=seed))
             for tag, extra in variants for seed in range(base.seed, base.seed + seeds)]
-    from ..train import train_jobs, train_run
+    from ..jobs import train_jobs
+    from ..train import train_run
 
     results = train_jobs(jobs, runs_dir, progress, overwrite_other_config=overwrite, train=train or train_run)
     failures = {r.name: r.error for r in results if r.status == "failed"}

@@ -1,0 +1,163 @@
+"""Training one run on several processes: PyTorch's DistributedDataParallel under `torchrun`.
+
+`torchrun --nproc_per_node=N -m tiedlm train --config X` sets RANK, WORLD_SIZE and LOCAL_RANK;
+tiedlm reads them here, starts the process group (NCCL on CUDA, gloo on the CPU) and gives every
+rank the same view of the run: the same seeded global batch, of which each rank takes its slice;
+the same decisions (a signal on any rank stops every rank at the same step); one writer, rank 0.
+Without those variables everything here is a no-op for one process. torch is imported inside.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import ConfigError
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        """The one rank that writes the run folder, logs and shows progress."""
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+
+def from_env(env: dict | None = None) -> Dist:
+    """RANK / WORLD_SIZE / LOCAL_RANK as torchrun sets them; one process when they are absent."""
+    env = os.environ if env is None else env
+    if "WORLD_SIZE" not in env:
+        return Dist()
+    try:
+        d = Dist(int(env.get("RANK", 0)), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)))
+    except ValueError:
+        raise ConfigError(f"RANK / WORLD_SIZE / LOCAL_RANK must be integers (got {env.get('RANK')!r}, "
+                          f"{env.get('WORLD_SIZE')!r}, {env.get('LOCAL_RANK')!r}) — launch with torchrun") from None
+    if not (d.world >= 1 and 0 <= d.rank < d.world):
+        raise ConfigError(f"RANK {d.rank} is not within WORLD_SIZE {d.world} — launch with torchrun")
+    return d
+
+
+def start(d: Dist, device: Any) -> Any:
+    """Start the process group (once) and return the device this rank uses: cuda:LOCAL_RANK on GPUs."""
+    if not d.active:
+        return device
+    import torch
+    import torch.distributed as td
+
+    if device.type == "cuda":
+        device = torch.device("cuda", d.local_rank)
+        torch.cuda.set_device(device)
+    if not td.is_initialized():
+        td.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=d.rank, world_size=d.world)
+    return device
+
+
+def stop(d: Dist) -> None:
+    if d.active:
+        import torch.distributed as td
+
+        if td.is_initialized():
+            td.destroy_process_group()
+
+
+def barrier(d: Dist) -> None:
+    if d.active:
+        import torch.distributed as td
+
+        td.barrier()
+
+
+def main_first(d: Dist, fn: Callable[[], Any]) -> Any:
+    """fn() on rank 0, then on the others: what rank 0 writes (the token cache) the others then read."""
+    if d.main:
+        out = fn()
+        barrier(d)
+        return out
+    barrier(d)
+    return fn()
+
+
+def all_mean(d: Dist, values: list[float], device: Any) -> list[float]:
+    """The mean over ranks of each value (a float64 all-reduce)."""
+    if not d.active:
+        return values
+    import torch
+    import torch.distributed as td
+
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    td.all_reduce(t)
+    return (t / d.world).tolist()
+
+
+def any_rank(d: Dist, flag: bool, device: Any) -> bool:
+    """True on every rank when it is true on any (a signal on one rank stops them all)."""
+    if not d.active:
+        return flag
+    return all_mean(d, [1.0 if flag else 0.0], device)[0] > 0
+
+
+def sum_arrays(d: Dist, array: Any, device: Any) -> Any:
+    """The element-wise sum over ranks of a float64 numpy array (each rank filled its own entries)."""
+    if not d.active:
+        return array
+    import torch
+    import torch.distributed as td
+
+    t = torch.from_numpy(array).to(device)
+    td.all_reduce(t)
+    return t.cpu().numpy()
+
+
+def wrap(model: Any, d: Dist, device: Any) -> Any:
+    """The model in DistributedDataParallel (itself with one process), the tie asserted after wrapping:
+    a tied matrix is one Parameter there too, so its one gradient is all-reduced once."""
+    if not d.active:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    tied = model.is_tied
+    model.check_tie(tied)
+    ids = [id(p) for p in ddp.parameters()]
+    if len(ids) != len(set(ids)) or (tied and any(p is model.lm_head.weight for p in ddp.parameters()
+                                                  if p is not model.transformer.wte.weight)):
+        raise AssertionError("DistributedDataParallel sees the tied matrix twice")
+    return ddp
+
+
+def allreduce_bytes(model: Any) -> int:
+    """Bytes of gradient all-reduced per step: every unique parameter's fp32 gradient once."""
+    return 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def check_batch(batch_size: int, d: Dist) -> int:
+    """Each rank's share of train.batch_size (the global batch); an indivisible batch is refused."""
+    if batch_size % d.world:
+        raise ConfigError(f"train.batch_size ({batch_size}) is the global batch and must divide among the "
+                          f"{d.world} processes — use a multiple of {d.world}, or raise train.grad_accum instead")
+    return batch_size // d.world
+
+
+def same_on_every_rank(d: Dist, tensor: Any, device: Any) -> bool:
+    """Whether a tensor (the shared matrix) is bit-identical on every rank: its sum and sum of
+    squares in float64 compared (a checksum, not a proof, but any drift changes them)."""
+    if not d.active:
+        return True
+    import torch
+    import torch.distributed as td
+
+    t = tensor.detach().double()
+    mine = torch.stack([t.sum(), (t * t).sum()]).to(device)
+    every = [torch.zeros_like(mine) for _ in range(d.world)]
+    td.all_gather(every, mine)
+    return all(torch.equal(every[0], e) for e in every)
