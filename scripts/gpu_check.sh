@@ -43,7 +43,10 @@ echo "== resume"
 tiedlm train -c configs/base.yaml --set train.device=cuda --set "train.max_steps=$STEPS" \
   --set train.checkpoint_every=50 --out "$RUNS" --name resume -q >"$OUT/resume.log" 2>&1 &
 pid=$!
-sleep 20
+for _ in $(seq 600); do  # interrupt once the first checkpoint exists (at most a minute)
+  [ -f "$RUNS/resume/checkpoints/LATEST" ] && break
+  sleep 0.1
+done
 kill -INT "$pid" 2>/dev/null
 wait "$pid"
 echo "interrupted: exit $?" >>"$OUT/resume.log"
@@ -52,6 +55,7 @@ step resume-again tiedlm train -c configs/base.yaml --set train.device=cuda --se
 python - "$RUNS/resume/report.json" "$RUNS/cuda/report.json" <<'EOF' | tee -a "$OUT/resume-again.log"
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a.get("resumed_at_steps"), "the run was not interrupted before it finished: no resume was tested"
 print(f"resumed at {a.get('resumed_at_steps')}; status {a['status']}; validation loss {a['final']['validation']['loss']:.6f} "
       f"vs uninterrupted {b['final']['validation']['loss']:.6f} (CUDA kernels need not be bit-identical)")
 EOF

@@ -143,3 +143,17 @@ def test_an_indivisible_global_batch_is_refused(tmp_path):
     r = torchrun(config(tmp_path, batch_size=7), tmp_path / "runs", tmp_path)
     assert r.returncode != 0 and "train.batch_size (7) is the global batch" in r.stderr
     assert not (tmp_path / "runs" / "ddp-s0").exists()
+
+
+def test_the_launch_environment_is_read_and_checked():
+    from tiedlm.distributed import Dist, check_batch, from_env
+    from tiedlm.errors import ConfigError
+
+    assert from_env({}) == Dist(0, 1, 0) and not from_env({}).active
+    d = from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1"})
+    assert (d.rank, d.world, d.main, d.active) == (1, 2, False, True) and check_batch(8, d) == 4
+    for env, message in (({"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR is not"),
+                         ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "x"}, "not within WORLD_SIZE"),
+                         ({"RANK": "a", "WORLD_SIZE": "2"}, "must be integers")):
+        with pytest.raises(ConfigError, match=message):
+            from_env(env)

@@ -195,3 +195,19 @@ def test_a_long_prompt_is_cut_from_the_left_with_a_note(trained):
 def test_sample_option_errors_are_one_line_exit_2(trained, args, message):
     r = CliRunner().invoke(app, ["sample", str(trained["tied"]), *args])
     assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_sampling_never_yields_a_padding_id():
+    import torch
+
+    from tiedlm.generate import SampleOptions, generate_ids
+
+    class PrefersPadding(torch.nn.Module):  # the padding rows (8, 9) would win without the mask
+        def forward(self, x):
+            logits = torch.zeros(1, x.shape[1], 10)
+            logits[0, -1, 8:] = 50.0
+            return logits
+
+    got = list(generate_ids(PrefersPadding(), [0], SampleOptions(max_new_tokens=30, seed=0), torch.Generator(),
+                            block_size=8, eot_id=7, device="cpu", vocab_size=8))
+    assert got and all(t < 7 for t in got)

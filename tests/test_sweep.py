@@ -269,3 +269,11 @@ def test_emit_slurm_is_one_array_task_per_run_and_runs_exactly_the_kth(tmp_path,
     assert shell.exit_code == 0 and len(shell.stdout.strip().splitlines()) == 4
     wrong = CliRunner().invoke(app, ["sweep", str(grid), "--partition", "x"])
     assert wrong.exit_code == 2 and "only applies with --emit slurm" in wrong.stderr
+
+
+def test_an_unquoted_slurm_time_is_refused_with_the_fix(tmp_path):
+    from tiedlm.sweep import load_grid
+
+    grid = write_grid(tmp_path, TINY_GRID.replace('time: "00:10:00"', "time: 2:00:00"))
+    with pytest.raises(ConfigError, match='time must be quoted, e.g. time: "02:00:00"'):
+        load_grid(grid)

@@ -44,6 +44,9 @@ def from_env(env: dict | None = None) -> Dist:
                           f"{env.get('WORLD_SIZE')!r}, {env.get('LOCAL_RANK')!r}) — launch with torchrun") from None
     if not (d.world >= 1 and 0 <= d.rank < d.world):
         raise ConfigError(f"RANK {d.rank} is not within WORLD_SIZE {d.world} — launch with torchrun")
+    if d.world > 1 and not env.get("MASTER_ADDR"):
+        raise ConfigError("WORLD_SIZE is set but MASTER_ADDR is not — launch distributed runs with torchrun "
+                          "(torchrun --nproc_per_node=N -m tiedlm train ...)")
     return d
 
 
@@ -125,19 +128,23 @@ def wrap(model: Any, d: Dist, device: Any) -> Any:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     tied = model.is_tied
-    model.check_tie(tied)
-    ids = [id(p) for p in ddp.parameters()]
-    if len(ids) != len(set(ids)) or (tied and any(p is model.lm_head.weight for p in ddp.parameters()
-                                                  if p is not model.transformer.wte.weight)):
-        raise AssertionError("DistributedDataParallel sees the tied matrix twice")
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    model.check_tie(tied)  # wrapping keeps one Parameter for a tied matrix
+    expected = 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if allreduce_bytes(ddp) not in (None, expected):
+        raise AssertionError(f"DistributedDataParallel reduces {allreduce_bytes(ddp)} bytes, not {expected}: "
+                             "it sees a parameter (the tied matrix?) twice")
     return ddp
 
 
-def allreduce_bytes(model: Any) -> int:
-    """Bytes of gradient all-reduced per step: every unique parameter's fp32 gradient once."""
-    return 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+def allreduce_bytes(ddp: Any) -> int | None:
+    """Bytes of gradient DDP all-reduces per step, as DDP itself counted its parameters (None when
+    this torch does not say)."""
+    try:
+        return int(ddp._get_ddp_logging_data()["total_parameter_size_bytes"])
+    except Exception:  # a private interface: absent or changed in another torch
+        return None
 
 
 def check_batch(batch_size: int, d: Dist) -> int:
@@ -161,3 +168,17 @@ def same_on_every_rank(d: Dist, tensor: Any, device: Any) -> bool:
     every = [torch.zeros_like(mine) for _ in range(d.world)]
     td.all_gather(every, mine)
     return all(torch.equal(every[0], e) for e in every)
+
+
+def check_in_step(d: Dist, model: Any, device: Any) -> None:
+    """Under DDP, every rank must end training with the same weights (all of them, checksummed)."""
+    if not d.active:
+        return
+    import torch
+
+    from .errors import RunError
+
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    if not same_on_every_rank(d, flat, device):
+        raise RunError("the ranks of this distributed run ended training with different weights — "
+                       "DistributedDataParallel did not keep them in step; the checkpoint is rank 0's")

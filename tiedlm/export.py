@@ -98,7 +98,8 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
     rm = load_run_model(run_dir, checkpoint=checkpoint)
     model = rm.model.eval()
     check_exportable(rm.cfg, model.is_tied)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
+    out.parent.mkdir(parents=True, exist_ok=True)  # the temporary folder beside it: one rename, no copy
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         _write_folder(tmp, rm, model)
         result = ExportResult(out, model.is_tied, rm.checkpoint.name, verified=False)
@@ -179,8 +180,9 @@ def _verify(folder: Path, rm: Any, model: Any, result: ExportResult, batch: int)
     result.max_abs_diff, result.tokens, result.verified = diff, y.numel(), True
     result.tiedlm_perplexity = math.exp(float(F.cross_entropy(ours.reshape(-1, ours.size(-1)), y.reshape(-1))))
     result.hf_perplexity = math.exp(float(F.cross_entropy(theirs.reshape(-1, theirs.size(-1)), y.reshape(-1))))
-    if not diff <= TOLERANCE:
-        raise RunError(f"the exported model's logits differ from tiedlm's by up to {diff:.3g} (more than {TOLERANCE:g}) "
+    allowed = TOLERANCE * max(1.0, float(ours.abs().max()))  # fp32 sums in another order grow with the logits
+    if not diff <= allowed:
+        raise RunError(f"the exported model's logits differ from tiedlm's by up to {diff:.3g} (more than {allowed:.3g}) "
                        "— the export was removed; this is a bug in tiedlm's export, please report it")
 
 

@@ -44,7 +44,7 @@ def next_token(logits: Any, opts: SampleOptions, gen: Any) -> int:
 
 
 def generate_ids(model: Any, context: list[int], opts: SampleOptions, gen: Any, block_size: int, eot_id: int,
-                 device: Any) -> Iterator[int]:
+                 device: Any, vocab_size: int | None = None) -> Iterator[int]:
     """Token ids after `context`, one at a time, up to the end-of-text token (not yielded)."""
     import torch
 
@@ -52,7 +52,10 @@ def generate_ids(model: Any, context: list[int], opts: SampleOptions, gen: Any, 
     with torch.inference_mode():
         for _ in range(opts.max_new_tokens):
             x = torch.tensor([ids[-block_size:]], dtype=torch.long, device=device)
-            t = next_token(model(x)[0, -1], opts, gen)
+            logits = model(x)[0, -1]
+            if vocab_size is not None:
+                logits[vocab_size:] = float("-inf")  # padding rows of the vocabulary are no tokens
+            t = next_token(logits, opts, gen)
             if t == eot_id:
                 return
             ids.append(t)
@@ -102,6 +105,7 @@ def sample_run(run_dir: Any, opts: SampleOptions, write: Callable[[str], None], 
         if opts.num_samples > 1:
             write(f"{'' if i == 0 else chr(10)}--- sample {i + 1} ---\n")
         write(opts.prompt)
-        samples.append(stream_text(tok, generate_ids(model, context, opts, gen, T, tok.eot_id, dev), write))
+        ids = generate_ids(model, context, opts, gen, T, tok.eot_id, dev, vocab_size=tok.vocab_size)
+        samples.append(stream_text(tok, ids, write))
         write("\n")
     return samples

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from . import files
-from .errors import ConfigMismatchError, RunError
+from .errors import ConfigMismatchError, RunError, TiedlmError
 from .files import describe_write_failure, json_default
 from .formatting import fmt, markdown_table, params_markdown
 
@@ -77,6 +77,28 @@ def writing(what: Path | str) -> Iterator[None]:
         raise
     except Exception as exc:
         raise write_failure(exc, what) from exc
+
+
+def as_tiedlm_error(exc: BaseException, distributed: bool = False) -> TiedlmError | None:
+    """Expected runtime failures as one-line errors: out of memory (GPU or CPU), a failed write,
+    and under torchrun a collective broken by another rank's failure."""
+    import torch
+
+    if isinstance(exc, TiedlmError):
+        return exc
+    if distributed and isinstance(exc, RuntimeError) and any(
+            w in str(exc) for w in ("gloo", "NCCL", "Connection closed", "connection", "peer")):
+        return RunError("another process of this distributed run failed, which broke a collective — see "
+                        "torchrun's output for that rank's error; the last checkpoint is kept")
+    # The CPU allocator raises a plain RuntimeError; its message is the only sign of what it is.
+    cpu_oom = isinstance(exc, RuntimeError) and "DefaultCPUAllocator" in str(exc)
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or cpu_oom:
+        where = "the device" if isinstance(exc, torch.OutOfMemoryError) else "this machine (CPU memory)"
+        return RunError(f"out of memory on {where} — lower train.batch_size (raise train.grad_accum to keep "
+                        "the same batch), model.block_size or the model size; the last checkpoint is kept")
+    if isinstance(exc, OSError):
+        return write_failure(exc, exc.filename or "the run folder")
+    return None
 
 
 def atomic_write_text(path: Path, text: str) -> None:

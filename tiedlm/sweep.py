@@ -157,6 +157,8 @@ def _slurm(path: Path, data: Any) -> dict[str, str]:
             raise _fail(path, f"slurm: unknown option {key!r}{hint}")
         if isinstance(value, (dict, list)) or value is None or "\n" in str(value):
             raise _fail(path, f"slurm: {key} must be one value, got {value!r}")
+        if key == "time" and not isinstance(value, str):  # YAML reads 2:00:00 as 7200 (seconds, base 60)
+            raise _fail(path, f'slurm: time must be quoted, e.g. time: "02:00:00" (YAML read it as {value!r})')
     return {k: str(v) for k, v in data.items()}
 
 

@@ -29,9 +29,9 @@ from .errors import (
     DivergedError,
     Interrupted,
     RunError,
-    TiedlmError,
 )
 from .optim import budget_steps, build_optimizer, lr_at, untie_step, untie_with_optimizer  # noqa: F401
+from .distributed import check_in_step
 from .selection import BestTracker, evaluate_best, keep_best_weights, stop_reason
 from .process import STDERR, StopSignals, Terminated, git_commit, log, now, silence, versions
 from .tensorboard import TrainingLog, require
@@ -193,6 +193,7 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
 
         try:
             model = _train_loop(cfg, run_dir, pre, record, state, signals, interrupted, progress, stop_after_step)
+            check_in_step(pre.dist, model, pre.device)
             final = final_evaluation(cfg, run_dir, pre, model, state, signals, interrupted)
             final_best = _best_evaluation(cfg, run_dir, pre, model, state, signals, interrupted, final)
             _finish(record, cfg, pre, model, state, final, final_best, wall_before + time.time() - t_start)
@@ -202,7 +203,7 @@ def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | No
             _best_effort(record.write, status="interrupted", error="interrupted outside a training step")
             raise
         except Exception as exc:
-            err = _as_tiedlm_error(exc)
+            err = runs.as_tiedlm_error(exc, pre.dist.active)
             _best_effort(record.write, status="failed", error=str(err) if err else f"{type(exc).__name__}: {exc}")
             if err is not None and err is not exc:
                 raise err from exc
@@ -288,6 +289,8 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
         (run_dir / runs.METRICS).unlink(missing_ok=True)
         if run_dir.joinpath(runs.CHECKPOINTS).exists():
             checkpoints.clear_checkpoints(run_dir)
+    if pre.dist.active and pre.dist.rank:  # other dropout masks on each rank's slice (rank 0 keeps the run's stream)
+        torch.manual_seed(int(torch.randint(2**62, (1,))) + pre.dist.rank)
     record.write(params=params, flops_per_token=flops_per_token(cfg.model, pre.data.model_vocab_size),
                  total_steps=pre.total_steps, data=pre.data.info, floor=pre.data.floor,
                  untie_step=pre.untie_step, decay_embeddings=cfg.train.decay_embeddings)
@@ -327,10 +330,13 @@ def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: Any, tcf
     for group in optimizer.param_groups:
         group["lr"] = lr
     losses = []
-    for _ in range(tcfg.grad_accum):
+    for i in range(tcfg.grad_accum):
         x, y = next_batch()
-        loss = lm_loss(fwd, x, y, amp)
-        (loss / tcfg.grad_accum).backward()
+        # under DDP the gradients are all-reduced once, with the last micro-batch's backward
+        sync = contextlib.nullcontext() if i == tcfg.grad_accum - 1 or not hasattr(fwd, "no_sync") else fwd.no_sync()
+        with sync:
+            loss = lm_loss(fwd, x, y, amp)
+            (loss / tcfg.grad_accum).backward()
         losses.append(loss.detach())
     norm = torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip if tcfg.grad_clip > 0 else float("inf"))
     # one device-to-host copy per step: the mean loss and the gradient norm together
@@ -354,6 +360,9 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
     tcfg, total, T = cfg.train, pre.total_steps, cfg.model.block_size
     model, optimizer, sampler = _build(cfg, run_dir, pre, record, state)
     d = pre.dist
+    if d.active and all_mean(d, [float(state.step)], pre.device)[0] != state.step:
+        raise ConfigError("the processes of this run resumed from different checkpoints — put the run folder on a "
+                          "file system every machine shares")
     if "tensorboard" in tcfg.log_to and d.main:  # tb/ rewritten from metrics.jsonl, trimmed to the checkpoint
         pre.tb = TrainingLog(run_dir, record.report)
     amp = autocast_ctx(pre.device, pre.dtype)
@@ -426,7 +435,7 @@ def _forward(model, tcfg: Any, pre: Preflight, record: runs.RunRecord):
 
     fwd = wrap(model, pre.dist, pre.device)
     if pre.dist.active:
-        record.write(world_size=pre.dist.world, allreduce_bytes_per_step=allreduce_bytes(model))
+        record.write(world_size=pre.dist.world, allreduce_bytes_per_step=allreduce_bytes(fwd))
     return torch.compile(fwd) if tcfg.compile else fwd
 
 
@@ -447,9 +456,14 @@ def _periodic_eval(cfg: Config, run_dir: Path, pre: Preflight, model, state: Tra
     train.keep_best); early stopping decided."""
     from .evaluate import evaluate_split
 
+    from .distributed import all_mean
+
     tcfg, step, T = cfg.train, state.step, cfg.model.block_size
     ev = evaluate_split(model, pre.data.splits["validation"], T, T, cfg.eval.batch_size, pre.device, amp,
                         max_tokens=tcfg.eval_tokens)
+    if pre.dist.active:  # one number on every rank, so that keep_best and early stopping decide alike
+        ev["loss"] = all_mean(pre.dist, [ev["loss"]], pre.device)[0]
+        ev["perplexity"] = math.exp(ev["loss"])
     pending.append({"kind": "eval", "step": step, "tokens": state.tokens, "split": "validation",
                     "loss": ev["loss"], "perplexity": ev["perplexity"]})
     if quiet_bar:
@@ -542,11 +556,7 @@ def _best_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: T
 def _finish(record: runs.RunRecord, cfg: Config, pre: Preflight, model, state: TrainState, final: dict,
             final_best: dict | None, wall_time: float) -> None:
     from .device import peak_memory
-    from .distributed import same_on_every_rank
 
-    if not same_on_every_rank(pre.dist, model.transformer.wte.weight, pre.device):
-        raise RunError("the ranks of this distributed run ended with different weights — DistributedDataParallel "
-                       "did not keep them in step; the checkpoint is rank 0's")
     mem, mem_kind = peak_memory(pre.device)
     run_dir = record.run_dir
     best = state.best.summary()
@@ -576,20 +586,3 @@ def _best_effort(fn, **kwargs: Any) -> None:
         fn(**kwargs)
     except Exception:  # the disk that failed the run may fail this write too
         pass
-
-
-def _as_tiedlm_error(exc: BaseException) -> TiedlmError | None:
-    """Expected runtime failures as one-line errors: out of memory (GPU or CPU), a failed write."""
-    import torch
-
-    if isinstance(exc, TiedlmError):
-        return exc
-    # The CPU allocator raises a plain RuntimeError; its message is the only sign of what it is.
-    cpu_oom = isinstance(exc, RuntimeError) and "DefaultCPUAllocator" in str(exc)
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or cpu_oom:
-        where = "the device" if isinstance(exc, torch.OutOfMemoryError) else "this machine (CPU memory)"
-        return RunError(f"out of memory on {where} — lower train.batch_size (raise train.grad_accum to keep "
-                        "the same batch), model.block_size or the model size; the last checkpoint is kept")
-    if isinstance(exc, OSError):
-        return runs.write_failure(exc, exc.filename or "the run folder")
-    return None
