@@ -124,7 +124,7 @@ def _md_plots(r: dict) -> list[str]:
           "Singular values over the largest (log scale): a fast fall is a matrix that uses few directions.", ""]
     if not r["tied"]:
         md += [f"![pair cosine against training count]({PLOTS['cosine']})", "",
-               "Cosine of e_t and w_t against the token's training count, raw and after the best rotation: "
+               "Cosine of e_t and w_t against the token's training count, raw and after the rotation that maximises the mean cosine: "
                "where the two matrices agree on a token's place.", ""]
     return md
 
@@ -139,22 +139,26 @@ def _seen(arrays: dict):
     return counts, counts > 0
 
 
-def _plot_norms(arrays: dict, path: Path) -> None:
-    from .. import geometry as g
-
+def _scatter_by_count(arrays: dict, path: Path, title: str, ylabel: str, series: list) -> None:
+    """One value per token (series of (label, values, colour)) against its training count, log x."""
     counts, seen = _seen(arrays)
-    with figure(path, "Row norm against training frequency") as ax:
-        for label, M, color in (("E", arrays["E"], "C0"), ("W_out", arrays["W"], "C1")):
-            if M is None:
-                continue
-            norms = g.row_norms(M).numpy()
-            ax.scatter(counts[seen], norms[seen], s=4, alpha=0.35, color=color, label=label, linewidths=0)
+    with figure(path, title) as ax:
+        for label, values, color in series:
+            ax.scatter(counts[seen], values[seen], s=4, alpha=0.35, color=color, label=label, linewidths=0)
         ax.set_xscale("log")
         plain_ticks(ax, "x")
         ax.set_xlabel("count in the training split (log scale)")
-        ax.set_ylabel("row norm")
+        ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, markerscale=3)
+
+
+def _plot_norms(arrays: dict, path: Path) -> None:
+    from .. import geometry as g
+
+    series = [(label, g.row_norms(M).numpy(), color)
+              for label, M, color in (("E", arrays["E"], "C0"), ("W_out", arrays["W"], "C1")) if M is not None]
+    _scatter_by_count(arrays, path, "Row norm against training frequency", "row norm", series)
 
 
 def _plot_spectrum(result: dict, path: Path) -> None:
@@ -174,19 +178,10 @@ def _plot_spectrum(result: dict, path: Path) -> None:
 def _plot_cosines(arrays: dict, path: Path) -> None:
     from .. import geometry as g
 
-    counts, seen = _seen(arrays)
-    raw = g.pair_cosines(arrays["E"], arrays["W"]).numpy()
-    aligned = g.aligned_cosines(arrays["E"], arrays["W"]).numpy()
-    with figure(path, "Cosine of e_t and w_t against training frequency") as ax:
-        ax.scatter(counts[seen], raw[seen], s=4, alpha=0.35, color="C0", label="raw", linewidths=0)
-        ax.scatter(counts[seen], aligned[seen], s=4, alpha=0.35, color="C3", label="after the best rotation",
-                   linewidths=0)
-        ax.set_xscale("log")
-        plain_ticks(ax, "x")
-        ax.set_xlabel("count in the training split (log scale)")
-        ax.set_ylabel("cosine")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, markerscale=3)
+    E, W = arrays["E"], arrays["W"]
+    series = [("raw", g.pair_cosines(E, W).numpy(), "C0"),
+              ("after the rotation that maximises the mean cosine", g.aligned_cosines(E, W).numpy(), "C3")]
+    _scatter_by_count(arrays, path, "Cosine of e_t and w_t against training frequency", "cosine", series)
 
 
 def summary_row(analysis: dict) -> dict[str, Any]:
