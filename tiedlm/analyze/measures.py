@@ -35,7 +35,7 @@ def matrix_stats(M, counts: np.ndarray, bucket_of: np.ndarray, names: list[str],
 
 
 def pair_stats(E, W, bucket_of: np.ndarray, names: list[str], seed: int, sample: int, k: int = 10) -> dict:
-    """E against W_out: per-token cosines raw and after the best rotation (by bucket), linear
+    """E against W_out: per-token cosines raw and after the rotation that maximises their mean (by bucket), linear
     CKA, the overlap of each token's nearest neighbours, and the relative drift."""
     raw = g.pair_cosines(E, W).double().numpy()
     aligned = g.aligned_cosines(E, W).double().numpy()
