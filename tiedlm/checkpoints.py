@@ -174,6 +174,11 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return resolve_checkpoint(run_dir)[0]
 
 
+def stored_tied(manifest: dict) -> bool:
+    """Whether a checkpoint's weights hold one shared matrix (the manifest records it)."""
+    return manifest.get("tied") in (True, "True")
+
+
 def verify_checkpoint(ckpt: Path) -> dict:
     """Check every file against the manifest's SHA-256; return the manifest."""
     mpath = ckpt / MANIFEST

@@ -6,7 +6,6 @@ the commands so that `tiedlm --help` is instant."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -155,7 +154,9 @@ def train(
         from .train import train_run
 
         run_dir = train_run(cfg, out=out, name=name, overwrite=overwrite, progress=not quiet)
-        if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the run
+        from .distributed import is_main_process
+
+        if is_main_process():  # under torchrun, rank 0 speaks for the run
             typer.echo(str(run_dir / "report.md"))
 
     run_command(go)
@@ -234,7 +235,8 @@ def analyze(
         check_split(split, "--split")
         check_positive(sample, "--sample")
         check_at_most(sample, 100_000, "--sample", "neighbours of that many tokens are plenty for a mean")
-        from .analyze import analyze_run, expand_runs
+        from .analyze import analyze_run
+        from .runs import expand_runs
 
         dirs = expand_runs(runs_)
         results = []
@@ -319,7 +321,7 @@ def tensorboard_(
     """Write TensorBoard event files (tb/) for runs from their metrics.jsonl and report.json."""
 
     def go():
-        from .analyze import expand_runs
+        from .runs import expand_runs
         from .tensorboard import backfill_many
 
         import os

@@ -50,6 +50,13 @@ def from_env(env: dict | None = None) -> Dist:
     return d
 
 
+def is_main_process(env: dict | None = None) -> bool:
+    """False only in a torchrun process of rank > 0, which neither logs nor writes the run folder.
+    Never raises: from_env reports a malformed launch environment."""
+    env = os.environ if env is None else env
+    return "WORLD_SIZE" not in env or env.get("RANK", "0").strip() in ("", "0")
+
+
 def start(d: Dist, device: Any) -> Any:
     """Start the process group (once) and return the device this rank uses: cuda:LOCAL_RANK on GPUs."""
     if not d.active:

@@ -243,7 +243,7 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None) -
     if ckpt is None:
         raise RunError(f"{run_dir} has no checkpoint yet — train it first (tiedlm train --config ...)")
     tensors, _, manifest = checkpoints.load_checkpoint(ckpt, with_state=False)
-    tied = manifest.get("tied") in (True, "True")
+    tied = checkpoints.stored_tied(manifest)
     data = prepare_data(cfg, progress=False)
     report = runs.read_report(run_dir)
     recorded = report.data_identity if report is not None else None

@@ -49,16 +49,10 @@ class _Stderr:
 STDERR = _Stderr()
 
 
-_SILENT = [False]  # the ranks of a distributed run other than 0 do not log
-
-
-def silence(quiet: bool) -> None:
-    """Make log() a no-op (rank > 0 of a distributed run) or not."""
-    _SILENT[0] = quiet
-
-
 def log(msg: str) -> None:
-    if _SILENT[0]:
+    from .distributed import is_main_process
+
+    if not is_main_process():  # the ranks of a distributed run other than 0 do not log
         return
     STDERR.write(msg + "\n")
     STDERR.flush()

@@ -128,6 +128,19 @@ def run_dir_for(out: Path, name: str) -> Path:
     return Path(out) / name
 
 
+def expand_runs(items: list[str]) -> list[Path]:
+    """Run folders from the command line: folders, or globs (a glob matching nothing is an error)."""
+    import glob
+
+    found: list[Path] = []
+    for item in items:
+        matches = sorted(glob.glob(item)) if any(ch in item for ch in "*?[") else [item]
+        if not matches:
+            raise RunError(f"no run folder matches {item!r} — give run folders such as runs/base-tied-s0")
+        found += [Path(m) for m in matches if Path(m).name != "compare"]
+    return list(dict.fromkeys(found))
+
+
 # ------------------------------------------------------------------------- the lock
 
 

@@ -31,9 +31,9 @@ from .errors import (
     RunError,
 )
 from .optim import budget_steps, build_optimizer, lr_at, untie_step, untie_with_optimizer  # noqa: F401
-from .distributed import check_in_step
+from .distributed import check_in_step, is_main_process
 from .selection import BestTracker, evaluate_best, keep_best_weights, stop_reason
-from .process import STDERR, StopSignals, Terminated, git_commit, log, now, silence, versions
+from .process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
 from .tensorboard import TrainingLog, require
 
 # ------------------------------------------------------------------------- the entry point
@@ -51,8 +51,6 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
     from .distributed import from_env, stop
 
     d = from_env()
-    silence(not d.main)
-    _WRITES[0] = d.main
     run_name = name or f"{cfg.name}-s{cfg.seed}"
     run_dir = runs.run_dir_for(Path(out), run_name)
     config_dict = to_dict(cfg)
@@ -77,8 +75,6 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
                           "run the same command again", exit_code=143) from None
     finally:
         stop(d)
-        silence(False)
-        _WRITES[0] = True
         if created:  # a run that failed before writing anything leaves no empty folder behind
             try:
                 run_dir.rmdir()
@@ -439,11 +435,8 @@ def _forward(model, tcfg: Any, pre: Preflight, record: runs.RunRecord):
     return torch.compile(fwd) if tcfg.compile else fwd
 
 
-_WRITES = [True]  # False on the ranks other than 0 of a distributed run: they never write the folder
-
-
 def _append_metrics(run_dir: Path, tb: TrainingLog | None, records: list[dict]) -> None:
-    if not _WRITES[0]:
+    if not is_main_process():  # the ranks of a distributed run other than 0 never write the folder
         return
     runs.append_metrics(run_dir, records)  # the record; TensorBoard only shows it
     if tb is not None:

@@ -130,21 +130,6 @@ def read_analysis(run_dir: str | Path) -> dict | None:
     return data if isinstance(data, dict) and data.get("format") == FORMAT else None
 
 
-def expand_runs(items: list[str]) -> list[Path]:
-    """Run folders from the command line: folders, or globs (a glob matching nothing is an error)."""
-    import glob
-
-    from ..errors import RunError
-
-    found: list[Path] = []
-    for item in items:
-        matches = sorted(glob.glob(item)) if any(ch in item for ch in "*?[") else [item]
-        if not matches:
-            raise RunError(f"no run folder matches {item!r} — give run folders such as runs/base-tied-s0")
-        found += [Path(m) for m in matches if Path(m).name != "compare"]
-    return list(dict.fromkeys(found))
-
-
 def summary_line(r: dict, where: Path) -> str:
     """One line per analysed run for the terminal."""
     from ..formatting import fmt
@@ -165,4 +150,4 @@ def summary_line(r: dict, where: Path) -> str:
     return "; ".join(parts) + f" — wrote {Path(where) / ANALYSIS_MD}"
 
 
-__all__ = ["analyze_run", "read_analysis", "expand_runs", "summary_line", "ANALYSIS_JSON", "ANALYSIS_MD"]
+__all__ = ["analyze_run", "read_analysis", "summary_line", "ANALYSIS_JSON", "ANALYSIS_MD"]
