@@ -269,6 +269,10 @@ def choose_weights(runs: list[LoadedRun], select: str | None,
                           "its scores of them are biased low — use --primary test, or --select final")
     left = [LeftOut(r.path, r.name, "kept no best weights (train.keep_best: false), and --select best compares "
                     "only those") for r in runs if not r.final_best]
+    if runs and not kept:  # the generic "train some first" would point the wrong way
+        raise RunError(f"the {len(runs)} finished run{'s' * (len(runs) != 1)} kept no best weights (train.keep_best: "
+                       "false), and --select best compares only those — use --select final, or train with "
+                       "train.keep_best: true")
     if primary is None and kept and not any("test" in r.final_best for r in kept):
         raise ConfigError("--select best judges on test (validation chose the weights), and no run scored test with "
                           "its best weights — add test to eval.splits and retrain, or use --select final")
