@@ -15,7 +15,7 @@ LAYERS = [
     ["cli"],
     ["compare", "sweep", "params"],
     ["analyze", "export", "generate", "jobs"],
-    ["train", "selection", "optim"],
+    ["train", "selection", "optim", "step"],
     ["evaluate"],
     ["checkpoints", "figures", "tensorboard", "runs", "process"],
     ["model", "counting", "distributed", "device"],

@@ -86,7 +86,7 @@ def test_params_side_by_side(tiny_yaml):
 
 def test_eval_of_a_missing_run(tmp_path):
     r = invoke("eval", tmp_path / "nothing")
-    assert r.exit_code == 1 and "does not exist" in r.stderr
+    assert r.exit_code == 2 and "does not exist" in r.stderr  # the user named a path that is not a run
 
 
 def test_real_subprocess_train(tiny_yaml, tmp_path):

@@ -16,7 +16,7 @@ import pytest
 import tiedlm.compare as C
 from tiedlm import runs as run_folder
 from tiedlm.config import config_hash, load_config, to_dict, to_yaml
-from tiedlm.errors import ConfigError, RunError
+from tiedlm.errors import ConfigError, NotARunError
 
 scipy_stats = pytest.importorskip("scipy.stats")  # the cross-check only; tiedlm itself needs no scipy
 
@@ -329,12 +329,12 @@ def test_unfinished_failed_and_corrupt_runs_are_left_out_with_reasons(tmp_path):
     assert {r["run"] for r in rows if r["row_type"] == "skipped"} == set(reasons)
 
 
-def test_no_finished_runs_is_a_run_error_that_says_what_to_run(tmp_path):
+def test_no_finished_runs_is_a_usage_error_that_says_what_to_run(tmp_path):
     runs = tmp_path / "runs"
-    with raises_exactly(RunError, match="no runs folder"):
+    with raises_exactly(NotARunError, match="no runs folder"):
         C.compare_runs(runs_dir=runs)
     make_run(runs, "only-s0", 0, TIED, status="running")
-    with raises_exactly(RunError, match=r"no finished runs.*status running.*tiedlm compare --config"):
+    with raises_exactly(NotARunError, match=r"no finished runs.*status running.*tiedlm compare --config"):
         C.compare_runs(runs_dir=runs)
     assert not (runs / "compare").exists()
 

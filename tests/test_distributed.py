@@ -142,6 +142,7 @@ def test_a_failing_rank_stops_the_other_with_its_message(tmp_path):
 def test_an_indivisible_global_batch_is_refused(tmp_path):
     r = torchrun(config(tmp_path, batch_size=7), tmp_path / "runs", tmp_path)
     assert r.returncode != 0 and "train.batch_size (7) is the global batch" in r.stderr
+    assert r.stderr.count("tiedlm: error:") == 1  # said by rank 0 only: both ranks refuse it alike
     assert not (tmp_path / "runs" / "ddp-s0").exists()
 
 

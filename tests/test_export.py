@@ -106,7 +106,7 @@ def test_export_cli_refuses_a_used_folder_and_exports_a_named_checkpoint(trained
     r = CliRunner().invoke(app, ["export", str(trained["tied"]), "--out", str(tmp_path / "full")])
     assert r.exit_code == 2 and "not an empty folder" in r.stderr and (tmp_path / "full" / "x").read_text() == "keep"
     r = CliRunner().invoke(app, ["export", str(trained["tied"]), "--out", str(tmp_path / "a"), "--checkpoint", "step-9"])
-    assert r.exit_code == 1 and "has no checkpoint 'step-9' (it has step-0000012)" in r.stderr
+    assert r.exit_code == 2 and "has no checkpoint 'step-9' (it has step-0000012)" in r.stderr
     r = CliRunner().invoke(app, ["export", str(trained["tied"]), "--out", str(tmp_path / "a"),
                                  "--checkpoint", "step-0000012"])
     assert r.exit_code == 0 and "max |logit difference| 0" in r.stdout

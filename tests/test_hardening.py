@@ -65,7 +65,6 @@ VALID = {
     "train.compile": ("bool",),
     "train.decay_embeddings": ("bool",),
     "train.threads": ("zero",),  # 0 keeps torch's default
-    "train.grad_accum": ("huge",),  # a long time per step, like a huge budget
     "train.max_tokens": ("huge",),  # budgets: long, not wrong
     "train.max_steps": ("huge",),
     "train.min_lr": ("zero",),
@@ -86,10 +85,11 @@ VALID = {
 }
 
 # Valid to the config, but a model or batch that no machine holds: the memory estimate in the
-# training preflight (model.check_fits) refuses them (exit 2) before any folder is created.
+# training preflight (model.check_fits) refuses them (exit 2) before any folder is created. (A huge
+# train.batch_size, train.grad_accum or model.block_size is refused by config validation before it:
+# their product, the tokens per optimizer step, is capped by checks.TOKENS_PER_STEP_LIMIT.)
 NEEDS_MEMORY_ESTIMATE = {
-    ("model.n_layer", "huge"), ("model.n_embd", "huge"), ("model.block_size", "huge"),
-    ("train.batch_size", "huge"), ("eval.batch_size", "huge"),
+    ("model.n_layer", "huge"), ("model.n_embd", "huge"), ("eval.batch_size", "huge"),
 }
 
 

@@ -125,7 +125,7 @@ def test_eval_best_scores_the_kept_weights_as_the_final_evaluation_did(reference
     assert {s: last[s]["loss"] for s in last} == {s: r["final"][s]["loss"] for s in r["final"]}
     plain = train(tmp_path, "plain", "train.max_steps=10")
     out = CliRunner().invoke(app, ["eval", str(plain), "--best"])
-    assert out.exit_code == 1 and "kept no best weights" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert out.exit_code == 2 and "kept no best weights" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
 def test_every_run_records_its_best_even_without_keep_best(tmp_path, reference):

@@ -131,9 +131,11 @@ def test_backfill_writes_what_a_logged_run_wrote(logged, tmp_path):
     assert scalars == ref_scalars
     assert texts["params/text_summary"] == ref_texts["params/text_summary"]
     assert texts["run/text_summary"] == ref_texts["run/text_summary"].replace("**logged**", "**plain**")
-    (plain / TB / "stale.txt").write_text("x")
-    assert backfill_many([tmp_path]) == [plain / TB]  # a folder of runs stands for its runs
-    assert [p.name for p in (plain / TB).iterdir() if not p.name.startswith("events.")] == []  # replaced
+    (plain / TB / "notes.txt").write_text("x")  # not tiedlm's: left alone (test_hardening_writes.py)
+    left_alone = []
+    assert backfill_many([tmp_path], left_alone) == [plain / TB]  # a folder of runs stands for its runs
+    assert left_alone == [plain / TB / "notes.txt"] and (plain / TB / "notes.txt").read_text() == "x"
+    assert len([p for p in (plain / TB).iterdir() if p.name.startswith("events.")]) == 1  # replaced
     assert {tag: v for tag, v in events(plain)[0].items() if tag != speed} == ref_scalars
 
 
@@ -233,4 +235,4 @@ def test_cli_train_compare_and_backfill_write_event_files(tmp_path):
     r = CliRunner().invoke(app, ["tensorboard", str(root / "t-s*")])
     assert r.exit_code == 0 and r.stdout.count("wrote ") == 2 and f"--logdir {root}" in r.stdout
     r = CliRunner().invoke(app, ["tensorboard", str(tmp_path)])
-    assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1

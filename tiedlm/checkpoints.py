@@ -10,6 +10,10 @@ A checkpoint is written into a temporary folder (files fsynced, the manifest las
 into place; LATEST is then pointed at it, and only then is the previous one removed. Nothing is
 unpickled: weights load with safetensors, state with torch.load(weights_only=True), and every
 file is checked against the manifest first.
+
+Since a resume removes every checkpoint folder but the newest, nothing else may be written in
+checkpoints/, nor in the run's other parts that training rewrites: check_outside_runs is the one
+check of every command that writes elsewhere (export --out, analyze --out, compare).
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from .errors import RunError
+from .errors import ConfigError, DamagedRunError, RunError
 from .files import fsync_dir, sha256_file
 from .runs import (
     CHECKPOINTS,
+    CONFIG,
     FORMAT,
+    MANAGED,
+    REPORT,
     atomic_write_json,
     atomic_write_text,
     check_format,
@@ -156,11 +163,14 @@ def resolve_checkpoint(run_dir: Path) -> tuple[Path | None, str | None]:
             continue
         return path, f"{problem}: using {path.name}, the newest checkpoint that verifies"
     if candidates:
-        raise RunError(f"{problem} and none of the checkpoints in {root} ({', '.join(p.name for p in candidates[:3])}) "
-                       "matches its manifest — restore the checkpoint files, or use --overwrite to start afresh")
+        shown = ", ".join(p.name for p in candidates[:3])
+        raise DamagedRunError(f"{problem} and none of the checkpoints in {root} ({shown}) matches its manifest",
+                              "restore the checkpoint files, or use --overwrite to start afresh",
+                              "restore the checkpoint files, or retrain the run")
     if name is not None:
-        raise RunError(f"{problem} and {root} holds no checkpoint — the run folder is damaged; restore the "
-                       "checkpoint, or use --overwrite to start afresh")
+        raise DamagedRunError(f"{problem} and {root} holds no checkpoint (the run folder is damaged)",
+                              "restore the checkpoint, or use --overwrite to start afresh",
+                              "restore the checkpoint, or retrain the run")
     return None, None
 
 
@@ -185,16 +195,15 @@ def verify_checkpoint(ckpt: Path) -> dict:
     try:
         manifest = json.loads(mpath.read_text())
     except (OSError, ValueError):
-        raise RunError(f"checkpoint {ckpt} has no readable manifest — it is damaged; "
-                       "use --overwrite to start afresh") from None
+        raise DamagedRunError(f"checkpoint {ckpt} has no readable manifest (it is damaged)") from None
     check_format(manifest.get("format"), mpath)
     for fname, meta in manifest.get("files", {}).items():
         fpath = ckpt / fname
         if not fpath.exists():
-            raise RunError(f"checkpoint file {fpath} is missing — use --overwrite to start afresh")
+            raise DamagedRunError(f"checkpoint file {fpath} is missing")
         if fpath.stat().st_size != meta.get("bytes") or sha256_file(fpath) != meta.get("sha256"):
-            raise RunError(f"checkpoint file {fpath} does not match its SHA-256 in the manifest (truncated "
-                           "or altered) — nothing was loaded; restore it, or use --overwrite to start afresh")
+            raise DamagedRunError(f"checkpoint file {fpath} does not match its SHA-256 in the manifest (truncated "
+                                  "or altered); nothing was loaded")
     return manifest
 
 
@@ -209,8 +218,36 @@ def load_checkpoint(ckpt: Path, with_state: bool = True) -> tuple[dict, dict | N
         tensors = load_file(str(ckpt / MODEL_FILE))
         state = torch.load(ckpt / STATE_FILE, weights_only=True) if with_state else None
     except Exception as exc:  # a file that passed the hash but still fails to parse
-        raise RunError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}) — use --overwrite") from None
+        raise DamagedRunError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__})") from None
     return tensors, state, manifest
+
+
+def check_finite_weights(tensors: dict, ckpt: Path) -> None:
+    """Refuse weights holding nan or inf (a run that diverged before the checkpoint was written):
+    the one check behind sample, eval, analyze and export, which would otherwise crash, score nan
+    or blame the export. Names the first tensor found and what it holds."""
+    import torch
+
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if not bad:
+        return
+    first = tensors[bad[0]]
+    what = "nan" if bool(torch.isnan(first).any()) else "inf"
+    more = f" and {len(bad) - 1} more tensor{'s' * (len(bad) > 2)}" if len(bad) > 1 else ""
+    raise RunError(f"the weights in {ckpt} are not finite ({what} in {bad[0]}{more}) — the run diverged before this "
+                   "checkpoint was written; use an earlier checkpoint if the run kept one (best-step-N), or "
+                   "retrain with a lower train.lr")
+
+
+def check_outside_runs(folder: Path, option: str = "--out") -> None:
+    """A ConfigError (exit 2) when `folder` is or lies in a part of a run folder (one holding
+    report.json or config.yaml) that training writes (runs.MANAGED: checkpoints/, tb/, tokenizer/,
+    report.json, ...; links followed), where a resume or --overwrite replaces or deletes it."""
+    p = Path(folder).expanduser().resolve()
+    for part in (q for q in [p, *p.parents] if q.name in MANAGED):
+        if (part.parent / REPORT).is_file() or (part.parent / CONFIG).is_file():
+            raise ConfigError(f"{option} {folder} lies in {part}, a part of the run {part.parent.name} that tiedlm "
+                              "manages (training replaces or deletes what is there) — choose a folder outside it")
 
 
 def clear_checkpoints(run_dir: Path) -> None:

@@ -39,6 +39,11 @@ SYNTHETIC_CLASSES_LIMIT = 1024
 # times rarer than the first, and far beyond it the rare words' probabilities underflow to 0.
 ZIPF_LIMIT = 10.0
 PAD_LIMIT = 4096  # padding is for GPU-friendly sizes (64, 128); a larger multiple only adds unused rows
+# Tokens per optimizer step, train.batch_size x train.grad_accum x model.block_size. The largest
+# published LLM runs use 4M-16M (GPT-3: 3.2M, Llama 3 405B: 16M); 2**27 = 134M is 8x that, far past
+# any small GPT, while a typo (grad_accum=100000000) passes it by orders of magnitude. Such a step
+# would take hours to days on one device before the first update, so it is refused as a mistake.
+TOKENS_PER_STEP_LIMIT = 2**27
 # Run folder names. '=' and '+' are allowed because tiedlm builds names with them itself (compare
 # folders such as base-n_embd=256-tied-s0, sweep names); both are safe in file names everywhere.
 # 200 characters leave room for the suffixes tiedlm appends within the usual 255-byte limit.
@@ -146,6 +151,7 @@ def validate(cfg: Config) -> None:
         check_seed(value, key)
     _validate_model(cfg.model)
     _validate_train(cfg.train)
+    _validate_tokens_per_step(cfg.train, cfg.model)
     _validate_tokenizer(cfg.tokenizer)
     _validate_data(cfg.data)
     _validate_eval(cfg.eval, cfg.model.block_size)
@@ -189,6 +195,14 @@ def _validate_train(t: Any) -> None:
            f"train.lr x train.weight_decay must be below 1, got {t.lr:g} x {t.weight_decay:g} (AdamW scales weights "
            "by 1 - lr x weight_decay each step) — lower train.lr or train.weight_decay")
     _check(0.0 <= t.beta1 < 1.0 and 0.0 <= t.beta2 < 1.0, "train.beta1 and train.beta2 must be in [0, 1)")
+
+
+def _validate_tokens_per_step(t: Any, m: Any) -> None:
+    tokens = t.batch_size * t.grad_accum * m.block_size
+    _check(tokens <= TOKENS_PER_STEP_LIMIT,
+           f"train.batch_size x train.grad_accum x model.block_size (tokens per optimizer step) must be at most "
+           f"{TOKENS_PER_STEP_LIMIT:,} (8x the largest published LLM batches), got {t.batch_size:,} x "
+           f"{t.grad_accum:,} x {m.block_size:,} = {tokens:,} — lower train.grad_accum or train.batch_size")
 
 
 def _validate_selection(t: Any) -> None:
@@ -260,3 +274,23 @@ def _validate_eval(e: Any, block_size: int) -> None:
     _check(all(0.0 < b < 1.0 for b in e.buckets) and list(e.buckets) == sorted(set(e.buckets)),
            f"eval.buckets must be increasing fractions in (0, 1), got {e.buckets}")
     check_positive(e.batch_size, "eval.batch_size")
+
+
+# A vocabulary to count with (`params --vocab-size`): real tokenizers stay below a million entries;
+# beyond 2**24 the count is arithmetic about no model anyone trains, and most likely a typo.
+VOCAB_LIMIT = 2**24
+
+
+def check_folder_option(value: str, option: str, must_exist: bool = False):
+    """A folder given on the command line (`--out`, a run folder): not empty, no control characters
+    (a newline pasted into a path), not a file; returned as a Path. An empty value is refused
+    rather than read as the working directory (it is most often an unset shell variable)."""
+    from pathlib import Path
+
+    _check(value.strip() != "", f"{option} is empty — give a folder path")
+    bad = next((c for c in value if ord(c) < 32 or ord(c) == 127), None)
+    _check(bad is None, f"{option} {value!r} holds a control character ({bad!r}) — give a plain folder path")
+    path = Path(value)
+    _check(not (path.exists() and not path.is_dir()), f"{option} {value} is a file, not a folder — give a folder")
+    _check(not must_exist or path.is_dir(), f"{option} {value} does not exist — give an existing folder")
+    return path

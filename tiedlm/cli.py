@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from . import __version__
-from .errors import ConfigError, TiedlmError
+from .errors import ConfigError, Interrupted, TiedlmError
 
 # click's UsageError (the base of typer's public BadParameter), from whichever click typer uses:
 # recent typer versions vendor their own copy, so `import click` would catch nothing.
@@ -59,8 +59,18 @@ ConfigOpt = typer.Option(..., "--config", "-c", help="YAML config file.")
 SetOpt = typer.Option(None, "--set", "-s", help="Override a config key, e.g. --set model.n_embd=256 (repeatable).")
 
 
-def _fail(message: str, code: int) -> None:
-    typer.echo(f"tiedlm: error: {message}", err=True)
+def _fail(message: str, code: int, same_on_every_rank: bool = True) -> None:
+    """One line on stderr and exit `code`. Under torchrun an error that every rank meets alike (a
+    refused config or option, an interrupt) is said by rank 0 alone; one that only some ranks meet
+    is said by each of them, with its rank."""
+    from .distributed import is_main_process
+
+    if is_main_process():
+        typer.echo(f"tiedlm: error: {message}", err=True)
+    elif not same_on_every_rank:
+        import os
+
+        typer.echo(f"tiedlm: error: rank {os.environ.get('RANK', '?')}: {message}", err=True)
     raise typer.Exit(code)
 
 
@@ -78,14 +88,19 @@ def _silence_closed_streams() -> None:
     os.close(devnull)
 
 
-def run_command(fn: Callable[[], object]) -> object:
-    """Call fn; map expected failures to one line on stderr and an exit code."""
+def run_command(fn: Callable[[], object], reads_runs: bool = False) -> object:
+    """Call fn; map expected failures to one line on stderr and an exit code. `reads_runs`: the
+    command only reads runs, so a damaged run's fix is not train's --overwrite (DamagedRunError)."""
     try:
         return fn()
     except TiedlmError as exc:
         if _state["debug"]:
             raise
-        _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exc.exit_code)
+        from .errors import DamagedRunError
+
+        text = exc.for_reader() if reads_runs and isinstance(exc, DamagedRunError) else str(exc)
+        alike = isinstance(exc, (ConfigError, Interrupted)) or exc.exit_code in (2, 130, 143)
+        _fail(text.splitlines()[0] if text else type(exc).__name__, exc.exit_code, same_on_every_rank=alike)
     except KeyboardInterrupt:
         if _state["debug"]:
             raise
@@ -99,7 +114,8 @@ def run_command(fn: Callable[[], object]) -> object:
         if _state["debug"]:
             raise
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        _fail(f"{exc.strerror or exc}{where} — check the path, its permissions and the free disk space", 1)
+        _fail(f"{exc.strerror or exc}{where} — check the path, its permissions and the free disk space", 1,
+              same_on_every_rank=False)
     return None
 
 
@@ -129,7 +145,7 @@ def train(
     set_: Optional[List[str]] = SetOpt,
     seed: Optional[int] = typer.Option(None, "--seed", help="Run seed (model init, batches, dropout)."),
     name: Optional[str] = typer.Option(None, "--name", help="Run folder name (default: <name>-s<seed>)."),
-    out: Path = typer.Option(Path("runs"), "--out", help="Parent folder of run folders."),
+    out: str = typer.Option("runs", "--out", help="Parent folder of run folders."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete an existing run folder and start afresh."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Also write TensorBoard event files into "
@@ -139,8 +155,9 @@ def train(
     """Train one model. Re-running a finished run does nothing; an unfinished one resumes."""
 
     def go():
-        from .checks import check_run_name, check_seed
+        from .checks import check_folder_option, check_run_name, check_seed
 
+        out_dir = check_folder_option(out, "--out")
         if seed is not None:
             check_seed(seed, "--seed")
         if name is not None:
@@ -153,7 +170,7 @@ def train(
             return
         from .train import train_run
 
-        run_dir = train_run(cfg, out=out, name=name, overwrite=overwrite, progress=not quiet)
+        run_dir = train_run(cfg, out=out_dir, name=name, overwrite=overwrite, progress=not quiet)
         from .distributed import is_main_process
 
         if is_main_process():  # under torchrun, rank 0 speaks for the run
@@ -173,13 +190,14 @@ def params(
     """Parameter breakdown of the tied and untied forms side by side (no training, instant)."""
 
     def go():
-        from .checks import check_positive
+        from .checks import VOCAB_LIMIT, check_at_most, check_positive
 
         if vocab_size is not None:
             if data:
                 raise ConfigError("--vocab-size and --data contradict each other (--data counts with the prepared "
                                   "tokenizer's real size) — give one of them")
             check_positive(vocab_size, "--vocab-size")
+            check_at_most(vocab_size, VOCAB_LIMIT, "--vocab-size", "real tokenizers stay below a million entries")
         cfg = _load(config, set_)
         from .params import params_report
 
@@ -212,62 +230,88 @@ def eval_(
         from .evaluate import evaluate_run
 
         result = evaluate_run(run, splits=split, stride=stride, device=device, best=best)
-        typer.echo(json.dumps(result["results"], indent=2) if as_json else result["text"])
+        from .evaluate import strict_json  # an overflowing perplexity is null, never Infinity
 
-    run_command(go)
+        typer.echo(json.dumps(strict_json(result["results"]), indent=2, allow_nan=False) if as_json
+                   else result["text"])
+
+    run_command(go, reads_runs=True)
 
 
 @app.command()
 def analyze(
     runs_: List[str] = typer.Argument(..., metavar="RUN_DIR|GLOB...", help="Run folders or globs."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write here instead of into the run folder (with "
+    out: Optional[str] = typer.Option(None, "--out", help="Write here instead of into the run folder (with "
                                        "several runs, into OUT/<run name>/)."),
     split: str = typer.Option("validation", "--split", help="The split the direct path is scored on."),
     sample: int = typer.Option(2000, "--sample", help="Tokens sampled for the neighbour statistics."),
     seed: int = typer.Option(0, "--seed", help="Seed of the samples."),
     as_json: bool = typer.Option(False, "--json", help="Print analysis.json of each run (a JSON list)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace files of the analysis' names (analysis.md, "
+                                   "analysis.json, analysis_*.png) that tiedlm did not write there."),
 ) -> None:
     """Look inside E and W_out: norms, anisotropy, spectra, how the two differ, the direct path."""
 
     def go():
-        from .checks import check_at_most, check_positive, check_split
+        from .checks import check_at_most, check_folder_option, check_positive, check_seed, check_split
 
+        out_dir = None if out is None else check_folder_option(out, "--out")
         check_split(split, "--split")
         check_positive(sample, "--sample")
         check_at_most(sample, 100_000, "--sample", "neighbours of that many tokens are plenty for a mean")
-        from .analyze import analyze_run
+        check_seed(seed, "--seed")
+        from .analyze import analyze_run, check_target
+        from .evaluate import strict_json
         from .runs import expand_runs
 
         dirs = expand_runs(runs_)
-        results = []
+        results, failed = [], []
+        targets = {d: None if out_dir is None else (out_dir if len(dirs) == 1 else out_dir / d.name) for d in dirs}
+        for d, target in targets.items():  # a refused folder refuses them all, before anything is written
+            check_target(target or d, overwrite, "--overwrite", target is not None)
         for d in dirs:
-            target = None if out is None else (out if len(dirs) == 1 else out / d.name)
-            results.append(analyze_run(d, out=target, split=split, sample=sample, seed=seed))
+            target = targets[d]
+            try:
+                results.append(analyze_run(d, out=target, split=split, sample=sample, seed=seed,
+                                           overwrite=overwrite))
+            except TiedlmError as exc:  # one damaged run does not keep the others from being analysed
+                if len(dirs) == 1 or _state["debug"] or isinstance(exc, Interrupted):
+                    raise
+                failed.append((d, exc))
+                continue
             if not as_json:
                 from .analyze import summary_line
 
                 typer.echo(summary_line(results[-1], target or d))
         if as_json:
-            typer.echo(json.dumps(results, indent=2))
+            typer.echo(json.dumps(strict_json(results), indent=2, allow_nan=False))
+        for d, exc in failed:  # said at the end, one line each, after the runs that were analysed
+            text = exc.for_reader() if hasattr(exc, "for_reader") else str(exc)
+            typer.echo(f"tiedlm: error: {d} was not analysed: {(text.splitlines() or [type(exc).__name__])[0]}",
+                       err=True)
+        if failed:
+            codes = {exc.exit_code for _, exc in failed}
+            raise typer.Exit(codes.pop() if len(codes) == 1 else 1)
 
-    run_command(go)
+    run_command(go, reads_runs=True)
 
 
 @app.command()
 def export(
     run: Path = typer.Argument(..., help="A run folder."),
-    out: Path = typer.Option(..., "--out", help="The folder to write (new, or empty)."),
+    out: str = typer.Option(..., "--out", help="The folder to write (new, or empty)."),
     checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="step-N or best-step-N (default: the "
                                              "latest checkpoint)."),
 ) -> None:
     """Export a run as a Hugging Face transformers GPT2LMHeadModel (checked against tiedlm's logits)."""
 
     def go():
+        from .checks import check_folder_option
         from .export import export_run, summary
 
-        typer.echo(summary(export_run(run, out, checkpoint=checkpoint)))
+        typer.echo(summary(export_run(run, check_folder_option(out, "--out"), checkpoint=checkpoint)))
 
-    run_command(go)
+    run_command(go, reads_runs=True)
 
 
 @app.command()
@@ -288,8 +332,9 @@ def sample(
     def go():
         import math
 
-        from .checks import check_at_most, check_device, check_positive
+        from .checks import check_at_most, check_device, check_positive, check_seed
 
+        check_seed(seed, "--seed")
         check_positive(max_new_tokens, "--max-new-tokens")
         check_at_most(max_new_tokens, 1_000_000, "--max-new-tokens", "one token per forward pass")
         check_positive(num_samples, "--num-samples")
@@ -311,7 +356,7 @@ def sample(
         opts = SampleOptions(prompt, max_new_tokens, temperature, top_k, top_p, seed, num_samples)
         sample_run(run, opts, write, note=lambda m: typer.echo(f"note: {m}", err=True), device=device)
 
-    run_command(go)
+    run_command(go, reads_runs=True)
 
 
 @app.command("tensorboard")
@@ -322,18 +367,21 @@ def tensorboard_(
 
     def go():
         from .runs import expand_runs
-        from .tensorboard import backfill_many
+        from .tensorboard import backfill_many, left_alone_lines
 
         import os
 
-        written = backfill_many(expand_runs(runs_))
+        left_alone: list = []
+        written = backfill_many(expand_runs(runs_), left_alone)
         for path in written:
             typer.echo(f"wrote {path}")
+        for line in left_alone_lines(left_alone):
+            typer.echo(line)
         if written:
             logdir = os.path.commonpath([str(p.parent.parent) for p in written])
             typer.echo(f"view them side by side: tensorboard --logdir {logdir}")
 
-    run_command(go)
+    run_command(go, reads_runs=True)
 
 
 @app.command()
@@ -412,9 +460,12 @@ def compare(
     select: Optional[str] = typer.Option(None, "--select", help="Whose scores to compare: 'best' (the weights "
                                          "each run kept at its best validation evaluation, train.keep_best) or "
                                          "'final' (the last weights). Default: best when every run kept them."),
-    out: Path = typer.Option(Path("runs"), "--out", help="Runs folder; the comparison goes to OUT/compare/."),
+    out_: str = typer.Option("runs", "--out", help="Runs folder; the comparison goes to OUT/compare/."),
     overwrite: bool = typer.Option(False, "--overwrite", help="With --config: retrain runs whose folders hold "
                                    "another config (say, after editing it) instead of refusing them."),
+    overwrite_output: bool = typer.Option(False, "--overwrite-output", help="Replace files in OUT/compare/ (and, "
+                                          "with --analyze, analysis files in the run folders) that tiedlm did not "
+                                          "write, instead of refusing them."),
     analyze: bool = typer.Option(False, "--analyze", help="First analyse each run's two matrices (tiedlm "
                                  "analyze) and add what they show to the report."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Write TensorBoard event files (tb/) for the "
@@ -424,10 +475,13 @@ def compare(
     """Compare finished runs (tied vs untied), across seeds, with intervals and plots."""
 
     def go():
-        from .checks import check_at_most, check_positive, check_split
+        from .checks import check_at_most, check_folder_option, check_positive, check_split
 
+        out = check_folder_option(out_, "--out")
         if primary is not None:
             check_split(primary, "--primary")
+        if baseline is not None and (not baseline.strip() or "\n" in baseline):
+            raise ConfigError(f"--baseline {baseline!r} names no variant — give a variant's label or a run's name")
         if select not in (None, "best", "final"):
             raise ConfigError(f"--select {select!r} is not known — choose best (each run's kept best weights) "
                               "or final (the last weights)")
@@ -450,22 +504,25 @@ def compare(
         if config is not None:
             result = compare_config(config, set_ or [], seeds=seeds or 1, match=match, runs_dir=out,
                                     baseline=baseline, progress=not quiet, overwrite=overwrite, primary=primary,
-                                    select=select, analyze=analyze)
+                                    select=select, analyze=analyze, overwrite_output=overwrite_output)
         else:
             result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select,
-                                  analyze=analyze)
+                                  analyze=analyze, overwrite_output=overwrite_output)
         typer.echo(format_terminal_table(result))
         if tensorboard:
-            from .tensorboard import backfill_many
+            from .tensorboard import backfill_many, left_alone_lines
 
-            written = backfill_many([Path(r.path) for r in result.runs])
+            left_alone: list = []
+            written = backfill_many([Path(r.path) for r in result.runs], left_alone)
             typer.echo(f"wrote TensorBoard event files for {len(written)} runs: tensorboard --logdir {out}")
+            for line in left_alone_lines(left_alone):
+                typer.echo(line)
         failures = result.train_failures
         if failures:
             raise TiedlmError(f"{len(failures)} run(s) failed to train: "
                               + ", ".join(f.name for f in failures) + " — see the reasons above")
 
-    run_command(go)
+    run_command(go, reads_runs=config is None)
 
 
 @app.command()
@@ -486,7 +543,8 @@ def sweep(
 
         if emit not in (None, "shell", "slurm"):
             raise ConfigError(f"--emit {emit!r} is not known — choose shell or slurm")
-        given = [o for o, v in (("--partition", partition), ("--time", time_), ("--gpus-per-task", gpus_per_task)) if v]
+        given = [o for o, v in (("--partition", partition), ("--time", time_), ("--gpus-per-task", gpus_per_task))
+                 if v is not None]  # an empty value is given too (and refused by slurm_script's checks)
         if given and emit != "slurm":
             raise ConfigError(f"{given[0]} only applies with --emit slurm — add it or drop {given[0]}")
         if emit == "slurm":

@@ -302,14 +302,50 @@ def _unique_key_loader() -> type:
     return UniqueKeyLoader
 
 
+# Anchors and aliases let a few hundred bytes of YAML stand for billions of values ("billion
+# laughs": each level a list of ten aliases of the level below). PyYAML builds that as a few shared
+# objects in milliseconds, but whatever walks it afterwards (deep copies, merging, flattening,
+# hashing) visits every value, for minutes and gigabytes. A real config holds fewer than 200 values;
+# a grid file a few hundred more. Counting stops at the limit, so a refusal takes milliseconds.
+YAML_VALUES_LIMIT = 100_000
+
+
+def _expands_beyond(data: Any, limit: int) -> bool:
+    """Whether `data` holds more than `limit` values, each shared (aliased) mapping or list counted
+    every time it is reached, as a walk over the document would. Stops as soon as the count passes
+    the limit, so it also ends on a document that refers to itself."""
+    count = 0
+    stack = [iter((data,))]
+    while stack:
+        for value in stack[-1]:
+            count += 1
+            if count > limit:
+                return True
+            if isinstance(value, dict):
+                count += len(value)  # the keys
+                stack.append(iter(value.values()))
+                break
+            if isinstance(value, (list, tuple, set)):
+                stack.append(iter(value))
+                break
+        else:
+            stack.pop()
+    return False
+
+
 def load_yaml(text: str, where: str) -> Any:
-    """yaml.safe_load that refuses duplicate keys; `where` (a file name, `--set x`) starts the message."""
+    """yaml.safe_load that refuses duplicate keys and documents that expand through anchors and
+    aliases to more than YAML_VALUES_LIMIT values; `where` (a file name, `--set x`) starts the message."""
     import yaml
 
     try:
-        return yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader subclass)
+        data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader subclass)
     except _DuplicateKey as exc:
         raise ConfigError(exc.message(where)) from None
+    if _expands_beyond(data, YAML_VALUES_LIMIT):
+        raise ConfigError(f"{where}: the YAML expands to more than {YAML_VALUES_LIMIT:,} values through anchors "
+                          "and aliases — write the values out, or use fewer aliases")
+    return data
 
 
 def _read_yaml(path: Path) -> dict:

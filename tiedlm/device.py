@@ -14,8 +14,10 @@ from typing import Iterator
 from .errors import ConfigError
 
 
-def resolve_device(name: str):
-    """auto -> cuda, mps or cpu, in that order of preference; a named device must be visible."""
+def resolve_device(name: str, key: str = "train.device", fix: str = "--set train.device=auto"):
+    """auto -> cuda, mps or cpu, in that order of preference; a named device must be visible.
+    `key` is where the name came from and `fix` the option that changes it, for the message: a
+    run's config (`--set train.device=auto`) or a command's own `--device auto`."""
     import torch
 
     if name == "auto":
@@ -26,14 +28,13 @@ def resolve_device(name: str):
         return torch.device("cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"train.device is {name} but no CUDA device is visible — "
-                              "use --set train.device=auto (or cpu)")
+            raise ConfigError(f"{key} is {name} but no CUDA device is visible — use {fix} (or cpu)")
         idx = int(name.split(":")[1]) if ":" in name else 0
         if idx >= torch.cuda.device_count():
-            raise ConfigError(f"train.device is {name} but only {torch.cuda.device_count()} CUDA "
+            raise ConfigError(f"{key} is {name} but only {torch.cuda.device_count()} CUDA "
                               "device(s) are visible — choose one of them")
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError("train.device is mps but MPS is not available — use --set train.device=auto")
+        raise ConfigError(f"{key} is mps but MPS is not available — use {fix}")
     return torch.device(name)
 
 

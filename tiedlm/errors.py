@@ -44,6 +44,30 @@ class RunError(TiedlmError):
     exit_code = 1
 
 
+class DamagedRunError(RunError):
+    """A run folder's file is damaged (a checkpoint that fails its manifest, a report or config that
+    does not parse). The fix depends on the command: `train` can start afresh with --overwrite, a
+    command that only reads the run cannot. The message is train's; `for_reader` is the other."""
+
+    def __init__(self, problem: str, fix: str = "restore it, or use --overwrite to start afresh",
+                 reader_fix: str = "restore it, or retrain the run"):
+        super().__init__(f"{problem} — {fix}")
+        self.problem, self.reader_fix = problem, reader_fix
+
+    def for_reader(self) -> str:
+        """The message for a command that reads runs and has no --overwrite of that meaning."""
+        return f"{self.problem} — {self.reader_fix}"
+
+
+class NotARunError(RunError):
+    """A path given as a run is not one the command can use: missing, not a folder, not a tiedlm
+    run, without a checkpoint, naming a checkpoint the run does not have, or without the kept best
+    weights that --best asks for. The user chose the path, so it exits 2 like every other wrong
+    argument."""
+
+    exit_code = 2
+
+
 class DivergedError(TiedlmError):
     """Training produced a non-finite loss or gradient norm."""
 

@@ -226,23 +226,24 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None) -
     from . import checkpoints, runs
     from .config import from_dict
     from .data import data_identity, prepare_data
-    from .errors import RunError
+    from .errors import NotARunError, RunError
     from .model import GPT, load_model_tensors
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise RunError(f"{run_dir} does not exist or is not a folder — give a run folder such as runs/base-s0")
+        raise NotARunError(f"{run_dir} does not exist or is not a folder — give a run folder such as runs/base-s0")
     raw = runs.read_config(run_dir)
     if raw is None:
-        raise RunError(f"{run_dir} has no config.yaml — is it a tiedlm run folder?")
+        raise NotARunError(f"{run_dir} has no config.yaml — is it a tiedlm run folder?")
     cfg = from_dict(raw)
     if checkpoint is not None:
         ckpt = _named_checkpoint(run_dir, checkpoint)
     else:
         ckpt = _best_weights(run_dir) if best else checkpoints.latest_checkpoint(run_dir)
     if ckpt is None:
-        raise RunError(f"{run_dir} has no checkpoint yet — train it first (tiedlm train --config ...)")
+        raise NotARunError(f"{run_dir} has no checkpoint yet — train it first (tiedlm train --config ...)")
     tensors, _, manifest = checkpoints.load_checkpoint(ckpt, with_state=False)
+    checkpoints.check_finite_weights(tensors, ckpt)  # nan weights: one line, not a crash or a nan score
     tied = checkpoints.stored_tied(manifest)
     data = prepare_data(cfg, progress=False)
     report = runs.read_report(run_dir)
@@ -269,8 +270,8 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
 
     from . import runs
     from .config import from_dict
-    from .device import autocast_ctx, resolve_device, resolve_dtype
-    from .errors import ConfigError
+    from .device import autocast_ctx, cpu_threads, resolve_device, resolve_dtype
+    from .errors import ConfigError, RunError
 
     raw = runs.read_config(Path(run_dir)) if Path(run_dir).is_dir() else None
     if raw is not None and stride is not None:  # refused before any data are prepared
@@ -279,7 +280,7 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
             raise ConfigError(f"--stride must be between 1 and the run's block_size ({block}), got {stride}")
     rm = load_run_model(run_dir, best=best)
     cfg, data = rm.cfg, rm.data
-    device = resolve_device(device)
+    device = resolve_device(device, "--device", "--device auto")
     dtype = resolve_dtype(cfg.train.dtype, device)
     model = rm.model.to(device)
     results = {}
@@ -287,10 +288,15 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
         if split not in data.splits:
             raise ConfigError(f"split {split!r} is not in this run's data (it has {', '.join(data.splits)}) — "
                               "choose one of those")
-        results[split] = evaluate_split(model, data.splits[split], cfg.model.block_size, stride or cfg.eval.stride,
-                                        cfg.eval.batch_size, device, autocast_ctx(device, dtype),
-                                        train_counts=data.train_counts, fractions=cfg.eval.buckets,
-                                        unk_id=data.tokenizer.unk_id)
+        with cpu_threads(cfg.train.threads):  # the run's threads, as in training
+            results[split] = evaluate_split(model, data.splits[split], cfg.model.block_size,
+                                            stride or cfg.eval.stride, cfg.eval.batch_size, device,
+                                            autocast_ctx(device, dtype), train_counts=data.train_counts,
+                                            fractions=cfg.eval.buckets, unk_id=data.tokenizer.unk_id)
+        if results[split]["tokens"] and not math.isfinite(results[split]["loss"]):
+            raise RunError(f"the loss of {rm.checkpoint} on {split} is not finite although its weights are (the "
+                           "activations overflow) — the run diverged; use an earlier checkpoint if the run kept one "
+                           "(--best), or retrain with a lower train.lr")
     lines = [f"{rm.run_dir.name} ({rm.checkpoint.name}, {'tied' if rm.tied else 'untied'})"]
     for split, r in results.items():
         bpb = f"  bits/byte {r['bits_per_byte']:.4f}" if "bits_per_byte" in r else ""
@@ -299,15 +305,30 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
     return {"results": results, "text": "\n".join(lines)}
 
 
+def strict_json(obj: Any) -> Any:
+    """obj with every non-finite float (a perplexity that overflows to inf, the nan loss of a split
+    too short to predict a token) as None, so that json.dumps(..., allow_nan=False) writes strict
+    JSON (null), never NaN or Infinity, which JSON parsers refuse."""
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
 def _best_weights(run_dir):
     """The folder of the weights a run kept at its best validation evaluation (report.json's best)."""
     from . import checkpoints, runs
-    from .errors import RunError
+    from .errors import NotARunError, RunError
 
     report = runs.read_report(run_dir)
     kept = (report.best or {}).get("weights") if report is not None and isinstance(report.best, dict) else None
     if not kept:
-        raise RunError(f"{run_dir} kept no best weights (train.keep_best was off, or the run has not finished) — "
+        raise NotARunError(f"{run_dir} kept no best weights (train.keep_best was off, or the run has not finished) — "
                        "drop --best to score its last checkpoint")
     folders = {p.name: p for p in checkpoints.best_weight_folders(run_dir)}
     name = kept.rsplit("/", 1)[-1]
@@ -320,10 +341,10 @@ def _best_weights(run_dir):
 def _named_checkpoint(run_dir, name: str):
     """checkpoints/<name> (step-N or best-step-N), which must be one of the run's checkpoints."""
     from . import checkpoints
-    from .errors import RunError
+    from .errors import NotARunError
 
     have = checkpoints.checkpoint_names(run_dir)
     if name not in have:
         shown = ", ".join(have[:6]) or "none"
-        raise RunError(f"{run_dir} has no checkpoint {name!r} (it has {shown}) — choose one of those")
+        raise NotARunError(f"{run_dir} has no checkpoint {name!r} (it has {shown}) — choose one of those")
     return run_dir / checkpoints.CHECKPOINTS / name

@@ -89,10 +89,14 @@ def hf_state_dict(model: Any) -> dict:
 def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = None, verify: bool = True,
                batch: int = 4) -> ExportResult:
     """Write the run (its latest checkpoint, or checkpoints/<checkpoint>) as a transformers folder at
-    `out`, which must not exist or be empty; verify it when transformers is installed."""
+    `out`, which must not exist or be empty, nor lie in a run's managed parts (checkpoints/, tb/,
+    ...); verify it when transformers is installed."""
     from .evaluate import load_run_model
 
+    from .checkpoints import check_outside_runs
+
     out = Path(out)
+    check_outside_runs(out, "--out")  # inside checkpoints/, a resume would delete it
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} exists and is not an empty folder — choose a new folder")
     rm = load_run_model(run_dir, checkpoint=checkpoint)
@@ -176,6 +180,9 @@ def _verify(folder: Path, rm: Any, model: Any, result: ExportResult, batch: int)
     with torch.inference_mode():
         ours = model(x).float()
         theirs = hf(input_ids=x).logits.float()
+    if not bool(torch.isfinite(ours).all()):  # finite weights whose logits overflow: the run's fault, not the export's
+        raise RunError(f"tiedlm's own logits for {rm.checkpoint} are not finite although its weights are — the run "
+                       "diverged; export an earlier checkpoint (--checkpoint), or retrain with a lower train.lr")
     diff = float((ours - theirs).abs().max())
     result.max_abs_diff, result.tokens, result.verified = diff, y.numel(), True
     result.tiedlm_perplexity = math.exp(float(F.cross_entropy(ours.reshape(-1, ours.size(-1)), y.reshape(-1))))

@@ -20,7 +20,7 @@ import re
 import socket
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64] or "host"
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # full disk, quota, file-size limit (ulimit -f)
@@ -151,3 +151,119 @@ def describe_write_failure(exc: BaseException) -> tuple[str, bool]:
     if code is not None:
         return os.strerror(code), code in NO_ROOM
     return f"{type(exc).__name__}: {first_line(exc)}", False
+
+
+# ------------------------------------------------------------------------- files tiedlm wrote among others'
+#
+# analyze and compare write files of fixed names into folders that may hold other people's files
+# (an --out folder, a run folder). Each such folder gets a record, WRITTEN, of the files tiedlm
+# wrote there and each one's SHA-256: a file is replaced silently only while it is what tiedlm
+# wrote (re-running the command is the normal use); any other file of the same name, or one
+# changed since, is refused unless the command's overwrite option says so. Before writing, the
+# names about to be written are recorded as in progress (no hash), so that a kill between a
+# write and the record still leaves them known as tiedlm's.
+
+WRITTEN = ".tiedlm-written.json"
+
+
+def _record(folder: Path) -> dict[str, str | None] | None:
+    """name -> SHA-256 (None: being written) of what tiedlm wrote in folder; None with no record."""
+    data = read_json(Path(folder) / WRITTEN)
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+        return None
+    return {k: v for k, v in data["files"].items() if isinstance(k, str) and (v is None or isinstance(v, str))}
+
+
+def _write_record(folder: Path, record: dict[str, str | None]) -> None:
+    atomic_write_json(Path(folder) / WRITTEN, {"format": 1, "files": dict(sorted(record.items()))}, indent=1)
+
+
+def _is_plain_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
+
+
+def _ours(path: Path, record: dict[str, str | None] | None, legacy: Callable[[Path], bool] | None) -> bool:
+    """Whether path is a file tiedlm wrote there and nobody changed since: in the folder's record
+    with its content (or as being written), or, in a folder with no record at all (an earlier
+    tiedlm kept none), recognised by `legacy` from its content."""
+    if not _is_plain_file(path):  # a folder or a link is never one of tiedlm's files
+        return False
+    if record is None:
+        return bool(legacy and legacy(path))
+    if path.name not in record:
+        return False
+    return record[path.name] is None or sha256_file(path) == record[path.name]
+
+
+def foreign_files(folder: Path, names: Iterable[str], legacy: Callable[[Path], bool] | None = None) -> list[Path]:
+    """The files among folder/names that exist and that tiedlm did not write there (_ours)."""
+    folder = Path(folder)
+    record = _record(folder)
+    return [folder / n for n in names if os.path.lexists(folder / n) and not _ours(folder / n, record, legacy)]
+
+
+def check_foreign(folder: Path, names: Iterable[str], option: str, overwrite: bool = False,
+                  legacy: Callable[[Path], bool] | None = None) -> None:
+    """A ConfigError (exit 2) naming the first file among folder/names that tiedlm did not write
+    and the option that replaces it, unless `overwrite`; nothing is written either way."""
+    if overwrite:
+        return
+    found = foreign_files(folder, names, legacy)
+    if found:
+        from .errors import ConfigError
+
+        more = f" (and {len(found) - 1} more of the files it would write)" if len(found) > 1 else ""
+        it = "them" if more else "it"
+        raise ConfigError(f"{found[0]}{more} was not written by tiedlm, or was changed since — move {it} away, or "
+                          f"use {option} to replace {it}")
+
+
+@contextlib.contextmanager
+def recording(folder: Path, names: Iterable[str], option: str, overwrite: bool = False,
+              legacy: Callable[[Path], bool] | None = None, known: Iterable[str] = ()) -> Iterator[None]:
+    """Write folder/names in the block, recorded as tiedlm's. First check_foreign (nothing is
+    written if it refuses), then record the names as being written, then, after the block, with
+    the SHA-256 of what they hold. `known`: the other names this writer may write there, adopted
+    into a new record when an earlier tiedlm's output of that name is recognised by `legacy`."""
+    folder = Path(folder)
+    names = list(dict.fromkeys(names))
+    check_foreign(folder, names, option, overwrite, legacy)
+    record = _record(folder)
+    if record is None:  # the first record here: keep what an earlier tiedlm wrote as its own
+        record = {n: sha256_file(folder / n) for n in known if n not in names and _ours(folder / n, None, legacy)}
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_record(folder, {**record, **{n: None for n in names}})
+    yield  # a failure leaves the names recorded as being written: whatever is there now is tiedlm's
+    record = _record(folder) or {}  # as it is now: another writer may have added to it
+    for n in names:
+        if _is_plain_file(folder / n):
+            record[n] = sha256_file(folder / n)
+        else:
+            record.pop(n, None)
+    _write_record(folder, record)
+
+
+def header_recogniser(headers: dict[str, Callable[[bytes], bool]],
+                      plots: Iterable[str] = ()) -> Callable[[Path], bool]:
+    """`legacy` for recording: a text file named in headers whose first 4 KiB the predicate accepts
+    (the header tiedlm writes there), or a PNG named in plots beside such a text file."""
+    plots = set(plots)
+
+    def head(path: Path, size: int = 4096) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read(size)
+        except OSError:
+            return b""
+
+    def text_ok(path: Path) -> bool:
+        return path.name in headers and _is_plain_file(path) and headers[path.name](head(path))
+
+    def recognise(path: Path) -> bool:
+        if path.name in headers:
+            return text_ok(path)
+        if path.name in plots:
+            return head(path, 8) == b"\x89PNG\r\n\x1a\n" and any(text_ok(path.parent / n) for n in headers)
+        return False
+
+    return recognise

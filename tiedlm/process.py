@@ -89,7 +89,7 @@ class StopSignals:
         self.received = signum
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
-        log(f"\n{signal.Signals(signum).name} received: stopping after this step and writing a checkpoint "
+        log(f"\n{signal.Signals(signum).name} received: stopping at the end of this step (with train.grad_accum, at the next micro-batch) and writing a checkpoint "
             "(send it again to stop at once)")
 
     def install(self) -> None:

@@ -12,6 +12,7 @@ The layout:
       tokenizer/           the tokenizer the run used
       checkpoints/LATEST   the name of the newest complete checkpoint
       checkpoints/step-000500/{model.safetensors, state.pt, manifest.json}
+      tb/                  TensorBoard's event files, when they are written (tensorboard.py)
       .lock                pid and host of the process that owns the run
 
 Every file is written to a temporary name, fsynced and renamed (files.py), so a killed process
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from . import files
-from .errors import ConfigMismatchError, RunError, TiedlmError
+from .errors import ConfigError, ConfigMismatchError, DamagedRunError, NotARunError, RunError, TiedlmError
 from .files import describe_write_failure, json_default
 from .formatting import fmt, markdown_table, params_markdown
 
@@ -44,6 +45,8 @@ REPORT_MD = "report.md"
 TOKENIZER = "tokenizer"
 CHECKPOINTS = "checkpoints"
 LOCK = ".lock"
+TB = "tb"  # TensorBoard's event files (tensorboard.py)
+MANAGED = (CONFIG, METRICS, REPORT, REPORT_MD, TOKENIZER, CHECKPOINTS, LOCK, TB)  # checkpoints.check_outside_runs
 
 
 # ------------------------------------------------------------------------- write failures
@@ -136,7 +139,7 @@ def expand_runs(items: list[str]) -> list[Path]:
     for item in items:
         matches = sorted(glob.glob(item)) if any(ch in item for ch in "*?[") else [item]
         if not matches:
-            raise RunError(f"no run folder matches {item!r} — give run folders such as runs/base-tied-s0")
+            raise NotARunError(f"no run folder matches {item!r} — give run folders such as runs/base-tied-s0")
         found += [Path(m) for m in matches if Path(m).name != "compare"]
     return list(dict.fromkeys(found))
 
@@ -449,10 +452,12 @@ def read_report(run_dir: Path) -> RunReport | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError):
-        raise RunError(f"{path} is not valid JSON — the run folder is damaged; move it away, or start "
-                       "afresh with --overwrite") from None
+        raise DamagedRunError(f"{path} is not valid JSON (the run folder is damaged)",
+                              "move it away, or start afresh with --overwrite",
+                              "move it away, or retrain the run") from None
     if not isinstance(data, dict):
-        raise RunError(f"{path} is not a tiedlm report — move the folder away, or use --overwrite")
+        raise DamagedRunError(f"{path} is not a tiedlm report", "move the folder away, or use --overwrite",
+                              "move the folder away, or retrain the run")
     check_format(data.get("format"), path)
     return RunReport.from_json(data)
 
@@ -469,12 +474,19 @@ def read_config(run_dir: Path) -> dict | None:
     path = Path(run_dir) / CONFIG
     if not path.exists():
         return None
+    from .config import load_yaml
+
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"), str(path))  # duplicate keys and alias bombs refused
+    except ConfigError as exc:
+        raise DamagedRunError(f"{exc} (the run folder is damaged)", "use --overwrite to start afresh",
+                              "restore it, or retrain the run") from None
     except (yaml.YAMLError, UnicodeDecodeError):
-        raise RunError(f"{path} is not valid YAML — the run folder is damaged; use --overwrite") from None
+        raise DamagedRunError(f"{path} is not valid YAML (the run folder is damaged)",
+                              "use --overwrite to start afresh", "restore it, or retrain the run") from None
     if not isinstance(data, dict):
-        raise RunError(f"{path} is not a tiedlm config — use --overwrite")
+        raise DamagedRunError(f"{path} is not a tiedlm config", "use --overwrite to start afresh",
+                              "restore it, or retrain the run")
     return data
 
 

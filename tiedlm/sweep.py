@@ -21,7 +21,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import itertools
+import json
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -155,11 +157,82 @@ def _slurm(path: Path, data: Any) -> dict[str, str]:
             close = difflib.get_close_matches(str(key), SLURM_KEYS, n=1)
             hint = f" — did you mean {close[0]}?" if close else f" — use {', '.join(SLURM_KEYS)}"
             raise _fail(path, f"slurm: unknown option {key!r}{hint}")
-        if isinstance(value, (dict, list)) or value is None or "\n" in str(value):
+        if isinstance(value, (dict, list)) or value is None or isinstance(value, bool):
             raise _fail(path, f"slurm: {key} must be one value, got {value!r}")
         if key == "time" and not isinstance(value, str):  # YAML reads 2:00:00 as 7200 (seconds, base 60)
             raise _fail(path, f'slurm: time must be quoted, e.g. time: "02:00:00" (YAML read it as {value!r})')
-    return {k: str(v) for k, v in data.items()}
+    return {k: check_slurm_option(k, v, f"{path}: slurm: {k}") for k, v in data.items()}
+
+
+# Slurm's own grammar for the values tiedlm writes into `#SBATCH --key=value` lines. sbatch reads
+# those lines itself (bash sees comments), so a value must be exactly one token of that grammar:
+# no blank, quote, `;`, `$` or newline can reach the script through them.
+_NAME = r"[A-Za-z0-9_.-]+"  # a partition or account name (sbatch: letters, digits, '_', '-', '.')
+_COUNT = r"[1-9][0-9]*"  # a positive whole number
+_SLURM_GRAMMAR: dict[str, tuple[re.Pattern, str]] = {
+    "partition": (re.compile(rf"{_NAME}(,{_NAME})*"),
+                  "a partition name or a comma-separated list of them (letters, digits, '_', '-', '.'), e.g. gpu"),
+    "account": (re.compile(_NAME), "an account name (letters, digits, '_', '-', '.'), e.g. proj42"),
+    # sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
+    # days-hours:minutes:seconds, or no limit (UNLIMITED / INFINITE, any case); 0 also means no limit
+    "time": (re.compile(r"[0-9]+(:[0-5]?[0-9]){0,2}|[0-9]+-([01]?[0-9]|2[0-3])(:[0-5]?[0-9]){0,2}"
+                        r"|(?i:unlimited|infinite)"),
+             "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED, e.g. 02:00:00"),
+    "gpus_per_task": (re.compile(rf"({_NAME}:)?{_COUNT}"),
+                      "a positive whole number of GPUs, or TYPE:COUNT such as a100:2"),
+    "cpus_per_task": (re.compile(_COUNT), "a positive whole number of CPUs, e.g. 8"),
+    "mem": (re.compile(r"[0-9]+[KMGTkmgt]?"), "a whole number with an optional K, M, G or T suffix, e.g. 32G"),
+}
+assert set(_SLURM_GRAMMAR) == set(SLURM_KEYS)
+# Slurm keeps a time limit in 32-bit minutes (its top values mean "infinite" and "not set"), CPU
+# counts in 16 bits (likewise) and memory in 64-bit megabytes: beyond these a value overflows.
+SLURM_MINUTES_LIMIT = 2**32 - 3
+SLURM_COUNT_LIMIT = 2**16 - 2
+_MEM_MB = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2}
+
+
+def _int(digits: str) -> int:
+    return int(digits) if len(digits) <= 40 else 10**40  # int() refuses over 4,300 digits; all are out of range
+
+
+def _slurm_range(key: str, text: str) -> str | None:
+    """What is out of Slurm's range in a value of its grammar, or None."""
+    if key == "time" and text[0].isdigit():
+        days, _, rest = text.rpartition("-")
+        parts = [_int(p) for p in rest.split(":")]
+        if days:  # D-HH, D-HH:MM or D-HH:MM:SS
+            h, m, sec = (parts + [0, 0])[:3]
+            minutes = _int(days) * 1440 + h * 60 + m + (sec > 0)
+        elif len(parts) == 3:  # HH:MM:SS
+            minutes = parts[0] * 60 + parts[1] + (parts[2] > 0)
+        else:  # MM or MM:SS
+            minutes = parts[0] + (len(parts) == 2 and parts[1] > 0)
+        if minutes > SLURM_MINUTES_LIMIT:
+            return f"at most {SLURM_MINUTES_LIMIT:,} minutes (Slurm's 32-bit limit; UNLIMITED for none)"
+    if key in ("gpus_per_task", "cpus_per_task") and _int(text.rpartition(":")[2]) > SLURM_COUNT_LIMIT:
+        return f"at most {SLURM_COUNT_LIMIT:,} (Slurm's 16-bit count)"
+    if key == "mem":
+        unit = text[-1].lower() if text[-1].isalpha() else ""
+        if _int(text.rstrip("KMGTkmgt")) * _MEM_MB[unit] >= 2**63:
+            return "below 2**63 megabytes (Slurm's 64-bit memory size)"
+    return None
+
+
+def check_slurm_option(key: str, value: Any, where: str) -> str:
+    """A value for `#SBATCH --<key>=`, checked against Slurm's grammar for that option, as text.
+    The one check for both the grid file's slurm: block and the command line's --partition, --time
+    and --gpus-per-task (`where` names which, e.g. "--time" or "grid.yaml: slurm: time")."""
+    pattern, rule = _SLURM_GRAMMAR[key]
+    text = str(value)
+    if not pattern.fullmatch(text):
+        shown = json.dumps(text) if len(text) <= 60 else json.dumps(text[:40])[:-1] + f'..." ({len(text)} characters)'
+        got = "an empty value" if not text else shown
+        raise ConfigError(f"{where} must be {rule}; got {got} — give a value of that form")
+    problem = _slurm_range(key, text)
+    if problem is not None:
+        shown = text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
+        raise ConfigError(f"{where} must be {problem}, got {shown} — give a smaller value")
+    return text
 
 
 def yaml_value(value: Any) -> str:
@@ -275,23 +348,34 @@ def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: 
     return summary
 
 
+_JOB_NAME = re.compile(r"[A-Za-z0-9_.=+-]+")
+
+
 def slurm_script(grid: Grid, options: dict[str, str] | None = None) -> str:
     """An sbatch job-array script: one array task per run, its index selecting the run's `tiedlm
     train` command; logs per task in the submission folder. Options (SLURM_KEYS) come from the
     grid file's slurm: and `options` (the command line's, which win). Re-submitting it is safe:
     finished runs are skipped and interrupted ones resume from their last checkpoint."""
+    # Every value of an #SBATCH line passes Slurm's grammar (check_slurm_option): sbatch, not bash,
+    # reads those lines, so they hold single tokens that need no quoting. The command lines are
+    # shell-quoted (shlex) and the grid's path, in a comment, is written with its newlines escaped.
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    opts = {k: check_slurm_option(k, v, f"--{k.replace('_', '-')}") for k, v in given.items()}
+    opts = {**{k: check_slurm_option(k, v, f"{grid.path}: slurm: {k}") for k, v in grid.slurm.items()}, **opts}
     runs = expand(grid)
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
         raise ConfigError(f"two runs of the sweep resolve to the same run folder ({twice[0]}) — give the grid "
                           "values that differ in their names, or a name: per sweep")
-    opts = {**grid.slurm, **{k: v for k, v in (options or {}).items() if v is not None}}
     job = sanitize(grid.name or runs[0].cfg.name) if runs else "tiedlm"
+    if not _JOB_NAME.fullmatch(job):  # sanitize() keeps letters, digits and . _ = + - only: never taken
+        job = "tiedlm"
     lines = ["#!/bin/bash", f"#SBATCH --job-name={job}", f"#SBATCH --array=0-{len(runs) - 1}",
              "#SBATCH --output=%x-%A_%a.out"]
     lines += [f"#SBATCH --{k.replace('_', '-')}={v}" for k, v in opts.items()]
-    lines += [f"# {len(runs)} runs of {_shown(grid.path)}, one per array task. Submit with: sbatch THIS_FILE",
+    lines += [f"# {len(runs)} runs of {json.dumps(_shown(grid.path))}, one per array task. Submit with: sbatch "
+              "THIS_FILE",
               "# Re-submitting is safe: finished runs are skipped, interrupted ones resume from their last checkpoint.",
               "set -euo pipefail", f"cd {shlex.quote(str(Path.cwd()))}", 'case "${SLURM_ARRAY_TASK_ID:?not in a job array}" in']
     lines += [f"  {i}) {shlex.join(_command(grid, r))} ;;" for i, r in enumerate(runs)]

@@ -11,21 +11,27 @@ of a comparison side by side, told apart by their folder names.
 Training writes through `TrainingLog`, which opens `tb/` afresh from the (trimmed) metrics.jsonl,
 so that a resumed run has each step once, and which turns itself off with one line on a failed
 write rather than fail the run. torch and tensorboard are imported inside functions only.
+
+Writing `tb/` afresh removes the event files tiedlm wrote there and nothing else: tiedlm names its
+event files with SUFFIX (those of a tiedlm that did not are known by the run's text header at
+their start); other files and folders in `tb/` are left alone, and said so.
 """
 
 from __future__ import annotations
 
 import contextlib
-import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from . import runs
-from .errors import ConfigError, RunError, TiedlmError
+from .errors import ConfigError, NotARunError, RunError, TiedlmError
 from .files import describe_write_failure, first_line
 from .process import log
 
-TB = "tb"  # the event files' folder inside a run folder
+TB = runs.TB  # the event files' folder inside a run folder
+SUFFIX = ".tiedlm"  # the end of the name of every event file tiedlm writes: how it knows its own
+_EVENTS = "events.out.tfevents."  # how every TensorBoard event file's name begins
+_HEADER_TAG = b"run/text_summary"  # the run's text (run_texts), the first thing tiedlm writes into one
 INSTALL_HINT = "pip install 'tiedlm[tensorboard]'"
 # metrics.jsonl record kind -> (tag prefix, the record's fields written as scalars)
 _SCALARS = {"train": ("train", ("loss", "lr", "grad_norm", "tokens_per_s")),
@@ -91,18 +97,49 @@ def run_texts(run_dir: Path, report: runs.RunReport) -> dict[str, str]:
     return texts
 
 
+def is_own_event_file(path: Path) -> bool:
+    """An event file tiedlm wrote: its name ends with SUFFIX, or (written before tiedlm named them
+    so) the run's text header is in its first 64 KiB."""
+    path = Path(path)
+    if not path.name.startswith(_EVENTS) or path.is_symlink() or not path.is_file():
+        return False
+    if path.name.endswith(SUFFIX):
+        return True
+    try:
+        with open(path, "rb") as f:
+            return _HEADER_TAG in f.read(1 << 16)
+    except OSError:
+        return False
+
+
+def clear_events(folder: Path) -> list[Path]:
+    """Remove the event files tiedlm wrote in folder (a run's tb/); returns what else is there,
+    left alone. A file (or a dangling link) where the folder belongs is refused."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        if folder.is_symlink() or folder.exists():
+            raise ConfigError(f"{folder} is not a folder — tiedlm writes the run's TensorBoard event files there; "
+                              "move it away, then write them again")
+        return []
+    left = []
+    for child in sorted(folder.iterdir()):
+        if is_own_event_file(child):
+            child.unlink()
+        else:
+            left.append(child)
+    return left
+
+
 class EventWriter:
-    """A SummaryWriter over `<run>/tb/`, which it empties first."""
+    """A SummaryWriter over `<run>/tb/`, from which it first removes the event files tiedlm wrote
+    (clear_events); `left_alone` lists the rest."""
 
     def __init__(self, run_dir: Path):
         from torch.utils.tensorboard import SummaryWriter
 
         self.dir = Path(run_dir) / TB
-        if self.dir.is_symlink() or self.dir.is_file():
-            self.dir.unlink()
-        elif self.dir.exists():
-            shutil.rmtree(self.dir)
-        self.writer = SummaryWriter(log_dir=str(self.dir), max_queue=1000, flush_secs=30)
+        self.left_alone = clear_events(self.dir)
+        self.writer = SummaryWriter(log_dir=str(self.dir), max_queue=1000, flush_secs=30, filename_suffix=SUFFIX)
 
     def scalars(self, items: Iterable[tuple[str, float, int]]) -> None:
         for tag, value, step in items:
@@ -173,6 +210,10 @@ class TrainingLog:
 
     def _open(self, report: runs.RunReport) -> None:
         self.writer = write_run(self.run_dir, report, runs.read_metrics(self.run_dir))
+        if self.writer.left_alone:
+            names = ", ".join(p.name for p in self.writer.left_alone[:3])
+            more = f" and {len(self.writer.left_alone) - 3} more" if len(self.writer.left_alone) > 3 else ""
+            log(f"{self.run_dir.name}: left alone in {TB}/ (not written by tiedlm): {names}{more}")
 
     def _write(self, records: list[dict], report: runs.RunReport | None) -> None:
         assert self.writer is not None
@@ -204,13 +245,14 @@ def _is_run_dir(path: Path) -> bool:
     return (path / runs.REPORT).is_file() or (path / runs.CONFIG).is_file()
 
 
-def backfill(run_dir: Path) -> Path:
+def backfill(run_dir: Path, left_alone: list[Path] | None = None) -> Path:
     """(Re)write `<run>/tb/` from the run's metrics.jsonl and report.json, finished or not,
-    replacing what `tb/` held; returns the `tb/` folder. Takes the run's lock, so a run that is
-    training is refused rather than raced."""
+    replacing the event files tiedlm wrote there; returns the `tb/` folder, and adds to
+    `left_alone` what else `tb/` holds. Takes the run's lock, so a run that is training is
+    refused rather than raced."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir() or not _is_run_dir(run_dir):
-        raise RunError(f"{run_dir} is not a tiedlm run folder (no report.json or config.yaml) — give the "
+        raise NotARunError(f"{run_dir} is not a tiedlm run folder (no report.json or config.yaml) — give the "
                        "folder of a run, such as runs/<name>")
     if not (run_dir / runs.METRICS).is_file():
         raise RunError(f"{run_dir} has no {runs.METRICS} (the run never logged a step) — train it first, "
@@ -224,7 +266,10 @@ def backfill(run_dir: Path) -> Path:
         report = runs.RunReport(name=run_dir.name, config=runs.read_config(run_dir) or {})
     try:
         with runs.RunLock(run_dir):
-            write_run(run_dir, report, runs.read_metrics(run_dir)).close()
+            writer = write_run(run_dir, report, runs.read_metrics(run_dir))
+            writer.close()
+            if left_alone is not None:
+                left_alone += writer.left_alone
     except TiedlmError:
         raise
     except Exception as exc:  # OSError, or what the writer makes of one
@@ -241,21 +286,30 @@ def run_folders(path: Path) -> list[Path]:
         return [path]
     found = sorted(p for p in path.iterdir() if p.is_dir() and _is_run_dir(p) and (p / runs.METRICS).is_file())
     if not found:
-        raise RunError(f"{path} holds no tiedlm runs with a {runs.METRICS} — give run folders or the folder "
+        raise NotARunError(f"{path} holds no tiedlm runs with a {runs.METRICS} — give run folders or the folder "
                        "they are in (such as runs/)")
     return found
 
 
-def backfill_many(paths: Iterable[Path]) -> list[Path]:
+def left_alone_lines(paths: list[Path], shown: int = 5) -> list[str]:
+    """What back-filling left in tb/ folders, as `tiedlm cache clear` says it: the first few, then a count."""
+    lines = [f"left alone: {p} (not written by tiedlm)" for p in paths[:shown]]
+    if len(paths) > shown:
+        lines.append(f"left alone: {len(paths) - shown} more, not written by tiedlm")
+    return lines
+
+
+def backfill_many(paths: Iterable[Path], left_alone: list[Path] | None = None) -> list[Path]:
     """backfill for each run folder given (a folder of runs stands for the runs in it), in order,
-    each once; returns the `tb/` folders written. The first failure stops, naming its run."""
-    done: list[Path] = []
-    seen: set[Path] = set()
+    each once; returns the `tb/` folders written (and adds to `left_alone` the files in them that
+    tiedlm did not write). The first failure stops, naming its run; a `tb` that is not a folder
+    stops them all before any is written."""
+    todo: dict[Path, Path] = {}
     for path in paths:
         for run_dir in run_folders(Path(path)):
-            key = run_dir.resolve()
-            if key in seen:
-                continue
-            seen.add(key)
-            done.append(backfill(run_dir))
-    return done
+            todo.setdefault(run_dir.resolve(), run_dir)
+    for run_dir in todo.values():
+        tb = run_dir / TB
+        if (tb.is_symlink() or tb.exists()) and not tb.is_dir():
+            clear_events(tb)  # refuses it
+    return [backfill(run_dir, left_alone) for run_dir in todo.values()]

@@ -4,7 +4,8 @@ AdamW with parameter groups in which a tied matrix appears once; linear warmup t
 gradient clipping and accumulation; a budget in tokens or steps; periodic evaluation on a fixed
 validation slice, with the best tracked and, optionally, kept or used to stop early
 (selection.py); checkpoints that resume bit-identically on CPU; SIGINT/SIGTERM handled at a
-step boundary; a non-finite loss or gradient norm stops the run as `diverged`.
+step boundary (with gradient accumulation also between micro-batches, the partial step abandoned);
+a non-finite loss or gradient norm stops the run as `diverged`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .optim import budget_steps, build_optimizer, lr_at, untie_step, untie_with_
 from .distributed import check_in_step, is_main_process
 from .selection import BestTracker, evaluate_best, keep_best_weights, stop_reason
 from .process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
+from .step import BatchSampler, train_step  # noqa: F401 (train_step: the loop's step, also used by tests)
 from .tensorboard import TrainingLog, require
 
 # ------------------------------------------------------------------------- the entry point
@@ -48,7 +50,7 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
     as an interrupt would, after that step (used to test exact resume)."""
     from .counting import check_fits
     from .device import resolve_device
-    from .distributed import from_env, stop
+    from .distributed import barrier, from_env, stop
 
     d = from_env()
     run_name = name or f"{cfg.name}-s{cfg.seed}"
@@ -70,6 +72,9 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
                 log(f"{run_dir} is already finished with this config: nothing to do")
                 return run_dir
             _train(cfg, run_dir, progress and d.main, stop_after_step, fresh=overwrite, signals=signals, d=d)
+        # Every rank reaches the teardown together: a rank that destroyed its process group while the
+        # other still held connections to it aborted the other one now and then (gloo, on the CPU).
+        barrier(d)
     except Terminated:
         raise Interrupted("terminated (SIGTERM) before training started; nothing of the run was written — "
                           "run the same command again", exit_code=143) from None
@@ -293,61 +298,12 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     return model, optimizer, sampler
 
 
-class BatchSampler:
-    """Random windows of the training tokens: (B, T) inputs and the (B, T) targets one token on.
-    With shard=(rank, world), every process draws the same global batch of B windows from the
-    same seeded generator and keeps its slice: B / world rows, the rank-th block of them."""
-
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, device: Any, rng: np.random.Generator,
-                 shard: tuple[int, int] = (0, 1)):
-        self.tokens, self.B, self.device, self.rng = tokens, batch_size, device, rng
-        self.rows = slice(shard[0] * batch_size // shard[1], (shard[0] + 1) * batch_size // shard[1])
-        self.offsets = np.arange(block_size + 1)
-        self.high = len(tokens) - block_size - 1
-
-    def __call__(self):
-        import torch
-
-        starts = self.rng.integers(0, self.high + 1, size=self.B)[self.rows]
-        xy = torch.from_numpy(np.asarray(self.tokens[starts[:, None] + self.offsets], dtype=np.int64))
-        if self.device.type == "cuda":  # page-locked, so that the copy overlaps the previous step's work
-            xy = xy.pin_memory()
-        xy = xy.to(self.device, non_blocking=True)
-        return xy[:, :-1], xy[:, 1:]
-
-
-def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: Any, tcfg: Any, lr: float) -> tuple[float, float]:
-    """One optimizer step over train.grad_accum micro-batches: the mean loss, the gradient norm
-    (before clipping); AdamW steps only when both are finite."""
-    import torch
-
-    from .model import lm_loss
-
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    losses = []
-    for i in range(tcfg.grad_accum):
-        x, y = next_batch()
-        # under DDP the gradients are all-reduced once, with the last micro-batch's backward
-        sync = contextlib.nullcontext() if i == tcfg.grad_accum - 1 or not hasattr(fwd, "no_sync") else fwd.no_sync()
-        with sync:
-            loss = lm_loss(fwd, x, y, amp)
-            (loss / tcfg.grad_accum).backward()
-        losses.append(loss.detach())
-    norm = torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip if tcfg.grad_clip > 0 else float("inf"))
-    # one device-to-host copy per step: the mean loss and the gradient norm together
-    loss_val, grad_norm = torch.stack([torch.stack(losses).double().mean(), norm.double()]).tolist()
-    if math.isfinite(loss_val) and math.isfinite(grad_norm):
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss_val, grad_norm
-
-
 def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, state: TrainState,
                 signals: StopSignals, interrupted: Callable, progress: bool, stop_after_step: int | None):
     """Steps until the budget is spent or early stopping ends training: logging, periodic
     evaluation (the best tracked, its weights kept), the untie split, checkpoints, and a stop at a
-    step boundary on a signal. Returns the trained model."""
+    step boundary on a signal (or between micro-batches, the partial step abandoned). Returns the
+    trained model."""
     from .device import autocast_ctx
     from .distributed import all_mean, any_rank
     from .evaluate import perplexity
@@ -370,10 +326,40 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
     bar = _progress_bar(progress, total, state.step, run_dir.name)
     pending: list[dict] = []
     covered = state.best.weights  # the kept best weights the last checkpoint names
+    saved_at = state.step if pre.loaded is not None else None  # the step of the checkpoint on disk
+
+    def checkpoint(rng: dict) -> None:
+        nonlocal pending, covered, saved_at
+        _append_metrics(run_dir, pre.tb, pending)
+        pending = []
+        covered = state.best.weights
+        if d.main:  # one checkpoint, by rank 0: the weights, optimizer and sampler are the same on every rank
+            tensors, meta = model_tensors(model)
+            checkpoints.save_checkpoint(run_dir, state.step, tensors, meta, {
+                "optimizer": optimizer.state_dict(), **state.to_checkpoint(), "rng": rng})
+            checkpoints.prune_best_weights(run_dir, keep={covered})
+        saved_at = state.step
+
+    # With train.grad_accum > 1 one step can be long (many micro-batches), so a signal is also
+    # heeded between micro-batches: the partial step is abandoned, the last completed step is
+    # checkpointed with the RNG state from before the abandoned step (the sampler and dropout
+    # draws it made are undone), and the resumed run is the uninterrupted one. Under torchrun
+    # the ranks agree on stopping only at step boundaries (one all-reduce a step, not a micro-batch).
+    mid_step = tcfg.grad_accum > 1 and not d.active
+    heed = (lambda: signals.received is not None) if mid_step else None
     while state.step < total and state.best.stopped_at is None:
         t0 = time.perf_counter()
         lr = lr_at(state.step, total, tcfg)
-        loss, grad_norm = train_step(fwd, optimizer, params, next_batch, amp, tcfg, lr)
+        rng_before = rng_state(sampler) if mid_step else None
+        result = train_step(fwd, optimizer, params, next_batch, amp, tcfg, lr, stop=heed)
+        if result is None:  # a signal between micro-batches: the step is abandoned (its time not counted)
+            if saved_at != state.step:
+                checkpoint(rng_before)
+            _close(bar)
+            raise interrupted(f"interrupted during step {state.step + 1} of {total} (abandoned: no update "
+                              f"made); the run is checkpointed at step {state.step} — run the same command "
+                              "again to resume")
+        loss, grad_norm = result
         if d.active:  # each rank's loss is its slice's: the run's is their mean (the gradients are already)
             loss = all_mean(d, [loss], pre.device)[0]
         state.step += 1
@@ -390,9 +376,8 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
             pending.append({"kind": "untie", "step": step, "tokens": state.tokens})
         if step % tcfg.log_every == 0 or step == total:
             pending.append({"kind": "train", "step": step, "tokens": state.tokens, "loss": loss, "lr": lr,
-                            "grad_norm": grad_norm,
-                            "tokens_per_s": state.tokens / state.train_time if state.train_time else None,
-                            "time": round(state.train_time, 3)})
+                            "grad_norm": grad_norm, "time": round(state.train_time, 3),
+                            "tokens_per_s": state.tokens / state.train_time if state.train_time else None})
         if tcfg.eval_every and (step % tcfg.eval_every == 0 or step == total):
             _periodic_eval(cfg, run_dir, pre, model, state, amp, pending, covered, quiet_bar=bar is None or bar.disable)
         if bar is not None:
@@ -403,23 +388,19 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
                             pre.device)  # every rank stops at the same step
         last = step == total or state.best.stopped_at is not None
         if stopping or last or (tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
-            _append_metrics(run_dir, pre.tb, pending)
-            pending = []
-            covered = state.best.weights
-            if d.main:  # one checkpoint, by rank 0: the weights, optimizer and sampler are the same on every rank
-                tensors, meta = model_tensors(model)
-                checkpoints.save_checkpoint(run_dir, step, tensors, meta, {
-                    "optimizer": optimizer.state_dict(), **state.to_checkpoint(), "rng": rng_state(sampler)})
-                checkpoints.prune_best_weights(run_dir, keep={covered})
+            checkpoint(rng_state(sampler))
         if stopping:
-            if bar is not None:
-                bar.close()
+            _close(bar)
             raise interrupted(f"interrupted at step {step} of {total}; a checkpoint was written — run "
                               "the same command again to resume")
-    if bar is not None:
-        bar.close()
+    _close(bar)
     _append_metrics(run_dir, pre.tb, pending)
     return model
+
+
+def _close(bar) -> None:
+    if bar is not None:
+        bar.close()
 
 
 def _forward(model, tcfg: Any, pre: Preflight, record: runs.RunRecord):

@@ -52,14 +52,42 @@ def _status(run_dir: Path) -> str | None:
 
 
 def analyze_run(run_dir: str | Path, out: str | Path | None = None, split: str = "validation", sample: int = 2000,
-                seed: int = 0, max_pairs: int = 200_000, pairs: int = 20_000) -> dict:
+                seed: int = 0, max_pairs: int = 200_000, pairs: int = 20_000, overwrite: bool = False,
+                overwrite_option: str = "--overwrite") -> dict:
     """Analyse one run: returns what analysis.json holds, and writes it with analysis.md and the
-    plots into `out` (default: the run folder)."""
+    plots into `out` (default: the run folder), with the run's train.threads as in training.
+
+    A file of those names that tiedlm did not write there (files.recording) is refused, before
+    anything is read, with a ConfigError naming `overwrite_option`, unless `overwrite`; so is an
+    `out` inside a run's managed parts (checkpoints/, tb/, ...)."""
+    from ..device import cpu_threads
+
+    run_dir = Path(run_dir)
+    check_target(run_dir if out is None else Path(out), overwrite, overwrite_option, out is not None)
+    rm = _load(run_dir)
+    with cpu_threads(rm.cfg.train.threads):
+        return _analyze(rm, run_dir, out, split, sample, seed, max_pairs, pairs, overwrite, overwrite_option)
+
+
+def check_target(target: Path, overwrite: bool = False, overwrite_option: str = "--overwrite",
+                 is_out: bool = True) -> None:
+    """Refuse, before anything is written, an analysis folder (an --out) inside a run's managed
+    parts, and files there of the analysis' names that tiedlm did not write (the plot of the pair
+    is checked again once the run is known to be untied)."""
+    from ..checkpoints import check_outside_runs
+    from ..files import check_foreign
+    from .report import LEGACY, analysis_files
+
+    if is_out:
+        check_outside_runs(target, "--out")
+    check_foreign(target, analysis_files(tied=True), overwrite_option, overwrite, LEGACY)
+
+
+def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample: int, seed: int, max_pairs: int,
+             pairs: int, overwrite: bool = False, overwrite_option: str = "--overwrite") -> dict:
     from ..errors import ConfigError
     from .report import write_analysis
 
-    run_dir = Path(run_dir)
-    rm = _load(run_dir)
     cfg, data, model = rm.cfg, rm.data, rm.model
     if split not in data.splits:
         raise ConfigError(f"--split {split}: the run's data has no such split (it has {', '.join(data.splits)}) — "
@@ -92,7 +120,7 @@ def analyze_run(run_dir: str | Path, out: str | Path | None = None, split: str =
     result = _strict(result)
     target = Path(out) if out is not None else run_dir
     arrays = {"counts": counts, "bucket_of": bucket_of, "names": names, "E": E, "W": None if model.is_tied else W}
-    write_analysis(result, arrays, target)
+    write_analysis(result, arrays, target, overwrite, overwrite_option)
     return result
 
 
@@ -150,4 +178,4 @@ def summary_line(r: dict, where: Path) -> str:
     return "; ".join(parts) + f" — wrote {Path(where) / ANALYSIS_MD}"
 
 
-__all__ = ["analyze_run", "read_analysis", "summary_line", "ANALYSIS_JSON", "ANALYSIS_MD"]
+__all__ = ["analyze_run", "check_target", "read_analysis", "summary_line", "ANALYSIS_JSON", "ANALYSIS_MD"]

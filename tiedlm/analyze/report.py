@@ -11,19 +11,46 @@ from ..figures import figure, plain_ticks
 from ..formatting import fmt, fmt_int, markdown_table
 
 PLOTS = {"norms": "analysis_norms.png", "spectrum": "analysis_spectrum.png", "cosine": "analysis_pair_cosine.png"}
+TITLE = "# What the two matrices learned: "  # analysis.md's first line, before the run's name
 
 
-def write_analysis(result: dict, arrays: dict, out: Path) -> None:
+def analysis_files(tied: bool) -> list[str]:
+    """The files an analysis writes (a tied run has no pair-cosine plot)."""
+    from . import ANALYSIS_JSON, ANALYSIS_MD
+
+    return [ANALYSIS_JSON, ANALYSIS_MD, PLOTS["norms"], PLOTS["spectrum"], *([] if tied else [PLOTS["cosine"]])]
+
+
+def _legacy() -> Any:
+    """An analysis written by a tiedlm that kept no record of its files, known by its beginnings:
+    analysis.md's title, analysis.json's first keys, and plots beside either."""
+    from ..files import header_recogniser
+    from . import ANALYSIS_JSON, ANALYSIS_MD
+
+    return header_recogniser({ANALYSIS_MD: lambda head: head.startswith(TITLE.encode()),
+                              ANALYSIS_JSON: lambda head: head.startswith(b'{\n  "format": 1,\n  "run": ')},
+                             PLOTS.values())
+
+
+LEGACY = _legacy()
+
+
+def write_analysis(result: dict, arrays: dict, out: Path, overwrite: bool = False,
+                   overwrite_option: str = "--overwrite") -> None:
+    """The files into out, recorded there as tiedlm's (files.recording): a file of one of their
+    names that tiedlm did not write is refused unless `overwrite`, before anything is written."""
+    from ..files import recording
     from ..runs import atomic_write_text
     from . import ANALYSIS_JSON, ANALYSIS_MD
 
-    out.mkdir(parents=True, exist_ok=True)
-    _plot_norms(arrays, out / PLOTS["norms"])
-    _plot_spectrum(result, out / PLOTS["spectrum"])
-    if arrays["W"] is not None:
-        _plot_cosines(arrays, out / PLOTS["cosine"])
-    atomic_write_text(out / ANALYSIS_JSON, json.dumps(result, indent=2, allow_nan=False) + "\n")
-    atomic_write_text(out / ANALYSIS_MD, to_markdown(result))
+    names = analysis_files(arrays["W"] is None)
+    with recording(out, names, overwrite_option, overwrite, LEGACY, known=analysis_files(tied=False)):
+        _plot_norms(arrays, out / PLOTS["norms"])
+        _plot_spectrum(result, out / PLOTS["spectrum"])
+        if arrays["W"] is not None:
+            _plot_cosines(arrays, out / PLOTS["cosine"])
+        atomic_write_text(out / ANALYSIS_JSON, json.dumps(result, indent=2, allow_nan=False) + "\n")
+        atomic_write_text(out / ANALYSIS_MD, to_markdown(result))
 
 
 # ------------------------------------------------------------------------- analysis.md
@@ -33,7 +60,7 @@ def to_markdown(r: dict) -> str:
     state = ", still training: its latest checkpoint" if r["still_training"] else ""
     kind = "tied" if r["tied"] else ("untied at step " + fmt_int(r["untied_at_step"]) if r.get("untied_at_step")
                                      else "untied")
-    md = [f"# What the two matrices learned: {r['run']}", "",
+    md = [f"{TITLE}{r['run']}", "",
           f"{kind}; checkpoint `{r['checkpoint']}`{state}. V = {fmt_int(r['vocab_size'])} token rows "
           f"(padding rows left out), d = {r['n_embd']}. Anisotropy uses {fmt_int(r['anisotropy_pairs'])} random "
           f"row pairs; neighbours use {fmt_int(r['sample'])} sampled tokens (seed {r['seed']}).", ""]

@@ -12,14 +12,14 @@
     plots       the PNG plots
 
 compare_runs compares runs that exist; compare_config trains the tied and untied variants of a
-config first. Both write comparison.md, comparison.csv, comparison.json and three PNG plots
-(atomically) and return the Comparison.
+config first. Both write comparison.md, comparison.csv, comparison.json and four PNG plots
+(atomically; a fifth, tying_effect.png, in a grid) and return the Comparison.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from ..errors import ConfigError
 from ..naming import override_tag, short_keys
@@ -39,7 +39,7 @@ from .comparison import PRIMARY, Comparison, NotCompared, RunRow, TrainFailure, 
 from .grid import MatchedContrast
 from .matching import ParamMatch, match_layers
 from .plots import MATCHED_PLOT, PLOTS, write_plots
-from .report import FILES, format_terminal_table, to_csv, to_json_text, to_markdown
+from .report import FILES, LEGACY, format_terminal_table, to_csv, to_json_text, to_markdown
 from .stats import (
     ALPHA,
     LEVEL,
@@ -67,7 +67,8 @@ from .variants import BucketContrast, Contrast, SplitContrast, Variant, choose_b
 from .verdicts import verdicts_for
 
 __all__ = [
-    "compare_runs", "compare_config", "write_outputs", "format_terminal_table", "to_markdown", "to_csv",
+    "compare_runs", "compare_config", "write_outputs", "check_outputs", "format_terminal_table", "to_markdown",
+    "to_csv",
     "Comparison", "Variant", "Contrast", "SplitContrast", "BucketContrast", "MatchedContrast", "RunRow",
     "NotCompared", "TrainFailure", "LoadedRun", "LeftOut", "ParamMatch", "Summary", "GeometricSummary", "Power",
     "TestResult", "COMPARE_DIR", "PLOTS", "MATCHED_PLOT", "LEVEL", "ALPHA", "POWER", "PRIMARY",
@@ -77,26 +78,51 @@ __all__ = [
 ]
 
 
-def write_outputs(c: Comparison, out: Path) -> None:
-    """comparison.md, .csv, .json and the plots into out (each written atomically); c.files says where."""
+OVERWRITE_OPTION = "--overwrite-output"  # the CLI option that replaces files tiedlm did not write
+
+
+def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
+    """comparison.md, .csv, .json and the plots into out (each written atomically); c.files says where.
+    They are recorded there as tiedlm's (files.recording): a file of one of their names that tiedlm
+    did not write is refused unless `overwrite`, before anything is written."""
+    from ..files import recording
     from ..runs import atomic_write_text
 
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(out)
     c.files = {k: str(out / v) for k, v in FILES.items()}
     if c.matched:
         c.files["plot_tying_effect"] = str(out / MATCHED_PLOT)
-    write_plots(c, out)
-    atomic_write_text(out / FILES["csv"], to_csv(c))
-    atomic_write_text(out / FILES["markdown"], to_markdown(c))
-    atomic_write_text(out / FILES["json"], to_json_text(c))
+    names = [Path(f).name for f in c.files.values()]
+    with recording(out, names, OVERWRITE_OPTION, overwrite, LEGACY, known=[*FILES.values(), MATCHED_PLOT]):
+        write_plots(c, out)
+        atomic_write_text(out / FILES["csv"], to_csv(c))
+        atomic_write_text(out / FILES["markdown"], to_markdown(c))
+        atomic_write_text(out / FILES["json"], to_json_text(c))
+
+
+def check_outputs(out: Path, run_dirs: Iterable[Path] = (), analyze: bool = False, overwrite: bool = False) -> None:
+    """Refuse, before anything is trained or written, a comparison folder inside a run's managed
+    parts, files there of the comparison's names that tiedlm did not write, and with `analyze` such
+    files of the analysis' names in the run folders (a grid's tying-effect plot, and an untied
+    run's pair-cosine plot, are checked again when they are written)."""
+    from ..analyze import check_target
+    from ..checkpoints import check_outside_runs
+    from ..files import check_foreign
+
+    check_outside_runs(out, "--out")
+    check_foreign(out, FILES.values(), OVERWRITE_OPTION, overwrite, LEGACY)
+    for d in run_dirs if analyze else ():
+        check_target(Path(d), overwrite, OVERWRITE_OPTION, is_out=False)
 
 
 def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline: str | None, runs_dir: Path,
              match: ParamMatch | None = None, failed: dict[str, str] | None = None,
-             primary: str | None = None, select: str | None = None, analyze: bool = False) -> Comparison:
+             primary: str | None = None, select: str | None = None, analyze: bool = False,
+             overwrite_output: bool = False) -> Comparison:
     runs, skipped = load_runs(run_dirs, left_out, failed)
+    check_outputs(Path(out), [Path(r.path) for r in runs], analyze, overwrite_output)  # before the first write
     if analyze:
-        runs = [_analyzed(r) for r in runs]
+        runs = [_analyzed(r, overwrite_output) for r in runs]
     runs, left, select, why, primary = choose_weights(runs, select, primary)
     skipped += left
     if not runs:
@@ -106,17 +132,18 @@ def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline:
     c.notes += overtrained_notes(runs, select) + [r.analysis_note for r in runs if r.analysis_note]
     for v in c.variants:
         v.verdicts = verdicts_for(v, c)
-    write_outputs(c, Path(out))
+    write_outputs(c, Path(out), overwrite_output)
     return c
 
 
-def _analyzed(run: LoadedRun) -> LoadedRun:
+def _analyzed(run: LoadedRun, overwrite_output: bool = False) -> LoadedRun:
     """The run with a fresh analysis of its final checkpoint (tiedlm analyze, into its folder)."""
     import dataclasses
 
     from ..analyze import analyze_run
 
-    return dataclasses.replace(run, analysis=analyze_run(run.path), analysis_note=None)
+    analysis = analyze_run(run.path, overwrite=overwrite_output, overwrite_option=OVERWRITE_OPTION)
+    return dataclasses.replace(run, analysis=analysis, analysis_note=None)
 
 
 def _check_options(primary: str | None, select: str | None) -> None:
@@ -131,19 +158,22 @@ def _check_options(primary: str | None, select: str | None) -> None:
 
 def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("runs"),
                  out: Path | None = None, baseline: str | None = None, primary: str | None = None,
-                 select: str | None = None, analyze: bool = False) -> Comparison:
+                 select: str | None = None, analyze: bool = False, overwrite_output: bool = False) -> Comparison:
     """Compare finished runs (run folders, folders of runs, or globs; default: every run under
     runs_dir). Writes comparison.md/.csv/.json and plots to `out` (default runs_dir/compare) and
     returns the comparison. Unfinished or unreadable runs are listed in its `skipped`. `primary`
     is the split whose loss carries the verdict (train, validation or test; default validation, or
     test when the best weights are compared). `select` is "best" (the weights each run kept at its
     best validation evaluation), "final" (the last weights) or None: best when every run kept them.
-    `analyze` first analyses each run's two matrices (tiedlm analyze) for the report's section on them."""
+    `analyze` first analyses each run's two matrices (tiedlm analyze) for the report's section on them.
+    Files of the outputs' names that tiedlm did not write are refused (check_outputs) unless
+    `overwrite_output`."""
     _check_options(primary, select)
     runs_dir = Path(runs_dir)
     out = Path(out) if out is not None else runs_dir / COMPARE_DIR
     run_dirs, missing = discover(list(paths) if paths else None, runs_dir, out)
-    return _compare(run_dirs, missing, out, baseline, runs_dir, primary=primary, select=select, analyze=analyze)
+    return _compare(run_dirs, missing, out, baseline, runs_dir, primary=primary, select=select, analyze=analyze,
+                    overwrite_output=overwrite_output)
 
 
 def _variants(cfg_path: str | Path, overrides: list[str], match: str | None,
@@ -167,12 +197,14 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
                    match: str | None = None, runs_dir: Path = Path("runs"), baseline: str | None = None,
                    progress: bool = True, out: Path | None = None, overwrite: bool = False,
                    train: Callable[..., Any] | None = None, primary: str | None = None,
-                   select: str | None = None, analyze: bool = False) -> Comparison:
+                   select: str | None = None, analyze: bool = False, overwrite_output: bool = False) -> Comparison:
     """Train the tied and untied variants of a config (seeds cfg.seed .. cfg.seed+seeds-1; finished
     runs are reused) and compare exactly those runs. match="params" adds a tied variant with extra
     layers whose total is as close as possible to the untied one's. Training failures do not stop
     the others; they are listed in the result's train_failures and among the runs left out.
-    `train` trains one run (train.train_run, the default, or a stand-in with its signature)."""
+    `train` trains one run (train.train_run, the default, or a stand-in with its signature).
+    `overwrite` retrains runs whose folders hold another config; `overwrite_output` replaces files
+    of the outputs' names that tiedlm did not write (check_outputs, before anything is trained)."""
     from ..config import load_config
     from ..runs import run_dir_for
 
@@ -193,11 +225,12 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
     from ..jobs import train_jobs
     from ..train import train_run
 
-    results = train_jobs(jobs, runs_dir, progress, overwrite_other_config=overwrite, train=train or train_run)
-    failures = {r.name: r.error for r in results if r.status == "failed"}
     out = Path(out) if out is not None else runs_dir / COMPARE_DIR
     run_dirs = [run_dir_for(runs_dir, name) for name, _ in jobs]
+    check_outputs(out, [d for d in run_dirs if d.is_dir()], analyze, overwrite_output)  # refused: nothing trained
+    results = train_jobs(jobs, runs_dir, progress, overwrite_other_config=overwrite, train=train or train_run)
+    failures = {r.name: r.error for r in results if r.status == "failed"}
     c = _compare(run_dirs, [], out, baseline, runs_dir, match=matched, failed=failures, primary=primary,
-                 select=select, analyze=analyze)
+                 select=select, analyze=analyze, overwrite_output=overwrite_output)
     c.train_failures = [TrainFailure(n, e) for n, e in failures.items()]
     return c

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import runs as run_folder
-from ..errors import RunError, TiedlmError
+from ..errors import DamagedRunError, NotARunError, RunError, TiedlmError
 from ..evaluate import perplexity
 from .stats import number
 
@@ -127,6 +127,8 @@ def _read_file(read: Callable[[Path], Any], run_dir: Path, name: str) -> tuple[A
     """(read(run_dir), None), or (None, why) when the file is damaged or cannot be read."""
     try:
         return read(run_dir), None
+    except DamagedRunError as exc:  # compare's --overwrite retrains with --config, it does not repair
+        return None, f"unreadable {name}: {exc.for_reader()}"
     except TiedlmError as exc:
         return None, f"unreadable {name}: {exc}"
     except OSError as exc:
@@ -303,9 +305,12 @@ def no_runs_error(run_dirs: list[Path], skipped: list[LeftOut], runs_dir: Path) 
     where = ", ".join(str(d) for d in run_dirs[:3]) if run_dirs else str(runs_dir)
     left = (f" ({len(skipped)} left out: " + "; ".join(f"{s.name}: {s.reason}" for s in skipped[:3])
             + ("; ..." if len(skipped) > 3 else "") + ")") if skipped else ""
-    return RunError(f"no finished runs to compare in {where}{left} — train some first: "
-                    "tiedlm compare --config configs/base.yaml (trains tied and untied), or "
-                    "tiedlm train --config CONFIG --seed N")
+    # Runs that this comparison just failed to train are a runtime failure (exit 1); paths that
+    # hold no finished run are the user's choice of argument (exit 2).
+    kind = RunError if any(s.reason.startswith("training this run failed") for s in skipped) else NotARunError
+    return kind(f"no finished runs to compare in {where}{left} — train some first: "
+                "tiedlm compare --config configs/base.yaml (trains tied and untied), or "
+                "tiedlm train --config CONFIG --seed N")
 
 
 # ============================================================================ finding run folders
@@ -343,7 +348,7 @@ def discover(paths: list[str | Path] | None, runs_dir: Path, out: Path) -> tuple
     if not paths:
         runs_dir = Path(runs_dir)
         if not runs_dir.is_dir():
-            raise RunError(f"no runs folder {runs_dir} — train runs first, e.g. "
+            raise NotARunError(f"no runs folder {runs_dir} — train runs first, e.g. "
                            "tiedlm compare --config configs/base.yaml")
         return _dedupe(children(runs_dir)), missing
     for item in paths:

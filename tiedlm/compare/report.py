@@ -30,6 +30,23 @@ from .verdicts import decay_line, fmt_flops, percent, plural, roles, test_words
 
 FILES = {"markdown": "comparison.md", "csv": "comparison.csv", "json": "comparison.json",
          **{f"plot_{k}": v for k, v in PLOTS.items()}}
+TITLE = "# tiedlm comparison"  # comparison.md's first line
+
+
+def _legacy() -> Any:
+    """A comparison written by a tiedlm that kept no record of its files (files.recording), known
+    by the beginnings every version wrote: comparison.md's title, the csv's first columns,
+    comparison.json's first two keys; and the plots beside them."""
+    from ..files import header_recogniser
+
+    return header_recogniser(
+        {FILES["markdown"]: lambda head: head.startswith(TITLE.encode() + b"\n"),
+         FILES["csv"]: lambda head: head.startswith(b"row_type,variant,run,"),
+         FILES["json"]: lambda head: head.startswith(b'{\n  "format": ') and b',\n  "tiedlm_version": ' in head[:40]},
+        [*PLOTS.values(), MATCHED_PLOT])
+
+
+LEGACY = _legacy()
 
 
 # ============================================================================ pieces
@@ -83,7 +100,7 @@ def _md_intro(c: Comparison) -> list[str]:
                "other key (pass --baseline to compare every variant with one)")
     else:
         how = f"baseline **{c.baseline_label}** ({c.baseline_reason})"
-    md = ["# tiedlm comparison", "",
+    md = [TITLE, "",
           f"{plural(n_runs, 'finished run')} in {plural(len(c.variants), 'variant')}; {how}. "
           f"Written by tiedlm {c.tiedlm_version} on {c.created}."]
     md += ["", selection_line(c)]
@@ -374,9 +391,9 @@ def _md_left_aside(c: Comparison) -> list[str]:
 
 
 def to_markdown(c: Comparison) -> str:
-    sections = (_md_intro(c) + _md_verdict(c) + _md_matched(c) + _md_match(c) + _md_results(c)
-                + _md_differences(c) + _md_buckets(c) + _md_matrices(c) + _md_params(c) + _md_cost(c) + _md_plots(c)
-                + _md_runs(c)
+    sections = (_md_intro(c) + _md_verdict(c) + _md_matched(c) + _md_match(c)
+                + _md_results(c) + _md_differences(c) + _md_buckets(c) + _md_matrices(c) + _md_params(c) + _md_cost(c)
+                + _md_plots(c) + _md_runs(c)
                 + _md_left_aside(c))
     return "\n".join(sections + [""])
 

@@ -263,7 +263,7 @@ def variant_config(config: dict) -> dict:
 
 def label_variants(configs: list[dict]) -> tuple[list[str], list[str]]:
     """Labels for variant configs (seed and name excluded) and the dotted keys that tell them apart."""
-    from ..config import diff_keys, flatten
+    from ..config import diff_keys, flatten, with_added_keys
 
     if not configs:
         return [], []
@@ -274,7 +274,10 @@ def label_variants(configs: list[dict]) -> tuple[list[str], list[str]]:
     short = short_keys(ordered)
     labels = []
     for cfg in configs:
-        flat = flatten(variant_config(cfg))
+        # The keys come from the variant configs (what tells variants apart); the values from the
+        # whole config, so that a key that is operational in one run (eval_every without keep_best)
+        # and part of the variant in another shows its real value in both labels, never null.
+        flat = flatten(with_added_keys(cfg))
         parts = []
         for key in ordered:
             if key == TIE_KEY and isinstance(flat.get(key), bool):

@@ -1,0 +1,178 @@
+"""Every option and argument of every command against hostile values, as a user would type them:
+each is either refused with exit 2, one line and nothing created or changed on disk, or listed
+below as valid (with the reason) and then gets as far as the command's real work.
+
+"The real work" is where a command builds its model (train, eval, analyze, sample, export), which
+a stand-in stops, or the end of a command that builds none (params, data, compare, sweep,
+tensorboard). A value that only a later stage refuses fails here: checks belong before the work.
+"""
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from tiedlm.cli import app
+from tiedlm.config import apply_overrides, load_config
+
+from .conftest import TINY
+
+runner = CliRunner()
+
+# What a user may type for an option's value. Paths are filled in per test ({file}: a file that
+# exists, {missing}: a path under a folder that does not exist).
+KINDS = {
+    "text": "abc",
+    "negative": "-1",
+    "zero": "0",
+    "huge": "1" + "0" * 30,
+    "nan": "nan",
+    "inf": "inf",
+    "empty": "",
+    "newline": "a\nb",
+    "file": "{file}",
+    "missing": "{missing}",
+}
+
+# (command, option) -> the kinds that are valid for it, with the reason. Everything else must be
+# refused. An option's "-" value (negative) is read by click as the value, not an option.
+_TEXT_LIKE = ("text", "zero", "huge", "nan", "inf")  # words that are legitimate text
+VALID = {
+    ("train", "--seed"): ("zero",),  # any seed in [0, 2**64)
+    ("train", "--name"): _TEXT_LIKE,  # run names: letters, digits, '-', '_', '.', '=', '+'
+    # Folders to create: any name, "-1" too (a value, not an option, after --out). Refused: empty
+    # (an unset shell variable), a control character, a file.
+    ("train", "--out"): _TEXT_LIKE + ("negative", "missing"),
+    ("analyze", "--out"): _TEXT_LIKE + ("negative", "missing"),
+    ("analyze", "--seed"): ("zero",),
+    ("export", "--out"): _TEXT_LIKE + ("negative", "missing"),  # a new folder
+    ("sample", "--prompt"): _TEXT_LIKE + ("negative", "empty", "newline", "file", "missing"),  # any text
+    ("sample", "--temperature"): ("zero", "huge"),  # 0 is greedy; a huge temperature is near uniform
+    ("sample", "--seed"): ("zero",),
+    ("sample", "--top-k"): ("huge",),  # a cap: more than the vocabulary keeps every token
+    ("compare", "--out"): _TEXT_LIKE + ("negative", "missing"),  # a runs folder; compare/ is written in it
+    ("compare", "--baseline"): (),  # must name a compared variant
+    ("sweep", "--partition"): _TEXT_LIKE + ("negative",),  # Slurm partition names: letters, digits, _ - .
+    ("sweep", "--time"): ("zero",),  # Slurm time: minutes; 0 is sbatch's "no limit"
+}
+
+# Commands, the arguments that make them valid, and the option names under test.
+# RUN is a tiny trained run, CFG its config, GRID a sweep file over CFG.
+COMMANDS = {
+    "train": (["train", "--config", "{cfg}", "--out", "{tmp}/runs", "-q"], ["--config", "--set", "--seed", "--name", "--out"]),
+    "params": (["params", "--config", "{cfg}"], ["--config", "--set", "--vocab-size"]),
+    "data": (["data", "--config", "{cfg}"], ["--config", "--set"]),
+    "eval": (["eval", "{run}"], ["RUN", "--split", "--stride", "--device"]),
+    "analyze": (["analyze", "{run}"], ["RUN", "--out", "--split", "--sample", "--seed"]),
+    "export": (["export", "{run}", "--out", "{tmp}/exported"], ["RUN", "--out", "--checkpoint"]),
+    "sample": (["sample", "{run}", "--max-new-tokens", "2"],
+               ["RUN", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed",
+                "--num-samples", "--device"]),
+    "tensorboard": (["tensorboard", "{run}"], ["RUN"]),
+    "compare": (["compare", "{run}", "--out", "{tmp}/cmp"], ["RUN", "--baseline", "--primary", "--select", "--out"]),
+    "compare-config": (["compare", "--config", "{cfg}", "--out", "{tmp}/runs", "-q"], ["--config", "--set", "--seeds", "--match"]),
+    "sweep": (["sweep", "{grid}", "--emit", "slurm"], ["GRID", "--emit", "--partition", "--time", "--gpus-per-task"]),
+}
+
+
+class Reached(Exception):
+    """The command got to its real work: the value was not refused."""
+
+
+def _cases():
+    for command, (_, options) in COMMANDS.items():
+        for option in options:
+            for kind in KINDS:
+                yield command, option, kind
+
+
+CASES = list(_cases())
+
+
+def test_every_option_of_every_command_is_covered():
+    group = typer.main.get_command(app)
+    covered = {(c.split("-")[0], o) for c, (_, opts) in COMMANDS.items() for o in opts}
+    for name, command in group.commands.items():
+        if name == "cache":  # list and clear take no options
+            assert all(not [p for p in sub.params] for sub in command.commands.values())
+            continue
+        for param in command.params:
+            if param.is_flag if hasattr(param, "is_flag") else False:
+                continue  # a flag takes no value
+            opt = next((o for o in param.opts if o.startswith("--")), None)
+            label = opt or ("GRID" if name == "sweep" else "RUN")
+            assert (name, label) in covered, f"{name} {label} is not in the hostile-value test"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from tiedlm.train import train_run
+
+    root = tmp_path_factory.mktemp("runs")
+    cache = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIEDLM_CACHE", str(cache))
+        run = train_run(load_config(None, TINY), out=root, progress=False)
+    return run, cache
+
+
+def _snapshot(root: Path) -> dict:
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        out[rel] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
+    return out
+
+
+@pytest.mark.parametrize("command, option, kind", CASES)
+def test_a_hostile_value_is_refused_in_one_line_or_valid_by_design(command, option, kind, trained, tmp_path,
+                                                                   monkeypatch):
+    import tiedlm.model
+
+    run_src, cache = trained
+    monkeypatch.setenv("TIEDLM_CACHE", str(cache))  # the run's tokens are there already
+    monkeypatch.chdir(tmp_path)
+    work = tmp_path / "work"
+    run = work / run_src.name
+    shutil.copytree(run_src, run)
+    cfg = work / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(apply_overrides({}, TINY)))
+    grid = work / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"config": "tiny.yaml", "grid": {"model.tie_embeddings": [True, False]},
+                                    "seeds": [0], "out": "../sweep-runs"}))
+    (work / "afile").write_text("a file\n")
+    fill = {"cfg": str(cfg), "run": str(run), "grid": str(grid), "tmp": str(tmp_path),
+            "file": str(work / "afile"), "missing": str(tmp_path / "nowhere" / "at-all")}
+    value = KINDS[kind].format(**fill)
+
+    def reached(*args, **kwargs):
+        raise Reached()
+
+    monkeypatch.setattr(tiedlm.model, "GPT", reached)
+    base, _ = COMMANDS[command]
+    args = [a.format(**fill) for a in base]
+    if option in ("RUN", "GRID"):
+        target = fill["grid"] if option == "GRID" else fill["run"]
+        args = [value if a == target else a for a in args]
+    elif option in args:
+        i = args.index(option)
+        args[i + 1] = value
+    else:
+        args += [option, value]
+    before = _snapshot(tmp_path)
+    r = runner.invoke(app, args)
+    name = command.split("-")[0]
+    valid = kind in VALID.get((name, option), ())
+    shown = f"{' '.join(args)!r}: exit {r.exit_code}, {r.output.strip()[-300:]!r} {r.exception!r}"
+    if valid:
+        assert isinstance(r.exception, Reached) or r.exit_code == 0, shown
+        return
+    assert r.exit_code == 2, shown
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tiedlm: error:"), shown
+    assert "Traceback" not in r.output
+    assert _snapshot(tmp_path) == before, f"{shown}: the disk changed"

@@ -1,0 +1,178 @@
+"""Commands that write next to the user's files replace only what tiedlm wrote: analyze and compare
+refuse a file of their outputs' names that tiedlm did not write (exit 2, one line naming the file
+and the option that replaces it), replace it with that option, and rewrite their own output
+silently; outputs of an earlier tiedlm that kept no record are known by their headers;
+`tiedlm tensorboard` removes only its own event files from tb/; and no command writes into a
+run folder's managed parts (checkpoints/, tb/, ...), where a resume would delete what it wrote."""
+
+import pytest
+from typer.testing import CliRunner
+
+from tiedlm import runs
+from tiedlm.analyze import ANALYSIS_JSON, ANALYSIS_MD
+from tiedlm.analyze.report import PLOTS, TITLE
+from tiedlm.cli import app
+from tiedlm.config import load_config
+from tiedlm.errors import Interrupted
+from tiedlm.files import WRITTEN
+from tiedlm.train import train_run
+
+from .conftest import TINY
+from .test_compare import make_pair, make_run
+
+PNG = b"\x89PNG\r\n\x1a\n"
+MINE = b"my own notes, not tiedlm's\n"
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def refused(r, path, option: str) -> None:
+    """Exit 2 with one line on stderr that names the file and the option."""
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and option in lines[0], r.stderr
+    assert "Traceback" not in r.output
+
+
+def listing(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny run stopped after its first checkpoint (unfinished, so a resume has work to do)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIEDLM_CACHE", str(tmp_path_factory.mktemp("cache")))
+        root = tmp_path_factory.mktemp("runs")
+        with pytest.raises(Interrupted):
+            train_run(load_config(None, TINY), out=root, name="r", progress=False, stop_after_step=5)
+        return root / "r"
+
+
+# ------------------------------------------------------------------ 4. analyze
+
+
+def test_analyze_refuses_the_users_own_files_and_replaces_them_with_overwrite(trained, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in (ANALYSIS_MD, ANALYSIS_JSON, PLOTS["norms"]):  # each one alone is refused
+        (out / name).write_bytes(MINE)
+        r = invoke("analyze", trained, "--out", out)
+        refused(r, out / name, "--overwrite")
+        assert listing(out) == {name: MINE}  # nothing written, nothing changed
+        (out / name).unlink()
+    (out / ANALYSIS_MD).write_bytes(MINE)
+    r = invoke("analyze", trained, "--out", out, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert (out / ANALYSIS_MD).read_text().startswith(TITLE + "r")
+    before = (out / ANALYSIS_MD).read_bytes()
+    r = invoke("analyze", trained, "--out", out)  # its own output: rewritten without a word
+    assert r.exit_code == 0, r.output
+    assert (out / ANALYSIS_MD).read_bytes() == before
+    (out / ANALYSIS_MD).write_text(before.decode() + "\nmy notes on it\n")  # changed since: the user's now
+    edited = (out / ANALYSIS_MD).read_bytes()
+    refused(invoke("analyze", trained, "--out", out), out / ANALYSIS_MD, "--overwrite")
+    assert (out / ANALYSIS_MD).read_bytes() == edited
+
+
+def test_analyze_into_the_run_folder_keeps_working(trained):
+    for _ in range(2):
+        r = invoke("analyze", trained)
+        assert r.exit_code == 0, r.output
+    assert (trained / ANALYSIS_MD).read_text().startswith(TITLE)
+    for name in (ANALYSIS_MD, ANALYSIS_JSON):
+        (trained / name).unlink()  # leave the run as the other tests expect it
+    for name in (PLOTS["norms"], PLOTS["spectrum"], WRITTEN):
+        (trained / name).unlink()
+
+
+def test_an_analysis_written_before_the_record_is_known_by_its_header(trained, tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / ANALYSIS_MD).write_text(TITLE + "r\n\nwritten by an earlier tiedlm\n")
+    (old / ANALYSIS_JSON).write_text('{\n  "format": 1,\n  "run": "r"\n}\n')
+    (old / PLOTS["norms"]).write_bytes(PNG + b"old plot")
+    r = invoke("analyze", trained, "--out", old)
+    assert r.exit_code == 0, r.output
+    assert "earlier tiedlm" not in (old / ANALYSIS_MD).read_text() and (old / WRITTEN).is_file()
+    # a plot of the analysis' name in a folder without tiedlm's analysis is the user's
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / PLOTS["spectrum"]).write_bytes(PNG + b"mine")
+    refused(invoke("analyze", trained, "--out", tmp_path / "plots"), tmp_path / "plots" / PLOTS["spectrum"],
+            "--overwrite")
+
+
+# ------------------------------------------------------------------ 4. compare
+
+
+def test_compare_refuses_the_users_own_files_and_replaces_them_with_overwrite_output(tmp_path):
+    root = tmp_path / "runs"
+    make_pair(root, [57.0, 58.0], [59.0, 60.0])
+    out = root / "compare"
+    out.mkdir()
+    for name in ("comparison.md", "comparison.csv", "comparison.json", "bucket_loss.png"):
+        (out / name).write_bytes(MINE)
+        refused(invoke("compare", "--out", root), out / name, "--overwrite-output")
+        assert listing(out) == {name: MINE}
+        (out / name).unlink()
+    (out / "comparison.md").write_bytes(MINE)
+    r = invoke("compare", "--out", root, "--overwrite-output")
+    assert r.exit_code == 0, r.output
+    assert (out / "comparison.md").read_text().startswith("# tiedlm comparison\n")
+    r = invoke("compare", "--out", root)  # its own output: rewritten without a word
+    assert r.exit_code == 0, r.output
+    (out / WRITTEN).unlink()  # as an earlier tiedlm left it: known by the headers
+    r = invoke("compare", "--out", root)
+    assert r.exit_code == 0, r.output
+    assert (out / WRITTEN).is_file()
+    r = invoke("compare", "--out", root, "--overwrite")  # still only with --config
+    assert r.exit_code == 2 and "only applies with --config" in r.stderr
+
+
+# ------------------------------------------------------------------ 5. tensorboard
+
+
+def test_tensorboard_removes_only_its_own_event_files(tmp_path):
+    from tiedlm.tensorboard import SUFFIX, TB
+
+    run = make_run(tmp_path, "t-s0", 0)
+    tb = run / TB
+    (tb / "mine").mkdir(parents=True)
+    (tb / "mine" / "events.out.tfevents.1.host.1.0").write_bytes(b"the user's own run")
+    (tb / "notes.txt").write_bytes(MINE)
+    (tb / "events.out.tfevents.2.host.2.0").write_bytes(b"another tool's event file")
+    (tb / "events.out.tfevents.3.host.3.0").write_bytes(b"\x00run/text_summary\x00")  # an earlier tiedlm's
+    users = {k: v for k, v in listing(tb).items() if not k.startswith("events.out.tfevents.3")}
+    for _ in range(2):
+        r = invoke("tensorboard", run)
+        assert r.exit_code == 0, r.output
+        assert f"left alone: {tb / 'notes.txt'} (not written by tiedlm)" in r.stdout
+        ours = [p.name for p in tb.iterdir() if p.name.endswith(SUFFIX)]
+        assert len(ours) == 1  # the previous one replaced
+        assert {k: v for k, v in listing(tb).items() if k not in ours} == users
+    run = make_run(tmp_path / "f", "f-s0", 0)
+    (run / TB).write_bytes(MINE)  # a file where the folder belongs: refused, kept
+    r = invoke("tensorboard", run)
+    assert r.exit_code == 2 and str(run / TB) in r.stderr and (run / TB).read_bytes() == MINE
+
+
+# ------------------------------------------------------------------ 6. a run's managed parts
+
+
+def test_no_command_writes_into_a_runs_checkpoints_and_the_run_resumes(trained, tmp_path):
+    inside = trained / runs.CHECKPOINTS / "step-0000099"
+    before = listing(trained)
+    for args in (("export", trained, "--out", inside), ("analyze", trained, "--out", inside),
+                 ("analyze", trained, "--out", trained / "tb" / "x"),
+                 ("compare", trained, "--out", trained / runs.CHECKPOINTS)):
+        r = invoke(*args)
+        refused(r, args[3], "--out")
+        assert runs.CHECKPOINTS in r.stderr or "tb" in r.stderr
+    assert not inside.exists() and not (trained / "tb").exists()
+    assert listing(trained) == before
+    r = invoke("analyze", trained, "--out", tmp_path / "elsewhere")  # outside the run's parts: fine
+    assert r.exit_code == 0, r.output
+    done = train_run(load_config(None, TINY), out=trained.parent, name="r", progress=False)
+    assert runs.read_report(done).status == "finished"
