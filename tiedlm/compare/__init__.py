@@ -5,6 +5,7 @@
     variants    variants, labels, the baseline, aggregates over seeds, contrasts on the loss
     grid        matched contrasts: each tied variant against its untied twin in a grid
     comparison  build_comparison and the Comparison it returns (what comparison.json holds)
+    trajectory  each contrast's effect at every periodic evaluation: crossover, still moving, its plot
     stats       t and noncentral t distributions, summaries, paired and Welch tests, Holm, power (pure)
     matching    --match params: the tied model with as many parameters as the untied one
     verdicts    the sentences: verdict on the primary endpoint, confirmation, seeds needed, FLOPs
@@ -63,6 +64,7 @@ from .stats import (
     t_two_sided_p,
     welch_test,
 )
+from .trajectory import TRAJECTORY_PLOT, Crossover, Trajectory, TrajectoryPoint
 from .variants import BucketContrast, Contrast, SplitContrast, Variant, choose_baseline, label_variants
 from .verdicts import verdicts_for
 
@@ -71,6 +73,7 @@ __all__ = [
     "to_csv",
     "Comparison", "Variant", "Contrast", "SplitContrast", "BucketContrast", "MatchedContrast", "RunRow",
     "NotCompared", "TrainFailure", "LoadedRun", "LeftOut", "ParamMatch", "Summary", "GeometricSummary", "Power",
+    "Trajectory", "TrajectoryPoint", "Crossover", "TRAJECTORY_PLOT",
     "TestResult", "COMPARE_DIR", "PLOTS", "MATCHED_PLOT", "LEVEL", "ALPHA", "POWER", "PRIMARY",
     "discover", "load_run", "match_layers", "label_variants", "choose_baseline", "short_keys",
     "betainc", "t_sf", "t_cdf", "t_ppf", "t_two_sided_p", "summarize", "geometric", "paired_test", "welch_test",

@@ -17,6 +17,7 @@ from .datasets import DataSet, data_difference, data_sets, mixed_data_message
 from .grid import MatchedContrast, matched_contrasts
 from .matching import ParamMatch
 from .stats import ALPHA, LEVEL, POWER, number
+from .trajectory import Trajectory, contrast_trajectories, variant_json
 from .variants import (
     COST_KEYS,
     SPLITS,
@@ -117,6 +118,7 @@ class Comparison:
     matched: list[MatchedContrast] = field(default_factory=list)
     select: str = "final"  # whose scores are compared: each run's last weights, or its kept best ones
     select_reason: str = ""
+    trajectories: dict[str, Trajectory] = field(default_factory=dict)  # variant label -> its contrast over training
 
     @property
     def verdicts(self) -> list[str]:
@@ -151,7 +153,8 @@ class Comparison:
             "primary": self.primary, "confirmation": self.confirmations, "secondary": SECONDARY,
             "select": {"weights": self.select, "reason": self.select_reason},
             "mode": self.mode, "baseline": {"label": self.baseline_label, "reason": self.baseline_reason},
-            "differing_keys": self.differing_keys, "variants": [v.to_json() for v in self.variants],
+            "differing_keys": self.differing_keys,
+            "variants": [variant_json(v, self.trajectories) for v in self.variants],  # with each contrast's trajectory
             "runs": [asdict(r) for r in self.runs], "skipped": [asdict(s) for s in self.skipped],
             "notes": self.notes, "match": self.match.to_json() if self.match else None,
             "verdicts": self.verdicts, "data_sets": self.data_sets,
@@ -333,4 +336,5 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
         variants=variants, runs=rows, skipped=skipped,
         notes=[n for r in groups[home].runs for n in r.notes] + _resolution_note(variants), data_sets=len(groups),
         not_compared=not_compared, match=match, tiedlm_version=__version__, primary=primary,
-        mode="matched" if matched else "baseline", matched=matched)
+        mode="matched" if matched else "baseline", matched=matched,
+        trajectories=contrast_trajectories(variants, kept))  # on the runs: metrics.jsonl, read again

@@ -1,5 +1,6 @@
 """The comparison's PNG plots: validation perplexity during training, final perplexity against
-parameters, loss by frequency bucket; and in a grid, the tying effect per setting (against the
+parameters, loss by frequency bucket, each contrast's effect over training (drawn by
+trajectory.py); and in a grid, the tying effect per setting (against the
 swept key when it is a number, and against the embedding share of parameters).
 
 matplotlib is imported inside the functions, so that `tiedlm --help` stays instant, and used
@@ -15,12 +16,14 @@ from typing import Any
 from ..figures import empty_panel, figure, plain_ticks
 from .comparison import Comparison
 from .stats import number
+from .trajectory import TRAJECTORY_PLOT, plot_trajectory
 from .variants import Variant
 
 PLOTS = {
     "curve": "perplexity_vs_tokens.png",
     "params": "perplexity_vs_params.png",
     "buckets": "bucket_loss.png",
+    "trajectory": TRAJECTORY_PLOT,  # the effect of each contrast over training (trajectory.py)
 }
 MATCHED_PLOT = "tying_effect.png"  # written only when the comparison has matched contrasts
 
@@ -170,5 +173,6 @@ def write_plots(c: Comparison, out: Path) -> None:
     plot_curve(c, out / PLOTS["curve"])
     plot_params(c, out / PLOTS["params"])
     plot_buckets(c, out / PLOTS["buckets"])
+    plot_trajectory(c, out / PLOTS["trajectory"])
     if c.matched:
         plot_tying_effect(c, out / MATCHED_PLOT)

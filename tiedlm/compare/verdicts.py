@@ -6,10 +6,10 @@ Every effect is a ratio of perplexities, exp(Δloss) − 1, with exp(CI) − 1 b
 
 from __future__ import annotations
 
-from ..formatting import fmt, fmt_int, fmt_p, fmt_signed
+from ..formatting import fmt, fmt_count, fmt_int, fmt_p, fmt_signed
 from .comparison import Comparison
 from .stats import SEEDS_CAP, TestResult
-from .variants import Contrast, SplitContrast, Variant
+from .variants import COMPUTE_MATCH, Contrast, SplitContrast, Variant
 
 ROLES = ("The primary endpoint is the {primary} loss: it alone carries the verdict. {others} "
          "reported as confirmation, and the per-bucket differences are secondary (their p-values "
@@ -125,11 +125,51 @@ def params_sentence(total: int | None, vs: Contrast) -> str | None:
             f"({fmt_int(total)} vs {fmt_int(total - vs.params_difference)}).")
 
 
-def flops_sentence(vs: Contrast) -> str | None:
-    """Parameter-matched is not compute-matched: say which this contrast is."""
+def _relative(a: float | None, b: float | None) -> float | None:
+    return a / b - 1.0 if a is not None and b else None
+
+
+def _tokens(v: Variant | None) -> float | None:
+    s = v.cost.get("tokens_seen") if v else None
+    return s.mean if s else None
+
+
+def _early_stop_flops(vs: Contrast, variant: Variant, reference: Variant) -> str:
+    """FLOPs per token and total training FLOPs stated apart, when the variants saw different
+    numbers of tokens (early stopping, or another budget): 'the same FLOPs per token (10.2M) and +11%
+    total training FLOPs (1.9T vs 1.7T), because the **untied** runs stopped earlier (…)'."""
+    per, per_b = vs.train_flops_per_token, vs.baseline_train_flops_per_token
+    per_differs = abs(_relative(per, per_b) or 0.0) >= COMPUTE_MATCH
+    per_part = (f"{percent(_relative(per, per_b), 0)} FLOPs per token ({fmt_flops(per)} vs {fmt_flops(per_b)})"
+                if per_differs else f"the same FLOPs per token ({fmt_flops(per)})")
+    total, total_b = variant.train_flops, reference.train_flops
+    total_part = (f"the same total training FLOPs ({fmt_flops(total)})" if vs.compute_matched else
+                  f"{percent(vs.train_flops_relative, 0)} total training FLOPs ({fmt_flops(total)} vs "
+                  f"{fmt_flops(total_b)})")
+    nv, nb = _tokens(variant), _tokens(reference)
+    earlier = reference.label if nb < nv else variant.label
+    why = (f"{'and' if per_differs else 'because'} the **{earlier}** runs stopped earlier ({fmt_count(min(nv, nb))} vs "
+           f"{fmt_count(max(nv, nb))} tokens seen, mean over seeds)")
+    return f"{per_part} and {total_part}, {why}"
+
+
+def flops_sentence(vs: Contrast, variant: Variant | None = None, reference: Variant | None = None) -> str | None:
+    """Parameter-matched is not compute-matched: say which this contrast is. FLOPs per token (the
+    architecture) and total training FLOPs (per token × tokens seen) are told apart when the two
+    variants saw different numbers of tokens (given both variants); otherwise they differ alike."""
     r = vs.train_flops_relative
-    if r is None or vs.compute_matched:
-        return "It is parameter- and compute-matched." if vs.parameter_matched and r is not None else None
+    if r is None:
+        return None
+    nv, nb = _tokens(variant), _tokens(reference)
+    if (variant and reference and nv and nb and variant.train_flops and reference.train_flops
+            and abs(nv / nb - 1.0) >= COMPUTE_MATCH):
+        what = _early_stop_flops(vs, variant, reference)
+        if vs.parameter_matched:
+            matched = "and compute-matched in total" if vs.compute_matched else "but not compute-matched"
+            return f"It is parameter-matched to **{vs.baseline}** {matched}: {what}."
+        return f"It spends {what}."
+    if vs.compute_matched:
+        return "It is parameter- and compute-matched." if vs.parameter_matched else None
     per = (f"{fmt_flops(vs.train_flops_per_token)} vs {fmt_flops(vs.baseline_train_flops_per_token)} "
            "per token") if vs.train_flops_per_token and vs.baseline_train_flops_per_token else ""
     what = f"{percent(r, 0)} training FLOPs" + (f" ({per})" if per else "")
@@ -148,7 +188,8 @@ def verdicts_for(v: Variant, c: Comparison) -> list[str]:
     first = verdict(v.label, vs.baseline, main, c.primary)
     if first is None:
         return []
-    extra = [s for s in (params_sentence(v.params.get("total"), vs), flops_sentence(vs)) if s]
+    reference = next((x for x in c.variants if x.label == vs.baseline), None)
+    extra = [s for s in (params_sentence(v.params.get("total"), vs), flops_sentence(vs, v, reference)) if s]
     lines = [" ".join([first] + extra)]
     lines += [line for s in c.confirmations if (line := confirmation(main, vs.split(s), s))]
     seeds = seeds_sentence(main)
