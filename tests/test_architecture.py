@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tiedlm"
 # layer below; the order inside a layer is the order of the allowed imports.
 LAYERS = [
     ["cli"],
-    ["compare", "sweep", "params"],
+    ["compare", "sweep", "tuning", "params"],
     ["analyze", "export", "generate", "jobs"],
     ["train", "selection", "optim", "step"],
     ["evaluate"],

@@ -48,7 +48,7 @@ def test_missing_paths_and_files(tmp_path):
         prepare("data.path=text", f"data.data_files={tmp_path / '*.nothing'}")
     with raises(ConfigError, match=r"needs data.data_files"):
         prepare("data.path=text")
-    with raises(ConfigError, match=r"unknown built-in corpus builtin:nope — use builtin:synthetic or builtin:"):
+    with raises(ConfigError, match=r"unknown built-in corpus builtin:nope — use builtin:synthetic, builtin:pydoc or builtin:shakespeare"):
         prepare("data.path=builtin:nope")
     (tmp_path / "empty").mkdir()
     with raises(ConfigError, match=r"is an empty folder — add data files"):
@@ -71,7 +71,8 @@ def test_not_utf8_names_the_file(tmp_path):
     (["data.path=text", "data.data_files=nothing*.txt"],
      "data.data_files: 'nothing*.txt' matches no file (relative paths start at {cwd}) — check the path or the "
      "glob", 2),
-    (["data.path=builtin:nope"], "unknown built-in corpus builtin:nope — use builtin:synthetic or builtin:pydoc", 2),
+    (["data.path=builtin:nope"], "unknown built-in corpus builtin:nope — use builtin:synthetic, builtin:pydoc or "
+     "builtin:shakespeare", 2),
     (["data.path=json", "data.data_files=d.jsonl"],
      "json files: d.jsonl (1 file, {size}) has no column 'text' in its train split; its columns are: body — "
      "set data.text_column", 2),

@@ -51,6 +51,8 @@ VALID = {
     "data.validation_fraction": ("zero",),  # no validation carved (the data has its own split)
     "data.test_fraction": ("zero",),
     "data.split_seed": ("zero", "huge"),
+    "data.carve": (),  # random | contiguous: no hostile value is one
+    "data.test_from": (),  # train | validation: no hostile value is one
     "data.max_train_tokens": ("huge",),  # a cap: more than there is keeps everything
     "data.max_eval_tokens": ("huge",),
     "data.synthetic.seed": ("zero", "huge"),
@@ -68,6 +70,7 @@ VALID = {
     "train.max_tokens": ("huge",),  # budgets: long, not wrong
     "train.max_steps": ("huge",),
     "train.min_lr": ("zero",),
+    "train.min_lr_ratio": ("zero",),  # the decay ends at 0; min_lr stays at its default, so no conflict
     "train.warmup_steps": ("zero", "huge"),  # no warmup; warmup past the end of training
     "train.weight_decay": ("zero",),
     "train.beta1": ("zero",),

@@ -74,7 +74,7 @@ COMMANDS = {
                 "--num-samples", "--device"]),
     "tensorboard": (["tensorboard", "{run}"], ["RUN"]),
     "compare": (["compare", "{run}", "--out", "{tmp}/cmp"], ["RUN", "--baseline", "--primary", "--select", "--out"]),
-    "compare-config": (["compare", "--config", "{cfg}", "--out", "{tmp}/runs", "-q"], ["--config", "--set", "--seeds", "--match"]),
+    "compare-config": (["compare", "--config", "{cfg}", "--out", "{tmp}/runs", "-q"], ["--config", "--set", "--seeds", "--match", "--tune"]),
     "sweep": (["sweep", "{grid}", "--emit", "slurm"], ["GRID", "--emit", "--partition", "--time", "--gpus-per-task"]),
 }
 

@@ -277,3 +277,79 @@ def test_an_unquoted_slurm_time_is_refused_with_the_fix(tmp_path):
     grid = write_grid(tmp_path, TINY_GRID.replace('time: "00:10:00"', "time: 2:00:00"))
     with pytest.raises(ConfigError, match='time must be quoted, e.g. time: "02:00:00"'):
         load_grid(grid)
+
+
+def test_a_paired_axis_sets_its_keys_together(tmp_path):
+    from tiedlm.sweep import expand, load_grid
+
+    (tmp_path / "base.yaml").write_text("name: base\ntrain:\n  max_steps: 10\n")
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("config: base.yaml\ngrid:\n  model.tie_embeddings: [true, false]\n  schedule:\n"
+                    "    - {train.lr: 1.0e-3, train.warmup_steps: 2}\n    - {train.lr: 3.0e-3, train.warmup_steps: 4}\n")
+    runs = expand(load_grid(grid))
+    got = sorted((r.cfg.model.tie_embeddings, r.cfg.train.lr, r.cfg.train.warmup_steps) for r in runs)
+    assert got == [(False, 1e-3, 2), (False, 3e-3, 4), (True, 1e-3, 2), (True, 3e-3, 4)]  # never 1e-3 with 4
+    assert "base-tie_embeddings=true-lr=0.001-warmup_steps=2-s0" in [r.name for r in runs]
+
+
+@pytest.mark.parametrize("body, message", [
+    ("  s:\n    - {train.lr: 1.0e-3}\n    - {train.warmup_steps: 2}\n", "must each set the same keys"),
+    ("  s:\n    - {train.lr: 1.0e-3}\n    - 2\n", "mixes mappings and single values"),
+    ("  s:\n    - {train.lrr: 1.0e-3}\n", "train.lrr"),
+    ("  train.lr: [1.0e-3]\n  s:\n    - {train.lr: 1.0e-3}\n", "on two axes"),
+])
+def test_a_bad_paired_axis_is_one_line(tmp_path, body, message):
+    from tiedlm.errors import ConfigError
+    from tiedlm.sweep import load_grid
+
+    (tmp_path / "base.yaml").write_text("name: base\n")
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("config: base.yaml\ngrid:\n" + body)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_grid(grid)
+    assert "\n" not in str(info.value)
+
+
+def test_a_tuned_sweep_tunes_each_grid_point_and_trains_every_seed_at_its_choice(tmp_path, monkeypatch):
+    """tune: in a grid file: each grid point is tuned on the first seed (a stand-in trainer with a
+    known optimum per width), then every seed trains at the chosen value."""
+    import math
+    import shutil
+    import types
+
+    import tiedlm.data
+    import tiedlm.model
+    from tests.test_compare import V, gpt2_params, make_run
+    from tiedlm import runs as run_folder
+    from tiedlm.config import to_dict
+    from tiedlm.sweep import format_sweep_summary
+
+    best = {32: 1e-2, 64: 3e-3}
+    trained = []
+
+    def train(cfg, out, name, progress=True, overwrite=False, **_):
+        run_dir = Path(out) / name
+        if run_folder.existing_state(run_dir, to_dict(cfg)) == "finished":
+            return run_dir
+        trained.append(name)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        val = 40 * (1 + math.log(cfg.train.lr / best[cfg.model.n_embd]) ** 2) + cfg.seed
+        return make_run(Path(out), name, cfg.seed, val=val, cfg=cfg)
+
+    monkeypatch.setattr(tiedlm.model, "count_params_config", gpt2_params)
+    monkeypatch.setattr(tiedlm.data, "prepare_data", lambda cfg, progress=True: types.SimpleNamespace(model_vocab_size=V))
+    (tmp_path / "base.yaml").write_text("name: base\nmodel:\n  n_head: 2\ntrain:\n  max_steps: 10\n")
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("config: base.yaml\ngrid:\n  model.n_embd: [32, 64]\nseeds: 2\nout: runs\n"
+                    "tune:\n  train.lr: [1.0e-3, 3.0e-3, 1.0e-2]\n")
+    summary = run_sweep(load_grid(grid), progress=False, train=train)
+    chosen = {v.tag: v.chosen.point["train.lr"] for v in summary.tuning.variants}
+    assert chosen == {"n_embd=32": 1e-2, "n_embd=64": 3e-3}
+    assert summary.tuning.variant("n_embd=32").extensions == {"train.lr:+1": 1}  # 1e-2 was the edge: 3e-2 tried
+    assert sorted(e.name for e in summary.runs) == ["base-n_embd=32-lr=0.01-s0", "base-n_embd=32-lr=0.01-s1",
+                                                     "base-n_embd=64-lr=0.003-s0", "base-n_embd=64-lr=0.003-s1"]
+    assert len(trained) == 3 + 1 + 3 + 2  # the grid (and one step past 32's edge), then seed 1 at each choice
+    text = format_sweep_summary(summary)
+    assert "n_embd=32: lr=0.01" in text and "base-n_embd=64-lr=0.003-s*" in text
+    with pytest.raises(Exception, match="chooses its runs as it goes"):
+        run_sweep(load_grid(grid), dry_run=True)

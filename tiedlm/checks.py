@@ -25,6 +25,8 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "fp32", "bf16")
 EMBED_SCALES = ("1", "sqrt_d")
 SPLITS = ("train", "validation", "test")
+CARVES = ("random", "contiguous")  # data.carve: how validation/test are carved from the split they come from
+TEST_FROM = ("train", "validation")  # data.test_from: the split the test split is carved from
 LOG_TARGETS = ("tensorboard",)  # train.log_to: where a run is recorded besides metrics.jsonl
 SEED_LIMIT = 2**64  # torch.manual_seed takes seeds below 2**64 and overflows above
 THREADS_LIMIT = 1024  # more than any CPU has cores; torch crashes on absurd thread counts
@@ -182,7 +184,7 @@ def _validate_train(t: Any) -> None:
         if getattr(t, key) is not None:
             check_positive(getattr(t, key), f"train.{key}")
     check_positive(t.lr, "train.lr")
-    _check(0 <= t.min_lr <= t.lr, f"train.min_lr must be between 0 and train.lr ({t.lr}), got {t.min_lr}")
+    _validate_min_lr(t)
     for key in ("warmup_steps", "weight_decay", "grad_clip", "eval_every", "checkpoint_every",
                 "max_skipped", "threads", "early_stop_patience", "early_stop_min_delta"):
         check_not_negative(getattr(t, key), f"train.{key}")
@@ -195,6 +197,18 @@ def _validate_train(t: Any) -> None:
            f"train.lr x train.weight_decay must be below 1, got {t.lr:g} x {t.weight_decay:g} (AdamW scales weights "
            "by 1 - lr x weight_decay each step) — lower train.lr or train.weight_decay")
     _check(0.0 <= t.beta1 < 1.0 and 0.0 <= t.beta2 < 1.0, "train.beta1 and train.beta2 must be in [0, 1)")
+
+
+def _validate_min_lr(t: Any) -> None:
+    """Where the cosine decay ends: train.min_lr (absolute) or train.min_lr_ratio (of train.lr), one of them."""
+    if t.min_lr_ratio is None:
+        _check(0 <= t.min_lr <= t.lr, f"train.min_lr must be between 0 and train.lr ({t.lr}), got {t.min_lr}")
+        return
+    _check(0.0 <= t.min_lr_ratio <= 1.0, f"train.min_lr_ratio must be a fraction in [0, 1], got {t.min_lr_ratio}")
+    default = next(f.default for f in dataclasses.fields(t) if f.name == "min_lr")
+    _check(t.min_lr == default,
+           f"train.min_lr ({t.min_lr:g}) and train.min_lr_ratio ({t.min_lr_ratio:g}) both set where the cosine decay "
+           "ends — give one of them (min_lr_ratio: a fraction of train.lr; min_lr: an absolute rate)")
 
 
 def _validate_tokens_per_step(t: Any, m: Any) -> None:
@@ -241,8 +255,18 @@ def _validate_data(d: Any) -> None:
     for key in ("validation_fraction", "test_fraction"):
         v = getattr(d, key)
         _check(0.0 <= v < 1.0, f"data.{key} must be a fraction in [0, 1), got {v}")
-    _check(d.validation_fraction + d.test_fraction < 1.0,
-           "data.validation_fraction + data.test_fraction must leave some training data")
+    _check(d.carve in CARVES, f"data.carve must be random or contiguous, got {d.carve!r}")
+    _check(d.test_from in TEST_FROM, f"data.test_from must be train or validation, got {d.test_from!r}")
+    if d.test_from == "train":
+        _check(d.validation_fraction + d.test_fraction < 1.0,
+               "data.validation_fraction + data.test_fraction must leave some training data")
+    else:
+        _check(d.test_fraction > 0, "data.test_from: validation carves the test split from validation, and "
+                                    "data.test_fraction is 0 — set data.test_fraction (of the validation documents, "
+                                    "e.g. 0.5 for half) or drop data.test_from")
+        _check(not d.path.strip().startswith("builtin:"),
+               f"data.test_from: validation carves test from validation, and {d.path.strip()} brings its own "
+               "train, validation and test splits — drop data.test_from")
     for key in ("max_train_tokens", "max_eval_tokens"):
         if getattr(d, key) is not None:
             check_positive(getattr(d, key), f"data.{key}")

@@ -452,6 +452,9 @@ def compare(
     seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds per variant with --config (default 1)."),
     match: Optional[str] = typer.Option(None, "--match", help="'params': add a tied variant with extra layers "
                                         "matching the untied parameter count."),
+    tune: Optional[List[str]] = typer.Option(None, "--tune", help="With --config: tune each variant on validation "
+                                             "first, e.g. --tune train.lr=3e-4,1e-3,3e-3 (repeatable: their grid; "
+                                             "also seeds=0, extend=false); the verdict is then on test."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="The variant to compare against (in a grid, "
                                            "instead of each tied variant against its untied twin)."),
     primary: Optional[str] = typer.Option(None, "--primary", help="The split whose loss carries the verdict "
@@ -489,7 +492,7 @@ def compare(
             raise ConfigError(f"--match {match!r} is not known — the one choice is --match params")
         if config is None:
             given = [opt for opt, value in (("--set", set_), ("--seeds", seeds is not None), ("--match", match),
-                                            ("--overwrite", overwrite)) if value]
+                                            ("--overwrite", overwrite), ("--tune", tune)) if value]
             if given:
                 one = len(given) == 1
                 raise ConfigError(f"{', '.join(given)} only {'applies' if one else 'apply'} with --config, which "
@@ -504,7 +507,8 @@ def compare(
         if config is not None:
             result = compare_config(config, set_ or [], seeds=seeds or 1, match=match, runs_dir=out,
                                     baseline=baseline, progress=not quiet, overwrite=overwrite, primary=primary,
-                                    select=select, analyze=analyze, overwrite_output=overwrite_output)
+                                    select=select, analyze=analyze, overwrite_output=overwrite_output,
+                                    tune=tune)
         else:
             result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select,
                                   analyze=analyze, overwrite_output=overwrite_output)

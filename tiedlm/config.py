@@ -50,8 +50,10 @@ class DataConfig:
     validation_split: str | None = "validation"  # used when the dataset has it, else carved from train
     test_split: str | None = "test"
     validation_fraction: float = 0.05  # of the training documents, when there is no validation split
-    test_fraction: float = 0.05  # of the training documents, when there is no test split
+    test_fraction: float = 0.05  # of the documents of data.test_from's split, when there is no test split
     split_seed: int = 0  # the carving is deterministic for this seed (not the run seed: seeds share data)
+    carve: str = "random"  # random (documents drawn by split_seed) | contiguous (blocks in source order, at the end)
+    test_from: str = "train"  # the split test is carved from: train | validation (test_fraction is then of it)
     streaming: bool = False  # stream from the hub instead of downloading whole; needs max_train_tokens
     max_train_tokens: int | None = None  # keep at most this many training tokens
     max_eval_tokens: int | None = None  # keep at most this many tokens of each evaluation split
@@ -93,7 +95,8 @@ class TrainConfig:
     max_tokens: int | None = None  # training budget in tokens (one of max_tokens / max_steps)
     max_steps: int | None = None  # training budget in optimizer steps
     lr: float = 1e-3
-    min_lr: float = 1e-4  # cosine decay ends here
+    min_lr: float = 1e-4  # cosine decay ends here (absolute)
+    min_lr_ratio: float | None = None  # or here, as a fraction of lr (replaces min_lr); see effective_min_lr
     warmup_steps: int = 100  # linear warmup from 0
     weight_decay: float = 0.1  # on matrices; never on biases and LayerNorm gains
     decay_embeddings: bool = True  # whether E, W_out and the position embeddings are weight-decayed
@@ -454,6 +457,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 seed: int | None = None) -> Config:
     """Resolve a config: defaults -> base files -> file -> overrides -> seed."""
     data = _load_with_bases(Path(path)) if path is not None else {}
+    data.pop("tune", None)  # the tuning grid of `compare --config` (compare/tuning.py), not a run's setting
     data = apply_overrides(data, overrides)
     if seed is not None:
         data["seed"] = seed
@@ -480,7 +484,13 @@ SELECTION_KEYS = ("train.eval_every", "train.eval_tokens")
 # a key is left out of the config hash, and a stored config that lacks it reads as having it, so
 # that older runs keep their hash, resume, and group with newer ones.
 ADDED_KEYS = {"train.keep_best": False, "train.early_stop_patience": 0, "train.early_stop_min_delta": 0.0,
-              "train.log_to": []}
+              "train.log_to": [], "train.min_lr_ratio": None, "data.carve": "random", "data.test_from": "train"}
+
+
+def effective_min_lr(t: TrainConfig) -> float:
+    """Where the cosine decay ends: train.lr x train.min_lr_ratio when the ratio is set (so the
+    schedule keeps its shape when lr changes), else the absolute train.min_lr."""
+    return t.lr * t.min_lr_ratio if t.min_lr_ratio is not None else t.min_lr
 
 
 def _get(data: dict, key: str, default: Any = None) -> Any:

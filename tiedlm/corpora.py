@@ -1,4 +1,4 @@
-"""Built-in corpora that need no download: `builtin:synthetic` and `builtin:pydoc`.
+"""Built-in corpora that need no download: `builtin:synthetic`, `builtin:pydoc` and `builtin:shakespeare`.
 
 `builtin:synthetic` is a class-based Markov language. Every word belongs to exactly one latent
 class; the class sequence is a sparse Markov chain (each class has `successors` possible next
@@ -14,25 +14,33 @@ the hidden classes: the best loss achievable on the token stream the model sees)
 
 `builtin:pydoc` is real English that ships with every CPython: the documentation topics of
 `pydoc_data.topics` (the text `help("assert")` prints), split by paragraph into train/validation/test.
+
+`builtin:shakespeare` is Tiny Shakespeare (Karpathy's char-rnn corpus, public domain), shipped in
+the package and checked by SHA-256 when it is read; split into contiguous blocks of lines (90/5/5)
+cut at speech boundaries, one document per speech.
 """
 
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
 import math
 import re
 import time
+import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from .checks import SPLITS
 from .config import SyntheticConfig
+from .errors import DataError
 
 # Bump when the generator changes, so cached token arrays of the old language are not reused.
 SYNTHETIC_VERSION = 1
-BUILTINS = ("synthetic", "pydoc")
+BUILTINS = ("synthetic", "pydoc", "shakespeare")
 WORDS_PER_LINE = 16
 
 # Syllables for pronounceable pseudo-words: onset + vowel (+ coda at the end of a word).
@@ -375,4 +383,102 @@ def pydoc_splits() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {s: [] for s in SPLITS}
     for i, p in enumerate(paragraphs):
         out["validation" if i % 20 == 9 else "test" if i % 20 == 19 else "train"].append(p)
+    return out
+
+
+def builtin_origins(path: str) -> dict[str, str]:
+    """Where each split of a built-in corpus comes from, as `tiedlm data`'s "from" column shows it."""
+    if path == "builtin:shakespeare":
+        lines, ranges = _shakespeare_layout()
+        return {split: f"built in: lines {a + 1:,}-{b:,} of {len(lines):,} (contiguous)"
+                for split, (a, b) in ranges.items()}
+    return {s: "built in" for s in SPLITS}
+
+
+# --------------------------------------------------------------------------------------------
+# builtin:shakespeare
+
+SHAKESPEARE_FILE = Path(__file__).parent / "corpora_data" / "tinyshakespeare.txt.gz"
+# SHA-256 of the text inside: Karpathy's input.txt (char-rnn), 1,115,394 bytes, 40,000 lines
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+SHAKESPEARE_VERSION = 1  # the splitting rule; bump whenever shakespeare_splits changes
+# train ends at the first speech boundary at or after 90% of the lines, validation at or after 95%
+SHAKESPEARE_CUTS = (0.90, 0.95)
+
+
+def shakespeare_text() -> str:
+    """The bundled text, verified: a file that is missing, unreadable or not byte for byte the
+    corpus tiedlm shipped is a DataError (a damaged or edited install)."""
+    path = SHAKESPEARE_FILE
+    try:
+        st = path.stat()
+        return _verified_text(str(path), st.st_size, st.st_mtime_ns)
+    except OSError as exc:
+        why = "is missing" if isinstance(exc, FileNotFoundError) else f"cannot be read ({exc.strerror or exc})"
+        raise DataError(f"the bundled corpus {path} {why} — reinstall tiedlm "
+                        "(pip install --force-reinstall --no-deps tiedlm)") from None
+
+
+@functools.lru_cache(maxsize=2)
+def _verified_text(path: str, size: int, mtime_ns: int) -> str:  # size and mtime: re-read a changed file
+    fix = "reinstall tiedlm (pip install --force-reinstall --no-deps tiedlm)"
+    try:
+        raw = gzip.decompress(Path(path).read_bytes())
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise DataError(f"the bundled corpus {path} is damaged ({exc}) — {fix}") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != SHAKESPEARE_SHA256:
+        raise DataError(f"the bundled corpus {path} is not the text tiedlm shipped (SHA-256 {digest[:16]}..., "
+                        f"expected {SHAKESPEARE_SHA256[:16]}...) — {fix}")
+    return raw.decode("utf-8")
+
+
+def _boundary(lines: list[str], i: int) -> int:
+    """The first line at or after i that is blank (between two speeches), or the end."""
+    while i < len(lines) and lines[i].strip():
+        i += 1
+    return i
+
+
+@functools.lru_cache(maxsize=2)
+def _layout_of(text: str) -> tuple[list[str], dict[str, tuple[int, int]]]:
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the file ends with a newline
+    n = len(lines)
+    cuts = [_boundary(lines, round(f * n)) for f in SHAKESPEARE_CUTS]
+    bounds = [0, *cuts, n]
+    return lines, {split: (a, b) for split, a, b in zip(SPLITS, bounds, bounds[1:])}
+
+
+def _shakespeare_layout() -> tuple[list[str], dict[str, tuple[int, int]]]:
+    """The lines of the text and each split's [start, end) line range."""
+    return _layout_of(shakespeare_text())
+
+
+def shakespeare_fingerprint() -> dict:
+    """Changes when the shipped text or the splitting rule does (the text is checked when read)."""
+    return {"builtin": "shakespeare", "sha256": SHAKESPEARE_SHA256, "version": SHAKESPEARE_VERSION}
+
+
+def shakespeare_splits() -> dict[str, list[str]]:
+    """Contiguous blocks of lines, in text order: train from the start to the first blank line at
+    or after 90% of the lines, validation from there to the first blank line at or after 95%, test
+    the rest. No speech straddles two splits. The documents of a split are its speeches (runs of
+    non-blank lines: the speaker's name and what they say, line breaks kept); the blank lines
+    between them become the end-of-text token. A random split by line would leak context: the
+    neighbouring lines of a test line would be in training."""
+    lines, ranges = _shakespeare_layout()
+    out: dict[str, list[str]] = {}
+    for split, (a, b) in ranges.items():
+        speeches, current = [], []
+        for line in lines[a:b]:
+            if line.strip():
+                current.append(line)
+            elif current:
+                speeches.append("\n".join(current))
+                current = []
+        if current:
+            speeches.append("\n".join(current))
+        out[split] = speeches
     return out

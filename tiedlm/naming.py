@@ -60,3 +60,13 @@ def override_tag(overrides: list[str]) -> str:
     if len(tag) > 48:
         tag = "set-" + hashlib.sha256(" ".join(overrides).encode()).hexdigest()[:10]
     return "-" + tag
+
+
+def yaml_value(value: Any) -> str:
+    """A value as the text of `--set key=TEXT` that YAML reads back as the same value."""
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, width=1_000_000)
+    if text.endswith("\n...\n"):
+        text = text[: -len("\n...\n")]
+    return text.strip()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .config import Config
+from .config import Config, effective_min_lr
 
 
 def build_optimizer(model, tcfg) -> Any:
@@ -38,13 +38,15 @@ def build_optimizer(model, tcfg) -> Any:
 
 
 def lr_at(step: int, total: int, tcfg) -> float:
-    """Linear warmup from 0 to lr over warmup_steps, then cosine decay to min_lr at `total`."""
+    """Linear warmup from 0 to lr over warmup_steps, then cosine decay to the effective min_lr
+    (train.min_lr, or lr x train.min_lr_ratio) at `total`."""
     if step < tcfg.warmup_steps:
         return tcfg.lr * (step + 1) / tcfg.warmup_steps
     if total <= tcfg.warmup_steps:
         return tcfg.lr
     progress = min(1.0, (step - tcfg.warmup_steps) / (total - tcfg.warmup_steps))
-    return tcfg.min_lr + 0.5 * (tcfg.lr - tcfg.min_lr) * (1.0 + math.cos(math.pi * progress))
+    low = effective_min_lr(tcfg)
+    return low + 0.5 * (tcfg.lr - low) * (1.0 + math.cos(math.pi * progress))
 
 
 def budget_steps(cfg: Config) -> int:

@@ -7,6 +7,9 @@ A grid file (paths in it are relative to the grid file itself):
     grid:                              # dotted key -> list of values; every combination is a run
       model.tie_embeddings: [true, false]
       model.n_embd: [64, 128]
+      schedule:                        # a paired axis (any name): each value sets its keys together
+        - {train.lr: 1.0e-3, train.warmup_steps: 100}
+        - {train.lr: 3.0e-3, train.warmup_steps: 200}
     seeds: [0, 1, 2]                   # or a count: 3 means 0, 1, 2
     out: ../runs                       # the runs folder (default: runs/ in the working directory)
     name: base                         # prefix of the run names (default: the config's name)
@@ -31,9 +34,9 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from .errors import ConfigError
-from .naming import sanitize, scalar, short_keys
+from .naming import sanitize, scalar, short_keys, yaml_value  # noqa: F401 (yaml_value: also sweep's)
 
-GRID_KEYS = ("config", "set", "grid", "seeds", "out", "name", "slurm")
+GRID_KEYS = ("config", "set", "grid", "seeds", "out", "name", "slurm", "tune")
 SLURM_KEYS = ("partition", "time", "gpus_per_task", "cpus_per_task", "mem", "account")
 
 
@@ -47,6 +50,7 @@ class Grid:
     out: Path = Path("runs")
     name: str | None = None
     slurm: dict[str, str] = field(default_factory=dict)  # sbatch options for --emit slurm (SLURM_KEYS)
+    tune: Any = None  # tuning.TuneSpec: each grid point tuned on validation first (tune: in the file)
 
 
 @dataclass
@@ -103,13 +107,34 @@ def _overrides(path: Path, data: dict) -> tuple[list[str], dict[str, list]]:
         raise _fail(path, "grid: must map dotted keys to lists of values, e.g. model.n_embd: [64, 128]")
     grid: dict[str, list] = {}
     for key, values in raw_grid.items():
-        parse_override(f"{key}=")
         if not isinstance(values, list):
             values = [values]
         if not values:
             raise _fail(path, f"grid: {key} has no values")
+        if all(isinstance(v, dict) for v in values):  # a paired axis: each value sets several keys at once
+            keys = list(values[0])
+            if not keys or any(list(v) != keys for v in values):
+                raise _fail(path, f"grid: the points of {key} must each set the same keys ({', '.join(map(str, keys))})")
+            for k in keys:
+                parse_override(f"{k}=")
+        elif any(isinstance(v, dict) for v in values):
+            raise _fail(path, f"grid: {key} mixes mappings and single values — give one or the other")
+        else:
+            parse_override(f"{key}=")
         grid[str(key)] = values
+    keys = [k for axis, vals in grid.items() for k in (vals[0] if isinstance(vals[0], dict) else [axis])]
+    twice = sorted({str(k) for k in keys if keys.count(k) > 1})
+    if twice:
+        raise _fail(path, f"grid: {', '.join(twice)} is set on two axes — give it on one")
     return list(sets), grid
+
+
+def _point(combo: tuple, axes: list[str]) -> dict[str, Any]:
+    """A grid point as config key -> value: a paired axis' mapping spread into its keys."""
+    point: dict[str, Any] = {}
+    for axis, value in zip(axes, combo):
+        point.update({str(k): v for k, v in value.items()} if isinstance(value, dict) else {axis: value})
+    return point
 
 
 def _seeds(path: Path, seeds: Any) -> list[int]:
@@ -142,8 +167,17 @@ def load_grid(path: str | Path) -> Grid:
     name = data.get("name")
     if name is not None and (not isinstance(name, str) or not name):
         raise _fail(path, "name: must be a string (the prefix of the run names)")
+    tune = None
+    if data.get("tune") is not None:
+        from .tuning import spec_from_block
+
+        tune = spec_from_block(data["tune"], str(path))
+        swept = {k for axis, vals in grid.items() for k in (vals[0] if isinstance(vals[0], dict) else [axis])}
+        both = sorted(swept & set(tune.keys))
+        if both:
+            raise _fail(path, f"{', '.join(both)} is both swept (grid:) and tuned (tune:) — give it in one of them")
     return Grid(path=path, config=config, set=sets, grid=grid, seeds=seeds, out=out, name=name,
-                slurm=_slurm(path, data.get("slurm")))
+                slurm=_slurm(path, data.get("slurm")), tune=tune)
 
 
 def _slurm(path: Path, data: Any) -> dict[str, str]:
@@ -235,23 +269,13 @@ def check_slurm_option(key: str, value: Any, where: str) -> str:
     return text
 
 
-def yaml_value(value: Any) -> str:
-    """A value as the text of `--set key=TEXT` that YAML reads back as the same value."""
-    import yaml
-
-    text = yaml.safe_dump(value, default_flow_style=True, width=1_000_000)
-    if text.endswith("\n...\n"):
-        text = text[: -len("\n...\n")]
-    return text.strip()
-
-
 def expand(grid: Grid) -> list[SweepRun]:
     """Every (grid point, seed) of the sweep as a resolved config and a unique, readable name."""
     from .config import load_config
 
-    keys = list(grid.grid)
-    short = short_keys(keys)
-    points = [dict(zip(keys, combo)) for combo in itertools.product(*(grid.grid[k] for k in keys))]
+    axes = list(grid.grid)
+    points = [_point(combo, axes) for combo in itertools.product(*(grid.grid[k] for k in axes))]
+    short = short_keys(list(dict.fromkeys(k for p in points for k in p)))
     runs: list[SweepRun] = []
     names: set[str] = set()
     for point in points:
@@ -312,6 +336,7 @@ class SweepSummary:
     total: int  # runs in the sweep
     runs: list[SweepEntry] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)  # dry_run: one shell-quoted command per run
+    tuning: Any = None  # tuning.Tuning of a tuned sweep: each grid point's chosen values
 
     @property
     def failed(self) -> list[str]:
@@ -332,6 +357,10 @@ def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: 
     """Run every point of the grid one after another (finished runs skipped, failures noted and
     passed over), or with dry_run print the commands, one per line, shell-quoted. `train` trains
     one run (train.train_run, the default, or a stand-in with its signature)."""
+    if grid.tune is not None:
+        if dry_run:
+            raise _tuned_cannot_list(grid)
+        return _run_tuned(grid, progress, train)
     runs = expand(grid)
     summary = SweepSummary(dry_run=dry_run, out=str(grid.out), total=len(runs))
     if dry_run:
@@ -348,6 +377,65 @@ def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: 
     return summary
 
 
+def _tuned_cannot_list(grid: Grid) -> ConfigError:
+    return ConfigError(f"{grid.path}: a tuned sweep (tune:) chooses its runs as it goes, so they cannot be listed in "
+                       "advance — run it with tiedlm sweep GRID, or drop the tune: block to emit the grid")
+
+
+def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None) -> SweepSummary:
+    """Each grid point a variant of its own tuning (tuning.run_tuning on the tuning seeds), then
+    every seed at each point's chosen values."""
+    from .config import load_config
+    from .jobs import train_jobs
+    from .train import train_run
+    from .tuning import point_label, point_overrides, run_tuning
+
+    base = load_config(grid.config, grid.set)
+    axes = list(grid.grid)
+    points = [_point(combo, axes) for combo in itertools.product(*(grid.grid[k] for k in axes))]
+    short = short_keys(list(dict.fromkeys(k for p in points for k in p)))
+    variants = [(sanitize("-".join(f"{short[k]}={scalar(v)}" for k, v in p.items())) or "tuned",
+                 [f"{k}={yaml_value(v)}" for k, v in p.items()]) for p in points]
+    prefix = grid.name or base.name
+    results: dict[str, Any] = {}
+
+    def make_job(suffix: str, extra: list[str], seed: int):
+        try:
+            return sanitize(f"{prefix}-{suffix}-s{seed}"), load_config(grid.config, grid.set + extra, seed=seed)
+        except ConfigError as exc:
+            raise ConfigError(f"{grid.path}: {suffix}: {exc}") from None
+
+    def train_all(jobs: list) -> None:
+        unique = list({name: (name, cfg) for name, cfg in jobs}.values())
+        for res in train_jobs(unique, grid.out, progress, train=train or train_run):
+            results[res.name] = res
+
+    selection = "kept best weights" if base.train.keep_best else "final weights"
+    tuning = run_tuning(grid.tune, variants, make_job, train_all, grid.out, grid.seeds[0], selection, base)
+    tuned_short = short_keys(tuning.keys)
+    final = []  # (variant, grid point, seed, job)
+    for (tag, _), point, v in zip(variants, points, tuning.variants):
+        if v.chosen is None:
+            continue
+        label = sanitize(point_label(v.chosen.point, tuned_short))
+        for seed in grid.seeds:
+            final.append((v, point, seed, make_job(f"{tag}-{label}", v.overrides + point_overrides(
+                v.chosen.point, tuning.schedule), seed)))
+    train_all([job for *_, job in final])
+    summary = SweepSummary(dry_run=False, out=str(grid.out), total=len(final), tuning=tuning)
+    for v, point, seed, (name, _) in final:
+        res = results.get(name)
+        summary.runs.append(SweepEntry(name=name, status=res.status if res else "skipped",
+                                       error=res.error if res else None, seed=seed,
+                                       point={**point, **v.chosen.point}, path=str(grid.out / name)))
+    for v in tuning.variants:
+        if v.chosen is None:
+            summary.runs.append(SweepEntry(name=f"{prefix}-{v.tag}", status="failed", seed=grid.seeds[0],
+                                           error="no point of its tuning grid finished training", point={},
+                                           path=str(grid.out)))
+    return summary
+
+
 _JOB_NAME = re.compile(r"[A-Za-z0-9_.=+-]+")
 
 
@@ -359,6 +447,8 @@ def slurm_script(grid: Grid, options: dict[str, str] | None = None) -> str:
     # Every value of an #SBATCH line passes Slurm's grammar (check_slurm_option): sbatch, not bash,
     # reads those lines, so they hold single tokens that need no quoting. The command lines are
     # shell-quoted (shlex) and the grid's path, in a comment, is written with its newlines escaped.
+    if grid.tune is not None:
+        raise _tuned_cannot_list(grid)
     given = {k: v for k, v in (options or {}).items() if v is not None}
     opts = {k: check_slurm_option(k, v, f"--{k.replace('_', '-')}") for k, v in given.items()}
     opts = {**{k: check_slurm_option(k, v, f"{grid.path}: slurm: {k}") for k, v in grid.slurm.items()}, **opts}
@@ -390,5 +480,18 @@ def format_sweep_summary(summary: SweepSummary) -> str:
     lines = [f"sweep: {summary.total} runs — {summary.trained} trained, {summary.skipped} already "
              f"finished, {len(summary.failed)} failed"]
     lines += [f"  failed {e.name}: {e.error}" for e in summary.runs if e.status == "failed"]
-    lines.append(f"compare them with: tiedlm compare {shlex.quote(summary.out)}")
+    if summary.tuning is None:
+        lines.append(f"compare them with: tiedlm compare {shlex.quote(summary.out)}")
+        return "\n".join(lines)
+    t = summary.tuning
+    lines.append(f"tuned on validation ({t.selection}; {', '.join(t.keys)}; {t.runs} tuning runs):")
+    for v in t.variants:
+        if v.chosen is not None:
+            ppl = f"{v.chosen.perplexity:.2f}" if v.chosen.perplexity is not None else "–"
+            lines.append(f"  {v.tag}: {v.chosen.label} (validation perplexity {ppl})"
+                         + (f"; edge: {v.edge}" if v.edge else ""))
+    chosen = sorted({str(Path(e.path).parent / (e.name.rsplit("-s", 1)[0] + "-s*")) for e in summary.runs
+                     if e.status != "failed"})
+    lines.append("compare the tuned runs (each point at its chosen values) with: tiedlm compare "
+                 + " ".join(shlex.quote(c) for c in chosen) + " --primary test")
     return "\n".join(lines)

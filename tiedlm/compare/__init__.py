@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, TiedlmError
 from ..naming import override_tag, short_keys
 from .collect import (
     COMPARE_DIR,
@@ -66,6 +66,7 @@ from .stats import (
 )
 from .trajectory import TRAJECTORY_PLOT, Crossover, Trajectory, TrajectoryPoint
 from .variants import BucketContrast, Contrast, SplitContrast, Variant, choose_baseline, label_variants
+from .tuning_report import tuning_note
 from .verdicts import verdicts_for
 
 __all__ = [
@@ -91,13 +92,19 @@ def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
     from ..files import recording
     from ..runs import atomic_write_text
 
+    from .tuning_report import TUNE_PLOT, plot_tuning
+
     out = Path(out)
     c.files = {k: str(out / v) for k, v in FILES.items()}
     if c.matched:
         c.files["plot_tying_effect"] = str(out / MATCHED_PLOT)
+    if c.tuning is not None:
+        c.files["plot_tuning"] = str(out / TUNE_PLOT)
     names = [Path(f).name for f in c.files.values()]
-    with recording(out, names, OVERWRITE_OPTION, overwrite, LEGACY, known=[*FILES.values(), MATCHED_PLOT]):
+    with recording(out, names, OVERWRITE_OPTION, overwrite, LEGACY, known=[*FILES.values(), MATCHED_PLOT, TUNE_PLOT]):
         write_plots(c, out)
+        if c.tuning is not None:
+            plot_tuning(c.tuning, out / TUNE_PLOT)
         atomic_write_text(out / FILES["csv"], to_csv(c))
         atomic_write_text(out / FILES["markdown"], to_markdown(c))
         atomic_write_text(out / FILES["json"], to_json_text(c))
@@ -121,7 +128,7 @@ def check_outputs(out: Path, run_dirs: Iterable[Path] = (), analyze: bool = Fals
 def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline: str | None, runs_dir: Path,
              match: ParamMatch | None = None, failed: dict[str, str] | None = None,
              primary: str | None = None, select: str | None = None, analyze: bool = False,
-             overwrite_output: bool = False) -> Comparison:
+             overwrite_output: bool = False, tuning: Any = None) -> Comparison:
     runs, skipped = load_runs(run_dirs, left_out, failed)
     check_outputs(Path(out), [Path(r.path) for r in runs], analyze, overwrite_output)  # before the first write
     if analyze:
@@ -130,8 +137,11 @@ def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline:
     skipped += left
     if not runs:
         raise no_runs_error(run_dirs, skipped, runs_dir)
-    c = build_comparison(runs, skipped, baseline, str(out), match, primary)
+    c = build_comparison(runs, skipped, baseline, str(out), match, primary, tuned=_tuned_keys(tuning))
     c.select, c.select_reason = select, why
+    if tuning is not None:
+        c.tuning = tuning
+        c.notes.append(tuning_note(tuning, primary))
     c.notes += overtrained_notes(runs, select) + [r.analysis_note for r in runs if r.analysis_note]
     for v in c.variants:
         v.verdicts = verdicts_for(v, c)
@@ -196,20 +206,37 @@ def _variants(cfg_path: str | Path, overrides: list[str], match: str | None,
     return variants, matched
 
 
+def _tuned_keys(tuning: Any) -> list[str]:
+    """Keys that differ between variants by design when each is tuned: the tuned ones and the
+    schedule's (labels and the twin matching leave them out; the tuning table shows them)."""
+    if tuning is None:
+        return []
+    return [*tuning.keys, "train.min_lr", "train.min_lr_ratio"]
+
+
 def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, seeds: int = 1,
                    match: str | None = None, runs_dir: Path = Path("runs"), baseline: str | None = None,
                    progress: bool = True, out: Path | None = None, overwrite: bool = False,
                    train: Callable[..., Any] | None = None, primary: str | None = None,
-                   select: str | None = None, analyze: bool = False, overwrite_output: bool = False) -> Comparison:
+                   select: str | None = None, analyze: bool = False, overwrite_output: bool = False,
+                   tune: list[str] | None = None) -> Comparison:
     """Train the tied and untied variants of a config (seeds cfg.seed .. cfg.seed+seeds-1; finished
     runs are reused) and compare exactly those runs. match="params" adds a tied variant with extra
     layers whose total is as close as possible to the untied one's. Training failures do not stop
     the others; they are listed in the result's train_failures and among the runs left out.
     `train` trains one run (train.train_run, the default, or a stand-in with its signature).
     `overwrite` retrains runs whose folders hold another config; `overwrite_output` replaces files
-    of the outputs' names that tiedlm did not write (check_outputs, before anything is trained)."""
+    of the outputs' names that tiedlm did not write (check_outputs, before anything is trained).
+    `tune` (`--tune KEY=V1,V2,...`, over the config's tune: block) tunes each variant on validation
+    first and compares each at its own chosen value, on test (tuning.py)."""
     from ..config import load_config
     from ..runs import run_dir_for
+    from ..tuning import read_tune_block, spec_from_options
+
+    spec = spec_from_options(list(tune or []), read_tune_block(cfg_path))
+    if spec is not None:
+        return _compare_tuned(spec, cfg_path, list(overrides or []), seeds, match, Path(runs_dir), baseline,
+                              progress, out, overwrite, train, primary, select, analyze, overwrite_output)
 
     if match not in (None, "params"):
         raise ConfigError(f"--match {match!r} is not supported — the only option is --match params")
@@ -237,3 +264,94 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
                  select=select, analyze=analyze, overwrite_output=overwrite_output)
     c.train_failures = [TrainFailure(n, e) for n, e in failures.items()]
     return c
+
+
+def _compare_tuned(spec: Any, cfg_path: str | Path, overrides: list[str], seeds: int, match: str | None,
+                   runs_dir: Path, baseline: str | None, progress: bool, out: Path | None, overwrite: bool,
+                   train: Callable[..., Any] | None, primary: str | None, select: str | None, analyze: bool,
+                   overwrite_output: bool) -> Comparison:
+    """compare_config with tuning: every variant's grid on the tuning seeds, each variant's point
+    chosen on validation, every seed at the chosen points, the verdict on test."""
+    from ..config import load_config
+    from ..errors import RunError
+    from ..jobs import train_jobs
+    from ..naming import sanitize
+    from ..runs import run_dir_for
+    from ..train import train_run
+    from ..tuning import point_label, point_overrides, run_tuning, shared_point, short_keys
+
+    if match is not None:
+        raise ConfigError("--match params with tuning is not supported — tune without --match, or match without "
+                          "--tune")
+    if primary == "validation":
+        raise ConfigError("with tuning, validation chose each variant's value, so the verdict is on test — drop "
+                          "--primary validation")
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be at least 1, got {seeds}")
+    _check_options(primary, select)
+    base = load_config(cfg_path, overrides)
+    untie = ["model.untie_at=null"] if base.model.untie_at is not None else []
+    variants, _ = _variants(cfg_path, overrides, None, untie)
+    prefix = base.name + override_tag(overrides)
+    out = Path(out) if out is not None else runs_dir / COMPARE_DIR
+    failures: dict[str, str] = {}
+
+    def make_job(suffix: str, extra: list[str], seed: int):
+        return sanitize(f"{prefix}-{suffix}-s{seed}"), load_config(cfg_path, overrides + extra, seed=seed)
+
+    def train_all(jobs: list) -> None:
+        unique = list({name: (name, cfg) for name, cfg in jobs}.values())
+        results = train_jobs(unique, runs_dir, progress, overwrite_other_config=overwrite, train=train or train_run)
+        failures.update({r.name: r.error for r in results if r.status == "failed"})
+
+    check_outputs(out, [], analyze, overwrite_output)  # refused: nothing trained
+    selection = "kept best weights" if base.train.keep_best else "final weights"
+    tuning = run_tuning(spec, variants, make_job, train_all, runs_dir, base.seed, selection, base)
+    missing = [v.tag for v in tuning.variants if v.chosen is None]
+    if missing:
+        raise RunError(f"no point of {', '.join(missing)}'s tuning grid finished training — see the reasons above, "
+                       "fix them and run the same command again")
+    all_seeds = range(base.seed, base.seed + seeds)
+    short = short_keys(tuning.keys)
+
+    def at(v: Any, point: dict) -> list:
+        label = sanitize(point_label(point, short))
+        return [make_job(f"{v.tag}-{label}", v.overrides + point_overrides(point, tuning.schedule), s)
+                for s in all_seeds]
+
+    chosen = [job for v in tuning.variants for job in at(v, v.chosen.point)]
+    shared = shared_point(tuning, base)
+    shared_jobs = [job for v in tuning.variants for job in at(v, shared)] if shared is not None else []
+    train_all(chosen + (shared_jobs if tuning.spec.shared_seeds else []))
+    if shared is not None:
+        tuning.shared = _shared_verdict(tuning, shared, [run_dir_for(runs_dir, n) for n, _ in shared_jobs],
+                                        failures, select, primary or "test", out)
+    c = _compare([run_dir_for(runs_dir, n) for n, _ in chosen], [], out, baseline, runs_dir, failed=failures,
+                 primary=primary or "test", select=select, analyze=analyze, overwrite_output=overwrite_output,
+                 tuning=tuning)
+    c.train_failures = [TrainFailure(n, e) for n, e in failures.items()]
+    return c
+
+
+def _shared_verdict(tuning: Any, point: dict, run_dirs: list[Path], failures: dict[str, str], select: str | None,
+                    primary: str, out: Path) -> dict | None:
+    """The verdict with every variant at the config's own point, on the seeds trained there (the
+    tuning seeds, or every seed with tune.shared_seeds): what the untuned comparison says."""
+    from ..tuning import point_label, short_keys
+
+    runs, _ = load_runs([d for d in run_dirs if d.is_dir()], [], failures)
+    if not runs:
+        return None
+    runs, _, _, _, primary = choose_weights(runs, select, primary)
+    try:
+        c = build_comparison(runs, [], None, str(out), None, primary, tuned=_tuned_keys(tuning))
+    except TiedlmError:
+        return None
+    other = next((v for v in c.variants if v.vs_baseline is not None), None)
+    contrast = other.contrast(primary) if other is not None else None
+    if contrast is None:
+        return None
+    return {"point": point, "label": point_label(point, short_keys(tuning.keys)), "variant": other.label,
+            "baseline": c.baseline_label, "split": primary, "seeds": sorted({r.seed for r in runs}),
+            "relative": contrast.relative, "ci_low": contrast.relative_ci_low, "ci_high": contrast.relative_ci_high,
+            "p_value": contrast.p_value, "significant": contrast.significant}

@@ -119,6 +119,7 @@ class Comparison:
     select: str = "final"  # whose scores are compared: each run's last weights, or its kept best ones
     select_reason: str = ""
     trajectories: dict[str, Trajectory] = field(default_factory=dict)  # variant label -> its contrast over training
+    tuning: Any = None  # tuning.Tuning: each variant's own setting, chosen on validation (compare --tune)
 
     @property
     def verdicts(self) -> list[str]:
@@ -160,6 +161,7 @@ class Comparison:
             "verdicts": self.verdicts, "data_sets": self.data_sets,
             "not_compared": [asdict(n) for n in self.not_compared],
             "matched": [m.to_json(self.primary) for m in self.matched], "files": self.files,
+            "tuning": self.tuning.to_json() if self.tuning is not None else None,
         })
 
 
@@ -217,9 +219,9 @@ def _resolved(labels: list[str], firsts: list[LoadedRun]) -> list[str]:
     return labels if len(set(ways)) <= 1 else [f"{lab} ({w})" for lab, w in zip(labels, ways)]
 
 
-def _labels(kept: dict[str, list[LoadedRun]]) -> tuple[list[str], list[str]]:
+def _labels(kept: dict[str, list[LoadedRun]], tuned: list[str] = ()) -> tuple[list[str], list[str]]:
     hashes = list(kept)
-    labels, keys = label_variants([kept[h][0].config for h in hashes])
+    labels, keys = label_variants([kept[h][0].config for h in hashes], ignore=tuned)
     labels = _resolved(labels, [kept[h][0] for h in hashes])
     if len(set(labels)) != len(labels):  # configs that differ only where the hash saw it
         labels = [f"{lab} [{h[:6]}]" for lab, h in zip(labels, hashes)]
@@ -305,7 +307,7 @@ def _contrast(variants: list[Variant], keys: list[str], baseline: str | None, ba
 
 
 def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: str | None, out: str,
-                     match: ParamMatch | None = None, primary: str = PRIMARY) -> Comparison:
+                     match: ParamMatch | None = None, primary: str = PRIMARY, tuned: list[str] = ()) -> Comparison:
     """Group runs into data sets and variants, aggregate, and contrast: in a grid without --baseline,
     each tied variant with its matched untied variant; otherwise each variant with the baseline.
     Runs on several data sets need --baseline (a RunError otherwise); then only the baseline's data
@@ -323,7 +325,7 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
     else:
         home, base_key, why, not_compared = pick_data_set(groups, kept_by_group, baseline)
     kept = kept_by_group[home]
-    labels, keys = _labels(kept)  # within the data set, so that labels name only what differs there
+    labels, keys = _labels(kept, tuned)  # within the data set, so that labels name only what differs there
     variants = [aggregate(lab, kept[h], h) for lab, h in zip(labels, kept)]
     _check_primary(variants, primary)
     base, reason, matched = _contrast(variants, keys, baseline, base_key, match)

@@ -26,6 +26,7 @@ from .comparison import Comparison, RunRow
 from .plots import MATCHED_PLOT, PLOTS
 from .stats import GeometricSummary, Summary, TestResult
 from .trajectory import markdown as trajectory_markdown, terminal_lines as trajectory_lines
+from .tuning_report import markdown as tuning_markdown, terminal_lines as tuning_lines
 from .variants import SPLITS, SplitContrast, Variant
 from .verdicts import decay_line, fmt_flops, percent, plural, roles, test_words
 
@@ -392,7 +393,7 @@ def _md_left_aside(c: Comparison) -> list[str]:
 
 
 def to_markdown(c: Comparison) -> str:
-    sections = (_md_intro(c) + _md_verdict(c) + _md_matched(c) + trajectory_markdown(c) + _md_match(c)
+    sections = (_md_intro(c) + _md_verdict(c) + _md_matched(c) + tuning_markdown(c) + trajectory_markdown(c) + _md_match(c)
                 + _md_results(c) + _md_differences(c) + _md_buckets(c) + _md_matrices(c) + _md_params(c) + _md_cost(c)
                 + _md_plots(c) + _md_runs(c)
                 + _md_left_aside(c))
@@ -536,6 +537,7 @@ def format_terminal_table(c: Comparison) -> str:
         lines = [text_table(header, [_terminal_row(c, v) for v in c.variants])]
     lines += [line.replace("**", "") for line in c.verdicts]
     lines += trajectory_lines(c)  # the crossover, and whether the effect is still moving
+    lines += tuning_lines(c)  # the tuning table, the chosen values, the verdict at the shared value
     lines.append(selection_line(c).replace("**", "").replace("`", "").replace(": see the notes.", ":"))
     over = [r for r in c.runs if r.overtrained and c.select == "final"]
     lines += [f"  {r.name}: last evaluation {fmt_signed(100 * r.last_above_best, 1)}% above its best "

@@ -261,15 +261,16 @@ def variant_config(config: dict) -> dict:
 # ============================================================================ labels and baseline
 
 
-def label_variants(configs: list[dict]) -> tuple[list[str], list[str]]:
-    """Labels for variant configs (seed and name excluded) and the dotted keys that tell them apart."""
+def label_variants(configs: list[dict], ignore: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    """Labels for variant configs (seed and name excluded) and the dotted keys that tell them apart.
+    `ignore`: keys that differ by design and are reported elsewhere (the tuned settings)."""
     from ..config import diff_keys, flatten, with_added_keys
 
     if not configs:
         return [], []
     keys: set[str] = set()
     for other in configs[1:]:
-        keys.update(diff_keys(variant_config(configs[0]), variant_config(other)))
+        keys.update(k for k in diff_keys(variant_config(configs[0]), variant_config(other)) if k not in ignore)
     ordered = sorted(keys, key=lambda k: (k != TIE_KEY, k))
     short = short_keys(ordered)
     labels = []

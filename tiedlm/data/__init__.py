@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import corpora
-from ..config import Config, DataConfig, TokenizerConfig
+from ..config import ADDED_KEYS, Config, DataConfig, TokenizerConfig
 from ..errors import DataError
 from .cache import (
     CACHE_FORMAT,
@@ -126,11 +126,20 @@ def _split_settings(d: DataConfig, source: Source) -> dict:
     """The DataConfig fields that decide which documents land in which split."""
     if source.kind == "builtin":
         return {}
-    return {"text_column": d.text_column, "train_split": d.train_split, "validation_split": d.validation_split,
-            "test_split": d.test_split, "validation_fraction": d.validation_fraction,
-            "test_fraction": d.test_fraction, "split_seed": d.split_seed, "streaming": d.streaming,
-            # a stream is read until the train limit is reached, so carved splits depend on it
-            "stream_limit": d.max_train_tokens if d.streaming else None}
+    settings = {"text_column": d.text_column, "train_split": d.train_split, "validation_split": d.validation_split,
+                "test_split": d.test_split, "validation_fraction": d.validation_fraction,
+                "test_fraction": d.test_fraction, "split_seed": d.split_seed, "streaming": d.streaming,
+                # a stream is read until the train limit is reached, so carved splits depend on it
+                "stream_limit": d.max_train_tokens if d.streaming else None}
+    # Keys added later join the key only away from their "as before" value, so that the entries
+    # (and the data identity runs record) of configs written before them stay the same.
+    for key in ("data.carve", "data.test_from"):
+        leaf = key.split(".")[1]
+        if getattr(d, leaf) != ADDED_KEYS[key]:
+            settings[leaf] = getattr(d, leaf)
+    if d.carve == "contiguous":
+        settings["split_seed"] = None  # a contiguous carving draws nothing
+    return settings
 
 
 def _plan(d: DataConfig, tcfg: TokenizerConfig) -> _Plan:

@@ -1,8 +1,11 @@
 """Documents: the non-empty texts of train, validation and test, read in batches.
 
 Splits are mapped by name (data.train_split, data.validation_split, data.test_split, with the
-usual aliases) or carved from train with data.validation_fraction / data.test_fraction and
-data.split_seed. The text is read from data.text_column; a streamed dataset is read once, in
+usual aliases) or carved with data.validation_fraction / data.test_fraction: validation from train,
+test from train or (data.test_from: validation) from validation; at random by document
+(data.carve: random, seeded by data.split_seed) or as consecutive blocks at the end of the split
+they come from (data.carve: contiguous, so neighbouring lines of one text never straddle training
+and evaluation). The text is read from data.text_column; a streamed dataset is read once, in
 order, and carved as it is read.
 """
 
@@ -12,6 +15,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .. import corpora
 from ..checks import SPLITS
 from ..config import DataConfig
 from ..errors import ConfigError, DataError, TiedlmError
@@ -164,37 +168,49 @@ def _stream_texts(ds: Any, role: str, source: Source, d: DataConfig) -> Callable
 
 
 # --------------------------------------------------------------------------------------------
-# Carving validation and test from train
+# Carving validation and test from train (or test from validation)
 
 
 def _fractions(d: DataConfig) -> dict[str, float]:
     return {"validation": d.validation_fraction, "test": d.test_fraction}
 
 
-def _carve(n: int, roles: list[str], d: DataConfig, what: str) -> dict[str, np.ndarray]:
-    """Deterministic, disjoint positions for train and the carved splits: a permutation seeded
-    by data.split_seed, each carved split getting round(fraction * n) documents (at least one)."""
+def _carve(n: int, source: str, roles: list[str], d: DataConfig, what: str) -> dict[str, np.ndarray]:
+    """Deterministic, disjoint positions among the n documents of the `source` split for what it
+    keeps (under its own role) and for each carved split, which gets round(fraction * n) documents
+    (at least one). data.carve: random draws them by a permutation seeded by data.split_seed;
+    contiguous takes consecutive blocks in source order: the source's part first, then the carved
+    splits in `roles` order, at the end."""
     sizes = {r: max(1, round(_fractions(d)[r] * n)) for r in roles}
     if n - sum(sizes.values()) < 1:
-        raise DataError(f"the train split of {what} has {n} non-empty documents, too few to carve "
-                        f"{' and '.join(roles)} from — add data or name existing splits (data.validation_split)")
-    perm = np.random.default_rng(d.split_seed).permutation(n)
+        hint = "data.validation_split" if source == "train" else "data.test_split"
+        raise DataError(f"the {source} split of {what} has {n} non-empty documents, too few to carve "
+                        f"{' and '.join(roles)} from — add data or name existing splits ({hint})")
+    if d.carve == "contiguous":  # [source's part | roles[0] | roles[1]]
+        kept = n - sum(sizes.values())
+        out, start = {source: np.arange(kept)}, kept
+        for r in roles:
+            out[r] = np.arange(start, start + sizes[r])
+            start += sizes[r]
+        return out
+    perm = np.random.default_rng(d.split_seed).permutation(n)  # [roles[0] | roles[1] | source's part]
     out, start = {}, 0
     for r in roles:
         out[r] = np.sort(perm[start:start + sizes[r]])
         start += sizes[r]
-    out["train"] = np.sort(perm[start:])
+    out[source] = np.sort(perm[start:])
     return out
 
 
 def _carve_stream(docs: Iterator[str], roles: list[str], d: DataConfig) -> tuple[Iterator[str], dict[str, list[str]]]:
     """Streams have no length: each document goes to a carved split with probability equal to its
-    fraction (uniforms from a generator seeded by data.split_seed), else to train. The carved lists
-    fill while train is read."""
+    fraction (uniforms from a generator seeded by data.split_seed), else to the split it is carved
+    from (train, or validation). The carved lists fill while that split is read, which the encoder
+    does before it reads them (splits are encoded in the order train, validation, test)."""
     carved: dict[str, list[str]] = {r: [] for r in roles}
     bounds = np.cumsum([_fractions(d)[r] for r in roles])
 
-    def train() -> Iterator[str]:
+    def kept() -> Iterator[str]:
         rng = np.random.default_rng(d.split_seed)
         u = rng.random(4096)
         for i, text in enumerate(docs):
@@ -206,21 +222,28 @@ def _carve_stream(docs: Iterator[str], roles: list[str], d: DataConfig) -> tuple
             else:
                 yield text
 
-    return train(), carved
+    return kept(), carved
 
 
-def _carve_docs(docs: dict[str, Docs], roles: list[str], d: DataConfig, what: str) -> str:
-    """Add the carved splits to docs, taking their documents out of train; how it was done."""
-    if isinstance(docs["train"], StreamDocs):
-        train_iter, carved = _carve_stream(docs["train"].make_iter(), roles, d)
-        docs["train"] = StreamDocs(lambda: train_iter)
+def _carve_docs(docs: dict[str, Docs], source: str, roles: list[str], d: DataConfig, what: str) -> str:
+    """Add the carved splits to docs, taking their documents out of the `source` split (train or
+    validation); how it was done."""
+    if isinstance(docs[source], StreamDocs):
+        if d.carve == "contiguous":
+            raise ConfigError(f"data.carve: contiguous puts {' and '.join(roles)} at the end of the {source} split, "
+                              f"and a stream (data.streaming: true) has no end to find — use data.carve: random, or "
+                              "data.streaming: false")
+        kept_iter, carved = _carve_stream(docs[source].make_iter(), roles, d)
+        docs[source] = StreamDocs(lambda: kept_iter)
         for role in roles:
             docs[role] = StreamDocs(lambda role=role: iter(carved[role]))
         return "each streamed document drawn with its fraction's probability"
-    train = docs["train"]
-    for role, pos in _carve(train.n, roles, d, what).items():
-        docs[role] = ArrowDocs(train.column, train.indices[pos])
-    return "a random permutation of the train split's documents"
+    kept = docs[source]
+    for role, pos in _carve(kept.n, source, roles, d, what).items():
+        docs[role] = ArrowDocs(kept.column, kept.indices[pos])
+    if d.carve == "contiguous":
+        return f"consecutive blocks at the end of the {source} split's documents, in source order"
+    return f"a random permutation of the {source} split's documents"
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,7 +252,7 @@ def _carve_docs(docs: dict[str, Docs], roles: list[str], d: DataConfig, what: st
 
 def _choose_splits(raw: dict[str, Any], d: DataConfig, what: str) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     """The datasets of train, validation and test mapped by name, their origins, and the roles to
-    carve from train."""
+    carve (from train, or test from validation with data.test_from: validation)."""
     available = ", ".join(raw) or "none"
     if d.train_split not in raw:
         raise ConfigError(f"{what} has no split {d.train_split!r}; it has: {available} — set data.train_split")
@@ -241,14 +264,30 @@ def _choose_splits(raw: dict[str, Any], d: DataConfig, what: str) -> tuple[dict[
         if found:
             chosen[role], origins[role] = raw[found], found
         elif name and name != role:
+            source = d.test_from if role == "test" else "train"
             raise ConfigError(f"{what} has no split {name!r} (data.{role}_split); it has: {available} — "
-                              f"name one of them, or set data.{role}_split: null to carve it from train")
+                              f"name one of them, or set data.{role}_split: null to carve it from {source}")
         elif _fractions(d)[role] > 0:
             carve.append(role)
         elif role == "validation":
             raise ConfigError(f"{what} has no validation split and data.validation_fraction is 0 — set "
                               f"data.validation_split to one of: {available}, or data.validation_fraction > 0")
+    if d.test_from == "validation":
+        if "validation" in carve:
+            raise ConfigError(f"data.test_from: validation carves test from the validation split, and {what} has none "
+                              f"(it has: {available}) — name it with data.validation_split, or drop data.test_from "
+                              "(test is then carved from train)")
+        if "test" in chosen:
+            raise ConfigError(f"data.test_from: validation would carve test from validation, and {what} has a test "
+                              f"split of its own ({origins['test']!r}) — drop data.test_from to use it, or set "
+                              "data.test_split: null to carve test from validation anyway")
     return chosen, origins, carve
+
+
+def _origin(d: DataConfig, source: str, role: str) -> str:
+    """How a carved split is shown (`tiedlm data`'s "from" column): "carved from train (5%, split_seed 0)"."""
+    how = "contiguous" if d.carve == "contiguous" else f"split_seed {d.split_seed}"
+    return f"carved from {source} ({100 * _fractions(d)[role]:g}%, {how})"
 
 
 def split_documents(source: Source, d: DataConfig, progress: bool) -> tuple[dict[str, Docs], dict]:
@@ -258,7 +297,7 @@ def split_documents(source: Source, d: DataConfig, progress: bool) -> tuple[dict
     what = source.description
     if source.kind == "builtin":  # built-in corpora bring their own three splits
         docs = {name: ArrowDocs.of(_pa_strings(texts)) for name, texts in raw.items()}
-        return docs, {"splits": list(docs), "origins": {s: "built in" for s in docs}, "carving": None}
+        return docs, {"splits": list(docs), "origins": corpora.builtin_origins(d.path.strip()), "carving": None}
 
     chosen, origins, carve = _choose_splits(raw, d, what)
     import datasets
@@ -271,10 +310,13 @@ def split_documents(source: Source, d: DataConfig, progress: bool) -> tuple[dict
             docs[role] = ArrowDocs.of(_text_column(ds, d.text_column, role, what))
     carving = None
     if carve:
-        method = _carve_docs(docs, carve, d, what)
-        carving = {"from": d.train_split, "split_seed": d.split_seed, "method": method,
-                   **{f"{r}_fraction": _fractions(d)[r] for r in carve}}
+        parent = "validation" if d.test_from == "validation" else "train"  # _choose_splits: then carve == [test]
+        method = _carve_docs(docs, parent, carve, d, what)
+        carving = {"from": origins[parent], "split_seed": d.split_seed if d.carve == "random" else None,
+                   "method": method, **{f"{r}_fraction": _fractions(d)[r] for r in carve}}
+        if d.carve != "random":
+            carving["carve"] = d.carve
         for role in carve:
-            origins[role] = f"carved from {d.train_split} ({100 * _fractions(d)[role]:g}%, split_seed {d.split_seed})"
+            origins[role] = _origin(d, origins[parent], role)
     order = [s for s in SPLITS if s in docs]
     return {s: docs[s] for s in order}, {"splits": order, "origins": origins, "carving": carving}

@@ -36,8 +36,8 @@ from .cache import HUB_MEMO, cache_root, cache_write_failure, marking
 BUILDERS = {"text": "text", "json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}
 _EXTENSIONS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
                ".csv": "csv", ".parquet": "parquet"}
-_TEXT_FREE = "local files (data.path: text, data.data_files: FILE) or a built-in corpus " \
-             "(data.path: builtin:synthetic or builtin:pydoc)"
+_BUILTIN_NAMES = ", ".join(f"builtin:{n}" for n in corpora.BUILTINS[:-1]) + f" or builtin:{corpora.BUILTINS[-1]}"
+_TEXT_FREE = f"local files (data.path: text, data.data_files: FILE) or a built-in corpus (data.path: {_BUILTIN_NAMES})"
 
 
 @dataclass
@@ -148,7 +148,10 @@ def _builtin_source(p: str, d: DataConfig) -> Source:
         return Source("builtin", f"builtin:pydoc (CPython {sys.version_info[0]}.{sys.version_info[1]} "
                                  "documentation topics)",
                       {"builtin": "pydoc", "text": corpora.pydoc_fingerprint()}, p)
-    raise ConfigError(f"unknown built-in corpus {p} — use builtin:synthetic or builtin:pydoc")
+    if name == "shakespeare":
+        return Source("builtin", "builtin:shakespeare (Tiny Shakespeare, 1,115,394 characters, shipped with tiedlm; "
+                                 "contiguous 90/5/5 by lines)", corpora.shakespeare_fingerprint(), p)
+    raise ConfigError(f"unknown built-in corpus {p} — use {_BUILTIN_NAMES}")
 
 
 def _local_source(p: str, local: Path, d: DataConfig) -> Source:
@@ -363,6 +366,8 @@ def load_raw(source: Source, d: DataConfig, progress: bool) -> dict[str, Any]:
     if source.kind == "builtin":
         if d.path.strip() == "builtin:synthetic":
             return {k: [v] for k, v in corpora.synthetic_splits(d.synthetic).items()}
+        if d.path.strip() == "builtin:shakespeare":
+            return corpora.shakespeare_splits()
         return corpora.pydoc_splits()
 
     _check_not_empty(source)

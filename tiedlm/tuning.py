@@ -1,0 +1,457 @@
+"""Each variant at its own best setting: the tuning of `compare --config` (`--tune train.lr=...`
+or a `tune:` block in the config) and of a sweep (a `tune:` block in the grid file, each grid
+point a variant).
+
+    tune:
+      train.lr: [3.0e-4, 1.0e-3, 3.0e-3]    # an axis: a config key and its values
+      schedule:                              # a paired axis: each value sets several keys at once
+        - {train.lr: 1.0e-3, train.warmup_steps: 100}
+        - {train.lr: 3.0e-3, train.warmup_steps: 200}
+      seeds: [0]                             # the tuning seeds (default: the comparison's first seed)
+      extend: true                           # move past an edge of the grid (default true)
+      extend_limit: 3                        # at most this many steps past each edge
+      shared_seeds: false                    # train every seed at the shared value too
+
+The protocol (Melis, Dyer & Blunsom 2018): every variant trains every point of the grid (the
+product of the axes) on the tuning seeds; each variant's point is chosen on validation (the loss
+of the kept best weights when train.keep_best is on, else the final validation loss; never test);
+when a variant's choice is the smallest or largest value of a numeric axis, that axis is extended
+one step in that direction (the grid's own ratio, or its step when a value is not positive) for
+that variant, up to extend_limit steps, until the choice is interior; then the remaining seeds
+train at each variant's chosen point, and the verdict is on test. Tuning runs are ordinary runs,
+named by their point (`base-tied-lr=0.001-s0`), so an interrupted tuning resumes and a rerun
+trains nothing that is finished.
+
+Tuning train.lr keeps the schedule's shape: unless the config sets train.min_lr_ratio, the tuned
+runs get the config's own ratio min_lr / lr, so the minimum follows the peak.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import ConfigError
+from .naming import sanitize, scalar, short_keys
+
+EXTEND_LIMIT = 3  # steps past each edge of the grid, per variant and axis
+SETTINGS = ("seeds", "extend", "extend_limit", "shared_seeds")  # a tune: block's own keys; the rest are axes
+LR_KEY, MIN_LR_KEY, RATIO_KEY = "train.lr", "train.min_lr", "train.min_lr_ratio"
+DEFAULT_MIN_LR = 1e-4  # TrainConfig.min_lr's default: what a config that sets only the ratio keeps
+
+
+@dataclass
+class TuneSpec:
+    """What to tune: axes (a config key -> values, or a name -> mappings of keys to values) and how."""
+
+    axes: dict[str, list] = field(default_factory=dict)
+    seeds: list[int] | None = None  # None: the comparison's first seed
+    extend: bool = True
+    extend_limit: int = EXTEND_LIMIT
+    shared_seeds: bool = False
+
+    @property
+    def keys(self) -> list[str]:
+        """Every config key the grid sets, in axis order."""
+        out: list[str] = []
+        for axis, values in self.axes.items():
+            for k in (values[0].keys() if _paired(values) else [axis]):
+                if k not in out:
+                    out.append(k)
+        return out
+
+    def to_json(self) -> dict:
+        return {"axes": self.axes, "seeds": self.seeds, "extend": self.extend, "extend_limit": self.extend_limit,
+                "shared_seeds": self.shared_seeds}
+
+
+def _paired(values: list) -> bool:
+    return bool(values) and all(isinstance(v, dict) for v in values)
+
+
+def _check_key(key: str, where: str) -> None:
+    from .config import parse_override
+
+    parse_override(f"{key}=")  # an unknown key is refused, with a suggestion
+    if key in ("seed", "name", "model.tie_embeddings"):
+        raise ConfigError(f"{where}: {key} cannot be tuned — tuning chooses a setting per variant; seeds, names "
+                          "and tying are what the comparison varies itself")
+
+
+def _check_axis(axis: str, values: Any, where: str) -> list:
+    if not isinstance(values, list) or not values:
+        raise ConfigError(f"{where}: {axis} must be a non-empty list of values, e.g. train.lr: [3.0e-4, 1.0e-3]")
+    if _paired(values):
+        keys = list(values[0])
+        if not keys or any(list(v) != keys for v in values):
+            raise ConfigError(f"{where}: the points of {axis} must each set the same keys ({', '.join(keys)})")
+        for k in keys:
+            _check_key(str(k), where)
+            if not all(_number(v[k]) for v in values):
+                raise ConfigError(f"{where}: {axis}: {k} must be a number in every point (tuning is for numeric "
+                                  "settings)")
+        return [{str(k): v[k] for k in keys} for v in values]
+    if any(isinstance(v, dict) for v in values):
+        raise ConfigError(f"{where}: {axis} mixes mappings and single values — give one or the other")
+    _check_key(axis, where)
+    if not all(_number(v) for v in values):
+        raise ConfigError(f"{where}: {axis} must list numbers, got {values!r} (tuning is for numeric settings)")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"{where}: {axis} repeats a value: {values!r}")
+    return list(values)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def spec_from_block(data: Any, where: str) -> TuneSpec:
+    """A config's tune: block, checked (an unknown key, an empty or non-numeric axis: one line, exit 2)."""
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"{where}: tune: must map config keys to lists of values, e.g. tune: {{train.lr: [3.0e-4, "
+                          "1.0e-3, 3.0e-3]}}")
+    spec = TuneSpec()
+    for key, value in data.items():
+        key = str(key)
+        if key == "seeds":
+            spec.seeds = _seeds(value, where)
+        elif key in ("extend", "shared_seeds"):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}: tune.{key} must be true or false, got {value!r}")
+            setattr(spec, key, value)
+        elif key == "extend_limit":
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 20:
+                raise ConfigError(f"{where}: tune.extend_limit must be a whole number from 0 to 20, got {value!r}")
+            spec.extend_limit = value
+        else:
+            spec.axes[key] = _check_axis(key, value, where)
+    if not spec.axes:
+        raise ConfigError(f"{where}: tune: names no setting to tune — add one, e.g. train.lr: [3.0e-4, 1.0e-3]")
+    keys = [k for axis, vals in spec.axes.items() for k in (vals[0] if _paired(vals) else [axis])]
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"{where}: a key is tuned on two axes ({', '.join(sorted(k for k in set(keys) if keys.count(k) > 1))})"
+                          " — give it on one")
+    return spec
+
+
+def _seeds(value: Any, where: str) -> list[int]:
+    from .checks import check_seed
+
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in value)):
+        raise ConfigError(f"{where}: tune seeds must be a list of whole numbers, e.g. seeds: [0], got {value!r}")
+    for s in value:
+        check_seed(s, "tune seeds")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{where}: tune seeds repeat a seed: {value!r}")
+    return list(value)
+
+
+def spec_from_options(items: list[str], base: TuneSpec | None = None) -> TuneSpec | None:
+    """`--tune KEY=V1,V2,...` (repeatable; also seeds=0,1, extend=false, extend_limit=N,
+    shared_seeds=true), on top of the config's block (an axis given here replaces the block's)."""
+    import yaml
+
+    from .config import load_yaml
+
+    if not items:
+        return base
+    block: dict[str, Any] = {}
+    if base is not None:
+        block.update({k: v for k, v in base.axes.items()})
+        block.update({"extend": base.extend, "extend_limit": base.extend_limit, "shared_seeds": base.shared_seeds})
+        if base.seeds is not None:
+            block["seeds"] = base.seeds
+    for item in items:
+        if "=" not in item or not item.split("=", 1)[1].strip():
+            raise ConfigError(f"--tune {item!r} must look like KEY=V1,V2,..., e.g. --tune train.lr=3e-4,1e-3,3e-3")
+        key, raw = (part.strip() for part in item.split("=", 1))
+        try:
+            values = [load_yaml(v, f"--tune {key}") for v in raw.split(",")]
+        except yaml.YAMLError:
+            raise ConfigError(f"--tune {item!r}: a value is not a number — give numbers separated by commas") from None
+        values = [_as_number(v) for v in values]
+        block[key] = values[0] if key in ("extend", "extend_limit", "shared_seeds") else values
+    return spec_from_block(block, "--tune")
+
+
+def _as_number(v: Any) -> Any:
+    """YAML reads 3e-4 as a string (no dot): a number written that way is a number here."""
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return v
+
+
+def read_tune_block(cfg_path: str | Path) -> TuneSpec | None:
+    """The tune: block of a config file (through its base: files), or None."""
+    from .config import _load_with_bases
+
+    data = _load_with_bases(Path(cfg_path))
+    block = data.get("tune")
+    return None if block is None else spec_from_block(block, str(cfg_path))
+
+
+# ============================================================================ points
+
+
+def points(spec: TuneSpec, axes: dict[str, list] | None = None) -> list[dict[str, Any]]:
+    """The grid: the product of the axes, each point a mapping of config keys to values."""
+    axes = axes if axes is not None else spec.axes
+    out = []
+    for combo in itertools.product(*axes.values()):
+        point: dict[str, Any] = {}
+        for axis, value in zip(axes, combo):
+            point.update(value if isinstance(value, dict) else {axis: value})
+        out.append(point)
+    return out
+
+
+def point_label(point: dict[str, Any], short: dict[str, str]) -> str:
+    return ",".join(f"{short[k]}={scalar(v)}" for k, v in point.items())
+
+
+def point_overrides(point: dict[str, Any], schedule: list[str]) -> list[str]:
+    from .naming import yaml_value
+
+    return [f"{k}={yaml_value(v)}" for k, v in point.items()] + schedule
+
+
+def schedule_overrides(spec: TuneSpec, base: Any) -> list[str]:
+    """With train.lr tuned and no train.min_lr_ratio in the config: the config's own ratio, so the
+    cosine minimum follows the peak (and min_lr back at its default, as the ratio replaces it)."""
+    if LR_KEY not in spec.keys or getattr(base.train, "min_lr_ratio", None) is not None:
+        return []
+    ratio = base.train.min_lr / base.train.lr if base.train.lr else 0.0
+    return [f"{RATIO_KEY}={float(f'{ratio:.6g}')!r}", f"{MIN_LR_KEY}={DEFAULT_MIN_LR!r}"]
+
+
+def extend_value(values: list, edge: Any, direction: int) -> Any | None:
+    """One step past `edge` (the smallest value when direction < 0, the largest when > 0): the
+    grid's own ratio between the two outermost values when both are positive, else their difference;
+    whole numbers stay whole. None when the axis has fewer than two values or the step repeats one."""
+    nums = sorted(set(values))
+    if len(nums) < 2:
+        return None
+    a, b = (nums[0], nums[1]) if direction < 0 else (nums[-1], nums[-2])
+    new = a * (a / b) if a > 0 and b > 0 else a + (a - b)
+    if all(isinstance(v, int) for v in nums):
+        new = int(round(new))
+    else:
+        new = float(f"{new:.3g}")
+    return None if new in nums else new
+
+
+# ============================================================================ the tuning itself
+
+
+@dataclass
+class TunedPoint:
+    """One point of one variant's grid: its runs on the tuning seeds and their validation scores."""
+
+    point: dict[str, Any]
+    label: str
+    runs: dict[int, str]  # tuning seed -> run name
+    loss: float | None = None  # mean validation loss over the tuning seeds (the selection's)
+    perplexity: float | None = None  # exp(loss)
+    best_step: float | None = None  # the mean step of the best periodic evaluation
+    tokens: float = 0.0  # tokens the runs trained on, together
+    failed: list[str] = field(default_factory=list)  # runs that did not finish
+
+    def to_json(self) -> dict:
+        return {"point": self.point, "label": self.label, "validation_loss": self.loss,
+                "validation_perplexity": self.perplexity, "best_step": self.best_step,
+                "runs": {str(s): n for s, n in self.runs.items()}, "failed": self.failed}
+
+
+@dataclass
+class VariantTuning:
+    tag: str  # tied, untied
+    overrides: list[str]  # the variant's own overrides
+    axes: dict[str, list]  # this variant's axes, extended where its choice sat at an edge
+    points: list[TunedPoint] = field(default_factory=list)
+    chosen: TunedPoint | None = None
+    extensions: dict[str, int] = field(default_factory=dict)  # "axis:-1" / "axis:+1" -> steps added
+    edge: str | None = None  # why the choice is still at an edge of the grid, if it is
+
+    def point(self, label: str) -> TunedPoint | None:
+        return next((p for p in self.points if p.label == label), None)
+
+    def to_json(self) -> dict:
+        return {"variant": self.tag, "chosen": self.chosen.to_json() if self.chosen else None,
+                "points": [p.to_json() for p in self.points], "axes": self.axes,
+                "extensions": self.extensions, "edge": self.edge}
+
+
+@dataclass
+class Tuning:
+    """The whole tuning of a comparison, what comparison.json's `tuning` holds."""
+
+    spec: TuneSpec
+    keys: list[str]
+    seeds: list[int]  # the tuning seeds
+    selection: str  # what chose: "kept best weights" or "final weights"
+    variants: list[VariantTuning]
+    schedule: list[str]  # the overrides that keep the schedule's shape (train.min_lr_ratio)
+    shared: dict | None = None  # the verdict with both variants at the config's own point
+    runs: int = 0  # distinct tuning runs (variant x point x tuning seed)
+    tokens: float = 0.0  # the tokens they trained on
+
+    def variant(self, tag: str) -> VariantTuning | None:
+        return next((v for v in self.variants if v.tag == tag), None)
+
+    def to_json(self) -> dict:
+        return {"keys": self.keys, "seeds": self.seeds, "selected_on": "validation", "selection": self.selection,
+                "spec": self.spec.to_json(), "schedule": self.schedule,
+                "variants": [v.to_json() for v in self.variants], "shared": self.shared,
+                "cost": {"runs": self.runs, "tokens": self.tokens}}
+
+
+def score_run(run_dir: Path) -> tuple[float | None, float | None, float]:
+    """(validation loss that selects, the best step, tokens seen) of a finished run; None when it
+    did not finish or cannot be read. The loss is the kept best weights' when the run kept them,
+    else the final one; test is never read."""
+    from .errors import TiedlmError
+    from .runs import read_report
+
+    try:
+        report = read_report(run_dir)
+    except (TiedlmError, OSError):
+        return None, None, 0.0
+    if report is None or report.status != "finished":
+        return None, None, 0.0
+    kept = report.final_best if isinstance(report.final_best, dict) and "validation" in report.final_best else None
+    section = kept or (report.final if isinstance(report.final, dict) else {})
+    validation = section.get("validation")
+    loss = validation.get("loss") if isinstance(validation, dict) else None
+    best = report.best if isinstance(report.best, dict) else {}
+    step = best.get("step") if isinstance(best.get("step"), (int, float)) else None
+    tokens = float(report.tokens_seen) if isinstance(report.tokens_seen, (int, float)) else 0.0
+    return (float(loss) if isinstance(loss, (int, float)) and math.isfinite(loss) else None), step, tokens
+
+
+def _score(p: TunedPoint, runs_dir: Path) -> None:
+    losses, steps, tokens, failed = [], [], 0.0, []
+    for name in p.runs.values():
+        loss, step, seen = score_run(runs_dir / name)
+        tokens += seen
+        if loss is None:
+            failed.append(name)
+            continue
+        losses.append(loss)
+        if step is not None:
+            steps.append(step)
+    p.tokens, p.failed = tokens, failed
+    if losses and not failed:
+        p.loss = sum(losses) / len(losses)
+        p.perplexity = math.exp(p.loss)
+        p.best_step = sum(steps) / len(steps) if steps else None
+
+
+def _choose(v: VariantTuning) -> TunedPoint | None:
+    scored = [p for p in v.points if p.loss is not None]
+    return min(scored, key=lambda p: p.loss) if scored else None
+
+
+def _edges(v: VariantTuning) -> list[tuple[str, int]]:
+    """(axis, direction) where the chosen point sits at the end of a numeric axis of this variant."""
+    out = []
+    for axis, values in v.axes.items():
+        if _paired(values) or len(values) < 2 or v.chosen is None:
+            continue
+        value = v.chosen.point[axis]
+        if value == min(values):
+            out.append((axis, -1))
+        elif value == max(values):
+            out.append((axis, +1))
+    return out
+
+
+def _edge_note(v: VariantTuning, edges: list[tuple[str, int]], why: dict[tuple[str, int], str]) -> str | None:
+    if not edges or v.chosen is None:
+        return None
+    parts = []
+    for axis, d in edges:
+        value = scalar(v.chosen.point[axis])
+        parts.append(f"{axis} {value} is the {'smallest' if d < 0 else 'largest'} value tried ({why[(axis, d)]})")
+    return "; ".join(parts) + " — the best value may lie beyond"
+
+
+def run_tuning(spec: TuneSpec, variants: list[tuple[str, list[str]]], make_job: Callable[[str, list[str], int], Any],
+               train_all: Callable[[list], None], runs_dir: Path, first_seed: int, selection: str,
+               base: Any) -> Tuning:
+    """Train every variant at every point on the tuning seeds, extend at edges, choose on validation.
+    make_job(name_suffix, overrides, seed) -> (run name, Config) (a ConfigError for a point the
+    config refuses); train_all(jobs) trains what is not finished."""
+    seeds = spec.seeds if spec.seeds is not None else [first_seed]
+    short = short_keys(spec.keys)
+    schedule = schedule_overrides(spec, base)
+    tuning = Tuning(spec=spec, keys=spec.keys, seeds=seeds, selection=selection, variants=[], schedule=schedule)
+    for tag, extra in variants:
+        tuning.variants.append(VariantTuning(tag=tag, overrides=extra, axes={k: list(v) for k, v in spec.axes.items()}))
+
+    def add(v: VariantTuning, point: dict[str, Any]) -> list:
+        """The jobs of a point new to the variant (none when it has it already)."""
+        label = point_label(point, short)
+        if v.point(label) is not None:
+            return []
+        jobs = [make_job(f"{v.tag}-{sanitize(label)}", v.overrides + point_overrides(point, schedule), s)
+                for s in seeds]
+        v.points.append(TunedPoint(point=point, label=label, runs={s: j[0] for s, j in zip(seeds, jobs)}))
+        return jobs
+
+    why: dict[tuple[str, str, int], str] = {}
+    pending = [(v, p) for v in tuning.variants for p in points(spec, v.axes)]
+    while pending:
+        train_all([job for v, point in pending for job in add(v, point)])
+        for v, _ in pending:
+            for tp in v.points:
+                _score(tp, runs_dir)
+        pending = []
+        for v in tuning.variants:
+            v.chosen = _choose(v)
+            for axis, d in _edges(v):
+                steps = v.extensions.get(f"{axis}:{d:+d}", 0)
+                if not spec.extend:
+                    why[(v.tag, axis, d)] = "tune.extend is off"
+                    continue
+                if steps >= spec.extend_limit:
+                    why[(v.tag, axis, d)] = f"extended {steps} time{'s' * (steps != 1)}, the limit (tune.extend_limit)"
+                    continue
+                new = extend_value(v.axes[axis], v.chosen.point[axis], d)
+                point = {**v.chosen.point, axis: new}
+                if new is not None:
+                    try:
+                        make_job(f"{v.tag}-x", v.overrides + point_overrides(point, schedule), seeds[0])
+                    except ConfigError:
+                        new = None
+                if new is None:
+                    why[(v.tag, axis, d)] = "no valid value beyond it"
+                    continue
+                v.axes[axis] = sorted(v.axes[axis] + [new])
+                v.extensions[f"{axis}:{d:+d}"] = steps + 1
+                pending.append((v, point))
+    for v in tuning.variants:
+        edges = _edges(v)
+        v.edge = _edge_note(v, edges, {(a, d): why.get((v.tag, a, d), "") for a, d in edges})
+    tuning.runs = sum(len(p.runs) for v in tuning.variants for p in v.points)
+    tuning.tokens = sum(p.tokens for v in tuning.variants for p in v.points)
+    return tuning
+
+
+def shared_point(tuning: Tuning, base: Any) -> dict[str, Any] | None:
+    """The config's own value of every tuned key, when every variant tried that point: where the
+    untuned comparison would have put both variants."""
+    from .config import flatten, to_dict
+
+    flat = flatten(to_dict(base))
+    point = {k: flat.get(k) for k in tuning.keys}
+    label = point_label(point, short_keys(tuning.keys))
+    return point if all(v.point(label) is not None for v in tuning.variants) else None
