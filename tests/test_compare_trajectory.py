@@ -297,3 +297,22 @@ def test_the_same_tokens_keep_the_per_token_sentence(tmp_path):
         edit_report(untied, flops_per_token={"forward": 1e7, "train": 2.4e7})
     verdict = C.compare_runs(runs_dir=runs).variant("tied").verdicts[0]
     assert "It spends +25% training FLOPs (30M vs 24M per token)." in verdict and "total" not in verdict
+
+
+def test_the_summary_line_gives_the_path_and_whether_it_settled():
+    from tiedlm.compare.trajectory import Trajectory, TrajectoryPoint, summary_sentence
+
+    def point(tokens, effect):
+        return TrajectoryPoint(tokens=tokens, step=None, effect=effect, ci_low=effect - 0.02, ci_high=effect + 0.02,
+                               n_seeds=3, test="paired", p_value=0.01)
+
+    t = Trajectory(variant="tied", reference="untied",
+                   points=[point(100_000, 0.30), point(200_000, 0.20), point(300_000, 0.12), point(400_000, 0.10)],
+                   still_moving=False, last_quarter_change=-0.02, final_half_width=0.02)
+    line = summary_sentence(t)
+    assert "+30.0% at 100k, +20.0% at 200k, +10.0% at 400k tokens" in line
+    assert "keeps its sign" in line and "settled: -2.0 points" in line.replace("−", "-")
+    t.still_moving = None
+    assert "cannot be judged" in summary_sentence(t)
+    t.points = t.points[:1]
+    assert summary_sentence(t) is None

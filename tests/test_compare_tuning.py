@@ -206,3 +206,10 @@ def test_tuning_refuses_validation_as_the_primary_endpoint(tmp_path, stand_in):
     with pytest.raises(ConfigError, match="verdict is on test"):
         run(tmp_path, stand_in, ["train.lr=1e-3,3e-3"], primary="validation")
     assert stand_in.calls == []
+
+
+def test_when_every_variant_chooses_the_configs_own_value_the_report_says_so(tmp_path, stand_in, monkeypatch):
+    monkeypatch.setitem(OPTIMUM, True, 3e-3)  # both variants' optimum is the config's lr
+    c = run(tmp_path, stand_in, ["train.lr=1e-3,3e-3,1e-2"])
+    assert chosen(c) == {"tied": 3e-3, "untied": 3e-3}
+    assert "Every variant chose the config's own lr=0.003" in C.format_terminal_table(c)

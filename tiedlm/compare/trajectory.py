@@ -249,9 +249,34 @@ def still_moving_sentence(t: Trajectory) -> str | None:
             f"interval's half-width (±{half:.{digits}f}) — train longer before trusting the verdict.")
 
 
+def summary_sentence(t: Trajectory) -> str | None:
+    """The effect at the first, middle and last evaluation, and whether it has settled: one line
+    for every comparison, so the verdict is always read with how it got there."""
+    pts = [p for p in t.points if p.effect is not None]
+    if len(pts) < 2:
+        return None
+    mid = min(pts, key=lambda p: abs(p.tokens - pts[-1].tokens / 2))
+    shown = [pts[0], mid, pts[-1]] if mid not in (pts[0], pts[-1]) else [pts[0], pts[-1]]
+    path = ", ".join(f"{_signed_pct(p.effect)} at {fmt_count(p.tokens)}" for p in shown)
+    sign = "changes sign" if t.crossover is not None else "keeps its sign"
+    if t.still_moving is False:
+        settled = (f"; settled: {_points(t.last_quarter_change)} points over the last quarter, within its "
+                   f"interval's half-width (±{100 * t.final_half_width:.1f})")
+    elif t.still_moving is None:
+        settled = "; one seed: whether it has settled cannot be judged"
+    else:
+        settled = ""
+    return (f"The effect of **{t.variant}** vs **{t.reference}** over training (validation): {path} tokens; it "
+            f"{sign}{settled}.")
+
+
+def _signed_pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
 def _sentences(c: Comparison) -> list[str]:
     ordered = [c.trajectories[v.label] for v in c.variants if v.label in c.trajectories]
-    return [s for t in ordered for s in (crossover_sentence(t), still_moving_sentence(t)) if s]
+    return [s for t in ordered for s in (summary_sentence(t), crossover_sentence(t), still_moving_sentence(t)) if s]
 
 
 def terminal_lines(c: Comparison) -> list[str]:

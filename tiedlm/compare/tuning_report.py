@@ -72,6 +72,9 @@ def _shared_sentence(c: Comparison, tuning: Tuning) -> str | None:
     s = tuning.shared
     if not s:
         return None
+    if all(v.chosen is not None and v.chosen.label == s["label"] for v in tuning.variants):
+        return (f"Every variant chose the config's own {s['label']}: the verdict at that shared value is the tuned "
+                "verdict above.")
     tuned = next((v for v in c.variants if v.vs_baseline is not None), None)
     tuned_contrast = tuned.contrast(c.primary) if tuned is not None else None
     seeds = s.get("seeds") or []
