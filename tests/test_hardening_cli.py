@@ -199,3 +199,108 @@ def test_labels_of_an_older_run_without_the_added_keys_show_their_defaults():
     new = to_dict(load_config(None, TINY + ["train.keep_best=true"]))
     labels, _ = label_variants([json.loads(json.dumps(old)), new])
     assert "null" not in " ".join(labels) and "keep_best=false" in labels[0]
+
+
+def test_a_matched_setting_shows_each_keys_real_value_everywhere(tmp_path):
+    """tied vs untied at the default evaluation, and a tied run that keeps its best weights (where
+    eval_every, eval_tokens and keep_best are part of the variant): the matched setting of the pair
+    takes its values from a member run's whole config, never null, in every output."""
+    import tiedlm.compare as C
+
+    from .test_compare import TIED, UNTIED, make_run
+
+    runs_dir = tmp_path / "runs"
+    kept = ["train.eval_every=6", "train.keep_best=true", "train.eval_tokens=128"]
+    for seed in (0, 1):
+        make_run(runs_dir, f"tiny-untied-s{seed}", seed, UNTIED, val=60.0 + seed)
+        make_run(runs_dir, f"tiny-s{seed}", seed, TIED, val=58.0 + seed)
+        make_run(runs_dir, f"k03-s{seed}", seed, TIED + kept, val=57.0 + seed)
+    default = load_config(None, ["train.max_steps=100"]).train
+    want = {"train.eval_every": default.eval_every, "train.eval_tokens": default.eval_tokens,
+            "train.keep_best": False}
+    assert None not in want.values()
+    result = C.compare_runs(runs_dir=runs_dir)
+    assert result.mode == "matched" and len(result.matched) == 1
+    m = result.matched[0]
+    assert m.tied == "tied, eval_every=%d, eval_tokens=%d, keep_best=false" % (default.eval_every,
+                                                                               default.eval_tokens)
+    assert m.setting == want and "null" not in m.label
+    assert m.label == f"eval_every={default.eval_every}, eval_tokens={default.eval_tokens}, keep_best=false"
+    assert "null" not in C.format_terminal_table(result)
+    out = runs_dir / "compare"
+    data = json.loads((out / "comparison.json").read_text())
+    assert data["matched"][0]["setting"] == want
+    md = (out / "comparison.md").read_text()
+    assert f"| {m.label} |" in md and "null" not in md.split("## Tying effect per setting")[1].split("\n## ")[0]
+
+
+# ------------------------------------------------------------ torchrun's environment and errors
+
+
+def test_a_hand_set_or_malformed_launch_environment_is_always_said(tiny_yaml, tmp_path):
+    """RANK / WORLD_SIZE without torchrun, or malformed: the process may be the only one, so its
+    refusal is printed, whatever rank it claims (it used to exit 2 in silence)."""
+    base = {"TORCHELASTIC_RUN_ID": None, "MASTER_ADDR": None, "LOCAL_RANK": None}
+    for env, words in (({"WORLD_SIZE": "2", "RANK": "1"}, "MASTER_ADDR is not"),
+                       ({"WORLD_SIZE": "2", "RANK": "x"}, "must be integers"),
+                       ({"WORLD_SIZE": "2", "RANK": "5", "MASTER_ADDR": "127.0.0.1"}, "not within WORLD_SIZE"),
+                       # under torchrun's own variable, a malformed environment is still said
+                       ({"WORLD_SIZE": "2", "RANK": "5", "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_RUN_ID": "r"},
+                        "not within WORLD_SIZE")):
+        result = runner.invoke(app, ["train", "-c", str(tiny_yaml), "--out", str(tmp_path / "runs"), "-q"],
+                               env={**base, **env})
+        assert result.exit_code == 2, result.output
+        assert words in one_line(result) and "launch" in one_line(result)
+        assert not (tmp_path / "runs").exists()
+    # a well-formed environment set by hand (no torchrun): a config error is said, not left to a rank 0
+    hand = {**base, "WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1"}
+    result = runner.invoke(app, ["train", "-c", str(tiny_yaml), "--set", "model.n_layer=0"], env=hand)
+    assert result.exit_code == 2 and "model.n_layer" in one_line(result)
+
+
+def test_under_torchrun_rank_0_alone_says_an_error_every_rank_meets(tiny_yaml, monkeypatch):
+    from tiedlm import distributed
+
+    torchrun = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+                "TORCHELASTIC_RUN_ID": "none"}
+    args = ["train", "-c", str(tiny_yaml), "--set", "model.n_layer=0"]
+    result = runner.invoke(app, args, env=torchrun)
+    assert result.exit_code == 2 and result.stderr == ""  # rank 0 says it
+    result = runner.invoke(app, args, env={**torchrun, "RANK": "0", "LOCAL_RANK": "0"})
+    assert result.exit_code == 2 and "model.n_layer" in one_line(result)
+    # once this process started its process group, it is a rank of several whatever the environment says
+    monkeypatch.setattr(distributed, "_started_rank", 1)
+    result = runner.invoke(app, args, env={"WORLD_SIZE": "2", "RANK": "1", "TORCHELASTIC_RUN_ID": None})
+    assert result.exit_code == 2 and result.stderr == ""
+    monkeypatch.setattr(distributed, "_started_rank", 0)
+    result = runner.invoke(app, args, env={"WORLD_SIZE": "2", "RANK": "1", "TORCHELASTIC_RUN_ID": None})
+    assert result.exit_code == 2 and "model.n_layer" in one_line(result)
+    assert distributed.leaves_errors_to_rank_0({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "x"}) is False
+
+
+# ------------------------------------------------------------------------ tensorboard
+
+
+def test_tensorboard_of_a_run_that_never_logged_is_a_usage_error(tmp_path):
+    from .test_compare import make_run
+
+    run_dir = make_run(tmp_path / "runs", "t-s0", 0)
+    (run_dir / "metrics.jsonl").unlink()
+    result = runner.invoke(app, ["tensorboard", str(run_dir)])
+    assert result.exit_code == 2, result.output
+    assert "has no metrics.jsonl" in one_line(result) and not (run_dir / "tb").exists()
+
+
+def test_tensorboard_names_a_logdir_even_for_a_run_of_the_working_directory(tmp_path, monkeypatch):
+    from .test_compare import make_run
+
+    make_run(tmp_path / "runs", "t-s0", 0)
+    make_run(tmp_path / "runs", "u-s0", 0)
+    monkeypatch.chdir(tmp_path / "runs")
+    for args in (["t-s0"], ["t-s0", "u-s0"], ["."]):
+        result = runner.invoke(app, ["tensorboard", *args])
+        assert result.exit_code == 0, result.output
+        assert result.stdout.splitlines()[-1] == "view them side by side: tensorboard --logdir .", result.stdout
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["tensorboard", "runs/t-s0"])
+    assert result.stdout.splitlines()[-1] == "view them side by side: tensorboard --logdir runs"

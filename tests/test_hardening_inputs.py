@@ -151,6 +151,53 @@ def test_weights_that_are_not_finite_are_one_line_exit_1(nan_run, command, tmp_p
     assert not (tmp_path / "hf").exists() and not (tmp_path / "an").exists()
 
 
+@pytest.fixture(scope="module")
+def nan_kept_best(tmp_path_factory):
+    """A run that kept its best weights (train.keep_best), its latest checkpoint then poisoned."""
+    import torch
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIEDLM_CACHE", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("HF_DATASETS_OFFLINE", "1")
+        run_dir = train_run(load_config(None, TINY + ["train.device=cpu", "train.keep_best=true"]),
+                            out=tmp_path_factory.mktemp("kept"), name="kept-s0", progress=False)
+
+    def poison(tensors):
+        name = sorted(k for k in tensors if k.startswith("transformer.h.0."))[0]
+        tensors[name] = torch.full_like(tensors[name], float("inf"))
+
+    rewrite_weights(run_dir, poison)
+    return run_dir
+
+
+@pytest.mark.parametrize("command", ["sample", "eval", "analyze", "export"])
+def test_the_fix_for_weights_that_are_not_finite_names_an_option_of_the_command(nan_kept_best, command, tmp_path):
+    """eval reads the kept best weights with --best, export any checkpoint with --checkpoint; sample
+    and analyze read the latest checkpoint only, so their fix is to retrain."""
+    from tiedlm.checkpoints import best_weight_folders
+
+    best = best_weight_folders(nan_kept_best)[0].name
+    extra = {"export": ["--out", tmp_path / "hf"], "analyze": ["--out", tmp_path / "an"]}
+    r = invoke(command, nan_kept_best, *extra.get(command, []))
+    assert r.exit_code == 1, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not finite (inf in transformer.h.0" in lines[0], r.output
+    fix = lines[0].split("written; ", 1)[1]
+    if command == "eval":
+        assert fix == f"score the weights it kept at its best evaluation ({best}) with --best, or retrain with a " \
+                      "lower train.lr"
+        followed = invoke("eval", nan_kept_best, "--best", "--json")
+        assert followed.exit_code == 0, followed.output
+    elif command == "export":
+        assert fix == f"choose other weights of the run with --checkpoint (it has {best}), or retrain with a lower " \
+                      "train.lr"
+        followed = invoke("export", nan_kept_best, "--out", tmp_path / "hf2", "--checkpoint", best)
+        assert followed.exit_code == 0, followed.output
+    else:
+        assert fix == "retrain it with a lower train.lr"
+    assert "best-step-N" not in lines[0]
+
+
 def test_eval_json_is_strict_even_when_the_perplexity_overflows(run, tmp_path):
     dest = copy_run(run, tmp_path / "word-s0")
 
@@ -203,6 +250,17 @@ def test_unknown_prompt_words_are_named_once(run):
     notes = [line for line in r.stderr.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and "'zzqx', 'qqv'" in notes[0] and "<unk>" in notes[0], r.stderr
     assert known not in notes[0]
+
+
+def test_the_unknown_words_note_agrees_in_number():
+    from tiedlm.generate import _unknown_note
+
+    tok = _word()
+    assert _unknown_note(tok, "the zebra said") == ("the prompt's word 'zebra' is not in the run's vocabulary: "
+                                                    "the model sees <unk> for it")
+    assert _unknown_note(tok, "the zebra okapi") == ("the prompt's words 'zebra', 'okapi' are not in the run's "
+                                                     "vocabulary: the model sees <unk> for them")
+    assert _unknown_note(tok, "the king") is None
 
 
 def _bpe():

@@ -124,6 +124,49 @@ def test_slurm_values_of_slurms_grammar_are_taken(key, value):
     assert check_slurm_option(key, value, key) == str(value)
 
 
+@pytest.mark.parametrize("key, value", [
+    ("mem", "16GB"), ("mem", "512mb"), ("mem", "1Tb"), ("mem", "4KB"),  # sbatch takes a B after the unit
+    ("gpus_per_task", "a100:1,v100:1"), ("gpus_per_task", "1,a100:2"),  # a comma-separated list of [type:]count
+])
+def test_slurm_values_that_were_wrongly_refused_are_taken(key, value, tmp_path, monkeypatch):
+    from tiedlm.sweep import check_slurm_option
+
+    assert check_slurm_option(key, value, key) == value
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["sweep", str(write_grid(tmp_path, slurm={key: value})), "--emit", "slurm"])
+    assert r.exit_code == 0, r.output
+    assert f"#SBATCH --{key.replace('_', '-')}={value}" in r.stdout.splitlines()
+
+
+@pytest.mark.parametrize("key, value", [("mem", "16GBB"), ("mem", "16B"), ("mem", "9" * 30 + "TB"),
+                                        ("gpus_per_task", "a100:1,"), ("gpus_per_task", "a100:1,,v100:1"),
+                                        ("gpus_per_task", "a100:1,v100:65535")])
+def test_slurm_values_just_past_the_grammar_are_still_refused(key, value):
+    from tiedlm.sweep import check_slurm_option
+
+    with pytest.raises(ConfigError, match=f"^{key} must be"):
+        check_slurm_option(key, value, key)
+
+
+def test_a_slurm_value_is_checked_only_when_a_script_is_emitted(tmp_path, monkeypatch):
+    """A grid's slurm: block is for --emit slurm: a value Slurm's grammar refuses keeps the grid from
+    emitting a script, but not from being listed or run; a newline or a non-scalar is refused always."""
+    monkeypatch.chdir(tmp_path)
+    grid = write_grid(tmp_path, slurm={"mem": "lots", "partition": "gpu;x"})
+    for args in (["--dry-run"], ["--emit", "shell"]):
+        r = runner.invoke(app, ["sweep", str(grid), *args])
+        assert r.exit_code == 0, r.output
+        assert r.stdout.count("tiedlm train") == 2
+    refused(runner.invoke(app, ["sweep", str(grid), "--emit", "slurm"]), "grid.yaml: slurm: mem must be")
+    for bad, words in (({"partition": "gpu\ntouch PWNED"}, "slurm: partition must be one line"),
+                       ({"mem": [1]}, "slurm: mem must be one value"),
+                       ({"time": 120}, "time must be quoted")):
+        grid = write_grid(tmp_path, slurm=bad)
+        for args in (["--dry-run"], ["--emit", "slurm"]):
+            refused(runner.invoke(app, ["sweep", str(grid), *args]), words)
+    assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("PWNED*"))
+
+
 def test_a_valid_slurm_script_holds_exactly_the_expected_lines_and_parses(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     grid = write_grid(tmp_path, slurm={"partition": "debug", "time": "UNLIMITED", "account": "proj_42",
@@ -399,6 +442,32 @@ def test_a_billion_laughs_grid_file_is_refused(tmp_path, monkeypatch):
         refused(r, f"{grid}: {EXPANDS}")
         assert took < 5
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("bad", ["laughs", "duplicate"])
+def test_a_damaged_runs_config_yaml_is_one_clean_sentence_with_one_fix(bad, tmp_path):
+    """A run's own config.yaml that expands through aliases (or repeats a key) is a damaged run: the
+    problem, then train's fix or a reader's, never also the fix meant for a config one writes."""
+    config = tiny_yaml_file(tmp_path)
+    out = tmp_path / "runs"
+    run_dir = out / "tiny-s0"
+    run_dir.mkdir(parents=True)
+    text = "\n".join(laughs() + ["name: *a8"]) if bad == "laughs" else "name: a\nname: b"
+    (run_dir / runs.CONFIG).write_text(text + "\n")
+    line = refused_any(runner.invoke(app, ["train", "--config", str(config), "--out", str(out), "--quiet"]))
+    problem = (f"{run_dir / runs.CONFIG}: the YAML expands to more than 100,000 values through anchors and aliases"
+               if bad == "laughs" else f"{run_dir / runs.CONFIG}: duplicate key 'name' (lines 1 and 2)")
+    assert line == f"tiedlm: error: {problem} (the run folder is damaged) — use --overwrite to start afresh"
+    line = refused_any(runner.invoke(app, ["eval", str(run_dir)]))
+    assert line == f"tiedlm: error: {problem} (the run folder is damaged) — restore it, or retrain the run"
+
+
+def refused_any(r) -> str:
+    """One `tiedlm: error:` line, whatever the exit code (a damaged run is exit 1); returns it."""
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code != 0 and len(lines) == 1 and lines[0].startswith("tiedlm: error:"), r.output
+    assert "Traceback" not in r.output and lines[0].count(" — ") == 1, lines[0]
+    return lines[0]
 
 
 def test_a_self_referencing_yaml_is_refused_too(tmp_path):

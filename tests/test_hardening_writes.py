@@ -5,6 +5,11 @@ silently; outputs of an earlier tiedlm that kept no record are known by their he
 `tiedlm tensorboard` removes only its own event files from tb/; and no command writes into a
 run folder's managed parts (checkpoints/, tb/, ...), where a resume would delete what it wrote."""
 
+import json
+import shutil
+import threading
+import time
+
 import pytest
 from typer.testing import CliRunner
 
@@ -77,15 +82,14 @@ def test_analyze_refuses_the_users_own_files_and_replaces_them_with_overwrite(tr
     assert (out / ANALYSIS_MD).read_bytes() == edited
 
 
-def test_analyze_into_the_run_folder_keeps_working(trained):
+def test_analyze_into_the_run_folder_keeps_working(trained, tmp_path):
+    run = tmp_path / "r"
+    shutil.copytree(trained, run)  # the module's run stays as the other tests expect it
     for _ in range(2):
-        r = invoke("analyze", trained)
+        r = invoke("analyze", run)
         assert r.exit_code == 0, r.output
-    assert (trained / ANALYSIS_MD).read_text().startswith(TITLE)
-    for name in (ANALYSIS_MD, ANALYSIS_JSON):
-        (trained / name).unlink()  # leave the run as the other tests expect it
-    for name in (PLOTS["norms"], PLOTS["spectrum"], WRITTEN):
-        (trained / name).unlink()
+    assert (run / ANALYSIS_MD).read_text().startswith(TITLE)
+    assert not (trained / ANALYSIS_MD).exists()
 
 
 def test_an_analysis_written_before_the_record_is_known_by_its_header(trained, tmp_path):
@@ -169,10 +173,114 @@ def test_no_command_writes_into_a_runs_checkpoints_and_the_run_resumes(trained, 
                  ("compare", trained, "--out", trained / runs.CHECKPOINTS)):
         r = invoke(*args)
         refused(r, args[3], "--out")
-        assert runs.CHECKPOINTS in r.stderr or "tb" in r.stderr
+        part = trained / ("tb" if "tb" in args[3].parts else runs.CHECKPOINTS)
+        assert f"lies in {part}, a part of the run r that tiedlm manages" in r.stderr, r.stderr
     assert not inside.exists() and not (trained / "tb").exists()
     assert listing(trained) == before
     r = invoke("analyze", trained, "--out", tmp_path / "elsewhere")  # outside the run's parts: fine
     assert r.exit_code == 0, r.output
     done = train_run(load_config(None, TINY), out=trained.parent, name="r", progress=False)
     assert runs.read_report(done).status == "finished"
+
+
+def test_an_ordinary_folder_with_a_config_yaml_is_not_a_run(trained, tmp_path, monkeypatch):
+    """A project folder holding its own config.yaml (or another tool's report.json) may hold an
+    export's checkpoints/ or an analysis' tb/: only real run markers make a folder a run."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / runs.CONFIG).write_text((trained / runs.CONFIG).read_text())
+    (proj / runs.REPORT).write_text('{"coverage": 0.93}')
+    monkeypatch.chdir(proj)
+    r = invoke("export", trained, "--out", "checkpoints/hf")
+    assert r.exit_code == 0, r.output
+    assert (proj / "checkpoints" / "hf" / "config.json").is_file()
+    r = invoke("analyze", trained, "--out", "tb/analysis")
+    assert r.exit_code == 0, r.output
+    from tiedlm.checkpoints import is_run_folder
+
+    assert not is_run_folder(proj)
+    # each marker alone still makes a run: tiedlm's report, the checkpoints' pointer, config with metrics
+    assert is_run_folder(trained)
+    for keep in ({runs.REPORT}, {runs.CHECKPOINTS}, {runs.CONFIG, runs.METRICS}):
+        other = tmp_path / "copy" / "-".join(sorted(keep))
+        shutil.copytree(trained, other)
+        for p in list(other.iterdir()):
+            if p.name not in keep:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        assert is_run_folder(other), keep
+        refused(invoke("export", trained, "--out", other / runs.CHECKPOINTS / "hf"), other / runs.CHECKPOINTS / "hf",
+                "--out")
+    damaged = tmp_path / "copy" / "damaged"
+    shutil.copytree(trained, damaged)
+    (damaged / runs.REPORT).write_text("{not json")  # a run whose report was damaged is still a run
+    assert is_run_folder(damaged)
+
+
+def test_a_failed_write_leaves_no_name_recorded_as_being_written(tmp_path):
+    """A block that fails after writing one of its files: that file is recorded with its hash, the
+    others are dropped, and a file the user later puts under one of those names is refused."""
+    from tiedlm.errors import ConfigError
+    from tiedlm.files import recording
+
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with recording(out, ["a.md", "b.png"], "--overwrite"):
+            (out / "a.md").write_text("tiedlm's\n")
+            raise RuntimeError("the plot failed")
+    record = json.loads((out / WRITTEN).read_text())["files"]
+    assert list(record) == ["a.md"] and record["a.md"] is not None
+    (out / "b.png").write_bytes(PNG + b"the user's own plot")
+    with pytest.raises(ConfigError, match="b.png was not written by tiedlm"):
+        with recording(out, ["a.md", "b.png"], "--overwrite"):
+            pass
+    assert (out / "b.png").read_bytes() == PNG + b"the user's own plot"
+
+
+def test_the_record_is_rewritten_under_a_lock(tmp_path):
+    """Two writers into one folder: the second waits for the first's read-modify-write of the record,
+    so neither loses the other's entries."""
+    import fcntl
+    import os
+
+    from tiedlm.files import WRITTEN_LOCK, recording
+
+    out = tmp_path / "out"
+    with recording(out, ["first.md"], "--overwrite"):
+        (out / "first.md").write_text("one\n")
+    fd = os.open(out / WRITTEN_LOCK, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another writer, in the middle of its update
+    done = threading.Event()
+
+    def second():
+        with recording(out, ["second.md"], "--overwrite"):
+            (out / "second.md").write_text("two\n")
+        done.set()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    time.sleep(0.5)
+    assert not done.is_set() and "second.md" not in (out / WRITTEN).read_text()  # waiting for the lock
+    os.close(fd)
+    thread.join(10)
+    assert done.is_set()
+    record = json.loads((out / WRITTEN).read_text())["files"]
+    assert sorted(record) == ["first.md", "second.md"] and None not in record.values()
+
+
+def test_several_runs_are_checked_for_an_untied_runs_own_plot_before_any_is_written(trained, tmp_path):
+    """analyze of a tied and an untied run into one --out: the untied run's pair-cosine plot name is
+    checked with the others, before the tied run's analysis is written."""
+    from tiedlm.analyze.report import analysis_files
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+        untied = train_run(load_config(None, TINY + ["model.tie_embeddings=false"]), out=tmp_path / "runs",
+                           name="u", progress=False)
+    out = tmp_path / "out"
+    (out / "u").mkdir(parents=True)
+    (out / "u" / PLOTS["cosine"]).write_bytes(PNG + b"mine")
+    r = invoke("analyze", trained, untied, "--out", out)
+    refused(r, out / "u" / PLOTS["cosine"], "--overwrite")
+    assert not (out / "r").exists()  # the tied run, first, was not written either
+    assert listing(out) == {f"u/{PLOTS['cosine']}": PNG + b"mine"}
+    assert PLOTS["cosine"] in analysis_files(tied=False) and PLOTS["cosine"] not in analysis_files(tied=True)

@@ -25,7 +25,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from .runs import (
     CONFIG,
     FORMAT,
     MANAGED,
+    METRICS,
     REPORT,
     atomic_write_json,
     atomic_write_text,
@@ -222,10 +223,11 @@ def load_checkpoint(ckpt: Path, with_state: bool = True) -> tuple[dict, dict | N
     return tensors, state, manifest
 
 
-def check_finite_weights(tensors: dict, ckpt: Path) -> None:
+def check_finite_weights(tensors: dict, ckpt: Path, other_weights: Callable[[], str | None] | None = None) -> None:
     """Refuse weights holding nan or inf (a run that diverged before the checkpoint was written):
     the one check behind sample, eval, analyze and export, which would otherwise crash, score nan
-    or blame the export. Names the first tensor found and what it holds."""
+    or blame the export. Names the first tensor found and what it holds; `other_weights()`: how
+    the command at hand reads other weights of the run (its own option), None when it cannot."""
     import torch
 
     bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
@@ -234,18 +236,46 @@ def check_finite_weights(tensors: dict, ckpt: Path) -> None:
     first = tensors[bad[0]]
     what = "nan" if bool(torch.isnan(first).any()) else "inf"
     more = f" and {len(bad) - 1} more tensor{'s' * (len(bad) > 2)}" if len(bad) > 1 else ""
+    other = other_weights() if other_weights is not None else None
+    fix = f"{other}, or retrain with a lower train.lr" if other else "retrain it with a lower train.lr"
     raise RunError(f"the weights in {ckpt} are not finite ({what} in {bad[0]}{more}) — the run diverged before this "
-                   "checkpoint was written; use an earlier checkpoint if the run kept one (best-step-N), or "
-                   "retrain with a lower train.lr")
+                   f"checkpoint was written; {fix}")
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether `folder` holds a tiedlm run, by what only training leaves there together: a
+    report.json that is tiedlm's (a JSON object with its integer `format` and a `status` or
+    `config`), a checkpoints/LATEST pointer, or a config.yaml beside a metrics.jsonl. A file of
+    one of those names alone (a project's own config.yaml, another tool's report.json) does not
+    make a run. train writes config.yaml and report.json one right after the other, so every run
+    has the report; LATEST and the metrics still mark one whose report was damaged since."""
+    folder = Path(folder)
+    if (folder / CHECKPOINTS / "LATEST").is_file():
+        return True
+    if (folder / CONFIG).is_file() and (folder / METRICS).is_file():
+        return True
+    report = folder / REPORT
+    try:
+        if not report.is_file() or report.stat().st_size > REPORT_READ_LIMIT:
+            return False
+        data = json.loads(report.read_bytes())
+    except (OSError, ValueError):  # unreadable, not JSON, not UTF-8: not tiedlm's report
+        return False
+    fmt = data.get("format") if isinstance(data, dict) else None
+    return isinstance(fmt, int) and not isinstance(fmt, bool) and ("status" in data or "config" in data)
+
+
+REPORT_READ_LIMIT = 64 * 2**20  # a tiedlm report is kilobytes; a larger report.json is another tool's
 
 
 def check_outside_runs(folder: Path, option: str = "--out") -> None:
-    """A ConfigError (exit 2) when `folder` is or lies in a part of a run folder (one holding
-    report.json or config.yaml) that training writes (runs.MANAGED: checkpoints/, tb/, tokenizer/,
-    report.json, ...; links followed), where a resume or --overwrite replaces or deletes it."""
+    """A ConfigError (exit 2) when `folder` is or lies in a part of a run folder (is_run_folder)
+    that training writes (runs.MANAGED: checkpoints/, tb/, tokenizer/, report.json, ...; links
+    followed), where a resume or --overwrite replaces or deletes it. An ordinary folder that merely
+    holds a file of such a name (a project's config.yaml) is no run."""
     p = Path(folder).expanduser().resolve()
     for part in (q for q in [p, *p.parents] if q.name in MANAGED):
-        if (part.parent / REPORT).is_file() or (part.parent / CONFIG).is_file():
+        if is_run_folder(part.parent):
             raise ConfigError(f"{option} {folder} lies in {part}, a part of the run {part.parent.name} that tiedlm "
                               "manages (training replaces or deletes what is there) — choose a folder outside it")
 

@@ -62,8 +62,10 @@ SetOpt = typer.Option(None, "--set", "-s", help="Override a config key, e.g. --s
 def _fail(message: str, code: int, same_on_every_rank: bool = True) -> None:
     """One line on stderr and exit `code`. Under torchrun an error that every rank meets alike (a
     refused config or option, an interrupt) is said by rank 0 alone; one that only some ranks meet
-    is said by each of them, with its rank."""
-    from .distributed import is_main_process
+    is said by each of them, with its rank. A process that is not surely one of several (no
+    process group started here, not launched by torchrun, or a malformed launch environment)
+    always says its error (distributed.leaves_errors_to_rank_0)."""
+    from .distributed import is_main_process, leaves_errors_to_rank_0
 
     if is_main_process():
         typer.echo(f"tiedlm: error: {message}", err=True)
@@ -71,6 +73,8 @@ def _fail(message: str, code: int, same_on_every_rank: bool = True) -> None:
         import os
 
         typer.echo(f"tiedlm: error: rank {os.environ.get('RANK', '?')}: {message}", err=True)
+    elif not leaves_errors_to_rank_0():
+        typer.echo(f"tiedlm: error: {message}", err=True)
     raise typer.Exit(code)
 
 
@@ -268,7 +272,7 @@ def analyze(
         results, failed = [], []
         targets = {d: None if out_dir is None else (out_dir if len(dirs) == 1 else out_dir / d.name) for d in dirs}
         for d, target in targets.items():  # a refused folder refuses them all, before anything is written
-            check_target(target or d, overwrite, "--overwrite", target is not None)
+            check_target(target or d, overwrite, "--overwrite", target is not None, d)
         for d in dirs:
             target = targets[d]
             try:
@@ -366,10 +370,11 @@ def tensorboard_(
     """Write TensorBoard event files (tb/) for runs from their metrics.jsonl and report.json."""
 
     def go():
+        import os
+        import shlex
+
         from .runs import expand_runs
         from .tensorboard import backfill_many, left_alone_lines
-
-        import os
 
         left_alone: list = []
         written = backfill_many(expand_runs(runs_), left_alone)
@@ -378,8 +383,9 @@ def tensorboard_(
         for line in left_alone_lines(left_alone):
             typer.echo(line)
         if written:
-            logdir = os.path.commonpath([str(p.parent.parent) for p in written])
-            typer.echo(f"view them side by side: tensorboard --logdir {logdir}")
+            # the folder the runs share; '' when they are folders of the working directory (cd runs)
+            logdir = os.path.commonpath([str(p.parent.parent) for p in written]) or "."
+            typer.echo(f"view them side by side: tensorboard --logdir {shlex.quote(logdir)}")
 
     run_command(go, reads_runs=True)
 

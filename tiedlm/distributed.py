@@ -57,8 +57,33 @@ def is_main_process(env: dict | None = None) -> bool:
     return "WORLD_SIZE" not in env or env.get("RANK", "0").strip() in ("", "0")
 
 
+# The rank of the process group started in this process (start), None until one is: from then on
+# this process is known to be one of several, whatever its environment says.
+_started_rank: int | None = None
+
+
+def leaves_errors_to_rank_0(env: dict | None = None) -> bool:
+    """Whether an error that every rank meets alike (a refused config or option) goes unsaid here
+    because rank 0 says it: true only in a rank > 0 that is surely one of several processes — one
+    whose process group was started in this process, or one that torchrun launched (its
+    TORCHELASTIC_RUN_ID) with a well-formed environment (from_env accepts it). A hand-set or
+    malformed RANK / WORLD_SIZE never silences an error: such a process may be the only one, and
+    from_env's refusal of it is meant for whoever set it."""
+    if _started_rank is not None:
+        return _started_rank != 0
+    env = os.environ if env is None else env
+    if not env.get("TORCHELASTIC_RUN_ID"):
+        return False
+    try:
+        d = from_env(env)
+    except ConfigError:
+        return False
+    return d.active and not d.main
+
+
 def start(d: Dist, device: Any) -> Any:
     """Start the process group (once) and return the device this rank uses: cuda:LOCAL_RANK on GPUs."""
+    global _started_rank
     if not d.active:
         return device
     import torch
@@ -69,6 +94,7 @@ def start(d: Dist, device: Any) -> Any:
         torch.cuda.set_device(device)
     if not td.is_initialized():
         td.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=d.rank, world_size=d.world)
+    _started_rank = d.rank  # kept after stop(): an error raised during the teardown is still every rank's
     return device
 
 

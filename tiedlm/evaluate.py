@@ -216,11 +216,13 @@ class RunModel:
     report: Any  # runs.RunReport or None
 
 
-def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None) -> RunModel:
+def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
+                   chooser: str | None = None) -> RunModel:
     """Rebuild a run's model from its latest checkpoint (with `best`, the weights it kept at its best
     validation evaluation), never loading the optimizer state. The data are prepared from the
     run's own config (a token-cache hit when nothing changed); they must be the tokens it was
-    trained on."""
+    trained on. `chooser`: the command's option that chooses other weights of the run (--best,
+    --checkpoint), named when these are not finite; None for a command that has none."""
     from pathlib import Path
 
     from . import checkpoints, runs
@@ -243,7 +245,8 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None) -
     if ckpt is None:
         raise NotARunError(f"{run_dir} has no checkpoint yet — train it first (tiedlm train --config ...)")
     tensors, _, manifest = checkpoints.load_checkpoint(ckpt, with_state=False)
-    checkpoints.check_finite_weights(tensors, ckpt)  # nan weights: one line, not a crash or a nan score
+    # nan weights: one line, not a crash or a nan score
+    checkpoints.check_finite_weights(tensors, ckpt, lambda: _other_weights(run_dir, ckpt, chooser))
     tied = checkpoints.stored_tied(manifest)
     data = prepare_data(cfg, progress=False)
     report = runs.read_report(run_dir)
@@ -278,7 +281,7 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
         block = from_dict(raw).model.block_size
         if not 1 <= stride <= block:
             raise ConfigError(f"--stride must be between 1 and the run's block_size ({block}), got {stride}")
-    rm = load_run_model(run_dir, best=best)
+    rm = load_run_model(run_dir, best=best, chooser="--best")
     cfg, data = rm.cfg, rm.data
     device = resolve_device(device, "--device", "--device auto")
     dtype = resolve_dtype(cfg.train.dtype, device)
@@ -336,6 +339,27 @@ def _best_weights(run_dir):
         raise RunError(f"{run_dir}'s report names kept best weights {kept!r} that are not in its checkpoints folder "
                        "— restore them, or drop --best to score its last checkpoint")
     return folders[name]
+
+
+def _other_weights(run_dir, ckpt, chooser: str | None) -> str | None:
+    """How a command reads weights of the run other than `ckpt`, through its own option (`chooser`),
+    when the run has any: eval's --best when it kept best weights, export's --checkpoint naming
+    the others. None when the command has no such option or the run no other weights."""
+    from . import checkpoints
+
+    if chooser == "--checkpoint":
+        others = [n for n in checkpoints.checkpoint_names(run_dir) if n != ckpt.name]
+        if others:
+            shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+            return f"choose other weights of the run with --checkpoint (it has {shown})"
+    elif chooser == "--best":
+        try:
+            kept = _best_weights(run_dir)
+        except Exception:  # no kept best weights (or none that can be found): nothing to offer
+            return None
+        if kept.name != ckpt.name:
+            return f"score the weights it kept at its best evaluation ({kept.name}) with --best"
+    return None
 
 
 def _named_checkpoint(run_dir, name: str):

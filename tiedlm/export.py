@@ -99,7 +99,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
     check_outside_runs(out, "--out")  # inside checkpoints/, a resume would delete it
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} exists and is not an empty folder — choose a new folder")
-    rm = load_run_model(run_dir, checkpoint=checkpoint)
+    rm = load_run_model(run_dir, checkpoint=checkpoint, chooser="--checkpoint")
     model = rm.model.eval()
     check_exportable(rm.cfg, model.is_tied)
     out.parent.mkdir(parents=True, exist_ok=True)  # the temporary folder beside it: one rename, no copy

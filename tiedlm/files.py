@@ -164,6 +164,7 @@ def describe_write_failure(exc: BaseException) -> tuple[str, bool]:
 # write and the record still leaves them known as tiedlm's.
 
 WRITTEN = ".tiedlm-written.json"
+WRITTEN_LOCK = ".tiedlm-written.lock"  # held while the record is read and rewritten (_record_lock)
 
 
 def _record(folder: Path) -> dict[str, str | None] | None:
@@ -219,28 +220,63 @@ def check_foreign(folder: Path, names: Iterable[str], option: str, overwrite: bo
 
 
 @contextlib.contextmanager
+def _record_lock(folder: Path) -> Iterator[None]:
+    """An exclusive flock(2) on folder/WRITTEN_LOCK around a read-modify-write of the record, so
+    that two commands writing into one folder at once (two analyses of runs into one --out) do not
+    lose each other's entries. The lock file stays: removing it would let a third process lock a
+    new file while the second still holds the old one."""
+    import fcntl
+
+    fd = os.open(Path(folder) / WRITTEN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _settle(folder: Path, names: list[str]) -> None:
+    """The record of names after writing them: each file that is there with its SHA-256 (whatever
+    the block managed to write is tiedlm's), each name with no file dropped (never written, or
+    removed), so that no name stays recorded as being written."""
+    with _record_lock(folder):
+        record = _record(folder) or {}  # as it is now: another writer may have added to it
+        for n in names:
+            if _is_plain_file(folder / n):
+                record[n] = sha256_file(folder / n)
+            else:
+                record.pop(n, None)
+        _write_record(folder, record)
+
+
+@contextlib.contextmanager
 def recording(folder: Path, names: Iterable[str], option: str, overwrite: bool = False,
               legacy: Callable[[Path], bool] | None = None, known: Iterable[str] = ()) -> Iterator[None]:
     """Write folder/names in the block, recorded as tiedlm's. First check_foreign (nothing is
-    written if it refuses), then record the names as being written, then, after the block, with
-    the SHA-256 of what they hold. `known`: the other names this writer may write there, adopted
-    into a new record when an earlier tiedlm's output of that name is recognised by `legacy`."""
+    written if it refuses), then record the names as being written, then, after the block (also
+    when it fails), with the SHA-256 of what they hold, and without those it left unwritten.
+    `known`: the other names this writer may write there, adopted into a new record when an
+    earlier tiedlm's output of that name is recognised by `legacy`. Only a process killed inside
+    the block leaves names recorded as being written (their files, if any, are then tiedlm's)."""
     folder = Path(folder)
     names = list(dict.fromkeys(names))
     check_foreign(folder, names, option, overwrite, legacy)
-    record = _record(folder)
-    if record is None:  # the first record here: keep what an earlier tiedlm wrote as its own
-        record = {n: sha256_file(folder / n) for n in known if n not in names and _ours(folder / n, None, legacy)}
     folder.mkdir(parents=True, exist_ok=True)
-    _write_record(folder, {**record, **{n: None for n in names}})
-    yield  # a failure leaves the names recorded as being written: whatever is there now is tiedlm's
-    record = _record(folder) or {}  # as it is now: another writer may have added to it
-    for n in names:
-        if _is_plain_file(folder / n):
-            record[n] = sha256_file(folder / n)
-        else:
-            record.pop(n, None)
-    _write_record(folder, record)
+    with _record_lock(folder):
+        record = _record(folder)
+        if record is None:  # the first record here: keep what an earlier tiedlm wrote as its own
+            record = {n: sha256_file(folder / n) for n in known if n not in names and _ours(folder / n, None, legacy)}
+        _write_record(folder, {**record, **{n: None for n in names}})
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        try:
+            _settle(folder, names)
+        except OSError:
+            if not failed:  # a failure of the block itself is the one to report
+                raise
 
 
 def header_recogniser(headers: dict[str, Callable[[bytes], bool]],

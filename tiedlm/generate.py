@@ -141,10 +141,11 @@ def _unknown_note(tok: Any, text: str) -> str | None:
     found = unknown_pieces(tok, text)
     if not found:
         return None
-    what = "characters" if tok.kind == "char" else "words"
+    one = len(found) == 1
+    what = ("character" if tok.kind == "char" else "word") + ("" if one else "s")
     shown = ", ".join(repr(p) for p in found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
-    return (f"the prompt's {what} {shown} {'is' if len(found) == 1 else 'are'} not in the run's vocabulary: "
-            "the model sees <unk> for them")
+    return (f"the prompt's {what} {shown} {'is' if one else 'are'} not in the run's vocabulary: "
+            f"the model sees <unk> for {'it' if one else 'them'}")
 
 
 def sample_run(run_dir: Any, opts: SampleOptions, write: Callable[[str], None], note: Callable[[str], None],

@@ -478,8 +478,9 @@ def read_config(run_dir: Path) -> dict | None:
 
     try:
         data = load_yaml(path.read_text(encoding="utf-8"), str(path))  # duplicate keys and alias bombs refused
-    except ConfigError as exc:
-        raise DamagedRunError(f"{exc} (the run folder is damaged)", "use --overwrite to start afresh",
+    except ConfigError as exc:  # its problem only: the fix load_yaml gives is for a file the user writes
+        problem = str(exc).split(" — ", 1)[0]
+        raise DamagedRunError(f"{problem} (the run folder is damaged)", "use --overwrite to start afresh",
                               "restore it, or retrain the run") from None
     except (yaml.YAMLError, UnicodeDecodeError):
         raise DamagedRunError(f"{path} is not valid YAML (the run folder is damaged)",

@@ -195,7 +195,12 @@ def _slurm(path: Path, data: Any) -> dict[str, str]:
             raise _fail(path, f"slurm: {key} must be one value, got {value!r}")
         if key == "time" and not isinstance(value, str):  # YAML reads 2:00:00 as 7200 (seconds, base 60)
             raise _fail(path, f'slurm: time must be quoted, e.g. time: "02:00:00" (YAML read it as {value!r})')
-    return {k: check_slurm_option(k, v, f"{path}: slurm: {k}") for k, v in data.items()}
+        if _CONTROL.search(str(value)):
+            raise _fail(path, f"slurm: {key} must be one line without control characters, got "
+                              f"{_shown_value(str(value))} — give a value on one line")
+    # Slurm's grammar is checked when a script is emitted (slurm_script), not here: a value this
+    # tiedlm does not know to be Slurm's must not keep the grid from running without Slurm.
+    return {k: str(v) for k, v in data.items()}
 
 
 # Slurm's own grammar for the values tiedlm writes into `#SBATCH --key=value` lines. sbatch reads
@@ -212,11 +217,16 @@ _SLURM_GRAMMAR: dict[str, tuple[re.Pattern, str]] = {
     "time": (re.compile(r"[0-9]+(:[0-5]?[0-9]){0,2}|[0-9]+-([01]?[0-9]|2[0-3])(:[0-5]?[0-9]){0,2}"
                         r"|(?i:unlimited|infinite)"),
              "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED, e.g. 02:00:00"),
-    "gpus_per_task": (re.compile(rf"({_NAME}:)?{_COUNT}"),
-                      "a positive whole number of GPUs, or TYPE:COUNT such as a100:2"),
+    # sbatch --gpus-per-task: [type:]count, or a comma-separated list of them (a100:1,v100:1)
+    "gpus_per_task": (re.compile(rf"({_NAME}:)?{_COUNT}(,({_NAME}:)?{_COUNT})*"),
+                      "a positive whole number of GPUs, TYPE:COUNT such as a100:2, or a comma-separated list of "
+                      "them such as a100:1,v100:1"),
     "cpus_per_task": (re.compile(_COUNT), "a positive whole number of CPUs, e.g. 8"),
-    "mem": (re.compile(r"[0-9]+[KMGTkmgt]?"), "a whole number with an optional K, M, G or T suffix, e.g. 32G"),
+    # sbatch --mem (str_to_mbytes): megabytes, or a K, M, G or T suffix, optionally followed by B
+    "mem": (re.compile(r"[0-9]+([KMGTkmgt][Bb]?)?"),
+            "a whole number with an optional K, M, G or T suffix (optionally followed by B), e.g. 32G or 16GB"),
 }
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a newline would end an #SBATCH line and start a shell one
 assert set(_SLURM_GRAMMAR) == set(SLURM_KEYS)
 # Slurm keeps a time limit in 32-bit minutes (its top values mean "infinite" and "not set"), CPU
 # counts in 16 bits (likewise) and memory in 64-bit megabytes: beyond these a value overflows.
@@ -243,13 +253,22 @@ def _slurm_range(key: str, text: str) -> str | None:
             minutes = parts[0] + (len(parts) == 2 and parts[1] > 0)
         if minutes > SLURM_MINUTES_LIMIT:
             return f"at most {SLURM_MINUTES_LIMIT:,} minutes (Slurm's 32-bit limit; UNLIMITED for none)"
-    if key in ("gpus_per_task", "cpus_per_task") and _int(text.rpartition(":")[2]) > SLURM_COUNT_LIMIT:
+    if key in ("gpus_per_task", "cpus_per_task") and any(_int(each.rpartition(":")[2]) > SLURM_COUNT_LIMIT
+                                                           for each in text.split(",")):
         return f"at most {SLURM_COUNT_LIMIT:,} (Slurm's 16-bit count)"
     if key == "mem":
-        unit = text[-1].lower() if text[-1].isalpha() else ""
-        if _int(text.rstrip("KMGTkmgt")) * _MEM_MB[unit] >= 2**63:
+        number = text.rstrip("Bb")
+        unit = number[-1].lower() if number[-1].isalpha() else ""
+        if _int(number.rstrip("KMGTkmgt")) * _MEM_MB[unit] >= 2**63:
             return "below 2**63 megabytes (Slurm's 64-bit memory size)"
     return None
+
+
+def _shown_value(text: str) -> str:
+    """A value in a message: quoted with its escapes, cut when long, or "an empty value"."""
+    if not text:
+        return "an empty value"
+    return json.dumps(text) if len(text) <= 60 else json.dumps(text[:40])[:-1] + f'..." ({len(text)} characters)'
 
 
 def check_slurm_option(key: str, value: Any, where: str) -> str:
@@ -259,9 +278,7 @@ def check_slurm_option(key: str, value: Any, where: str) -> str:
     pattern, rule = _SLURM_GRAMMAR[key]
     text = str(value)
     if not pattern.fullmatch(text):
-        shown = json.dumps(text) if len(text) <= 60 else json.dumps(text[:40])[:-1] + f'..." ({len(text)} characters)'
-        got = "an empty value" if not text else shown
-        raise ConfigError(f"{where} must be {rule}; got {got} — give a value of that form")
+        raise ConfigError(f"{where} must be {rule}; got {_shown_value(text)} — give a value of that form")
     problem = _slurm_range(key, text)
     if problem is not None:
         shown = text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"

@@ -255,8 +255,8 @@ def backfill(run_dir: Path, left_alone: list[Path] | None = None) -> Path:
         raise NotARunError(f"{run_dir} is not a tiedlm run folder (no report.json or config.yaml) — give the "
                        "folder of a run, such as runs/<name>")
     if not (run_dir / runs.METRICS).is_file():
-        raise RunError(f"{run_dir} has no {runs.METRICS} (the run never logged a step) — train it first, "
-                       "or give another run")
+        raise NotARunError(f"{run_dir} has no {runs.METRICS} (the run never logged a step) — train it first, "
+                           "or give another run")
     try:
         require()
     except ConfigError as exc:

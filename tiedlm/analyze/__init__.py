@@ -63,24 +63,43 @@ def analyze_run(run_dir: str | Path, out: str | Path | None = None, split: str =
     from ..device import cpu_threads
 
     run_dir = Path(run_dir)
-    check_target(run_dir if out is None else Path(out), overwrite, overwrite_option, out is not None)
+    check_target(run_dir if out is None else Path(out), overwrite, overwrite_option, out is not None, run_dir)
     rm = _load(run_dir)
     with cpu_threads(rm.cfg.train.threads):
         return _analyze(rm, run_dir, out, split, sample, seed, max_pairs, pairs, overwrite, overwrite_option)
 
 
 def check_target(target: Path, overwrite: bool = False, overwrite_option: str = "--overwrite",
-                 is_out: bool = True) -> None:
+                 is_out: bool = True, run_dir: Path | None = None) -> None:
     """Refuse, before anything is written, an analysis folder (an --out) inside a run's managed
-    parts, and files there of the analysis' names that tiedlm did not write (the plot of the pair
-    is checked again once the run is known to be untied)."""
+    parts, and files there of the analysis' names that tiedlm did not write: the names of the
+    run's analysis, untied (with the pair-cosine plot) unless its config says tied for good
+    (_may_be_untied). write_analysis checks them again once the weights are read."""
     from ..checkpoints import check_outside_runs
     from ..files import check_foreign
     from .report import LEGACY, analysis_files
 
     if is_out:
         check_outside_runs(target, "--out")
-    check_foreign(target, analysis_files(tied=True), overwrite_option, overwrite, LEGACY)
+    untied = run_dir is not None and _may_be_untied(run_dir)
+    check_foreign(target, analysis_files(tied=not untied), overwrite_option, overwrite, LEGACY)
+
+
+def _may_be_untied(run_dir: Path) -> bool:
+    """Whether the run's config makes two matrices: tie_embeddings false, or an untie_at (which
+    splits the tied matrix part-way, so its latest checkpoint may be either). False when the
+    config cannot be read: such a run is refused when it is loaded, and nothing is written for it."""
+    from .. import runs
+    from ..errors import TiedlmError
+
+    try:
+        config = runs.read_config(Path(run_dir))
+    except (TiedlmError, OSError):
+        return False
+    model = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(model, dict):
+        return False
+    return model.get("tie_embeddings") is False or model.get("untie_at") is not None
 
 
 def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample: int, seed: int, max_pairs: int,

@@ -83,7 +83,10 @@ def matched_contrasts(variants: list[Variant], differing_keys: list[str]) -> lis
             continue
         ref = untied[0]
         for tied in sorted((v for v in members if v.tied), key=lambda v: v.label):
-            flat = flatten(tied.config)
+            # The values from a member run's whole config (as the labels take theirs): a key that is
+            # operational here (eval_every without keep_best) is not in the variant config, yet it
+            # has a value, which the setting shows rather than null.
+            flat = flatten(tied.member_config or tied.config)
             setting = {k: flat.get(k) for k in other}
             tied.vs_baseline = versus(tied, ref, kind="matched")
             out.append(MatchedContrast(

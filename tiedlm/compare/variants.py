@@ -195,6 +195,9 @@ class Variant:
     is_baseline: bool = False
     vs_baseline: Contrast | None = None  # against the baseline, or its matched untied variant
     verdicts: list[str] = field(default_factory=list)  # the verdict, confirmation and seeds-needed sentences
+    # The first run's whole config, keys added since older runs filled in (config.with_added_keys):
+    # the real value of every key, where `config` lacks the operational ones (a matched setting).
+    member_config: dict = field(default_factory=dict)
 
     @property
     def n_seeds(self) -> int:
@@ -411,6 +414,8 @@ def _split_metrics(runs: list[LoadedRun], split: str) -> SplitMetrics:
 
 def aggregate(label: str, runs: list[LoadedRun], key: str = "") -> Variant:
     """The variant of runs (one per seed, in seed order)."""
+    from ..config import with_added_keys
+
     first = runs[0]
     report = first.report
     # a run untied part-way (model.untie_at) ends with both matrices: count what it ends with
@@ -428,7 +433,7 @@ def aggregate(label: str, runs: list[LoadedRun], key: str = "") -> Variant:
         floor=next((r.report.floor for r in runs if isinstance(r.report.floor, dict)), None),
         tokenizer_kind=first.config.get("tokenizer", {}).get("kind"),
         curve=_curve(runs), best_points=_best_points(runs), matrices=_matrices(runs), resolution=resolution(first),
-        key=key or first.config_hash,
+        key=key or first.config_hash, member_config=with_added_keys(first.config),
     )
 
 
