@@ -5,12 +5,17 @@ dimensions, tied and untied; against the machine's own fp32 matmul rate measured
     python scripts/bench.py                  # the README's tables, and bench.json beside this script
     python scripts/bench.py --quick          # tiny shapes, one step each (what the test runs)
     python scripts/bench.py --device cuda --dtype bf16
+    python scripts/bench.py --steps 2 --rounds 3 --no-extra   # the four shapes' tables alone, shorter
+    python scripts/bench.py --chunks      # the fused loss's chunk size, by the training step (base, wide vocab)
 
 Training throughput is a full step (forward, backward, clipping, AdamW) on random tokens after
-warm-up steps. The four models of a shape (tiedlm tied and untied, transformers tied and untied)
-are timed in turn, A B C D A B C D ..., so that the machine's noise falls on all of them alike;
-the tables give the median over rounds and the spread. FLOP/s use tiedlm.counting.flops_per_token
-(the head counted whether tied or not), so tied and untied models of a shape do the same work.
+warm-up steps. The six models of a shape (tiedlm tied and untied with its fused cross-entropy,
+the same with the plain loss - logits and F.cross_entropy, tiedlm.model.lm_loss(fused=False) -
+and transformers tied and untied) are timed in turn, A B C D E F A B ..., so that the machine's
+noise falls on all of them alike; the tables give the median over rounds and the spread.
+Evaluation (evaluate.score_tokens) is timed the same way, fused and plain in turn. FLOP/s use
+tiedlm.counting.flops_per_token (the head counted whether tied or not), so tied and untied models
+of a shape do the same work.
 Peak memory is measured in a fresh process per case (its peak resident set, VmHWM, on a CPU,
 torch.cuda.max_memory_allocated on CUDA).
 """
@@ -102,6 +107,7 @@ def hf_model(shape, tied: bool, device):
 
 
 def step_fn(kind: str, model, opt, x, amp, chunk_bytes: int | None = None):
+    """kind: "tiedlm" (the fused loss), "plain" (tiedlm with the plain loss) or "transformers"."""
     import torch
 
     from tiedlm.model import CHUNK_LOGITS_BYTES, lm_loss
@@ -111,8 +117,8 @@ def step_fn(kind: str, model, opt, x, amp, chunk_bytes: int | None = None):
     params = list(model.parameters())
 
     def step():
-        if kind == "tiedlm":
-            loss = lm_loss(model, x[:, :-1], x[:, 1:], amp, chunk_bytes)
+        if kind in ("tiedlm", "plain"):
+            loss = lm_loss(model, x[:, :-1], x[:, 1:], amp, chunk_bytes, fused=kind == "tiedlm")
         else:
             with amp:
                 logits = model(input_ids=x[:, :-1]).logits
@@ -136,7 +142,7 @@ def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int)
     amp = autocast_ctx(device, dtype)
     x = torch.randint(0, V, (B, T + 1), device=device, generator=None)
     steps_of = {}
-    for kind, build in (("tiedlm", tiedlm_model), ("transformers", hf_model)):
+    for kind, build in (("tiedlm", tiedlm_model), ("plain", tiedlm_model), ("transformers", hf_model)):
         for tied in (True, False):
             built = build(shape, tied, device)
             if built is not None:
@@ -153,25 +159,40 @@ def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int)
                 step()
             sync(device)
             times[key].append(B * T * steps / (time.perf_counter() - t))
-    return {f"{k[0]} {'tied' if k[1] else 'untied'}": v for k, v in times.items()}
+    return {f"{LABELS[k[0]]} {'tied' if k[1] else 'untied'}": v for k, v in times.items()}
 
 
-def eval_rate(shape, device, dtype: str, batches: int) -> float:
-    """tokens/s of tiedlm's evaluation (evaluate.score_tokens: inference mode, batches of windows)."""
+LABELS = {"tiedlm": "tiedlm", "plain": "tiedlm plain loss", "transformers": "transformers"}
+
+
+def eval_rates(shape, device, dtype: str, batches: int, rounds: int) -> dict:
+    """tokens/s of tiedlm's evaluation (evaluate.score_tokens: inference mode, batches of windows),
+    with the fused per-token loss and with the plain one (model.FUSED_LOSS off), in turn."""
     import numpy as np
 
+    import tiedlm.model as gpt
     from tiedlm.device import autocast_ctx
     from tiedlm.evaluate import score_tokens
 
     _, L, H, d, T, B, V = shape
     model, _ = tiedlm_model(shape, True, device)
     tokens = np.random.default_rng(0).integers(0, V, size=T * B * batches + 1)
-    score_tokens(model, tokens[: T * B + 1], T, T, B, device, autocast_ctx(device, dtype))  # warm-up
-    sync(device)
-    t = time.perf_counter()
-    score_tokens(model, tokens, T, T, B, device, autocast_ctx(device, dtype))
-    sync(device)
-    return (len(tokens) - 1) / (time.perf_counter() - t)
+    rates: dict = {"fused": [], "plain": []}
+    default = gpt.FUSED_LOSS
+    try:
+        for r in range(rounds + 1):  # the first round warms up
+            for kind in rates:
+                gpt.FUSED_LOSS = kind == "fused"
+                part = tokens if r else tokens[: T * B + 1]
+                sync(device)
+                t = time.perf_counter()
+                score_tokens(model, part, T, T, B, device, autocast_ctx(device, dtype))
+                sync(device)
+                if r:
+                    rates[kind].append((len(part) - 1) / (time.perf_counter() - t))
+    finally:
+        gpt.FUSED_LOSS = default
+    return rates
 
 
 # ------------------------------------------------------------------------- in a fresh process
@@ -187,7 +208,7 @@ def child_memory(spec: dict) -> None:
     shape = tuple(spec["shape"])
     model, opt = tiedlm_model(shape, spec["tied"], device)
     x = torch.randint(0, shape[6], (shape[5], shape[4] + 1), device=device)
-    step = step_fn("tiedlm", model, opt, x, autocast_ctx(device, spec["dtype"]),
+    step = step_fn(spec.get("loss", "tiedlm"), model, opt, x, autocast_ctx(device, spec["dtype"]),
                    None if spec.get("chunked", True) else 1 << 62)
     for _ in range(2):
         step()
@@ -272,17 +293,25 @@ def run(args) -> dict:
         name, L, H, d, T, B, V = shape
         rates = train_rates(shape, device, dtype, args.steps, args.rounds, args.warmup)
         fpt = flops_per_token(ModelConfig(n_layer=L, n_head=H, n_embd=d, block_size=T), V)["train"]
+        ev = eval_rates(shape, device, dtype, 2 if args.quick else args.eval_batches, args.rounds)
         entry = {"name": name, "shape": list(shape[1:]), "train_flops_per_token": fpt,
                  "train": {k: summary(v) for k, v in rates.items()},
-                 "eval_tokens_per_s": eval_rate(shape, device, dtype, 2 if args.quick else 20)}
+                 "eval_tokens_per_s": statistics.median(ev["fused"]),
+                 "eval_plain_tokens_per_s": statistics.median(ev["plain"])}
+        entry["eval_over_train"] = entry["eval_tokens_per_s"] / entry["train"]["tiedlm tied"]["median"]
+        entry["eval_plain_over_train_plain"] = (entry["eval_plain_tokens_per_s"]
+                                               / entry["train"]["tiedlm plain loss tied"]["median"])
         for tying in ("tied", "untied"):
-            ours, theirs = rates.get(f"tiedlm {tying}"), rates.get(f"transformers {tying}")
-            if ours and theirs:
+            ours, plain, theirs = (rates.get(f"{k} {tying}") for k in ("tiedlm", "tiedlm plain loss", "transformers"))
+            if theirs:
                 entry[f"ratio_{tying}"] = statistics.median(a / b for a, b in zip(ours, theirs))
+                entry[f"ratio_plain_{tying}"] = statistics.median(a / b for a, b in zip(plain, theirs))
+            entry[f"fused_over_plain_{tying}"] = statistics.median(a / b for a, b in zip(ours, plain))
             entry[f"mfu_{tying}"] = statistics.median(ours) * fpt / ceiling
+            entry[f"mfu_plain_{tying}"] = statistics.median(plain) * fpt / ceiling
         result["shapes"].append(entry)
         print_shape(entry)
-    if not args.quick:
+    if not args.quick and not args.no_extra:
         extra(result, device, dtype, args)
     return result
 
@@ -290,12 +319,14 @@ def run(args) -> dict:
 def extra(result: dict, device, dtype: str, args) -> None:
     wide, gpt2 = ("GPT-2 width", 1, 12, 768, 64, 4, 50257), ("GPT-2 vocabulary", 2, 4, 128, 512, 8, 50257)
     mem = {}
-    for label, shape, tied, chunked in (("V=50,257, d=768, 1 layer, B=4, T=64: tied", wide, True, True),
-                                        ("V=50,257, d=768, 1 layer, B=4, T=64: untied", wide, False, True),
-                                        ("V=50,257, d=128, B=8, T=512: plain loss", gpt2, True, False),
-                                        ("V=50,257, d=128, B=8, T=512: chunked loss", gpt2, True, True)):
+    for label, shape, tied, loss, chunked in (
+            ("V=50,257, d=768, 1 layer, B=4, T=64: tied", wide, True, "tiedlm", True),
+            ("V=50,257, d=768, 1 layer, B=4, T=64: untied", wide, False, "tiedlm", True),
+            ("V=50,257, d=128, B=8, T=512: plain loss", gpt2, True, "plain", False),
+            ("V=50,257, d=128, B=8, T=512: plain loss, chunked (checkpointed)", gpt2, True, "plain", True),
+            ("V=50,257, d=128, B=8, T=512: fused loss", gpt2, True, "tiedlm", True)):
         mem[label] = measure_memory({"device": str(device), "dtype": dtype, "shape": list(shape), "tied": tied,
-                                     "chunked": chunked})
+                                     "loss": loss, "chunked": chunked})
     result["peak_memory_bytes"] = mem
     result["cold_seconds"] = {"tiedlm --help": cold_seconds(["--help"], 5),
                               "tiedlm params --config configs/base.yaml": cold_seconds(
@@ -321,16 +352,61 @@ def extra(result: dict, device, dtype: str, args) -> None:
               f"{result['real_train_tokens_per_s']:,.0f} tok/s, {result['real_train_tokens_per_s'] / b:.0%} of the bench")
 
 
+def chunk_sizes(args) -> None:
+    """The fused loss's chunk size by measurement: the training step of the base shape and of the
+    wide vocabulary at several CHUNK_BYTES, timed in turn (medians over rounds)."""
+    import torch
+
+    import tiedlm.loss as loss
+    from tiedlm.device import autocast_ctx, resolve_device, resolve_dtype
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    sizes = [2**19, 2**20, 2**21, 2**22, 2**23, 2**24, 2**26]
+    default, min_rows = loss.CHUNK_BYTES, loss.MIN_ROWS
+    for shape in SHAPES[:2] if not args.quick else QUICK_SHAPES:
+        _, L, H, d, T, B, V = shape
+        x = torch.randint(0, V, (B, T + 1), device=device)
+        step = step_fn("tiedlm", *tiedlm_model(shape, True, device), x, autocast_ctx(device, dtype))
+        times: dict = {s: [] for s in sizes}
+        try:
+            loss.MIN_ROWS = 1  # the bytes alone
+            for r in range(args.rounds + 1):
+                for size in sizes:
+                    loss.CHUNK_BYTES = size
+                    sync(device)
+                    t = time.perf_counter()
+                    for _ in range(args.steps if r else args.warmup):
+                        step()
+                    sync(device)
+                    if r:
+                        times[size].append(B * T * args.steps / (time.perf_counter() - t))
+        finally:
+            loss.CHUNK_BYTES, loss.MIN_ROWS = default, min_rows
+        print(f"\n{shape[0]} (V={V:,}): training tokens/s by the fused loss's chunk (rows = bytes / 4V; the "
+              f"default is {loss.chunk_rows(V)} rows: {default / 2**20:g} MiB and at least {min_rows})")
+        print("| chunk of fp32 logits | rows | tokens/s (median) | min – max |")
+        print("| ---: | ---: | ---: | ---: |")
+        for size, v in times.items():
+            print(f"| {size / 2**20:g} MiB | {loss.chunk_rows(V, size)} | {statistics.median(v):,.0f} | "
+                  f"{min(v):,.0f} – {max(v):,.0f} |")
+
+
 def print_shape(e: dict) -> None:
     L, H, d, T, B, V = e["shape"]
-    print(f"\n{e['name']}: L={L} H={H} d={d} T={T} B={B} V={V:,}; evaluation {e['eval_tokens_per_s']:,.0f} tok/s")
-    print("| implementation | tokens/s (median) | min – max | % of matmul rate | tiedlm / transformers |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print(f"\n{e['name']}: L={L} H={H} d={d} T={T} B={B} V={V:,}; evaluation {e['eval_tokens_per_s']:,.0f} tok/s "
+          f"({e['eval_over_train']:.2f}× training), plain loss {e['eval_plain_tokens_per_s']:,.0f} tok/s "
+          f"({e['eval_plain_over_train_plain']:.2f}× its training)")
+    print("| implementation | tokens/s (median) | min – max | % of matmul rate | tiedlm / transformers "
+          "| fused / plain |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for k, s in e["train"].items():
-        tying = k.split()[-1]
-        ratio = f"{e[f'ratio_{tying}']:.2f}×" if k.startswith("tiedlm") and f"ratio_{tying}" in e else ""
-        mfu = f"{100 * e[f'mfu_{tying}']:.0f}%" if k.startswith("tiedlm") else ""
-        print(f"| {k} | {s['median']:,.0f} | {s['min']:,.0f} – {s['max']:,.0f} | {mfu} | {ratio} |")
+        tying, plain = k.split()[-1], "plain" in k
+        key = f"ratio_plain_{tying}" if plain else f"ratio_{tying}"
+        ratio = f"{e[key]:.2f}×" if k.startswith("tiedlm") and key in e else ""
+        mfu = f"{100 * e[f'mfu_plain_{tying}' if plain else f'mfu_{tying}']:.0f}%" if k.startswith("tiedlm") else ""
+        gain = f"{e[f'fused_over_plain_{tying}']:.2f}×" if k.startswith("tiedlm") and not plain else ""
+        print(f"| {k} | {s['median']:,.0f} | {s['min']:,.0f} – {s['max']:,.0f} | {mfu} | {ratio} | {gain} |")
 
 
 def main() -> None:
@@ -341,7 +417,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="timings of each model, interleaved")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--real-steps", type=int, default=300)
+    ap.add_argument("--eval-batches", type=int, default=20, help="batches per evaluation timing")
     ap.add_argument("--quick", action="store_true", help="tiny shapes, one step: a smoke test")
+    ap.add_argument("--no-extra", action="store_true", help="the shapes' tables only (no memory, cold commands, data)")
+    ap.add_argument("--chunks", action="store_true", help="time the base shape's training step at several chunk "
+                    "sizes of the fused loss (tiedlm.loss.CHUNK_BYTES), in turn, and stop")
     ap.add_argument("--json", type=Path, default=None, help="where to write the results (default: bench.json "
                     "beside this script; --quick writes none unless asked)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -350,6 +430,8 @@ def main() -> None:
         return child_memory(json.loads(args.child))
     if args.quick:
         args.steps, args.rounds, args.warmup = 1, 1, 1
+    if args.chunks:
+        return chunk_sizes(args)
     result = run(args)
     path = args.json or (None if args.quick else Path(__file__).with_name("bench.json"))
     if path:

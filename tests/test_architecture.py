@@ -18,7 +18,7 @@ LAYERS = [
     ["train", "selection", "optim", "step"],
     ["evaluate"],
     ["checkpoints", "figures", "tensorboard", "runs", "process"],
-    ["model", "counting", "distributed", "device"],
+    ["model", "loss", "counting", "distributed", "device"],
     ["data", "corpora"],
     ["naming", "config", "checks"],
     ["files", "formatting", "errors", "geometry"],

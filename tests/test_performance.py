@@ -1,6 +1,7 @@
 """The fast paths compute what the plain ones do (correctness only: timings belong in
-scripts/bench.py): the chunked cross-entropy gives the plain loss and gradients, tied and untied,
-and never holds a whole batch's logits; evaluation in inference mode scores what a plain forward
+scripts/bench.py): the plain path's chunked cross-entropy (lm_loss(fused=False); the fused loss is
+tests/test_fused_loss.py's) gives the plain loss and gradients, tied and untied, and never holds a
+whole batch's logits; evaluation in inference mode scores what a plain forward
 does; the counts need no torch; the bench itself runs (--quick) so that it cannot rot."""
 
 import math
@@ -35,11 +36,11 @@ def grads(model, loss) -> dict:
 @pytest.mark.parametrize("tied", [True, False])
 def test_chunked_cross_entropy_equals_the_plain_loss_and_gradients(tied):
     model, x, y = model_and_batch(tied)
-    plain = lm_loss(model, x, y)  # 64 tokens x 500 x 4 bytes: far below the chunking threshold
+    plain = lm_loss(model, x, y, fused=False)  # 64 tokens x 500 x 4 bytes: far below the chunking threshold
     reference = F.cross_entropy(model(x).view(-1, 500), y.reshape(-1))
     assert plain.item() == reference.item()
     g_plain = grads(model, plain)
-    chunked = lm_loss(model, x, y, chunk_bytes=7 * 500 * 4)  # 7 tokens a chunk: 10 chunks, the last short
+    chunked = lm_loss(model, x, y, chunk_bytes=7 * 500 * 4, fused=False)  # 7 tokens a chunk: 10, the last short
     assert chunked.item() == pytest.approx(plain.item(), rel=1e-6)
     g_chunked = grads(model, chunked)
     assert g_plain.keys() == g_chunked.keys()
@@ -52,7 +53,7 @@ def test_chunked_loss_never_holds_a_whole_batchs_logits():
     rows = []
     handle = model.lm_head.register_forward_hook(lambda m, i, out: rows.append(out.shape[0] if out.dim() == 2
                                                                                 else out.shape[0] * out.shape[1]))
-    lm_loss(model, x, y, chunk_bytes=7 * 500 * 4).backward()  # backward recomputes each chunk's logits
+    lm_loss(model, x, y, chunk_bytes=7 * 500 * 4, fused=False).backward()  # backward recomputes each chunk
     handle.remove()
     assert max(rows) == 7 and sum(rows) == 2 * 64  # forward and the recomputation, 7 tokens at a time
 
@@ -101,7 +102,7 @@ def test_bench_quick_runs_and_reports_every_implementation():
                          text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| tiedlm") or line.startswith("| transf")]
-    want = ["tiedlm tied", "tiedlm untied"]
+    want = ["tiedlm tied", "tiedlm untied", "tiedlm plain loss tied", "tiedlm plain loss untied"]
     try:
         import transformers  # noqa: F401
 

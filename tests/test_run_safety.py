@@ -198,7 +198,7 @@ def test_embeddings_that_cannot_fit_are_refused_after_the_data_before_any_write(
 def test_cpu_allocator_failure_is_the_out_of_memory_line(tiny, tmp_path, monkeypatch):
     from tiedlm.model import GPT
 
-    def oom(self, idx):
+    def oom(self, idx, *args, **kwargs):  # training gives the targets too (the fused loss)
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
                            "you tried to allocate 85899345920 bytes.")
 

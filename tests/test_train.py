@@ -189,14 +189,15 @@ def test_lr_schedule():
 
 
 def _poison_forward(monkeypatch, bad_calls, value=float("nan")):
-    """Make the model's training forward return non-finite logits on the calls in bad_calls."""
+    """Make the model's training forward return a non-finite loss (it is given the targets) on the
+    calls in bad_calls."""
     from tiedlm.model import GPT
 
     real = GPT.forward
     calls = {"n": 0}
 
-    def forward(self, idx):
-        out = real(self, idx)
+    def forward(self, idx, *args, **kwargs):
+        out = real(self, idx, *args, **kwargs)
         if self.training:
             calls["n"] += 1
             if calls["n"] in bad_calls:
@@ -400,7 +401,7 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tiny, tmp_path, mo
 def test_out_of_memory_is_a_one_line_error(tiny, tmp_path, monkeypatch):
     from tiedlm.model import GPT
 
-    def oom(self, idx):
+    def oom(self, idx, *args, **kwargs):  # training gives the targets too (the fused loss)
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     monkeypatch.setattr(GPT, "forward", oom)

@@ -66,6 +66,10 @@ def score_tokens(model, tokens: np.ndarray, block_size: int, stride: int, batch_
     was_training = model.training
     model.eval()
     ctx = autocast if autocast is not None else contextlib.nullcontext()
+    from . import model as gpt
+
+    # a tiedlm GPT (not any module that gives logits) scores by the fused loss unless it is switched off
+    fused = gpt.FUSED_LOSS and hasattr(model, "hidden") and hasattr(model, "lm_head")
     try:
         with torch.inference_mode():
             for length, group in by_len.items():
@@ -75,9 +79,13 @@ def score_tokens(model, tokens: np.ndarray, block_size: int, stride: int, batch_
                     xy = torch.from_numpy(rows).to(device)
                     x, y = xy[:, :-1], xy[:, 1:]  # (b, length)
                     with ctx:
-                        logits = model(x)
-                    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1),
-                                           reduction="none").view(len(chunk), length)
+                        if fused:  # the loss by chunks of logits (loss.token_losses): the same per-token values
+                            loss = model(x, y, reduction="none")
+                        else:
+                            logits = model(x)
+                    if not fused:
+                        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1),
+                                               reduction="none").view(len(chunk), length)
                     loss = loss.double().cpu().numpy()
                     for row, (start, first) in zip(loss, chunk):
                         # target index t in the window is split position start+1+t

@@ -132,9 +132,22 @@ class GPT(nn.Module):
 
     # ---------------------------------------------------------------- forward
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx (B, T) token ids -> logits (B, T, V)."""
-        return self.lm_head(self.hidden(idx))  # (B, T, V)
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                reduction: str = "mean") -> torch.Tensor:
+        """idx (B, T) token ids -> logits (B, T, V); given targets (B, T), the cross-entropy instead,
+        by the fused loss (loss.py: the logits never whole): the mean (reduction="mean"), or each
+        token's (reduction="none", (B, T), no gradient: evaluation)."""
+        h = self.hidden(idx)
+        if targets is None:
+            return self.lm_head(h)  # (B, T, V)
+        from .loss import cross_entropy, token_losses
+
+        h2, t = h.reshape(-1, h.size(-1)), targets.reshape(-1)
+        if reduction == "none":
+            return token_losses(h2, self.lm_head.weight, self.lm_head.bias, t).view(targets.shape)
+        if reduction != "mean":
+            raise ValueError(f"reduction must be 'mean' or 'none', not {reduction!r}")
+        return cross_entropy(h2, self.lm_head.weight, self.lm_head.bias, t)
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         """idx (B, T) token ids -> the final LayerNorm's output (B, T, C), what the head reads."""
@@ -153,20 +166,32 @@ class GPT(nn.Module):
 
 # -------------------------------------------------------------------- the loss
 
-CHUNK_LOGITS_BYTES = 256 * 2**20  # above this, a batch's fp32 logits are never held whole
+FUSED_LOSS = True  # lm_loss's default: the fused cross-entropy (loss.py); False: the plain path below
+CHUNK_LOGITS_BYTES = 256 * 2**20  # plain path: above this, a batch's fp32 logits are never held whole
 
 
-def lm_loss(model, x: torch.Tensor, y: torch.Tensor, amp=None, chunk_bytes: int = CHUNK_LOGITS_BYTES) -> torch.Tensor:
-    """Mean next-token cross-entropy of a batch. When its fp32 logits would exceed chunk_bytes
-    (GPT-2's 50,257 tokens at block 1024: 206 MB per sequence, and as much again for their
-    gradient), the head and the loss run over chunks of tokens under activation checkpointing:
-    no more than one chunk's logits exist at a time, forward or backward, for one extra head
-    matmul in the backward pass. The sum of the chunks' losses equals the whole batch's loss."""
+def lm_loss(model, x: torch.Tensor, y: torch.Tensor, amp=None, chunk_bytes: int = CHUNK_LOGITS_BYTES,
+            fused: bool | None = None) -> torch.Tensor:
+    """Mean next-token cross-entropy of a batch.
+
+    fused (default FUSED_LOSS, on): the model's forward with the targets, whose loss (loss.py)
+    takes the head and the cross-entropy over chunks of a few MB of logits and computes the
+    gradients as it goes; the logits are never whole and their gradient never a separate buffer.
+    It goes through the wrapper, so it is the same under DistributedDataParallel.
+
+    fused=False, the plain path: the logits and F.cross_entropy; when a batch's fp32 logits would
+    exceed chunk_bytes (GPT-2's 50,257 tokens at block 1024: 206 MB per sequence, and as much again
+    for their gradient), the head and the loss run over chunks of tokens under activation
+    checkpointing: no more than one chunk's logits exist at a time, forward or backward, for one
+    extra head matmul in the backward pass. The sum of the chunks' losses equals the whole batch's."""
     import contextlib
 
     from torch.utils.checkpoint import checkpoint
 
     amp = amp if amp is not None else contextlib.nullcontext()
+    if FUSED_LOSS if fused is None else fused:
+        with amp:
+            return model(x, y)
     V, n = getattr(model, "module", model).vocab_size, y.numel()
     # Under DistributedDataParallel the forward must go through the wrapper (its gradient hooks are
     # prepared there), so the head is not called chunk by chunk: the whole loss, as usual.
