@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tiedlm"
 LAYERS = [
     ["cli"],
     ["compare", "sweep", "tuning", "params"],
-    ["analyze", "export", "generate", "jobs"],
+    ["analyze", "export", "generate", "jobs", "parallel"],
     ["train", "selection", "optim", "step"],
     ["evaluate"],
     ["checkpoints", "figures", "tensorboard", "runs", "process"],

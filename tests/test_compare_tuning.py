@@ -213,3 +213,14 @@ def test_when_every_variant_chooses_the_configs_own_value_the_report_says_so(tmp
     c = run(tmp_path, stand_in, ["train.lr=1e-3,3e-3,1e-2"])
     assert chosen(c) == {"tied": 3e-3, "untied": 3e-3}
     assert "Every variant chose the config's own lr=0.003" in C.format_terminal_table(c)
+
+
+def test_the_shared_value_verdict_pairs_the_seeds_both_variants_have_there(tmp_path, stand_in):
+    # untied chooses 3e-3 (the config's own value) and trains seeds 0-2 there; tied chose 1e-3 and has
+    # only its tuning seed at 3e-3: the shared verdict is on seed 0 alone, paired
+    c = run(tmp_path, stand_in, ["train.lr=1e-3,3e-3,1e-2"], seeds=3)
+    shared = c.tuning.shared
+    assert shared["seeds"] == [0]
+    expect = (val_ppl(True, 3e-3, 0) + 1.0) / (val_ppl(False, 3e-3, 0) + 1.0) - 1
+    assert shared["relative"] == pytest.approx(expect)
+    assert "(seed 0 only: no interval)" in C.format_terminal_table(c)

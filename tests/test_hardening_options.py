@@ -74,8 +74,13 @@ COMMANDS = {
                 "--num-samples", "--device"]),
     "tensorboard": (["tensorboard", "{run}"], ["RUN"]),
     "compare": (["compare", "{run}", "--out", "{tmp}/cmp"], ["RUN", "--baseline", "--primary", "--select", "--out"]),
-    "compare-config": (["compare", "--config", "{cfg}", "--out", "{tmp}/runs", "-q"], ["--config", "--set", "--seeds", "--match", "--tune"]),
-    "sweep": (["sweep", "{grid}", "--emit", "slurm"], ["GRID", "--emit", "--partition", "--time", "--gpus-per-task"]),
+    "compare-config": (["compare", "--config", "{cfg}", "--out", "{tmp}/runs", "-q"],
+                       ["--config", "--set", "--seeds", "--match", "--tune", "--max-seeds", "--min-effect", "--jobs"]),
+    # --max-seeds and --min-effect above are refused without --seeds auto; here their ranges are
+    "compare-auto": (["compare", "--config", "{cfg}", "--seeds", "auto", "--out", "{tmp}/runs", "-q"],
+                     ["--max-seeds", "--min-effect"]),
+    "sweep": (["sweep", "{grid}", "--emit", "slurm"],
+              ["GRID", "--emit", "--partition", "--time", "--gpus-per-task", "--jobs"]),
 }
 
 

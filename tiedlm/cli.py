@@ -448,6 +448,18 @@ def cache_clear() -> None:
     run_command(go)
 
 
+def _seeds_option(value: str | None) -> int | str | None:
+    """compare --seeds: a whole number, or auto (the sequential design)."""
+    if value is None:
+        return None
+    if value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ConfigError(f"--seeds must be a whole number or auto, got {value!r}") from None
+
+
 @app.command()
 def compare(
     runs_: Optional[List[str]] = typer.Argument(None, metavar="[RUN_DIR|GLOB]...",
@@ -455,7 +467,14 @@ def compare(
     config: Optional[Path] = typer.Option(None, "--config", "-c",
                                           help="Train the tied and untied variants of this config first."),
     set_: Optional[List[str]] = SetOpt,
-    seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds per variant with --config (default 1)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Seeds per variant with --config (default 1), or "
+                                        "'auto': from 3, one more while the verdict is undecided (a sequential "
+                                        "design that keeps false positives at 5%)."),
+    max_seeds: Optional[int] = typer.Option(None, "--max-seeds", help="With --seeds auto: at most this many seeds "
+                                            "per variant (default 10)."),
+    min_effect: Optional[float] = typer.Option(None, "--min-effect", help="With --seeds auto: stop once effects "
+                                               "this large are detectable (80% power), as a fraction (default "
+                                               "0.02: 2%)."),
     match: Optional[str] = typer.Option(None, "--match", help="'params': add a tied variant with extra layers "
                                         "matching the untied parameter count."),
     tune: Optional[List[str]] = typer.Option(None, "--tune", help="With --config: tune each variant on validation "
@@ -479,6 +498,7 @@ def compare(
                                  "analyze) and add what they show to the report."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Write TensorBoard event files (tb/) for the "
                                      "compared runs, from their metrics."),
+    jobs: Optional[str] = typer.Option(None, "--jobs", "-j", help="Runs trained at once (own processes), or auto."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Compare finished runs (tied vs untied), across seeds, with intervals and plots."""
@@ -498,23 +518,29 @@ def compare(
             raise ConfigError(f"--match {match!r} is not known — the one choice is --match params")
         if config is None:
             given = [opt for opt, value in (("--set", set_), ("--seeds", seeds is not None), ("--match", match),
-                                            ("--overwrite", overwrite), ("--tune", tune)) if value]
+                                            ("--overwrite", overwrite), ("--tune", tune),
+                                            ("--max-seeds", max_seeds is not None), ("--jobs", jobs is not None),
+                                            ("--min-effect", min_effect is not None)) if value]
             if given:
                 one = len(given) == 1
                 raise ConfigError(f"{', '.join(given)} only {'applies' if one else 'apply'} with --config, which "
                                   f"names the runs to train — add --config FILE or drop {'it' if one else 'them'}")
         elif runs_:
             raise ConfigError("give either --config or run folders, not both — drop one of them")
-        if seeds is not None:
-            check_positive(seeds, "--seeds")
-            check_at_most(seeds, SEEDS_LIMIT, "--seeds", "each seed trains every variant once more")
+        n_seeds = _seeds_option(seeds)
+        if isinstance(n_seeds, int):
+            check_positive(n_seeds, "--seeds")
+            check_at_most(n_seeds, SEEDS_LIMIT, "--seeds", "each seed trains every variant once more")
+        from .compare.sequential import check_auto
+
+        check_auto(n_seeds or 1, max_seeds, min_effect, match)  # --max-seeds, --min-effect: with auto, in range
         from .compare import compare_config, compare_runs, format_terminal_table
 
         if config is not None:
-            result = compare_config(config, set_ or [], seeds=seeds or 1, match=match, runs_dir=out,
+            result = compare_config(config, set_ or [], seeds=n_seeds or 1, match=match, runs_dir=out,
                                     baseline=baseline, progress=not quiet, overwrite=overwrite, primary=primary,
                                     select=select, analyze=analyze, overwrite_output=overwrite_output,
-                                    tune=tune)
+                                    tune=tune, max_seeds=max_seeds, min_effect=min_effect, jobs=jobs)
         else:
             result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select,
                                   analyze=analyze, overwrite_output=overwrite_output)
@@ -544,24 +570,20 @@ def sweep(
     partition: Optional[str] = typer.Option(None, "--partition", help="--emit slurm: the partition."),
     time_: Optional[str] = typer.Option(None, "--time", help="--emit slurm: each task's time limit."),
     gpus_per_task: Optional[str] = typer.Option(None, "--gpus-per-task", help="--emit slurm: GPUs per task."),
+    jobs: Optional[str] = typer.Option(None, "--jobs", "-j", help="Runs trained at once (own processes), or auto."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Run a grid of overrides x seeds one after another (finished runs are skipped), or emit it."""
 
     def go():
-        from .sweep import format_sweep_summary, load_grid, run_sweep, slurm_script
+        from .sweep import check_options, format_sweep_summary, load_grid, run_sweep, slurm_script
 
-        if emit not in (None, "shell", "slurm"):
-            raise ConfigError(f"--emit {emit!r} is not known — choose shell or slurm")
-        given = [o for o, v in (("--partition", partition), ("--time", time_), ("--gpus-per-task", gpus_per_task))
-                 if v is not None]  # an empty value is given too (and refused by slurm_script's checks)
-        if given and emit != "slurm":
-            raise ConfigError(f"{given[0]} only applies with --emit slurm — add it or drop {given[0]}")
+        options = {"partition": partition, "time": time_, "gpus_per_task": gpus_per_task}
+        n_jobs = check_options(emit, options, jobs, dry_run)  # one line and exit 2 for a refused one
         if emit == "slurm":
-            options = {"partition": partition, "time": time_, "gpus_per_task": gpus_per_task}
             typer.echo(slurm_script(load_grid(grid), options), nl=False)
             return
-        summary = run_sweep(load_grid(grid), dry_run=dry_run or emit == "shell", progress=not quiet)
+        summary = run_sweep(load_grid(grid), dry_run=dry_run or emit == "shell", progress=not quiet, jobs=n_jobs)
         if not summary.dry_run:
             typer.echo(format_sweep_summary(summary))
         if summary.failed:

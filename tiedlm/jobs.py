@@ -1,4 +1,5 @@
-"""Many runs, one after another: what `tiedlm compare --config` and `tiedlm sweep` train."""
+"""Many runs, one after another or several at once (parallel.py): what `tiedlm compare --config`
+and `tiedlm sweep` train."""
 
 from __future__ import annotations
 
@@ -34,13 +35,23 @@ def run_is_finished(run_dir: Path, cfg: Config) -> bool:
 
 
 def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
-               overwrite_other_config: bool = False, train: Callable[..., Path] = train_run) -> list[JobResult]:
+               overwrite_other_config: bool = False, train: Callable[..., Path] = train_run,
+               parallel: int | str = 1) -> list[JobResult]:
     """Train (name, config) jobs one after another into `out`, as `tiedlm compare --config` and
     `tiedlm sweep` do: finished runs are skipped, a failure is noted and passed over (always shown,
     --quiet or not), an interrupt stops everything (the run resumes when the command is re-run).
     With overwrite_other_config, a folder holding another config is retrained instead of refused;
     an unfinished run of the same config is still resumed, never thrown away. `train` trains one
-    job (train_run's signature); tests pass a fake."""
+    job (train_run's signature); tests pass a fake. `parallel` (--jobs: a number or "auto"): with
+    more than one process for the runs to train, each trains in a process of its own (parallel.py;
+    with train_run only, a fake trains in turn)."""
+    if parallel != 1 and train is train_run:
+        from .parallel import resolve_workers
+
+        pending = [cfg for name, cfg in jobs if not run_is_finished(Path(out) / name, cfg)]
+        workers = resolve_workers(parallel, pending)
+        if workers > 1:
+            return _train_parallel(jobs, out, progress, overwrite_other_config, workers)
     results = []
     for i, (name, cfg) in enumerate(jobs, 1):
         tag = f"[{i}/{len(jobs)}] {name}"
@@ -71,3 +82,38 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
         if results[-1].status == "failed":
             log(f"{tag} failed: {results[-1].error}")
     return results
+
+
+def _train_parallel(jobs: list[tuple[str, Config]], out: Path, progress: bool, overwrite_other_config: bool,
+                    workers: int) -> list[JobResult]:
+    """train_jobs with `workers` processes: the same skips, refusals and results, in the same order."""
+    from .config import to_dict
+    from .parallel import train_parallel
+
+    results: dict[str, JobResult] = {}
+    todo = []
+    for i, (name, cfg) in enumerate(jobs, 1):
+        run_dir = runs.run_dir_for(Path(out), name)
+        if run_is_finished(run_dir, cfg):
+            results[name] = JobResult(name, "skipped")
+            if progress:
+                log(f"[{i}/{len(jobs)}] {name}: finished already, skipped")
+            continue
+        overwrite = False
+        try:
+            runs.existing_state(run_dir, to_dict(cfg))
+        except ConfigMismatchError as exc:
+            if not overwrite_other_config:
+                results[name] = JobResult(name, "failed", str(exc))
+                log(f"[{i}/{len(jobs)}] {name} failed: {exc}")
+                continue
+            overwrite = True
+            if progress:
+                log(f"[{i}/{len(jobs)}] {name}: holds another config, retraining (--overwrite)")
+        except TiedlmError:
+            pass  # the child meets it again and says it
+        todo.append((name, cfg, overwrite))
+    outcome = train_parallel(todo, Path(out), workers, progress, total=len(jobs), done_before=len(results))
+    for name, error in outcome.items():
+        results[name] = JobResult(name, "finished") if error is None else JobResult(name, "failed", error)
+    return [results[name] for name, _ in jobs if name in results]

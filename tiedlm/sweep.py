@@ -370,14 +370,18 @@ class SweepSummary:
 
 
 def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: TextIO | None = None,
-              train: Callable[..., Any] | None = None) -> SweepSummary:
+              train: Callable[..., Any] | None = None, jobs: int | str = 1) -> SweepSummary:
     """Run every point of the grid one after another (finished runs skipped, failures noted and
     passed over), or with dry_run print the commands, one per line, shell-quoted. `train` trains
-    one run (train.train_run, the default, or a stand-in with its signature)."""
+    one run (train.train_run, the default, or a stand-in with its signature). `jobs` (--jobs): train
+    that many runs at once, each in its own process, or "auto" (parallel.py); 1: one after another."""
+    from .parallel import parse_jobs
+
+    jobs = parse_jobs(jobs)
     if grid.tune is not None:
         if dry_run:
             raise _tuned_cannot_list(grid)
-        return _run_tuned(grid, progress, train)
+        return _run_tuned(grid, progress, train, jobs)
     runs = expand(grid)
     summary = SweepSummary(dry_run=dry_run, out=str(grid.out), total=len(runs))
     if dry_run:
@@ -388,10 +392,26 @@ def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: 
     from .jobs import train_jobs
     from .train import train_run
 
-    results = train_jobs([(r.name, r.cfg) for r in runs], grid.out, progress, train=train or train_run)
+    results = train_jobs([(r.name, r.cfg) for r in runs], grid.out, progress, train=train or train_run, parallel=jobs)
     summary.runs = [SweepEntry(name=res.name, status=res.status, error=res.error, seed=run.seed, point=run.point,
                                path=str(grid.out / run.name)) for run, res in zip(runs, results)]
     return summary
+
+
+def check_options(emit: str | None, slurm: dict, jobs: str | None, dry_run: bool) -> int | str:
+    """The options of `tiedlm sweep`: --emit known, the --emit slurm ones only with it, --jobs (a
+    number or auto, parallel.parse_jobs) only when the sweep trains. Returns --jobs' value."""
+    from .parallel import parse_jobs
+
+    if emit not in (None, "shell", "slurm"):
+        raise ConfigError(f"--emit {emit!r} is not known — choose shell or slurm")
+    given = ["--" + k.replace("_", "-") for k, v in slurm.items() if v is not None]  # an empty value is given too
+    if given and emit != "slurm":  # (and refused by slurm_script's checks)
+        raise ConfigError(f"{given[0]} only applies with --emit slurm — add it or drop {given[0]}")
+    n = parse_jobs(jobs)
+    if jobs is not None and (dry_run or emit is not None):
+        raise ConfigError("--jobs only applies when the sweep trains its runs — drop --jobs, or --dry-run/--emit")
+    return n
 
 
 def _tuned_cannot_list(grid: Grid) -> ConfigError:
@@ -399,7 +419,7 @@ def _tuned_cannot_list(grid: Grid) -> ConfigError:
                        "advance — run it with tiedlm sweep GRID, or drop the tune: block to emit the grid")
 
 
-def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None) -> SweepSummary:
+def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, jobs: int | str = 1) -> SweepSummary:
     """Each grid point a variant of its own tuning (tuning.run_tuning on the tuning seeds), then
     every seed at each point's chosen values."""
     from .config import load_config
@@ -422,9 +442,9 @@ def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None) -> 
         except ConfigError as exc:
             raise ConfigError(f"{grid.path}: {suffix}: {exc}") from None
 
-    def train_all(jobs: list) -> None:
-        unique = list({name: (name, cfg) for name, cfg in jobs}.values())
-        for res in train_jobs(unique, grid.out, progress, train=train or train_run):
+    def train_all(todo: list) -> None:
+        unique = list({name: (name, cfg) for name, cfg in todo}.values())
+        for res in train_jobs(unique, grid.out, progress, train=train or train_run, parallel=jobs):
             results[res.name] = res
 
     selection = "kept best weights" if base.train.keep_best else "final weights"

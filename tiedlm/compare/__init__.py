@@ -128,7 +128,7 @@ def check_outputs(out: Path, run_dirs: Iterable[Path] = (), analyze: bool = Fals
 def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline: str | None, runs_dir: Path,
              match: ParamMatch | None = None, failed: dict[str, str] | None = None,
              primary: str | None = None, select: str | None = None, analyze: bool = False,
-             overwrite_output: bool = False, tuning: Any = None) -> Comparison:
+             overwrite_output: bool = False, tuning: Any = None, sequential: Any = None) -> Comparison:
     runs, skipped = load_runs(run_dirs, left_out, failed)
     check_outputs(Path(out), [Path(r.path) for r in runs], analyze, overwrite_output)  # before the first write
     if analyze:
@@ -145,6 +145,8 @@ def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline:
     c.notes += overtrained_notes(runs, select) + [r.analysis_note for r in runs if r.analysis_note]
     for v in c.variants:
         v.verdicts = verdicts_for(v, c)
+    if sequential is not None:  # --seeds auto: the primary contrast judged at the design's adjusted level
+        sequential.apply(c)
     write_outputs(c, Path(out), overwrite_output)
     return c
 
@@ -214,12 +216,13 @@ def _tuned_keys(tuning: Any) -> list[str]:
     return [*tuning.keys, "train.min_lr", "train.min_lr_ratio"]
 
 
-def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, seeds: int = 1,
+def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, seeds: int | str = 1,
                    match: str | None = None, runs_dir: Path = Path("runs"), baseline: str | None = None,
                    progress: bool = True, out: Path | None = None, overwrite: bool = False,
                    train: Callable[..., Any] | None = None, primary: str | None = None,
                    select: str | None = None, analyze: bool = False, overwrite_output: bool = False,
-                   tune: list[str] | None = None) -> Comparison:
+                   tune: list[str] | None = None, max_seeds: int | None = None,
+                   min_effect: float | None = None, jobs: int | str | None = 1) -> Comparison:
     """Train the tied and untied variants of a config (seeds cfg.seed .. cfg.seed+seeds-1; finished
     runs are reused) and compare exactly those runs. match="params" adds a tied variant with extra
     layers whose total is as close as possible to the untied one's. Training failures do not stop
@@ -228,19 +231,29 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
     `overwrite` retrains runs whose folders hold another config; `overwrite_output` replaces files
     of the outputs' names that tiedlm did not write (check_outputs, before anything is trained).
     `tune` (`--tune KEY=V1,V2,...`, over the config's tune: block) tunes each variant on validation
-    first and compares each at its own chosen value, on test (tuning.py)."""
+    first and compares each at its own chosen value, on test (tuning.py). `seeds="auto"` adds seeds
+    only while the verdict is undecided (sequential.py: from 3 per variant up to `max_seeds`,
+    stopping for efficacy at the design's adjusted level, or for futility once the smallest
+    detectable effect is below `min_effect`); with tuning, for the seeds at the chosen values.
+    `jobs` (--jobs): train that many runs at once, each in its own process, or "auto" (parallel.py);
+    1 trains them one after another in this process."""
     from ..config import load_config
     from ..runs import run_dir_for
     from ..tuning import read_tune_block, spec_from_options
+    from .sequential import check_auto
 
+    auto = check_auto(seeds, max_seeds, min_effect, match)  # (max_seeds, min_effect)
+    from ..parallel import parse_jobs
+
+    jobs = parse_jobs(jobs)
     spec = spec_from_options(list(tune or []), read_tune_block(cfg_path))
     if spec is not None:
         return _compare_tuned(spec, cfg_path, list(overrides or []), seeds, match, Path(runs_dir), baseline,
-                              progress, out, overwrite, train, primary, select, analyze, overwrite_output)
+                              progress, out, overwrite, train, primary, select, analyze, overwrite_output, auto, jobs)
 
     if match not in (None, "params"):
         raise ConfigError(f"--match {match!r} is not supported — the only option is --match params")
-    if seeds < 1:
+    if seeds != "auto" and seeds < 1:
         raise ConfigError(f"--seeds must be at least 1, got {seeds}")
     _check_options(primary, select)
     overrides = list(overrides or [])
@@ -250,18 +263,32 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
     untie = ["model.untie_at=null"] if base.model.untie_at is not None else []
     variants, matched = _variants(cfg_path, overrides, match, untie)
     prefix = base.name + override_tag(overrides)
-    jobs = [(f"{prefix}-{tag}-s{seed}", load_config(cfg_path, overrides + extra, seed=seed))
-            for tag, extra in variants for seed in range(base.seed, base.seed + seeds)]
     from ..jobs import train_jobs
+    from ..process import log
     from ..train import train_run
+    from .sequential import contrast_of, settle_seeds
 
     out = Path(out) if out is not None else runs_dir / COMPARE_DIR
-    run_dirs = [run_dir_for(runs_dir, name) for name, _ in jobs]
-    check_outputs(out, [d for d in run_dirs if d.is_dir()], analyze, overwrite_output)  # refused: nothing trained
-    results = train_jobs(jobs, runs_dir, progress, overwrite_other_config=overwrite, train=train or train_run)
-    failures = {r.name: r.error for r in results if r.status == "failed"}
-    c = _compare(run_dirs, [], out, baseline, runs_dir, match=matched, failed=failures, primary=primary,
-                 select=select, analyze=analyze, overwrite_output=overwrite_output)
+    failures: dict[str, str] = {}
+
+    def run_dirs(stop: int, first: int = 0) -> list[Path]:  # seed indices first .. stop - 1 of every variant
+        return [run_dir_for(runs_dir, f"{prefix}-{tag}-s{seed}") for tag, _ in variants
+                for seed in range(base.seed + first, base.seed + stop)]
+
+    def train_seeds(first: int, stop: int) -> bool:
+        todo = [(f"{prefix}-{tag}-s{seed}", load_config(cfg_path, overrides + extra, seed=seed))
+                for tag, extra in variants for seed in range(base.seed + first, base.seed + stop)]
+        new = run_dirs(stop, first)
+        check_outputs(out, [d for d in new if d.is_dir()], analyze, overwrite_output)  # refused: nothing trained
+        results = train_jobs(todo, runs_dir, progress, overwrite_other_config=overwrite, train=train or train_run,
+                             parallel=jobs)
+        failures.update({r.name: r.error for r in results if r.status == "failed"})
+        return all(r.status != "failed" for r in results)
+
+    seeds, sequential = settle_seeds(seeds, *auto, train_seeds, lambda n: contrast_of(
+        run_dirs(n), failures, baseline, primary, select), log if progress else None)
+    c = _compare(run_dirs(seeds), [], out, baseline, runs_dir, match=matched, failed=failures, primary=primary,
+                 select=select, analyze=analyze, overwrite_output=overwrite_output, sequential=sequential)
     c.train_failures = [TrainFailure(n, e) for n, e in failures.items()]
     return c
 
@@ -269,9 +296,10 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
 def _compare_tuned(spec: Any, cfg_path: str | Path, overrides: list[str], seeds: int, match: str | None,
                    runs_dir: Path, baseline: str | None, progress: bool, out: Path | None, overwrite: bool,
                    train: Callable[..., Any] | None, primary: str | None, select: str | None, analyze: bool,
-                   overwrite_output: bool) -> Comparison:
+                   overwrite_output: bool, auto: tuple[int, float] = (10, 0.02), jobs: int | str = 1) -> Comparison:
     """compare_config with tuning: every variant's grid on the tuning seeds, each variant's point
-    chosen on validation, every seed at the chosen points, the verdict on test."""
+    chosen on validation, every seed at the chosen points, the verdict on test. With seeds="auto"
+    the seeds at the chosen points are added by the sequential design (`auto`: max_seeds, min_effect)."""
     from ..config import load_config
     from ..errors import RunError
     from ..jobs import train_jobs
@@ -286,7 +314,7 @@ def _compare_tuned(spec: Any, cfg_path: str | Path, overrides: list[str], seeds:
     if primary == "validation":
         raise ConfigError("with tuning, validation chose each variant's value, so the verdict is on test — drop "
                           "--primary validation")
-    if seeds < 1:
+    if seeds != "auto" and seeds < 1:
         raise ConfigError(f"--seeds must be at least 1, got {seeds}")
     _check_options(primary, select)
     base = load_config(cfg_path, overrides)
@@ -299,9 +327,10 @@ def _compare_tuned(spec: Any, cfg_path: str | Path, overrides: list[str], seeds:
     def make_job(suffix: str, extra: list[str], seed: int):
         return sanitize(f"{prefix}-{suffix}-s{seed}"), load_config(cfg_path, overrides + extra, seed=seed)
 
-    def train_all(jobs: list) -> None:
-        unique = list({name: (name, cfg) for name, cfg in jobs}.values())
-        results = train_jobs(unique, runs_dir, progress, overwrite_other_config=overwrite, train=train or train_run)
+    def train_all(todo: list) -> None:
+        unique = list({name: (name, cfg) for name, cfg in todo}.values())
+        results = train_jobs(unique, runs_dir, progress, overwrite_other_config=overwrite, train=train or train_run,
+                             parallel=jobs)
         failures.update({r.name: r.error for r in results if r.status == "failed"})
 
     check_outputs(out, [], analyze, overwrite_output)  # refused: nothing trained
@@ -311,24 +340,39 @@ def _compare_tuned(spec: Any, cfg_path: str | Path, overrides: list[str], seeds:
     if missing:
         raise RunError(f"no point of {', '.join(missing)}'s tuning grid finished training — see the reasons above, "
                        "fix them and run the same command again")
-    all_seeds = range(base.seed, base.seed + seeds)
     short = short_keys(tuning.keys)
 
-    def at(v: Any, point: dict) -> list:
+    def at(v: Any, point: dict, stop: int, first: int = 0) -> list:  # seed indices first .. stop - 1
         label = sanitize(point_label(point, short))
         return [make_job(f"{v.tag}-{label}", v.overrides + point_overrides(point, tuning.schedule), s)
-                for s in all_seeds]
+                for s in range(base.seed + first, base.seed + stop)]
 
-    chosen = [job for v in tuning.variants for job in at(v, v.chosen.point)]
     shared = shared_point(tuning, base)
-    shared_jobs = [job for v in tuning.variants for job in at(v, shared)] if shared is not None else []
-    train_all(chosen + (shared_jobs if tuning.spec.shared_seeds else []))
+
+    def train_seeds(first: int, stop: int) -> bool:
+        before = len(failures)
+        todo = [job for v in tuning.variants for job in at(v, v.chosen.point, stop, first)]
+        if shared is not None and tuning.spec.shared_seeds:
+            todo += [job for v in tuning.variants for job in at(v, shared, stop, first)]
+        train_all(todo)
+        return len(failures) == before
+
+    def chosen_dirs(n: int) -> list[Path]:
+        return [run_dir_for(runs_dir, name) for v in tuning.variants for name, _ in at(v, v.chosen.point, n)]
+
+    from ..process import log
+    from .sequential import contrast_of, settle_seeds
+
+    seeds, sequential = settle_seeds(seeds, *auto, train_seeds, lambda n: contrast_of(
+        chosen_dirs(n), failures, baseline, primary or "test", select, _tuned_keys(tuning)), log if progress else None)
+    chosen = [job for v in tuning.variants for job in at(v, v.chosen.point, seeds)]
+    shared_jobs = [job for v in tuning.variants for job in at(v, shared, seeds)] if shared is not None else []
     if shared is not None:
         tuning.shared = _shared_verdict(tuning, shared, [run_dir_for(runs_dir, n) for n, _ in shared_jobs],
                                         failures, select, primary or "test", out)
     c = _compare([run_dir_for(runs_dir, n) for n, _ in chosen], [], out, baseline, runs_dir, failed=failures,
                  primary=primary or "test", select=select, analyze=analyze, overwrite_output=overwrite_output,
-                 tuning=tuning)
+                 tuning=tuning, sequential=sequential)
     c.train_failures = [TrainFailure(n, e) for n, e in failures.items()]
     return c
 
@@ -340,6 +384,13 @@ def _shared_verdict(tuning: Any, point: dict, run_dirs: list[Path], failures: di
     from ..tuning import point_label, short_keys
 
     runs, _ = load_runs([d for d in run_dirs if d.is_dir()], [], failures)
+    # the seeds every variant has there (a variant that chose this point has all of its seeds here,
+    # the other only its tuning seeds): paired by seed, as the tuned verdict is
+    by_variant: dict[Any, set[int]] = {}
+    for r in runs:
+        by_variant.setdefault(bool(r.config.get("model", {}).get("tie_embeddings")), set()).add(r.seed)
+    shared = set.intersection(*by_variant.values()) if len(by_variant) > 1 else set()
+    runs = [r for r in runs if r.seed in shared]
     if not runs:
         return None
     runs, _, _, _, primary = choose_weights(runs, select, primary)

@@ -120,6 +120,7 @@ class Comparison:
     select_reason: str = ""
     trajectories: dict[str, Trajectory] = field(default_factory=dict)  # variant label -> its contrast over training
     tuning: Any = None  # tuning.Tuning: each variant's own setting, chosen on validation (compare --tune)
+    sequential: Any = None  # sequential.Sequential: --seeds auto, the looks and why the seeds stopped
 
     @property
     def verdicts(self) -> list[str]:
@@ -162,6 +163,7 @@ class Comparison:
             "not_compared": [asdict(n) for n in self.not_compared],
             "matched": [m.to_json(self.primary) for m in self.matched], "files": self.files,
             "tuning": self.tuning.to_json() if self.tuning is not None else None,
+            "sequential": self.sequential.to_json() if self.sequential is not None else None,
         })
 
 

@@ -24,6 +24,7 @@ from ..formatting import (
 )
 from .comparison import Comparison, RunRow
 from .plots import MATCHED_PLOT, PLOTS
+from .sequential import markdown as sequential_markdown, terminal_lines as sequential_lines
 from .stats import GeometricSummary, Summary, TestResult
 from .trajectory import markdown as trajectory_markdown, terminal_lines as trajectory_lines
 from .tuning_report import markdown as tuning_markdown, terminal_lines as tuning_lines
@@ -393,7 +394,8 @@ def _md_left_aside(c: Comparison) -> list[str]:
 
 
 def to_markdown(c: Comparison) -> str:
-    sections = (_md_intro(c) + _md_verdict(c) + _md_matched(c) + tuning_markdown(c) + trajectory_markdown(c) + _md_match(c)
+    sections = (_md_intro(c) + _md_verdict(c) + sequential_markdown(c) + _md_matched(c) + tuning_markdown(c)
+                + trajectory_markdown(c) + _md_match(c)
                 + _md_results(c) + _md_differences(c) + _md_buckets(c) + _md_matrices(c) + _md_params(c) + _md_cost(c)
                 + _md_plots(c) + _md_runs(c)
                 + _md_left_aside(c))
@@ -536,6 +538,7 @@ def format_terminal_table(c: Comparison) -> str:
                   "params"]
         lines = [text_table(header, [_terminal_row(c, v) for v in c.variants])]
     lines += [line.replace("**", "") for line in c.verdicts]
+    lines += sequential_lines(c)  # --seeds auto: the design, where it stopped and why, each look
     lines += trajectory_lines(c)  # the crossover, and whether the effect is still moving
     lines += tuning_lines(c)  # the tuning table, the chosen values, the verdict at the shared value
     lines.append(selection_line(c).replace("**", "").replace("`", "").replace(": see the notes.", ":"))
