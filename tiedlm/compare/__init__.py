@@ -253,22 +253,14 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
 
     if match not in (None, "params"):
         raise ConfigError(f"--match {match!r} is not supported — the only option is --match params")
-    if seeds != "auto" and seeds < 1:
-        raise ConfigError(f"--seeds must be at least 1, got {seeds}")
-    _check_options(primary, select)
     overrides = list(overrides or [])
     runs_dir = Path(runs_dir)
-    base = load_config(cfg_path, overrides)
-    # an untie_at in the config belongs to tied models only
-    untie = ["model.untie_at=null"] if base.model.untie_at is not None else []
-    variants, matched = _variants(cfg_path, overrides, match, untie)
-    prefix = base.name + override_tag(overrides)
+    base, variants, matched, prefix, out = _setup(cfg_path, overrides, seeds, match, primary, select, runs_dir, out)
     from ..jobs import train_jobs
     from ..process import log
     from ..train import train_run
     from .sequential import contrast_of, settle_seeds
 
-    out = Path(out) if out is not None else runs_dir / COMPARE_DIR
     failures: dict[str, str] = {}
 
     def run_dirs(stop: int, first: int = 0) -> list[Path]:  # seed indices first .. stop - 1 of every variant
@@ -293,6 +285,22 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
     return c
 
 
+def _setup(cfg_path: str | Path, overrides: list[str], seeds: int | str, match: str | None, primary: str | None,
+           select: str | None, runs_dir: Path, out: Path | None) -> tuple[Any, list, Any, str, Path]:
+    """What compare_config trains, tuned or not: (the base config, the variants' tags and overrides,
+    the parameter match, the run-name prefix, the comparison folder); options checked first."""
+    from ..config import load_config
+
+    if seeds != "auto" and seeds < 1:
+        raise ConfigError(f"--seeds must be at least 1, got {seeds}")
+    _check_options(primary, select)
+    base = load_config(cfg_path, overrides)
+    untie = ["model.untie_at=null"] if base.model.untie_at is not None else []  # an untie_at is for tied models
+    variants, matched = _variants(cfg_path, overrides, match, untie)
+    out = Path(out) if out is not None else runs_dir / COMPARE_DIR
+    return base, variants, matched, base.name + override_tag(overrides), out
+
+
 def _compare_tuned(spec: Any, cfg_path: str | Path, overrides: list[str], seeds: int, match: str | None,
                    runs_dir: Path, baseline: str | None, progress: bool, out: Path | None, overwrite: bool,
                    train: Callable[..., Any] | None, primary: str | None, select: str | None, analyze: bool,
@@ -314,14 +322,7 @@ def _compare_tuned(spec: Any, cfg_path: str | Path, overrides: list[str], seeds:
     if primary == "validation":
         raise ConfigError("with tuning, validation chose each variant's value, so the verdict is on test — drop "
                           "--primary validation")
-    if seeds != "auto" and seeds < 1:
-        raise ConfigError(f"--seeds must be at least 1, got {seeds}")
-    _check_options(primary, select)
-    base = load_config(cfg_path, overrides)
-    untie = ["model.untie_at=null"] if base.model.untie_at is not None else []
-    variants, _ = _variants(cfg_path, overrides, None, untie)
-    prefix = base.name + override_tag(overrides)
-    out = Path(out) if out is not None else runs_dir / COMPARE_DIR
+    base, variants, _, prefix, out = _setup(cfg_path, overrides, seeds, None, primary, select, runs_dir, out)
     failures: dict[str, str] = {}
 
     def make_job(suffix: str, extra: list[str], seed: int):
