@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..formatting import fmt_count, markdown_table
+from ..formatting import fmt_count, fmt_signed, markdown_table
 
 if TYPE_CHECKING:
     from .comparison import Comparison
@@ -17,7 +17,7 @@ TUNE_PLOT = "tune_curves.png"
 
 
 def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:+.2f}%"
+    return "–" if x is None else f"{fmt_signed(100 * x)}%"
 
 
 def _ppl(x: float | None) -> str:
