@@ -121,16 +121,20 @@ def test_train_refuses_the_same_seed(tiny_yaml, tmp_path):
 
 @pytest.fixture(scope="module")
 def nan_run(run, tmp_path_factory):
-    import torch
-
     dest = copy_run(run, tmp_path_factory.mktemp("nan") / "word-s0")
+    rewrite_weights(dest, fill_first_block(float("nan")))
+    return dest
+
+
+def fill_first_block(value: float):
+    """A rewrite_weights edit: the first tensor of block 0 filled with `value` (nan, inf)."""
+    import torch
 
     def poison(tensors):
         name = sorted(k for k in tensors if k.startswith("transformer.h.0."))[0]
-        tensors[name] = torch.full_like(tensors[name], float("nan"))
+        tensors[name] = torch.full_like(tensors[name], value)
 
-    rewrite_weights(dest, poison)
-    return dest
+    return poison
 
 
 @pytest.mark.parametrize("command", ["sample", "eval", "analyze", "export"])
@@ -154,19 +158,13 @@ def test_weights_that_are_not_finite_are_one_line_exit_1(nan_run, command, tmp_p
 @pytest.fixture(scope="module")
 def nan_kept_best(tmp_path_factory):
     """A run that kept its best weights (train.keep_best), its latest checkpoint then poisoned."""
-    import torch
-
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TIEDLM_CACHE", str(tmp_path_factory.mktemp("cache")))
         mp.setenv("HF_DATASETS_OFFLINE", "1")
         run_dir = train_run(load_config(None, TINY + ["train.device=cpu", "train.keep_best=true"]),
                             out=tmp_path_factory.mktemp("kept"), name="kept-s0", progress=False)
 
-    def poison(tensors):
-        name = sorted(k for k in tensors if k.startswith("transformer.h.0."))[0]
-        tensors[name] = torch.full_like(tensors[name], float("inf"))
-
-    rewrite_weights(run_dir, poison)
+    rewrite_weights(run_dir, fill_first_block(float("inf")))
     return run_dir
 
 

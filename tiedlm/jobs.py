@@ -48,10 +48,10 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
     if parallel != 1 and train is train_run:
         from .parallel import resolve_workers
 
-        pending = [cfg for name, cfg in jobs if not run_is_finished(Path(out) / name, cfg)]
-        workers = resolve_workers(parallel, pending)
+        finished = {name for name, cfg in jobs if run_is_finished(Path(out) / name, cfg)}
+        workers = resolve_workers(parallel, [cfg for name, cfg in jobs if name not in finished])
         if workers > 1:
-            return _train_parallel(jobs, out, progress, overwrite_other_config, workers)
+            return _train_parallel(jobs, out, progress, overwrite_other_config, workers, finished)
     results = []
     for i, (name, cfg) in enumerate(jobs, 1):
         tag = f"[{i}/{len(jobs)}] {name}"
@@ -85,8 +85,9 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
 
 
 def _train_parallel(jobs: list[tuple[str, Config]], out: Path, progress: bool, overwrite_other_config: bool,
-                    workers: int) -> list[JobResult]:
-    """train_jobs with `workers` processes: the same skips, refusals and results, in the same order."""
+                    workers: int, finished: set[str]) -> list[JobResult]:
+    """train_jobs with `workers` processes: the same skips, refusals and results, in the same order.
+    `finished`: the jobs whose runs are finished already (train_jobs read their reports)."""
     from .config import to_dict
     from .parallel import train_parallel
 
@@ -94,7 +95,7 @@ def _train_parallel(jobs: list[tuple[str, Config]], out: Path, progress: bool, o
     todo = []
     for i, (name, cfg) in enumerate(jobs, 1):
         run_dir = runs.run_dir_for(Path(out), name)
-        if run_is_finished(run_dir, cfg):
+        if name in finished:
             results[name] = JobResult(name, "skipped")
             if progress:
                 log(f"[{i}/{len(jobs)}] {name}: finished already, skipped")

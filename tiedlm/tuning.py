@@ -40,7 +40,6 @@ from .naming import sanitize, scalar, short_keys
 EXTEND_LIMIT = 3  # steps past each edge of the grid, per variant and axis
 SETTINGS = ("seeds", "extend", "extend_limit", "shared_seeds")  # a tune: block's own keys; the rest are axes
 LR_KEY, MIN_LR_KEY, RATIO_KEY = "train.lr", "train.min_lr", "train.min_lr_ratio"
-DEFAULT_MIN_LR = 1e-4  # TrainConfig.min_lr's default: what a config that sets only the ratio keeps
 
 
 @dataclass
@@ -229,8 +228,11 @@ def schedule_overrides(spec: TuneSpec, base: Any) -> list[str]:
     cosine minimum follows the peak (and min_lr back at its default, as the ratio replaces it)."""
     if LR_KEY not in spec.keys or getattr(base.train, "min_lr_ratio", None) is not None:
         return []
+    from .config import TrainConfig
+
     ratio = base.train.min_lr / base.train.lr if base.train.lr else 0.0
-    return [f"{RATIO_KEY}={float(f'{ratio:.6g}')!r}", f"{MIN_LR_KEY}={DEFAULT_MIN_LR!r}"]
+    # min_lr back at its default: the ratio replaces it, and checks.py refuses a non-default min_lr beside it
+    return [f"{RATIO_KEY}={float(f'{ratio:.6g}')!r}", f"{MIN_LR_KEY}={TrainConfig.min_lr!r}"]
 
 
 def extend_value(values: list, edge: Any, direction: int) -> Any | None:
@@ -397,24 +399,31 @@ def run_tuning(spec: TuneSpec, variants: list[tuple[str, list[str]]], make_job: 
     for tag, extra in variants:
         tuning.variants.append(VariantTuning(tag=tag, overrides=extra, axes={k: list(v) for k, v in spec.axes.items()}))
 
-    def add(v: VariantTuning, point: dict[str, Any]) -> list:
-        """The jobs of a point new to the variant (none when it has it already)."""
+    def add(v: VariantTuning, point: dict[str, Any]) -> tuple[TunedPoint | None, list]:
+        """A point new to the variant and its jobs ((None, []) when it has it already); a ConfigError
+        when the config refuses the point."""
         label = point_label(point, short)
         if v.point(label) is not None:
-            return []
+            return None, []
         jobs = [make_job(f"{v.tag}-{sanitize(label)}", v.overrides + point_overrides(point, schedule), s)
                 for s in seeds]
-        v.points.append(TunedPoint(point=point, label=label, runs={s: j[0] for s, j in zip(seeds, jobs)}))
-        return jobs
+        tp = TunedPoint(point=point, label=label, runs={s: j[0] for s, j in zip(seeds, jobs)})
+        v.points.append(tp)
+        return tp, jobs
 
     why: dict[tuple[str, str, int], str] = {}
-    pending = [(v, p) for v in tuning.variants for p in points(spec, v.axes)]
-    while pending:
-        train_all([job for v, point in pending for job in add(v, point)])
-        for v, _ in pending:
-            for tp in v.points:
-                _score(tp, runs_dir)
-        pending = []
+    fresh: list[TunedPoint] = []  # points not trained and scored yet, and their jobs
+    jobs: list = []
+    for v in tuning.variants:
+        for p in points(spec, v.axes):
+            tp, todo = add(v, p)
+            fresh += [tp] if tp is not None else []
+            jobs += todo
+    while fresh:
+        train_all(jobs)
+        for tp in fresh:  # each point is scored once, when its runs are done
+            _score(tp, runs_dir)
+        fresh, jobs = [], []
         for v in tuning.variants:
             v.chosen = _choose(v)
             for axis, d in _edges(v):
@@ -426,18 +435,19 @@ def run_tuning(spec: TuneSpec, variants: list[tuple[str, list[str]]], make_job: 
                     why[(v.tag, axis, d)] = f"extended {steps} time{'s' * (steps != 1)}, the limit (tune.extend_limit)"
                     continue
                 new = extend_value(v.axes[axis], v.chosen.point[axis], d)
-                point = {**v.chosen.point, axis: new}
+                tp, todo = None, []
                 if new is not None:
                     try:
-                        make_job(f"{v.tag}-x", v.overrides + point_overrides(point, schedule), seeds[0])
-                    except ConfigError:
-                        new = None
-                if new is None:
+                        tp, todo = add(v, {**v.chosen.point, axis: new})
+                    except ConfigError:  # beyond what the config accepts (a negative rate, say)
+                        pass
+                if tp is None:
                     why[(v.tag, axis, d)] = "no valid value beyond it"
                     continue
                 v.axes[axis] = sorted(v.axes[axis] + [new])
                 v.extensions[f"{axis}:{d:+d}"] = steps + 1
-                pending.append((v, point))
+                fresh.append(tp)
+                jobs += todo
     for v in tuning.variants:
         edges = _edges(v)
         v.edge = _edge_note(v, edges, {(a, d): why.get((v.tag, a, d), "") for a, d in edges})

@@ -24,11 +24,13 @@ def _ppl(x: float | None) -> str:
     return "–" if x is None else f"{x:.2f}"
 
 
+def _seeds(tuning: Tuning) -> str:
+    return f"tuning seed{'s' * (len(tuning.seeds) != 1)} {', '.join(str(s) for s in tuning.seeds)}"
+
+
 def tuning_note(tuning: Tuning, primary: str) -> str:
-    keys = ", ".join(tuning.keys)
-    seeds = ", ".join(str(s) for s in tuning.seeds)
-    return (f"each variant at its own {keys}, chosen on validation ({tuning.selection}, tuning seed"
-            f"{'s' * (len(tuning.seeds) != 1)} {seeds}); the verdict is on {primary}, which chose nothing")
+    return (f"each variant at its own {', '.join(tuning.keys)}, chosen on validation ({tuning.selection}, "
+            f"{_seeds(tuning)}); the verdict is on {primary}, which chose nothing")
 
 
 def _labels(tuning: Tuning) -> list[str]:
@@ -123,8 +125,7 @@ def markdown(c: Comparison) -> list[str]:
         return []
     head, rows = table_rows(tuning)
     out = ["## Each variant at its own setting", "",
-           f"Validation perplexity of each point ({tuning.selection}, tuning seed"
-           f"{'s' * (len(tuning.seeds) != 1)} {', '.join(str(s) for s in tuning.seeds)}); * marks each variant's "
+           f"Validation perplexity of each point ({tuning.selection}, {_seeds(tuning)}); * marks each variant's "
            f"choice. The verdict above is on {c.primary}, which chose nothing. Tuning cost: {_cost(tuning)}.", ""]
     out += [markdown_table(head, rows), ""]
     out += [f"- {line}" for line in chosen_lines(tuning)]
