@@ -1,6 +1,9 @@
-"""The shape the README's Architecture section promises, checked: imports point down the layers
+"""The shape docs/architecture.md promises, checked: imports point down the layers
 (inside functions too) and form no cycle, no module is over 600 lines, no function over 100,
-and `tiedlm --help` imports none of the heavy libraries."""
+and `tiedlm --help` imports none of the heavy libraries.
+
+The import graph is read from the source (ast), not by importing: `import_graph(root)` takes any
+package folder, so a small fixture package below pins down what the resolver must see."""
 
 import ast
 import subprocess
@@ -9,7 +12,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tiedlm"
 
-# Highest first, as in the README. A module may import its own layer's lower entries and any
+# Highest first, as in docs/architecture.md. A module may import its own layer's lower entries and any
 # layer below; the order inside a layer is the order of the allowed imports.
 LAYERS = [
     ["cli"],
@@ -20,72 +23,128 @@ LAYERS = [
     ["checkpoints", "figures", "tensorboard", "runs", "process"],
     ["model", "loss", "counting", "distributed", "device"],
     ["data", "corpora"],
-    ["naming", "config", "checks"],
+    ["naming", "config", "checks", "yamlsafe"],
     ["files", "formatting", "errors", "geometry"],
 ]
 RANK = {name: (i, j) for i, layer in enumerate(LAYERS) for j, name in enumerate(layer)}
 
 
-def modules() -> dict[str, Path]:
-    return {".".join(p.relative_to(PACKAGE).with_suffix("").parts): p for p in PACKAGE.rglob("*.py")}
+def modules(root: Path = PACKAGE) -> dict[str, Path]:
+    """Every module of the package in folder `root`, by its full dotted name: `tiedlm.runs` for
+    runs.py, and a package by its own name (`tiedlm.analyze` for analyze/__init__.py, `tiedlm` for
+    the root's), as Python names them."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
 
 
-def top(name: str) -> str:
-    return name.split(".")[0]
+def layer(name: str) -> str:
+    """The LAYERS entry of a module: its first part below the root package (`analyze` for
+    tiedlm.analyze.report); the root package is its own."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
 
 
-def imports_of(name: str, path: Path) -> set[str]:
-    """tiedlm modules imported anywhere in the file (functions included), as dotted names."""
-    pkg = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".")
-    found = set()
-    tree = ast.parse(path.read_text())
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                   and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+def _typing_only(tree: ast.AST) -> set[int]:
+    """The nodes under `if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): annotations only, never
+    run. Its else branch does run, and counts."""
+    skip = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:  # annotations only: never executed
+        test = getattr(node, "test", None)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in (getattr(test, "id", None), getattr(test, "attr", None)):
+            skip.update(id(n) for statement in node.body for n in ast.walk(statement))
+    return skip
+
+
+def imports_of(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """The modules of `mods` that module `name` (the file `path`) imports anywhere, inside
+    functions included: each module an import statement runs, bar the importer's own packages
+    (they ran before it), and the module it reads names from.
+
+    `from M import n` is an edge to M.n where that is a module, else to M (a name of M: for
+    `from . import CONST`, the importer's own package); the packages on the way to M
+    (`from .x.y import z` runs x too) are edges as well. Relative imports start from the
+    importer's package, which for an __init__.py is the package itself."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+
+    def chain(module: str) -> set[str]:  # a.b.c -> a, a.b, a.b.c: what importing it runs
+        parts = module.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} - ancestors
+
+    tree = ast.parse(path.read_text())
+    skip = _typing_only(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
             continue
-        if isinstance(node, ast.ImportFrom) and node.level:
-            base = pkg[: len(pkg) - node.level + 1]
-            target = ".".join(base + ([node.module] if node.module else []))
-            found.add(target)
-            found.update(f"{target}.{a.name}" for a in node.names)  # `from . import runs`
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tiedlm"):
-            found.add(node.module.removeprefix("tiedlm").lstrip("."))
-    mods = modules()
-    return {t for t in found if t in mods and t and t != name}
+        if isinstance(node, ast.Import):  # import a.b.c
+            for alias in node.names:
+                found |= chain(alias.name) | {alias.name}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # from . import x, from ..y import z
+                base = package.split(".")
+                if node.level > len(base):  # above the root package: fails when run
+                    continue
+                module = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            submodules = {f"{module}.{a.name}" for a in node.names} & mods.keys()
+            found |= chain(module) | submodules
+            if len(submodules) < len(node.names):  # some name defined in M itself (or `*`)
+                found.add(module)
+    return {t for t in found if t in mods and t != name}
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Each module of the package in `root` -> the modules of that package it imports."""
+    mods = modules(root)
+    return {name: imports_of(name, path, mods) for name, path in mods.items()}
+
+
+def wrong_way(graph: dict[str, set[str]]) -> list[str]:
+    """The imports that point up the layers (or up a layer's order), as `a -> b`."""
+    wrong = []
+    for name, targets in graph.items():
+        if layer(name) not in RANK:
+            continue
+        for t in targets:
+            a, b = RANK[layer(name)], RANK.get(layer(t), (99, 0))
+            if layer(t) != layer(name) and b < a:
+                wrong.append(f"{name} -> {t}")
+    return sorted(wrong)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the modules round it (the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done, no cycle through it
+
+    def visit(n: str, path: list[str]) -> list[str] | None:
+        state[n] = 1
+        for t in sorted(graph.get(n, ())):
+            if state.get(t) == 1:
+                return path[path.index(t):] + [t]
+            if t not in state and (cycle := visit(t, path + [t])):
+                return cycle
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (cycle := visit(n, [n])):
+            return cycle
+    return None
 
 
 def test_imports_point_down_the_layers_and_form_no_cycle():
-    mods = modules()
-    graph = {name: imports_of(name, path) for name, path in mods.items()}
-    wrong = []
-    for name, targets in graph.items():
-        if top(name) not in RANK:
-            continue
-        for t in targets:
-            a, b = RANK[top(name)], RANK.get(top(t), (99, 0))
-            if top(t) != top(name) and b < a:
-                wrong.append(f"{name} -> {t}")
-    assert wrong == []
-    # no cycle among modules (packages' own files included)
-    state: dict[str, int] = {}
-
-    def visit(n: str, stack: list[str]) -> None:
-        state[n] = 1
-        for t in graph.get(n, ()):
-            if state.get(t) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(stack + [n, t]))
-            if t not in state:
-                visit(t, stack + [n])
-        state[n] = 2
-
-    for n in graph:
-        if n not in state:
-            visit(n, [])
+    graph = import_graph()
+    assert wrong_way(graph) == []
+    assert find_cycle(graph) is None  # among modules, packages' own __init__ included
 
 
 def test_every_module_is_in_a_layer():
-    assert {top(n) for n in modules()} - {"__init__", "__main__"} <= set(RANK)
+    assert {layer(n) for n in modules()} - {PACKAGE.name, "__main__"} <= set(RANK)
 
 
 def test_no_module_over_600_lines_and_no_function_over_100():
@@ -107,3 +166,63 @@ def test_help_imports_no_heavy_library():
             "print(sorted(m for m in ('torch', 'datasets', 'matplotlib', 'tokenizers', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# A package with each form of import once, and the graph the resolver must return for it: a
+# resolver that goes blind to one form (as it once did to relative imports in an __init__.py and
+# to `from . import x`) fails here, whatever the real package happens to import.
+FIXTURE = {
+    "arch_pkg/__init__.py": "from .low import VALUE  # relative, in a package's __init__\n",
+    "arch_pkg/low.py": "import os  # not the package's: no edge\n\nVALUE = 1\n",
+    "arch_pkg/hidden.py": "",
+    "arch_pkg/sub/__init__.py": "from . import leaf  # a module, from the package itself\n",
+    "arch_pkg/sub/leaf.py": "from .. import low  # a module, one package up\n",
+    "arch_pkg/sub/name.py": "from .. import VALUE  # a name of the package above: that package\n",
+    "arch_pkg/sibling.py": "from . import low\n",
+    "arch_pkg/deep.py": "from .sub import leaf  # runs sub, then leaf\n",
+    "arch_pkg/absolute.py": "import arch_pkg.sub.leaf\nfrom arch_pkg.low import VALUE\nfrom arch_pkg import sibling\n",
+    "arch_pkg/lazy.py": "def later():\n    from . import sibling  # inside a function\n    return sibling\n",
+    "arch_pkg/typed.py": (
+        "import typing\nfrom typing import TYPE_CHECKING\n\n"
+        "if TYPE_CHECKING:\n    from . import hidden  # annotations only: no edge\n"
+        "else:\n    from . import low  # the else branch runs\n"
+        "if typing.TYPE_CHECKING:\n    from .sub import leaf\n"
+    ),
+}
+FIXTURE_GRAPH = {
+    "arch_pkg": {"arch_pkg.low"},
+    "arch_pkg.low": set(),
+    "arch_pkg.hidden": set(),
+    "arch_pkg.sub": {"arch_pkg.sub.leaf"},
+    "arch_pkg.sub.leaf": {"arch_pkg.low"},
+    "arch_pkg.sub.name": {"arch_pkg"},
+    "arch_pkg.sibling": {"arch_pkg.low"},
+    "arch_pkg.deep": {"arch_pkg.sub", "arch_pkg.sub.leaf"},
+    "arch_pkg.absolute": {"arch_pkg.sub", "arch_pkg.sub.leaf", "arch_pkg.low", "arch_pkg.sibling"},
+    "arch_pkg.lazy": {"arch_pkg.sibling"},
+    "arch_pkg.typed": {"arch_pkg.low"},
+}
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    """The files under `root`; returns the package's folder (the first file's top folder)."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root / next(iter(files)).split("/")[0]
+
+
+def test_the_resolver_sees_every_form_of_import(tmp_path):
+    graph = import_graph(write_package(tmp_path, FIXTURE))
+    assert graph == FIXTURE_GRAPH
+    assert find_cycle(graph) is None
+
+
+def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path):
+    root = write_package(tmp_path, {"ring/__init__.py": "",
+                                    "ring/a.py": "from . import b\n\nCONST = 1\n",
+                                    "ring/b.py": "def f():\n    from .a import CONST\n    return CONST\n"})
+    graph = import_graph(root)
+    assert find_cycle(graph) == ["ring.a", "ring.b", "ring.a"]
+    graph["ring.b"].clear()  # without the import inside f: none
+    assert find_cycle(graph) is None

@@ -233,6 +233,27 @@ def test_token_limits_cut_exactly_and_keep_stats_consistent(text_file):
     assert train.n_docs == int(np.count_nonzero(np.asarray(train.tokens) == 256)) + (train.tokens[-1] != 256)
 
 
+def test_train_fraction_is_a_prefix_with_its_own_counts_and_the_same_evaluation(text_file):
+    args = ("data.path=text", f"data.data_files={text_file}", "tokenizer.kind=word")
+    whole, half = prepare(*args), prepare(*args, "data.train_fraction=0.5")
+    n = len(whole.splits["train"].tokens)
+    assert len(half.splits["train"].tokens) == round(n / 2)
+    assert np.array_equal(half.splits["train"].tokens, whole.splits["train"].tokens[: round(n / 2)])
+    assert half.vocab_size == whole.vocab_size  # one tokenizer, trained on the whole split
+    want = np.bincount(np.asarray(half.splits["train"].tokens), minlength=half.model_vocab_size)
+    assert np.array_equal(half.train_counts, want)  # counted on the prefix (the frequency buckets)
+    for split in ("validation", "test"):
+        assert np.array_equal(half.splits[split].tokens, whole.splits[split].tokens)
+    assert half.splits["train"].n_bytes == pytest.approx(whole.splits["train"].n_bytes / 2, rel=0.01)
+    assert half.info["limits"]["train_fraction"] == 0.5 and "train_fraction" not in whole.info["limits"]
+    from tiedlm.data import data_identity
+
+    assert data_identity(half) == data_identity(whole)  # the same tokens to compare on
+    for bad in ("0", "1.5", "-0.1"):
+        with pytest.raises(ConfigError, match="data.train_fraction must be in"):
+            load_config(None, [*args, f"data.train_fraction={bad}", "train.max_steps=1"])
+
+
 def test_splits_too_short_for_the_block_size(tmp_path):
     (tmp_path / "ok.txt").write_text("\n".join(DOCS), encoding="utf-8")
     with raises(DataError, match=r"validation split has \d+ tokens, fewer than model.block_size \+ 1 = 1001"):

@@ -1,5 +1,5 @@
 """tiedlm export and tiedlm sample: the exported GPT2LMHeadModel computes tiedlm's logits for tied,
-untied, bias-free, untie_at, padded and sqrt_d runs and every tokenizer kind; a tied export is tied
+untied, bias-free, untie_at, padded, sqrt_d, projection and lowrank runs and every tokenizer kind; a tied export is tied
 in transformers (one tensor); the exported tokenizer encodes text to tiedlm's ids; what GPT-2
 cannot express is refused; sampling is deterministic for a seed and stops at end-of-text."""
 
@@ -30,6 +30,9 @@ CASES = {
     "byte": ["tokenizer.kind=byte"],
     "char": ["tokenizer.kind=char", "tokenizer.vocab_size=20"],
     "bpe": ["tokenizer.kind=bpe", "tokenizer.vocab_size=300"],
+    "projection": ["model.tie_mode=projection"],
+    "lowrank": ["model.tie_mode=lowrank", "model.untie_rank=4"],
+    "lowrank-sqrt-d": ["model.tie_mode=lowrank", "model.untie_rank=32", "model.embed_scale=sqrt_d"],
 }
 TEXT = "the quick brown fox, 1984 — and <|endoftext|> maybe: zoo ba\nnext line"
 
@@ -53,14 +56,14 @@ def test_export_computes_tiedlms_logits_and_tokens(trained, tmp_path, name):
     import torch
 
     from tiedlm.evaluate import load_run_model
-    from tiedlm.export import export_run
+    from tiedlm.export import export_run, summary
 
     result = export_run(trained[name], tmp_path / "hf")
     assert result.verified and result.max_abs_diff <= 1e-5
     assert result.hf_perplexity == pytest.approx(result.tiedlm_perplexity, rel=1e-6)
     model, tok = hf_load(tmp_path / "hf")
     rm = load_run_model(trained[name])
-    tied = rm.model.is_tied
+    tied = rm.model.is_tied and rm.model.tie_mode is None  # a projection or lowrank run is written untied
     assert result.tied == tied == json.loads((tmp_path / "hf" / "config.json").read_text())["tie_word_embeddings"]
     same = model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
     assert same == tied  # one tensor exactly when the run was tied
@@ -69,6 +72,10 @@ def test_export_computes_tiedlms_logits_and_tokens(trained, tmp_path, name):
     with torch.inference_mode():
         diff = (model(input_ids=x).logits - rm.model.eval()(x)).abs().max().item()
     assert diff <= 1e-5, diff
+    if rm.model.tie_mode is not None:  # lm_head is the materialised W_out: E·P, or E + A·Bᵀ
+        assert result.mode == rm.model.tie_mode and "written untied" in summary(result)
+        assert torch.allclose(model.lm_head.weight, rm.model.output_weight(), atol=1e-6)
+        assert not torch.allclose(model.lm_head.weight, rm.model.transformer.wte.weight, atol=1e-4)  # it trained
     ours = rm.data.tokenizer.encode(TEXT)
     assert tok(TEXT, add_special_tokens=False)["input_ids"] == ours
     assert tok.eos_token_id == rm.data.tokenizer.eot_id

@@ -64,6 +64,7 @@ VALID = {
     "model.bias": ("bool",),
     "model.tie_embeddings": ("bool",),
     "model.lm_head_bias": ("bool",),
+    "model.untie_rank": ("zero",),  # rank 0: exactly tied (a rank needs model.tie_mode: lowrank)
     "train.compile": ("bool",),
     "train.decay_embeddings": ("bool",),
     "train.threads": ("zero",),  # 0 keeps torch's default

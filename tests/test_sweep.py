@@ -350,6 +350,21 @@ def test_a_tuned_sweep_tunes_each_grid_point_and_trains_every_seed_at_its_choice
                                                      "base-n_embd=64-lr=0.003-s0", "base-n_embd=64-lr=0.003-s1"]
     assert len(trained) == 3 + 1 + 3 + 2  # the grid (and one step past 32's edge), then seed 1 at each choice
     text = format_sweep_summary(summary)
-    assert "n_embd=32: lr=0.01" in text and "base-n_embd=64-lr=0.003-s*" in text
+    assert "n_embd=32: lr=0.01" in text and f"tiedlm compare {tmp_path / 'runs'}" in text
+    import json
+
+    record = json.loads((tmp_path / "runs" / "tuning.json").read_text())
+    assert record["chosen"] == sorted(e.name for e in summary.runs) and record["keys"][0] == "train.lr"
+    # compare on the folder: each point at its choice, the other tuning runs left out, the verdict on test
+    from tiedlm.compare import compare_runs
+
+    c = compare_runs([tmp_path / "runs"], out=tmp_path / "cmp")
+    assert sorted(v.label for v in c.variants) == ["n_embd=32", "n_embd=64"] and c.primary == "test"
+    assert sorted(s.name for s in c.skipped if "did not choose" in s.reason) == [
+        "base-n_embd=32-lr=0.001-s0", "base-n_embd=32-lr=0.003-s0", "base-n_embd=32-lr=0.0333-s0",
+        "base-n_embd=64-lr=0.001-s0", "base-n_embd=64-lr=0.01-s0"]
+    assert any("tuned per variant on validation by the sweep" in n for n in c.notes)
+    with pytest.raises(Exception, match="so the verdict is on test"):
+        compare_runs([tmp_path / "runs"], out=tmp_path / "cmp", primary="validation")
     with pytest.raises(Exception, match="chooses its runs as it goes"):
         run_sweep(load_grid(grid), dry_run=True)

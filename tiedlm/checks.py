@@ -169,6 +169,26 @@ def _validate_model(m: Any) -> None:
         _check(0.0 < m.untie_at < 1.0, f"model.untie_at must be a fraction in (0, 1), got {m.untie_at}")
         _check(m.tie_embeddings, "model.untie_at needs model.tie_embeddings: true (only a tied model can untie)")
     _check(m.embed_scale in EMBED_SCALES, f"model.embed_scale must be 1 or sqrt_d, got {m.embed_scale!r}")
+    _validate_tie_mode(m)
+
+
+def _validate_tie_mode(m: Any) -> None:
+    """model.tie_mode projection / lowrank (tied and untied are stored as tie_embeddings) and its rank."""
+    mode = m.tie_mode
+    _check(mode in (None, "projection", "lowrank"),
+           f"model.tie_mode must be tied, untied, projection or lowrank, got {mode!r}")
+    if mode is not None:
+        _check(m.tie_embeddings, f"model.tie_mode {mode} builds W_out from E, so it needs model.tie_embeddings: "
+                                 "true — drop model.tie_embeddings")
+        _check(m.untie_at is None, f"model.untie_at splits a tied model in two; with model.tie_mode {mode} W_out "
+                                   "is built from E and cannot split — drop one of them")
+    _check(m.untie_rank >= 0, f"model.untie_rank must be 0 or more, got {m.untie_rank}")
+    if m.untie_rank:
+        _check(mode == "lowrank", f"model.untie_rank {m.untie_rank} applies to model.tie_mode: lowrank only — set "
+                                  "it, or drop model.untie_rank")
+        _check(m.untie_rank <= m.n_embd, f"model.untie_rank {m.untie_rank} is above model.n_embd ({m.n_embd}): "
+                                         f"A·Bᵀ has rank at most {m.n_embd}, so the rest adds parameters and no rank "
+                                         f"— use at most {m.n_embd}")
 
 
 def _validate_train(t: Any) -> None:
@@ -270,6 +290,8 @@ def _validate_data(d: Any) -> None:
     for key in ("max_train_tokens", "max_eval_tokens"):
         if getattr(d, key) is not None:
             check_positive(getattr(d, key), f"data.{key}")
+    _check(0.0 < d.train_fraction <= 1.0, f"data.train_fraction must be in (0, 1], got {d.train_fraction} — "
+                                          "1 trains on every training token")
     _check(not d.streaming or d.max_train_tokens is not None,
            "data.streaming: true needs data.max_train_tokens (how much of the stream to take)")
     s = d.synthetic

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import hashlib
 import json
 import types
@@ -21,6 +20,7 @@ from typing import Any, Union
 
 from .checks import flatten, validate
 from .errors import ConfigError
+from .yamlsafe import YAML_VALUES_LIMIT, load_yaml  # noqa: F401 (config.load_yaml: what sweep and tuning use)
 
 
 @dataclass
@@ -56,6 +56,7 @@ class DataConfig:
     test_from: str = "train"  # the split test is carved from: train | validation (test_fraction is then of it)
     streaming: bool = False  # stream from the hub instead of downloading whole; needs max_train_tokens
     max_train_tokens: int | None = None  # keep at most this many training tokens
+    train_fraction: float = 1.0  # train on the first fraction of the training tokens (a data-size axis)
     max_eval_tokens: int | None = None  # keep at most this many tokens of each evaluation split
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
@@ -80,6 +81,8 @@ class ModelConfig:
     bias: bool = True  # biases in Linear layers and LayerNorms (GPT-2: true)
     tie_embeddings: bool = True  # W_out = E, one Parameter used twice (Press & Wolf 2017)
     untie_at: float | None = None  # fraction of training after which a tied model splits in two
+    tie_mode: str | None = None  # projection | lowrank: W_out built from E (None: tie_embeddings says tied/untied)
+    untie_rank: int = 0  # lowrank: W_out = E + A·Bᵀ with A (V×r), B (d×r); 0 is exactly tied
     embed_scale: str = "1"  # "1" or "sqrt_d": multiply token embeddings by sqrt(n_embd) (Vaswani et al.)
     lm_head_bias: bool = False  # a bias on the output projection; never shared
 
@@ -156,7 +159,7 @@ def _unknown_key(key: str) -> ConfigError:
     # a known field put in the wrong section (data.n_embd -> model.n_embd) first, then a typo
     close = [k for k in ALL_KEYS if k.rsplit(".", 1)[-1] == leaf][:1]
     close = close or difflib.get_close_matches(key, ALL_KEYS, n=1, cutoff=0.6)
-    hint = f" — did you mean {close[0]}?" if close else " (see the config reference in the README)"
+    hint = f" — did you mean {close[0]}?" if close else " (see the config reference in docs/configuration.md)"
     return ConfigError(f"unknown key {key}{hint}")
 
 
@@ -260,95 +263,13 @@ def to_dict(cfg: Any) -> dict:
 
 
 def from_dict(data: dict) -> Config:
-    cfg = _build(Config, data)
+    cfg = _build(Config, _normalize_tying(json.loads(json.dumps(data, default=str))))
     validate(cfg)
     return cfg
 
 
 # --------------------------------------------------------------------------------------------
 # YAML files, `base:` inheritance, overrides
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: Any, first: int, second: int):
-        super().__init__(key)
-        self.key, self.first, self.second = key, first, second
-
-    def message(self, where: str) -> str:
-        lines = f"lines {self.first} and {self.second}" if self.first != self.second else f"line {self.first}"
-        return f"{where}: duplicate key {self.key!r} ({lines}) — keep one of them"
-
-
-@functools.cache
-def _unique_key_loader() -> type:
-    """A SafeLoader that refuses a key given twice in one mapping, at any depth. PyYAML keeps the
-    last one silently, so a second `train:` block would replace the first one whole."""
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            seen: dict = {}
-            for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
-                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` is PyYAML's to resolve
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.get(key)
-                except TypeError:  # an unhashable key: the base class reports it
-                    continue
-                line = key_node.start_mark.line + 1
-                if first is not None:
-                    raise _DuplicateKey(key, first, line)
-                seen[key] = line
-            return super().construct_mapping(node, deep)
-
-    return UniqueKeyLoader
-
-
-# Anchors and aliases let a few hundred bytes of YAML stand for billions of values ("billion
-# laughs": each level a list of ten aliases of the level below). PyYAML builds that as a few shared
-# objects in milliseconds, but whatever walks it afterwards (deep copies, merging, flattening,
-# hashing) visits every value, for minutes and gigabytes. A real config holds fewer than 200 values;
-# a grid file a few hundred more. Counting stops at the limit, so a refusal takes milliseconds.
-YAML_VALUES_LIMIT = 100_000
-
-
-def _expands_beyond(data: Any, limit: int) -> bool:
-    """Whether `data` holds more than `limit` values, each shared (aliased) mapping or list counted
-    every time it is reached, as a walk over the document would. Stops as soon as the count passes
-    the limit, so it also ends on a document that refers to itself."""
-    count = 0
-    stack = [iter((data,))]
-    while stack:
-        for value in stack[-1]:
-            count += 1
-            if count > limit:
-                return True
-            if isinstance(value, dict):
-                count += len(value)  # the keys
-                stack.append(iter(value.values()))
-                break
-            if isinstance(value, (list, tuple, set)):
-                stack.append(iter(value))
-                break
-        else:
-            stack.pop()
-    return False
-
-
-def load_yaml(text: str, where: str) -> Any:
-    """yaml.safe_load that refuses duplicate keys and documents that expand through anchors and
-    aliases to more than YAML_VALUES_LIMIT values; `where` (a file name, `--set x`) starts the message."""
-    import yaml
-
-    try:
-        data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader subclass)
-    except _DuplicateKey as exc:
-        raise ConfigError(exc.message(where)) from None
-    if _expands_beyond(data, YAML_VALUES_LIMIT):
-        raise ConfigError(f"{where}: the YAML expands to more than {YAML_VALUES_LIMIT:,} values through anchors "
-                          "and aliases — write the values out, or use fewer aliases")
-    return data
 
 
 def _read_yaml(path: Path) -> dict:
@@ -400,6 +321,53 @@ def _one_budget(merged: dict, layer: dict) -> dict:
     return merged
 
 
+TIE_MODES = ("tied", "untied", "projection", "lowrank")  # model.tie_mode; tied and untied are tie_embeddings
+
+
+def tie_mode_of(m: ModelConfig) -> str:
+    """The model's tying mode in full: tied, untied, projection or lowrank."""
+    return m.tie_mode or ("tied" if m.tie_embeddings else "untied")
+
+
+def tie_label(mode: Any, tie: Any, rank: Any = 0) -> str:
+    """How reports name a tying: tied, untied, projection, or lowrank r=8 (from model.tie_mode,
+    model.tie_embeddings and model.untie_rank; `tie_embeddings=null` when neither says)."""
+    if mode == "lowrank":
+        return f"lowrank r={rank}"
+    if mode is not None:
+        return str(mode)
+    return "tied" if tie is True else "untied" if tie is False else f"tie_embeddings={json.dumps(tie)}"
+
+
+def _one_tying(merged: dict, layer: dict) -> dict:
+    """model.tie_embeddings is the short form of model.tie_mode tied/untied: a layer (a file, or
+    one --set) that sets one of the two replaces what a lower layer set in the other, and a layer
+    that sets both must agree with itself."""
+    model = layer.get("model")
+    if not isinstance(model, dict) or not isinstance(merged.get("model"), dict):
+        return merged
+    mode, tie = model.get("tie_mode"), model.get("tie_embeddings")
+    if "tie_mode" in model and "tie_embeddings" in model:
+        if isinstance(mode, str) and isinstance(tie, bool) and (mode != "untied") != tie:
+            raise ConfigError(f"model.tie_mode {mode} and model.tie_embeddings {str(tie).lower()} disagree — "
+                              "set one of them (tie_embeddings true/false is short for tie_mode tied/untied)")
+    elif "tie_embeddings" in model:
+        merged["model"].pop("tie_mode", None)
+    elif "tie_mode" in model and isinstance(mode, str):
+        merged["model"]["tie_embeddings"] = mode != "untied"
+    return merged
+
+
+def _normalize_tying(data: dict) -> dict:
+    """tie_mode tied/untied is stored as tie_embeddings true/false (tie_mode null), so that a config
+    that names the mode and one that uses the short form are one variant, with one hash."""
+    model = data.get("model")
+    if isinstance(model, dict) and model.get("tie_mode") in ("tied", "untied"):
+        _one_tying({"model": {}}, {"model": model})  # the disagreement check
+        model["tie_embeddings"] = model.pop("tie_mode") == "tied"
+    return data
+
+
 def _load_with_bases(path: Path, stack: tuple[Path, ...] = ()) -> dict:
     path = path.resolve()
     if path in stack:
@@ -416,8 +384,8 @@ def _load_with_bases(path: Path, stack: tuple[Path, ...] = ()) -> dict:
     merged: dict = {}
     for base in bases:
         layer = _load_with_bases(path.parent / base, (*stack, path))
-        merged = _one_budget(deep_merge(merged, layer), layer)
-    return _one_budget(deep_merge(merged, data), data)
+        merged = _one_tying(_one_budget(deep_merge(merged, layer), layer), layer)
+    return _one_tying(_one_budget(deep_merge(merged, data), data), data)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -450,6 +418,8 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
         node[parts[-1]] = value
         if parts[0] == "train" and len(parts) == 2:  # an override is a layer of its own
             _one_budget(data, {"train": {parts[1]: value}})
+        if parts[0] == "model" and len(parts) == 2:
+            _one_tying(data, {"model": {parts[1]: value}})
     return data
 
 
@@ -484,7 +454,8 @@ SELECTION_KEYS = ("train.eval_every", "train.eval_tokens")
 # a key is left out of the config hash, and a stored config that lacks it reads as having it, so
 # that older runs keep their hash, resume, and group with newer ones.
 ADDED_KEYS = {"train.keep_best": False, "train.early_stop_patience": 0, "train.early_stop_min_delta": 0.0,
-              "train.log_to": [], "train.min_lr_ratio": None, "data.carve": "random", "data.test_from": "train"}
+              "train.log_to": [], "train.min_lr_ratio": None, "data.carve": "random", "data.test_from": "train",
+              "data.train_fraction": 1.0, "model.tie_mode": None, "model.untie_rank": 0}
 
 
 def effective_min_lr(t: TrainConfig) -> float:

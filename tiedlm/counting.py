@@ -21,13 +21,16 @@ def count_params_config(model_cfg: ModelConfig, vocab_size: int) -> dict:
     mlp = d * 4 * d + b * 4 * d + 4 * d * d + b * d  # c_fc, c_proj
     block = 2 * ln + attn + mlp
     tied = model_cfg.tie_embeddings
+    mode = model_cfg.tie_mode or ("tied" if tied else "untied")
     wte, wpe = V * d, model_cfg.block_size * d
-    lm_head = 0 if tied else V * d
+    # W_out's own parameters: none when it is E; P (d×d) for projection; A (V×r) and B (d×r) for lowrank
+    extra = {"projection": d * d, "lowrank": model_cfg.untie_rank * (V + d)}.get(mode, 0)
+    lm_head = extra if tied else V * d
     lm_head_bias = V if model_cfg.lm_head_bias else 0
     total = wte + wpe + L * block + ln + lm_head + lm_head_bias
     return {"total": total, "wte": wte, "lm_head": lm_head, "lm_head_bias": lm_head_bias, "wpe": wpe,
-            "non_embedding": total - wte - lm_head - wpe, "saved_by_tying": wte if tied else 0,
-            "tied": tied, "vocab_size": V}
+            "non_embedding": total - wte - lm_head - wpe, "saved_by_tying": wte - extra if tied else 0,
+            "tied": tied, "tie_mode": mode, "vocab_size": V}
 
 
 # Bytes per parameter while training in fp32 with AdamW: the weight, its gradient, two moments.
@@ -66,11 +69,13 @@ def flops_per_token(model_cfg: ModelConfig, vocab_size: int) -> dict:
     """Matmul FLOPs per token (2 per multiply-add), the head counted whether or not it is tied:
     tying saves parameters, never compute. Attention scores count the full T x T product
     (as PaLM and nanoGPT's MFU estimate do). Backward = 2 x forward; train = 3 x forward.
-    Embedding lookups, LayerNorms, GELU and softmax are not matmuls and are left out."""
+    Embedding lookups, LayerNorms, GELU and softmax are not matmuls and are left out. The projection
+    mode's P h is 2d² more per token; the lowrank mode forms E + A·Bᵀ once per forward pass
+    (2·V·d·r, shared by every token of the batch), which is not a per-token cost and is left out."""
     d, L, T, V = model_cfg.n_embd, model_cfg.n_layer, model_cfg.block_size, vocab_size
     per_layer = 2 * (3 * d * d + d * d + 8 * d * d)  # qkv, attention output, MLP (d->4d->d)
     attention = 2 * 2 * T * d  # q@k^T and att@v, per layer
-    head = 2 * d * V
+    head = 2 * d * V + (2 * d * d if model_cfg.tie_mode == "projection" else 0)
     forward = L * (per_layer + attention) + head
     return {"forward": forward, "train": 3 * forward, "head": head,
             "non_head_matmul_params": L * 12 * d * d}

@@ -5,7 +5,10 @@ GPT-2's Conv1D stores (in, out) where nn.Linear stores (out, in), so those weigh
 a model without biases (`model.bias: false`) gets zero biases, which is exact; `embed_scale:
 sqrt_d` is folded into E when untied (tied, E is also the head, so it cannot be) and refused
 otherwise. `lm_head_bias` has no place in GPT2LMHeadModel and is refused. A tied matrix is stored
-once (`tie_word_embeddings: true`), and transformers ties it on load.
+once (`tie_word_embeddings: true`), and transformers ties it on load. The projection and lowrank
+modes (`model.tie_mode`) build W_out from E, which GPT-2 cannot express: they are written untied,
+`lm_head` being the materialised W_out (E·P, or E + A·Bᵀ), and checked against tiedlm's logits
+like any other export.
 
 The folder: config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json, special_tokens_map.json. With transformers installed, the export is loaded
@@ -32,7 +35,7 @@ CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_
 @dataclass
 class ExportResult:
     out: Path
-    tied: bool
+    tied: bool  # written tied (one matrix); a projection or lowrank run is written untied
     checkpoint: str
     verified: bool  # loaded back with transformers and compared
     max_abs_diff: float | None = None
@@ -40,6 +43,12 @@ class ExportResult:
     hf_perplexity: float | None = None
     tokens: int | None = None  # scored in the check
     note: str | None = None
+    mode: str | None = None  # the run's model.tie_mode when it has one (projection, lowrank)
+
+
+def writes_tied(model: Any) -> bool:
+    """Whether the export is one shared matrix: a tied model whose W_out is E itself."""
+    return model.is_tied and getattr(model, "tie_mode", None) is None
 
 
 def check_exportable(cfg: Any, tied: bool) -> None:
@@ -69,9 +78,13 @@ def hf_state_dict(model: Any) -> dict:
     import torch
 
     sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
-    if model.is_tied:
+    for name, _ in model.head_parameters():  # P, or A and B: folded into the materialised W_out
+        sd.pop(name)
+    if writes_tied(model):
         sd.pop("lm_head.weight")
-    if model.embed_scale != 1.0:  # untied only (check_exportable): fold the scale into E
+    else:  # untied, or a mode's effective W_out (taken before E is scaled below: the head sees E unscaled)
+        sd["lm_head.weight"] = model.output_weight().float().cpu().contiguous()
+    if model.embed_scale != 1.0:  # written untied only (check_exportable): fold the scale into E
         sd["transformer.wte.weight"] = sd["transformer.wte.weight"] * model.embed_scale
     for name in list(sd):
         if name.endswith(CONV1D):
@@ -101,12 +114,12 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
         raise ConfigError(f"--out {out} exists and is not an empty folder — choose a new folder")
     rm = load_run_model(run_dir, checkpoint=checkpoint, chooser="--checkpoint")
     model = rm.model.eval()
-    check_exportable(rm.cfg, model.is_tied)
+    check_exportable(rm.cfg, writes_tied(model))
     out.parent.mkdir(parents=True, exist_ok=True)  # the temporary folder beside it: one rename, no copy
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         _write_folder(tmp, rm, model)
-        result = ExportResult(out, model.is_tied, rm.checkpoint.name, verified=False)
+        result = ExportResult(out, writes_tied(model), rm.checkpoint.name, verified=False, mode=model.tie_mode)
         if verify:
             _verify(tmp, rm, model, result, batch)
         if out.exists():
@@ -127,7 +140,7 @@ def _write_folder(folder: Path, rm: Any, model: Any) -> None:
 
     tok = rm.data.tokenizer
     with writing(folder):
-        (folder / "config.json").write_text(json.dumps(hf_config(rm.cfg, model.vocab_size, model.is_tied, tok.eot_id),
+        (folder / "config.json").write_text(json.dumps(hf_config(rm.cfg, model.vocab_size, writes_tied(model), tok.eot_id),
                                                        indent=2) + "\n")
         (folder / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": tok.eot_id, "eos_token_id": tok.eot_id, "pad_token_id": tok.eot_id}, indent=2) + "\n")
@@ -167,7 +180,7 @@ def _verify(folder: Path, rm: Any, model: Any, result: ExportResult, batch: int)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     hf = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).float().eval()
-    if model.is_tied and hf.lm_head.weight.data_ptr() != hf.transformer.wte.weight.data_ptr():
+    if writes_tied(model) and hf.lm_head.weight.data_ptr() != hf.transformer.wte.weight.data_ptr():
         raise RunError("the exported model loads untied in transformers although the run is tied — "
                        "this is a bug in tiedlm's export; please report it")
     x, y = _batch(rm, batch)
@@ -194,7 +207,10 @@ def _verify(folder: Path, rm: Any, model: Any, result: ExportResult, batch: int)
 
 
 def summary(r: ExportResult) -> str:
-    lines = [f"exported {r.checkpoint} ({'tied' if r.tied else 'untied'}) to {r.out}"]
+    form = "tied" if r.tied else "untied"
+    if r.mode is not None:
+        form = f"{r.mode}, written untied: lm_head is the materialised W_out"
+    lines = [f"exported {r.checkpoint} ({form}) to {r.out}"]
     if r.verified:
         lines.append(f"checked with transformers on {r.tokens:,} validation tokens: max |logit difference| "
                      f"{r.max_abs_diff:.2e}; perplexity {r.tiedlm_perplexity:.4f} (tiedlm) vs {r.hf_perplexity:.4f} "

@@ -107,11 +107,11 @@ def text_table(header: list[str], rows: list[list[Any]], align: str | None = Non
 PARAM_ROWS = (
     ("total (unique)", "total"),
     ("E: wte (V×d)", "wte"),
-    ("W_out extra: lm_head (0 when tied)", "lm_head"),
+    ("W_out's own: lm_head (0 tied; P, or A and B)", "lm_head"),
     ("lm_head bias", "lm_head_bias"),
     ("position embeddings: wpe", "wpe"),
     ("non-embedding", "non_embedding"),
-    ("saved by tying (V×d)", "saved_by_tying"),
+    ("saved by tying (V×d less W_out's own)", "saved_by_tying"),
 )
 
 

@@ -5,6 +5,12 @@ Reads top to bottom: CausalSelfAttention, MLP, Block, GPT. Names follow GPT-2 / 
 
 Tying (Press & Wolf 2017; Inan et al. 2017): `lm_head.weight` *is* `wte.weight`, one Parameter
 used twice, so its gradient is the sum of the gradients of both uses and AdamW keeps one state.
+Two modes build W_out from that shared E (`model.tie_mode`; `lm_head.weight` is still E):
+`projection`, Press & Wolf's, logits = (P h) Eᵀ with a learned d×d map P (`head_proj`, starting at
+the identity, weight-decayed); and `lowrank`, W_out = E + A·Bᵀ with A (V×r, `head_a`, starting at
+zero) and B (d×r, `head_b`, orthonormal columns), a dial from tied (r = 0) towards untied. Both
+start as the tied model. `head()` gives what the output layer computes with; `output_weight()` the
+effective W_out (V×d), which analyze and export use.
 """
 
 from __future__ import annotations
@@ -96,6 +102,21 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
         if cfg.tie_embeddings:
             self.tie()
+        # The modes' extra parameters come after every other initialisation, so that their weights
+        # draw nothing from the random stream the tied model's weights are drawn from: at a seed, a
+        # projection or lowrank model starts with the tied model's E and blocks exactly.
+        self.tie_mode = cfg.tie_mode
+        if cfg.tie_mode == "projection":
+            self.head_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)  # P: (d, d), applied as P h
+            with torch.no_grad():
+                self.head_proj.weight.copy_(torch.eye(cfg.n_embd))
+        elif cfg.tie_mode == "lowrank":
+            r = cfg.untie_rank
+            self.head_a = nn.Parameter(torch.zeros(vocab_size, r))  # A: (V, r)
+            b = torch.empty(cfg.n_embd, r)
+            if r:
+                nn.init.orthogonal_(b)  # orthonormal columns: A·Bᵀ moves as fast as an untied W_out would
+            self.head_b = nn.Parameter(b)  # B: (d, r)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -110,6 +131,11 @@ class GPT(nn.Module):
     @property
     def is_tied(self) -> bool:
         return self.lm_head.weight is self.transformer.wte.weight
+
+    @property
+    def w_out_is_e(self) -> bool:
+        """Whether the effective W_out is E itself: tied, or lowrank at rank 0."""
+        return self.is_tied and (self.tie_mode is None or (self.tie_mode == "lowrank" and self.head_a.shape[1] == 0))
 
     def tie(self) -> None:
         """Make W_out the same Parameter as E (E's init is kept, the head's discarded)."""
@@ -130,6 +156,34 @@ class GPT(nn.Module):
         if self.is_tied != tied:
             raise AssertionError(f"expected the model to be {'tied' if tied else 'untied'}, it is not")
 
+    # ---------------------------------------------------------------- the output layer
+
+    def head(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(the head's input, its weight (V, d), its bias): logits = input @ weightᵀ + bias. Tied and
+        untied: (h, W_out, b); projection: (P h, E, b), which never forms E·P; lowrank: (h, E + A·Bᵀ,
+        b), formed once per call (V·d·r multiply-adds, against V·d per token for the logits)."""
+        if self.tie_mode == "projection":
+            return self.head_proj(h), self.transformer.wte.weight, self.lm_head.bias
+        if self.tie_mode == "lowrank":
+            return h, self.transformer.wte.weight + self.head_a @ self.head_b.T, self.lm_head.bias
+        return h, self.lm_head.weight, self.lm_head.bias
+
+    def output_weight(self) -> torch.Tensor:
+        """The effective W_out (V, d), detached: logits = h @ W_outᵀ (+ bias) for every mode. For
+        projection it is E·P (logits = (P h) Eᵀ = h (E P)ᵀ)."""
+        with torch.no_grad():
+            if self.tie_mode == "projection":
+                return self.transformer.wte.weight @ self.head_proj.weight
+            if self.tie_mode == "lowrank":
+                return self.transformer.wte.weight + self.head_a @ self.head_b.T
+            return self.lm_head.weight.detach()
+
+    def head_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """The modes' own parameters (P, or A and B): W_out's extra parameters beside E."""
+        names = {"projection": ["head_proj.weight"], "lowrank": ["head_a", "head_b"]}.get(self.tie_mode, [])
+        params = dict(self.named_parameters())
+        return [(n, params[n]) for n in names]
+
     # ---------------------------------------------------------------- forward
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
@@ -137,17 +191,17 @@ class GPT(nn.Module):
         """idx (B, T) token ids -> logits (B, T, V); given targets (B, T), the cross-entropy instead,
         by the fused loss (loss.py: the logits never whole): the mean (reduction="mean"), or each
         token's (reduction="none", (B, T), no gradient: evaluation)."""
-        h = self.hidden(idx)
+        h, weight, bias = self.head(self.hidden(idx))
         if targets is None:
-            return self.lm_head(h)  # (B, T, V)
+            return F.linear(h, weight, bias)  # (B, T, V)
         from .loss import cross_entropy, token_losses
 
         h2, t = h.reshape(-1, h.size(-1)), targets.reshape(-1)
         if reduction == "none":
-            return token_losses(h2, self.lm_head.weight, self.lm_head.bias, t).view(targets.shape)
+            return token_losses(h2, weight, bias, t).view(targets.shape)
         if reduction != "mean":
             raise ValueError(f"reduction must be 'mean' or 'none', not {reduction!r}")
-        return cross_entropy(h2, self.lm_head.weight, self.lm_head.bias, t)
+        return cross_entropy(h2, weight, bias, t)
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         """idx (B, T) token ids -> the final LayerNorm's output (B, T, C), what the head reads."""
@@ -200,13 +254,14 @@ def lm_loss(model, x: torch.Tensor, y: torch.Tensor, amp=None, chunk_bytes: int 
             logits = model(x)
         return F.cross_entropy(logits.float().view(-1, V), y.reshape(-1))
     with amp:
-        h = model.hidden(x).reshape(n, -1)
+        h, weight, bias = model.head(model.hidden(x))
+        h = h.reshape(n, -1)
     rows = max(1, chunk_bytes // (4 * V))
     targets = y.reshape(-1)
 
     def chunk_loss(h_chunk: torch.Tensor, y_chunk: torch.Tensor) -> torch.Tensor:
         with amp:
-            logits = model.lm_head(h_chunk)
+            logits = F.linear(h_chunk, weight, bias)
         return F.cross_entropy(logits.float(), y_chunk, reduction="sum")
 
     total = sum(checkpoint(chunk_loss, h[i:i + rows], targets[i:i + rows], use_reentrant=False)
@@ -263,16 +318,18 @@ def count_params(model: GPT) -> dict:
     wte = model.transformer.wte.weight.numel()
     wpe = model.transformer.wpe.weight.numel()
     tied = model.is_tied
-    lm_head = 0 if tied else model.lm_head.weight.numel()
+    extra = sum(p.numel() for _, p in model.head_parameters())  # P, or A and B
+    lm_head = extra if tied else model.lm_head.weight.numel()
     lm_head_bias = model.lm_head.bias.numel() if model.lm_head.bias is not None else 0
     return {
         "total": total,
         "wte": wte,
-        "lm_head": lm_head,  # extra parameters of W_out; 0 when it is E
+        "lm_head": lm_head,  # extra parameters of W_out: 0 when it is E; P, or A and B, when built from E
         "lm_head_bias": lm_head_bias,
         "wpe": wpe,
         "non_embedding": total - wte - lm_head - wpe,  # blocks, ln_f and the head's bias
-        "saved_by_tying": wte if tied else 0,  # V*d
+        "saved_by_tying": wte - extra if tied else 0,  # V*d, less what a mode spends on W_out
+        "tie_mode": model.tie_mode or ("tied" if tied else "untied"),
         "tied": tied,
         "vocab_size": model.vocab_size,
     }

@@ -12,11 +12,13 @@ from .config import Config, effective_min_lr
 def build_optimizer(model, tcfg) -> Any:
     """AdamW over each unique parameter once (a tied matrix is one entry). Matrices are decayed;
     biases and LayerNorm gains never are; the embedding matrices (E, W_out, positions) follow
-    train.decay_embeddings. W_out goes last in its group so that a model untied late
+    train.decay_embeddings (the lowrank mode's A and B with them). W_out goes last in its group so that a model untied late
     (`untie_at`) and one built untied have the same parameter order for optimizer state."""
     import torch
 
-    embed_names = {"transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"}
+    # the lowrank mode's A and B are part of W_out: decayed as the embeddings are; projection's P is
+    # a matrix like any other (Press & Wolf regularise it), decayed at train.weight_decay
+    embed_names = {"transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight", "head_a", "head_b"}
     decay, no_decay = [], []
     for name, p in model.named_parameters():  # yields a shared Parameter once
         is_embed = name in embed_names

@@ -18,9 +18,11 @@ class ParamsReport:
     untied: dict  # ... and of the untied form
     flops_per_token: dict  # model.flops_per_token (the same for both forms)
     text: str  # the table `tiedlm params` prints
+    mode: dict | None = None  # ... and of the config's own model.tie_mode (projection, lowrank), when set
 
     def to_json(self) -> dict:
         return {"vocab_size": self.vocab_size, "tied": self.tied, "untied": self.untied,
+                **({"mode": self.mode} if self.mode is not None else {}),
                 "flops_per_token": self.flops_per_token, "text": self.text}
 
 
@@ -41,18 +43,34 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
         V = 257 if tok.kind == "byte" else tok.vocab_size
         source = "tokenizer.vocab_size (the most the tokenizer may have; --data uses its real size)"
         V = -(-V // tok.pad_to_multiple) * tok.pad_to_multiple
-    forms = {label: count_params_config(dataclasses.replace(cfg.model, tie_embeddings=tie, untie_at=None), V)
+    forms = {label: count_params_config(dataclasses.replace(cfg.model, tie_embeddings=tie, untie_at=None,
+                                                            tie_mode=None, untie_rank=0), V)
              for label, tie in (("tied", True), ("untied", False))}
+    m = cfg.model
+    mode_label = mode_name(m)
+    mode = count_params_config(m, V) if m.tie_mode is not None else None
+    if mode is not None:
+        forms[mode_label] = mode
     fpt = flops_per_token(cfg.model, V)
     t, u = forms["tied"], forms["untied"]
-    m = cfg.model
     saved = u["total"] - t["total"]
+    spent = [] if mode is None else [
+        f"{mode_label} spends {mode['lm_head']:,} parameters on W_out beside E: "
+        f"{100 * mode['lm_head'] / saved:.1f}% of what untying adds"]
     text = "\n".join([
         f"{cfg.name}: n_layer={m.n_layer} n_head={m.n_head} n_embd={m.n_embd} block_size={m.block_size} "
         f"bias={m.bias} V={V:,} (from {source})", "",
         params_text(forms), "",
         f"tying saves {saved:,} parameters ({100 * saved / u['total']:.1f}% of the untied model), "
-        f"{16 * saved / 2**20:,.1f} MiB of fp32 weights + gradients + AdamW moments",
+        f"{16 * saved / 2**20:,.1f} MiB of fp32 weights + gradients + AdamW moments", *spent,
         f"FLOPs per token (train, either form): {fpt['train']:,} — tying never saves compute; "
         f"the output projection is {100 * fpt['head'] / fpt['forward']:.1f}% of the forward matmuls"])
-    return ParamsReport(V, source, t, u, fpt, text)
+    return ParamsReport(V, source, t, u, fpt, text, mode)
+
+
+def mode_name(m) -> str:
+    """The tying mode as the tables name it: tied, untied, projection, or lowrank r=8."""
+    from .config import tie_mode_of
+
+    mode = tie_mode_of(m)
+    return f"lowrank r={m.untie_rank}" if mode == "lowrank" else mode

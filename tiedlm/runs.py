@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from . import files
+from .config import tie_label
 from .errors import ConfigError, ConfigMismatchError, DamagedRunError, NotARunError, RunError, TiedlmError
 from .files import describe_write_failure, json_default
 from .formatting import fmt, markdown_table, params_markdown
@@ -124,7 +125,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def run_dir_for(out: Path, name: str) -> Path:
     """The folder of run `name` under `out`; a name that is not a plain folder name (one that
-    would escape `out`, hide itself or read as an option) is a ConfigError (config.check_run_name)."""
+    would escape `out`, hide itself or read as an option) is a ConfigError (checks.check_run_name)."""
     from .checks import check_run_name
 
     check_run_name(name)
@@ -319,7 +320,7 @@ def render_report_md(r: RunReport) -> str:
     untie = (f", untied at {m.get('untie_at')} of training (step {r.untied_at_step or r.untie_step})"
              if m.get("untie_at") else "")
     lines = [f"# {r.name}", "", f"Status: **{r.status}**" + (f" — {r.error}" if r.error else ""), "",
-             f"Tying: **{'tied' if m.get('tie_embeddings') else 'untied'}**{untie}; embed_scale "
+             f"Tying: **{tie_label(m.get('tie_mode'), bool(m.get('tie_embeddings')), m.get('untie_rank'))}**{untie}; embed_scale "
              f"{m.get('embed_scale')}; lm_head_bias {m.get('lm_head_bias')}; decay_embeddings {r.decay_embeddings}", ""]
     if r.params:
         p = r.params

@@ -425,8 +425,9 @@ def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, job
     from .config import load_config
     from .jobs import train_jobs
     from .train import train_run
-    from .tuning import point_label, point_overrides, run_tuning
+    from .tuning import check_record_target, point_label, point_overrides, run_tuning, write_record
 
+    check_record_target(grid.out)  # refused: nothing trained
     base = load_config(grid.config, grid.set)
     axes = list(grid.grid)
     points = [_point(combo, axes) for combo in itertools.product(*(grid.grid[k] for k in axes))]
@@ -459,6 +460,7 @@ def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, job
             final.append((v, point, seed, make_job(f"{tag}-{label}", v.overrides + point_overrides(
                 v.chosen.point, tuning.schedule), seed)))
     train_all([job for *_, job in final])
+    write_record(grid.out, tuning, [name for *_, (name, _) in final])
     summary = SweepSummary(dry_run=False, out=str(grid.out), total=len(final), tuning=tuning)
     for v, point, seed, (name, _) in final:
         res = results.get(name)
@@ -527,8 +529,6 @@ def format_sweep_summary(summary: SweepSummary) -> str:
             ppl = f"{v.chosen.perplexity:.2f}" if v.chosen.perplexity is not None else "–"
             lines.append(f"  {v.tag}: {v.chosen.label} (validation perplexity {ppl})"
                          + (f"; edge: {v.edge}" if v.edge else ""))
-    chosen = sorted({str(Path(e.path).parent / (e.name.rsplit("-s", 1)[0] + "-s*")) for e in summary.runs
-                     if e.status != "failed"})
-    lines.append("compare the tuned runs (each point at its chosen values) with: tiedlm compare "
-                 + " ".join(shlex.quote(c) for c in chosen) + " --primary test")
+    lines.append(f"compare the tuned runs (each point at its chosen values, on test; {summary.out}/tuning.json says "
+                 f"which they are) with: tiedlm compare {shlex.quote(summary.out)}")
     return "\n".join(lines)

@@ -85,7 +85,9 @@ def final_scalars(report: runs.RunReport) -> list[tuple[str, float, int]]:
 def run_texts(run_dir: Path, report: runs.RunReport) -> dict[str, str]:
     """The run and its parameter breakdown as Markdown, by text tag."""
     model = report.config.get("model", {}) if isinstance(report.config, dict) else {}
-    tie = "tied" if model.get("tie_embeddings", True) else "untied"
+    from .config import tie_label
+
+    tie = tie_label(model.get("tie_mode"), bool(model.get("tie_embeddings", True)), model.get("untie_rank"))
     if model.get("untie_at") is not None:
         tie += f", untied at {model['untie_at']} of training"
     texts = {"run": f"**{Path(run_dir).name}** — {tie} input/output embeddings; seed {report.seed}, "

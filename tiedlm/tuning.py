@@ -75,7 +75,7 @@ def _check_key(key: str, where: str) -> None:
     from .config import parse_override
 
     parse_override(f"{key}=")  # an unknown key is refused, with a suggestion
-    if key in ("seed", "name", "model.tie_embeddings"):
+    if key in ("seed", "name", "model.tie_embeddings", "model.tie_mode", "model.untie_rank"):
         raise ConfigError(f"{where}: {key} cannot be tuned — tuning chooses a setting per variant; seeds, names "
                           "and tying are what the comparison varies itself")
 
@@ -465,3 +465,67 @@ def shared_point(tuning: Tuning, base: Any) -> dict[str, Any] | None:
     point = {k: flat.get(k) for k in tuning.keys}
     label = point_label(point, short_keys(tuning.keys))
     return point if all(v.point(label) is not None for v in tuning.variants) else None
+
+
+# ---------------------------------------------------------------------------- a tuned sweep's record
+
+RECORD = "tuning.json"  # in a tuned sweep's runs folder: which runs are each grid point's choice
+
+
+@dataclass
+class TuningRecord:
+    """What a tuned sweep leaves beside its runs, so that `tiedlm compare FOLDER` compares each
+    grid point at its own chosen values (and leaves the other tuning runs out) without being told."""
+
+    folder: Path
+    keys: list[str]  # the tuned keys and the schedule's: what variants differ in by design
+    chosen: list[str]  # the run names at the chosen points, every seed
+    tuning: dict  # Tuning.to_json()
+
+    def note(self) -> str:
+        return (f"{', '.join(self.keys[:1])} was tuned per variant on validation by the sweep ({self.folder / RECORD}): "
+                f"each variant is compared at its own choice, on test; labels and twins leave the tuned keys out")
+
+
+def tuned_keys(tuning: Tuning) -> list[str]:
+    """Keys that differ between variants by design when each is tuned: the tuned ones and the
+    schedule's (labels and the twin matching leave them out; the tuning table shows them)."""
+    return [*tuning.keys, MIN_LR_KEY, RATIO_KEY]
+
+
+def check_record_target(folder: Path) -> None:
+    """Refuse, before a tuned sweep trains, a tuning.json in its runs folder that tiedlm did not write."""
+    from .files import foreign_files
+
+    found = foreign_files(Path(folder), [RECORD])
+    if found:
+        raise ConfigError(f"{found[0]} was not written by tiedlm, or was changed since — move it away, or set another "
+                          "out: in the grid file")
+
+
+def write_record(folder: Path, tuning: Tuning, chosen: list[str]) -> Path:
+    """tuning.json into a tuned sweep's runs folder (atomically, recorded as tiedlm's)."""
+    from .files import atomic_write_json, recording
+
+    folder = Path(folder)
+    with recording(folder, [RECORD], "out:", overwrite=True):
+        atomic_write_json(folder / RECORD, {"format": 1, "keys": tuned_keys(tuning), "chosen": sorted(chosen),
+                                            "tuning": tuning.to_json()})
+    return folder / RECORD
+
+
+def read_record(run_dirs: list[Path]) -> TuningRecord | None:
+    """The tuning record of the folder that holds every one of run_dirs, when tiedlm wrote one there."""
+    from .files import foreign_files, read_json
+
+    parents = {Path(d).resolve().parent for d in run_dirs}
+    if len(parents) != 1:
+        return None
+    folder = parents.pop()
+    data = read_json(folder / RECORD)
+    if not isinstance(data, dict) or foreign_files(folder, [RECORD]) or data.get("format") != 1:
+        return None
+    keys, chosen = data.get("keys"), data.get("chosen")
+    if not (isinstance(keys, list) and isinstance(chosen, list) and all(isinstance(x, str) for x in keys + chosen)):
+        return None
+    return TuningRecord(folder, keys, chosen, data.get("tuning") if isinstance(data.get("tuning"), dict) else {})

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from .measures import direct_path, finite, language_asymmetry, matrix_stats, pair_stats, per_token_arrays
+from .report import ANALYSIS_JSON, ANALYSIS_MD  # the files report writes (report imports nothing from here)
 
-ANALYSIS_JSON = "analysis.json"
-ANALYSIS_MD = "analysis.md"
 FORMAT = 1
 
 
@@ -99,7 +98,8 @@ def _may_be_untied(run_dir: Path) -> bool:
     model = config.get("model") if isinstance(config, dict) else None
     if not isinstance(model, dict):
         return False
-    return model.get("tie_embeddings") is False or model.get("untie_at") is not None
+    return model.get("tie_embeddings") is False or model.get("untie_at") is not None or \
+        model.get("tie_mode") is not None  # projection, lowrank: W_out is built from E, a matrix of its own
 
 
 def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample: int, seed: int, max_pairs: int,
@@ -119,7 +119,7 @@ def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample:
     E, W = per_token_arrays(model, V)
     matrices = {"E": matrix_stats(E, counts, bucket_of, names, seed, pairs)}
     pair: dict[str, Any]
-    if model.is_tied:
+    if model.w_out_is_e:
         pair = {"tied": True, "cosine": 1.0, "aligned_cosine": 1.0, "cka": 1.0, "relative_drift": 0.0}
     else:
         matrices["W_out"] = matrix_stats(W, counts, bucket_of, names, seed, pairs)
@@ -127,7 +127,8 @@ def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample:
     status = rm.report.status if rm.report is not None else None
     result = {
         "format": FORMAT, "run": run_dir.name, "path": str(run_dir), "checkpoint": rm.checkpoint.name,
-        "status": status, "still_training": status != "finished", "tied": model.is_tied,
+        "status": status, "still_training": status != "finished", "tied": model.w_out_is_e,
+        "tie_mode": model.tie_mode,
         "untied_at_step": rm.report.untied_at_step if rm.report is not None else None,
         "vocab_size": V, "model_vocab_size": data.model_vocab_size, "n_embd": cfg.model.n_embd,
         "split": split, "seed": seed, "sample": min(sample, V), "anisotropy_pairs": pairs,
@@ -138,7 +139,7 @@ def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample:
     }
     result = _strict(result)
     target = Path(out) if out is not None else run_dir
-    arrays = {"counts": counts, "bucket_of": bucket_of, "names": names, "E": E, "W": None if model.is_tied else W}
+    arrays = {"counts": counts, "bucket_of": bucket_of, "names": names, "E": E, "W": None if model.w_out_is_e else W}
     write_analysis(result, arrays, target, overwrite, overwrite_option)
     return result
 

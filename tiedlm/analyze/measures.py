@@ -55,13 +55,13 @@ def pair_stats(E, W, bucket_of: np.ndarray, names: list[str], seed: int, sample:
 def direct_path(model, tokens: np.ndarray, vocab: int, max_pairs: int) -> dict:
     """The direct path from the embedding to the head, softmax(W_out · LN_f(scale · E[t])), as a
     bigram model scored on the first max_pairs consecutive pairs of `tokens`; for an untied model
-    also with E in W_out's place (what tying would have imposed on this path); and the symmetric
+    also with E in W_out's place (W_out is the effective one: E·P or E + A·Bᵀ for the tying modes) (what tying would have imposed on this path); and the symmetric
     share of its bilinear form W_out · diag(γ) · Eᵀ (exactly 1 when tied)."""
     import torch
 
     t = model.transformer
     E = t.wte.weight.detach().float()
-    W = model.lm_head.weight.detach().float()
+    W = model.output_weight().float()  # the effective W_out (E·P, E + A·Bᵀ for the tying modes)
     ln = t.ln_f
     ln_b = ln.bias.detach().float() if ln.bias is not None else torch.zeros_like(ln.weight)
     head_bias = model.lm_head.bias.detach().float() if model.lm_head.bias is not None else None
@@ -74,7 +74,7 @@ def direct_path(model, tokens: np.ndarray, vocab: int, max_pairs: int) -> dict:
            "perplexity": own["perplexity"],
            **{k: min(1.0, max(0.0, v)) for k, v in  # rounding can leave a tied model's 0 at -1e-8
               g.bilinear_symmetry(E[:vocab], W[:vocab], gain=ln.weight.detach().float()).items()}}
-    if not model.is_tied:
+    if not model.w_out_is_e:
         tied = g.direct_path_nll(E, E, prev, nxt, **args)
         out["with_e_as_w_out"] = {"nll": tied["nll"], "perplexity": tied["perplexity"]}
     return out
@@ -102,9 +102,9 @@ def language_asymmetry(scfg: Any) -> dict:
 
 
 def per_token_arrays(model, vocab: int) -> tuple[Any, Any]:
-    """(E, W_out) restricted to the tokenizer's V rows (padding rows are never trained)."""
+    """(E, the effective W_out) restricted to the tokenizer's V rows (padding rows are never trained)."""
     E = model.transformer.wte.weight.detach().float()[:vocab]
-    W = model.lm_head.weight.detach().float()[:vocab]
+    W = model.output_weight().float()[:vocab]
     return E, W
 
 

@@ -10,14 +10,14 @@ from typing import Any
 from ..figures import figure, plain_ticks
 from ..formatting import fmt, fmt_int, markdown_table
 
+ANALYSIS_JSON = "analysis.json"  # tiedlm.analyze has them from here: report imports nothing of the package
+ANALYSIS_MD = "analysis.md"
 PLOTS = {"norms": "analysis_norms.png", "spectrum": "analysis_spectrum.png", "cosine": "analysis_pair_cosine.png"}
 TITLE = "# What the two matrices learned: "  # analysis.md's first line, before the run's name
 
 
 def analysis_files(tied: bool) -> list[str]:
     """The files an analysis writes (a tied run has no pair-cosine plot)."""
-    from . import ANALYSIS_JSON, ANALYSIS_MD
-
     return [ANALYSIS_JSON, ANALYSIS_MD, PLOTS["norms"], PLOTS["spectrum"], *([] if tied else [PLOTS["cosine"]])]
 
 
@@ -25,7 +25,6 @@ def _legacy() -> Any:
     """An analysis written by a tiedlm that kept no record of its files, known by its beginnings:
     analysis.md's title, analysis.json's first keys, and plots beside either."""
     from ..files import header_recogniser
-    from . import ANALYSIS_JSON, ANALYSIS_MD
 
     return header_recogniser({ANALYSIS_MD: lambda head: head.startswith(TITLE.encode()),
                               ANALYSIS_JSON: lambda head: head.startswith(b'{\n  "format": 1,\n  "run": ')},
@@ -41,7 +40,6 @@ def write_analysis(result: dict, arrays: dict, out: Path, overwrite: bool = Fals
     names that tiedlm did not write is refused unless `overwrite`, before anything is written."""
     from ..files import recording
     from ..runs import atomic_write_text
-    from . import ANALYSIS_JSON, ANALYSIS_MD
 
     names = analysis_files(arrays["W"] is None)
     with recording(out, names, overwrite_option, overwrite, LEGACY, known=analysis_files(tied=False)):

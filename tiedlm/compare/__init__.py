@@ -65,6 +65,7 @@ from .stats import (
     welch_test,
 )
 from .trajectory import TRAJECTORY_PLOT, Crossover, Trajectory, TrajectoryPoint
+from .tying_map import TYING_MAP_PLOT, TyingMap, plot_tying_map
 from .variants import BucketContrast, Contrast, SplitContrast, Variant, choose_baseline, label_variants
 from .tuning_report import tuning_note
 from .verdicts import verdicts_for
@@ -74,7 +75,7 @@ __all__ = [
     "to_csv",
     "Comparison", "Variant", "Contrast", "SplitContrast", "BucketContrast", "MatchedContrast", "RunRow",
     "NotCompared", "TrainFailure", "LoadedRun", "LeftOut", "ParamMatch", "Summary", "GeometricSummary", "Power",
-    "Trajectory", "TrajectoryPoint", "Crossover", "TRAJECTORY_PLOT",
+    "Trajectory", "TrajectoryPoint", "Crossover", "TRAJECTORY_PLOT", "TyingMap", "TYING_MAP_PLOT",
     "TestResult", "COMPARE_DIR", "PLOTS", "MATCHED_PLOT", "LEVEL", "ALPHA", "POWER", "PRIMARY",
     "discover", "load_run", "match_layers", "label_variants", "choose_baseline", "short_keys",
     "betainc", "t_sf", "t_cdf", "t_ppf", "t_two_sided_p", "summarize", "geometric", "paired_test", "welch_test",
@@ -98,11 +99,16 @@ def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
     c.files = {k: str(out / v) for k, v in FILES.items()}
     if c.matched:
         c.files["plot_tying_effect"] = str(out / MATCHED_PLOT)
+    if c.tying_map is not None:
+        c.files["plot_tying_map"] = str(out / TYING_MAP_PLOT)
     if c.tuning is not None:
         c.files["plot_tuning"] = str(out / TUNE_PLOT)
     names = [Path(f).name for f in c.files.values()]
-    with recording(out, names, OVERWRITE_OPTION, overwrite, LEGACY, known=[*FILES.values(), MATCHED_PLOT, TUNE_PLOT]):
+    with recording(out, names, OVERWRITE_OPTION, overwrite, LEGACY,
+                   known=[*FILES.values(), MATCHED_PLOT, TUNE_PLOT, TYING_MAP_PLOT]):
         write_plots(c, out)
+        if c.tying_map is not None:
+            plot_tying_map(c.tying_map.tmap, out / TYING_MAP_PLOT)
         if c.tuning is not None:
             plot_tuning(c.tuning, out / TUNE_PLOT)
         atomic_write_text(out / FILES["csv"], to_csv(c))
@@ -128,7 +134,8 @@ def check_outputs(out: Path, run_dirs: Iterable[Path] = (), analyze: bool = Fals
 def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline: str | None, runs_dir: Path,
              match: ParamMatch | None = None, failed: dict[str, str] | None = None,
              primary: str | None = None, select: str | None = None, analyze: bool = False,
-             overwrite_output: bool = False, tuning: Any = None, sequential: Any = None) -> Comparison:
+             overwrite_output: bool = False, tuning: Any = None, sequential: Any = None,
+             record: Any = None) -> Comparison:
     runs, skipped = load_runs(run_dirs, left_out, failed)
     check_outputs(Path(out), [Path(r.path) for r in runs], analyze, overwrite_output)  # before the first write
     if analyze:
@@ -137,8 +144,11 @@ def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline:
     skipped += left
     if not runs:
         raise no_runs_error(run_dirs, skipped, runs_dir)
-    c = build_comparison(runs, skipped, baseline, str(out), match, primary, tuned=_tuned_keys(tuning))
+    tuned = _tuned_keys(tuning) or (record.keys if record is not None else [])
+    c = build_comparison(runs, skipped, baseline, str(out), match, primary, tuned=tuned)
     c.select, c.select_reason = select, why
+    if record is not None:
+        c.notes.append(record.note())
     if tuning is not None:
         c.tuning = tuning
         c.notes.append(tuning_note(tuning, primary))
@@ -187,16 +197,37 @@ def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("r
     runs_dir = Path(runs_dir)
     out = Path(out) if out is not None else runs_dir / COMPARE_DIR
     run_dirs, missing = discover(list(paths) if paths else None, runs_dir, out)
-    return _compare(run_dirs, missing, out, baseline, runs_dir, primary=primary, select=select, analyze=analyze,
-                    overwrite_output=overwrite_output)
+    from ..tuning import read_record
+
+    record = read_record(run_dirs)  # a tuned sweep's runs: each grid point at its chosen values
+    if record is not None:
+        if primary == "validation":
+            raise ConfigError(f"these runs were tuned on validation ({record.folder}/tuning.json), so the verdict is "
+                              "on test — drop --primary validation")
+        chosen = set(record.chosen)
+        missing += [LeftOut(str(d), d.name, "a tuning run at a value its variant did not choose (tuning.json)")
+                    for d in run_dirs if d.name not in chosen]
+        run_dirs = [d for d in run_dirs if d.name in chosen]
+    return _compare(run_dirs, missing, out, baseline, runs_dir, primary=primary or ("test" if record else None),
+                    select=select, analyze=analyze, overwrite_output=overwrite_output, record=record)
 
 
 def _variants(cfg_path: str | Path, overrides: list[str], match: str | None,
-              untie: list[str]) -> tuple[list[tuple[str, list[str]]], ParamMatch | None]:
-    """(tag, overrides) of each variant to train, and the parameter match with match="params"."""
+              base: Any) -> tuple[list[tuple[str, list[str]]], ParamMatch | None]:
+    """(tag, overrides) of each variant to train, and the parameter match with match="params". A
+    config with a model.tie_mode (projection, lowrank) is its own tied variant, against untied."""
     from ..config import load_config
 
-    variants = [("tied", ["model.tie_embeddings=true"]), ("untied", ["model.tie_embeddings=false", *untie])]
+    m = base.model
+    untie = ["model.untie_at=null"] if m.untie_at is not None else []  # an untie_at is for tied models
+    untie += ["model.untie_rank=0"] if m.untie_rank else []  # and a rank for the lowrank mode
+    tied = ("tied", ["model.tie_embeddings=true"])
+    if m.tie_mode is not None:
+        tied = (m.tie_mode + (f"-r{m.untie_rank}" if m.tie_mode == "lowrank" else ""), [f"model.tie_mode={m.tie_mode}"])
+        if match == "params":
+            raise ConfigError(f"--match params adds layers to the plain tied model, and this config's model.tie_mode "
+                              f"is {m.tie_mode} — drop --match, or compare with model.tie_mode tied")
+    variants = [tied, ("untied", ["model.tie_embeddings=false", *untie])]
     if match != "params":
         return variants, None
     from ..data import prepare_data
@@ -209,11 +240,10 @@ def _variants(cfg_path: str | Path, overrides: list[str], match: str | None,
 
 
 def _tuned_keys(tuning: Any) -> list[str]:
-    """Keys that differ between variants by design when each is tuned: the tuned ones and the
-    schedule's (labels and the twin matching leave them out; the tuning table shows them)."""
-    if tuning is None:
-        return []
-    return [*tuning.keys, "train.min_lr", "train.min_lr_ratio"]
+    """tuning.tuned_keys: the keys variants differ in by design when each is tuned ([] untuned)."""
+    from ..tuning import tuned_keys
+
+    return tuned_keys(tuning) if tuning is not None else []
 
 
 def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, seeds: int | str = 1,
@@ -295,8 +325,7 @@ def _setup(cfg_path: str | Path, overrides: list[str], seeds: int | str, match: 
         raise ConfigError(f"--seeds must be at least 1, got {seeds}")
     _check_options(primary, select)
     base = load_config(cfg_path, overrides)
-    untie = ["model.untie_at=null"] if base.model.untie_at is not None else []  # an untie_at is for tied models
-    variants, matched = _variants(cfg_path, overrides, match, untie)
+    variants, matched = _variants(cfg_path, overrides, match, base)
     out = Path(out) if out is not None else runs_dir / COMPARE_DIR
     return base, variants, matched, base.name + override_tag(overrides), out
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import ConfigError, RunError
 from .collect import LeftOut, LoadedRun
@@ -121,6 +121,7 @@ class Comparison:
     trajectories: dict[str, Trajectory] = field(default_factory=dict)  # variant label -> its contrast over training
     tuning: Any = None  # tuning.Tuning: each variant's own setting, chosen on validation (compare --tune)
     sequential: Any = None  # sequential.Sequential: --seeds auto, the looks and why the seeds stopped
+    tying_map: Any = None  # map_measures.MapSection: a two-key numeric grid's map, with the matrices beside it
 
     @property
     def verdicts(self) -> list[str]:
@@ -163,6 +164,7 @@ class Comparison:
             "not_compared": [asdict(n) for n in self.not_compared],
             "matched": [m.to_json(self.primary) for m in self.matched], "files": self.files,
             "tuning": self.tuning.to_json() if self.tuning is not None else None,
+            "tying_map": self.tying_map.to_json() if self.tying_map is not None else None,
             "sequential": self.sequential.to_json() if self.sequential is not None else None,
         })
 
@@ -289,12 +291,12 @@ def _check_primary(variants: list[Variant], primary: str) -> None:
 
 
 def _contrast(variants: list[Variant], keys: list[str], baseline: str | None, base_key: str | None,
-              match: ParamMatch | None) -> tuple[Variant | None, str, list[MatchedContrast]]:
+              match: ParamMatch | None, tuned: Sequence[str] = ()) -> tuple[Variant | None, str, list[MatchedContrast]]:
     """Set every variant's contrast: tied against its untied twin in a grid (no --baseline, no
     --match), else every variant against one baseline. Returns (the baseline or None, why, the
     matched contrasts)."""
     if base_key is None and not baseline and match is None:
-        matched = matched_contrasts(variants, keys)
+        matched = matched_contrasts(variants, keys, tuned)
         if matched:
             return None, ("none: the variants differ in more than tying, so each tied variant is contrasted with "
                           "the untied variant identical in every other key (pass --baseline for one baseline)"), matched
@@ -330,11 +332,14 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
     labels, keys = _labels(kept, tuned)  # within the data set, so that labels name only what differs there
     variants = [aggregate(lab, kept[h], h) for lab, h in zip(labels, kept)]
     _check_primary(variants, primary)
-    base, reason, matched = _contrast(variants, keys, baseline, base_key, match)
+    base, reason, matched = _contrast(variants, keys, baseline, base_key, match, tuned)
     order = {label: i for i, m in enumerate(matched) for label in (m.tied, m.untied)}  # settings in numeric order
     variants.sort(key=lambda v: (v is not base, order.get(v.label, len(order)), v.label))
     rows = [_run_row(r, lab) for lab, h in zip(labels, kept) for r in kept[h]]
+    from .map_measures import map_section
+
     return Comparison(
+        tying_map=map_section(matched, primary, variants),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), out=out,
         baseline_label=base.label if base else None, baseline_reason=why or reason, differing_keys=keys,
         variants=variants, runs=rows, skipped=skipped,

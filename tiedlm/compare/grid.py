@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ..naming import scalar, short_keys
 from .variants import TYING_KEYS, Contrast, SplitContrast, Variant, versus
@@ -47,11 +47,12 @@ class MatchedContrast:
                 "power": d.power.to_json() if d and d.power else None}
 
 
-def _setting_key(v: Variant) -> str:
-    """Everything but the tying keys, and the resolution: what a matched pair shares."""
+def _setting_key(v: Variant, tuned: Sequence[str] = ()) -> str:
+    """Everything but the tying keys and the tuned ones (each variant's own choice), and the
+    resolution: what a matched pair shares."""
     from ..config import flatten
 
-    flat = {k: val for k, val in flatten(v.config).items() if k not in TYING_KEYS}
+    flat = {k: val for k, val in flatten(v.config).items() if k not in TYING_KEYS and k not in tuned}
     return json.dumps({"config": flat, "resolution": v.resolution}, sort_keys=True, default=str)
 
 
@@ -63,10 +64,12 @@ def _share(untied: Variant) -> float | None:
     return None
 
 
-def matched_contrasts(variants: list[Variant], differing_keys: list[str]) -> list[MatchedContrast]:
+def matched_contrasts(variants: list[Variant], differing_keys: list[str],
+                      tuned: Sequence[str] = ()) -> list[MatchedContrast]:
     """One contrast per tied variant that has exactly one untied twin; [] when the variants differ
     only in the tying keys (then a single baseline serves). Sets each paired tied variant's
-    vs_baseline. In the order of the settings, then the tied labels."""
+    vs_baseline. In the order of the settings, then the tied labels. `tuned`: keys each variant
+    chose for itself (tuning), which twins may differ in."""
     from ..config import flatten
 
     other = [k for k in differing_keys if k not in TYING_KEYS]
@@ -74,7 +77,7 @@ def matched_contrasts(variants: list[Variant], differing_keys: list[str]) -> lis
         return []
     groups: dict[str, list[Variant]] = {}
     for v in variants:
-        groups.setdefault(_setting_key(v), []).append(v)
+        groups.setdefault(_setting_key(v, tuned), []).append(v)
     short = short_keys(other)
     out = []
     for members in groups.values():

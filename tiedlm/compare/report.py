@@ -28,6 +28,7 @@ from .sequential import markdown as sequential_markdown, terminal_lines as seque
 from .stats import GeometricSummary, Summary, TestResult
 from .trajectory import markdown as trajectory_markdown, terminal_lines as trajectory_lines
 from .tuning_report import markdown as tuning_markdown, terminal_lines as tuning_lines
+from .tying_map import TYING_MAP_PLOT
 from .variants import SPLITS, SplitContrast, Variant
 from .verdicts import decay_line, fmt_flops, percent, plural, roles, test_words
 
@@ -164,7 +165,7 @@ def _md_matched(c: Comparison) -> list[str]:
                          rows, "lrrrrrrr"), "", f"![tying effect per setting]({MATCHED_PLOT})"]
     if unmatched:
         md += ["", "No untied variant with the same settings (not contrasted): " + "; ".join(unmatched) + "."]
-    return md
+    return md + (c.tying_map.markdown(TYING_MAP_PLOT) if c.tying_map is not None else [])
 
 
 def _md_match(c: Comparison) -> list[str]:
@@ -533,6 +534,7 @@ def format_terminal_table(c: Comparison) -> str:
         lines = [_matched_table(c)]
         alone = [v.label for v in c.variants if v.tied and v.vs_baseline is None]
         lines += ["not contrasted (no untied variant with the same settings): " + "; ".join(alone)] if alone else []
+        lines += c.tying_map.lines() if c.tying_map is not None else []
     else:
         header = ["variant", "seeds", f"{SHORT[c.primary]} ppl", "95% CI", f"vs {c.baseline_label}", "95% CI", "p",
                   "params"]

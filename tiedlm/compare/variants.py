@@ -33,7 +33,8 @@ from .stats import (
 
 SPLITS = ("train", "validation", "test")  # in report order; only the splits the runs have appear
 TIE_KEY = "model.tie_embeddings"
-TYING_KEYS = (TIE_KEY, "model.untie_at")  # what a matched contrast may differ in
+MODE_KEYS = (TIE_KEY, "model.tie_mode", "model.untie_rank")  # one label part: tied, untied, lowrank r=8 ...
+TYING_KEYS = (*MODE_KEYS, "model.untie_at")  # what a matched contrast may differ in
 COST_KEYS = ("tokens_per_s", "wall_time_s", "peak_memory_bytes", "tokens_seen", "steps")
 COMPUTE_MATCH = 0.01  # training FLOPs within 1% of the reference's: compute-matched
 PARAM_MATCH = 0.01  # parameters within 1% (or half a layer) of the reference's: parameter-matched
@@ -274,7 +275,7 @@ def label_variants(configs: list[dict], ignore: Sequence[str] = ()) -> tuple[lis
     keys: set[str] = set()
     for other in configs[1:]:
         keys.update(k for k in diff_keys(variant_config(configs[0]), variant_config(other)) if k not in ignore)
-    ordered = sorted(keys, key=lambda k: (k != TIE_KEY, k))
+    ordered = sorted(keys, key=lambda k: (k not in MODE_KEYS, k))
     short = short_keys(ordered)
     labels = []
     for cfg in configs:
@@ -284,8 +285,9 @@ def label_variants(configs: list[dict], ignore: Sequence[str] = ()) -> tuple[lis
         flat = flatten(with_added_keys(cfg))
         parts = []
         for key in ordered:
-            if key == TIE_KEY and isinstance(flat.get(key), bool):
-                parts.append("tied" if flat[key] else "untied")
+            if key in MODE_KEYS:  # the tying keys make one part, named after the mode
+                if key == next(k for k in ordered if k in MODE_KEYS):
+                    parts.append(tying_label(flat))
             else:
                 parts.append(f"{short[key]}={scalar(flat.get(key))}")
         if not parts:  # a single variant: say what matters most
@@ -293,6 +295,14 @@ def label_variants(configs: list[dict], ignore: Sequence[str] = ()) -> tuple[lis
             parts.append("tied" if tied else "untied" if tied is False else "all runs")
         labels.append(", ".join(parts))
     return labels, ordered
+
+
+def tying_label(flat: dict) -> str:
+    """A flattened config's tying: tied, untied, projection, or lowrank r=8 (`tie_embeddings=null`
+    when the config does not say)."""
+    from ..config import tie_label
+
+    return tie_label(flat.get("model.tie_mode"), flat.get(TIE_KEY), flat.get("model.untie_rank"))
 
 
 def _is_untied(variant: Candidate | Variant) -> bool:

@@ -23,6 +23,8 @@ that is not UTF-8, splits too small for the config) is a DataError, exit 1.
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,6 +239,17 @@ def _check_lengths(splits: dict[str, SplitData], block_size: int, limits: dict[s
                             f"— {hint}use more data or a smaller model.block_size")
 
 
+def _first_fraction(split: SplitData, fraction: float) -> SplitData:
+    """data.train_fraction: the first `fraction` of a split's tokens (a prefix, so that a smaller
+    fraction is a subset of a larger one, and the tokenizer, trained on the whole split, is shared).
+    Its document, character, byte and word counts are pro-rated by the tokens kept."""
+    n = max(1, round(len(split.tokens) * fraction))
+    share = n / len(split.tokens) if len(split.tokens) else 1.0
+    return dataclasses.replace(split, tokens=split.tokens[:n], n_docs=max(1, round(split.n_docs * share)),
+                               n_chars=round(split.n_chars * share), n_bytes=round(split.n_bytes * share),
+                               n_words=round(split.n_words * share))
+
+
 def _train_counts(splits: dict[str, SplitData], counts: np.ndarray | None, vocab: int, model_vocab: int) -> np.ndarray:
     """The count of each id in train, padded to the model's vocabulary."""
     if counts is None:  # an entry written without counts.npy
@@ -321,7 +334,8 @@ def _info(plan: _Plan, cfg: Config, entries: _Entries, model_vocab: int) -> dict
         "splits": entries.layout["origins"],
         "carving": entries.layout["carving"],
         "streaming": d.streaming,
-        "limits": {"max_train_tokens": d.max_train_tokens, "max_eval_tokens": d.max_eval_tokens},
+        "limits": {"max_train_tokens": d.max_train_tokens, "max_eval_tokens": d.max_eval_tokens,
+                   **({"train_fraction": d.train_fraction} if d.train_fraction < 1.0 else {})},
         "tokenizer": {"kind": tok.kind, "vocab_size": tok.vocab_size, "model_vocab_size": model_vocab,
                       "padding": model_vocab - tok.vocab_size, "eot_id": tok.eot_id, "unk_id": tok.unk_id,
                       "requested_vocab_size": tcfg.vocab_size, "key": plan.tok_key},
@@ -340,11 +354,14 @@ def prepare_data(cfg: Config, progress: bool = True) -> PreparedData:
     if not entries.complete:
         _build_missing(plan, cfg, entries, progress)
     splits = {name: entries.found[name][0] for name in entries.layout["splits"]}
+    counts = entries.found["train"][1]
+    if cfg.data.train_fraction < 1.0:
+        splits["train"], counts = _first_fraction(splits["train"], cfg.data.train_fraction), None
     _check_lengths(splits, cfg.model.block_size, plan.limits)
     vocab = entries.tokenizer.vocab_size
     pad = cfg.tokenizer.pad_to_multiple
     model_vocab = -(-vocab // pad) * pad
-    train_counts = _train_counts(splits, entries.found["train"][1], vocab, model_vocab)
+    train_counts = _train_counts(splits, counts, vocab, model_vocab)
     floor = _floor(cfg.data, splits, entries.tokenizer)
     entries.timings["total_s"] = time.perf_counter() - t_start
     info = _info(plan, cfg, entries, model_vocab)

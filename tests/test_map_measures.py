@@ -1,0 +1,82 @@
+"""The tying map inside a comparison: a 2 × 2 grid of runs (width × training fraction) gives
+tying_map.png, comparison.json's tying_map and its section in comparison.md; the measures beside
+each cell come from the untied twin's analysis, and their Spearman tests match scipy.stats."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+import tiedlm.compare as C
+from tests.test_compare import TIED, UNTIED, make_run
+from tiedlm.compare.map_measures import MEASURES, cell_measures, correlations, measure_lines, spearman_test
+from tiedlm.compare.stats import summarize
+
+scipy_stats = pytest.importorskip("scipy.stats")
+
+
+@pytest.mark.parametrize("x,y", [([1, 2, 3, 4, 5], [2, 1, 4, 3, 6]), ([0.1, 0.5, 0.2, 0.9, 0.3, 0.7], [3, 3, 1, 8, 2, 5]),
+                                 ([1, 2, 3, 4], [4, 3, 2, 1])])
+def test_spearman_test_is_scipys(x, y):
+    rho, p = spearman_test(x, y)
+    want = scipy_stats.spearmanr(x, y)
+    assert rho == pytest.approx(want.statistic, abs=1e-12) and p == pytest.approx(want.pvalue, abs=1e-9)
+
+
+def test_a_grid_of_runs_gets_its_map_and_the_matrices_beside_each_cell(tmp_path):
+    """Tying helps at the wide, small-data cell and hurts at the narrow, full-data one: the map
+    finds the crossover and writes its plot, JSON and Markdown."""
+    runs = tmp_path / "runs"
+    same = {"fingerprint": "wikitext", "tokenizer": "bpe"}  # what train.py records: a prefix shares them
+    effect = {(32, 0.5): 1.20, (32, 1.0): 1.30, (64, 0.5): 0.80, (64, 1.0): 1.10}  # tied / untied perplexity
+    for (d, f), ratio in effect.items():
+        for seed in range(3):
+            base = 100.0 + 10 * seed
+            setting = [f"model.n_embd={d}", f"data.train_fraction={f}"]
+            make_run(runs, f"u-{d}-{f}-s{seed}", seed, UNTIED + setting, val=base, test=base, identity=same)
+            make_run(runs, f"t-{d}-{f}-s{seed}", seed, TIED + setting, val=base * ratio * (1 + 0.01 * seed),
+                     test=base * ratio * (1 + 0.01 * seed), identity=same)
+    c = C.compare_runs(runs_dir=runs, primary="test")
+    assert c.tying_map is not None
+    t = c.tying_map.tmap
+    assert (t.row_key, t.col_key) == ("data.train_fraction", "model.n_embd")  # keys in sorted order
+    assert t.known(0.5, 64).effect < 0 < t.known(1.0, 32).effect
+    assert ((0.5, 32), (0.5, 64)) in t.crossover or ((0.5, 64), (0.5, 32)) in t.crossover
+    out = runs / "compare"
+    assert (out / C.TYING_MAP_PLOT).stat().st_size > 10_000 and c.files["plot_tying_map"].endswith("tying_map.png")
+    data = json.loads((out / "comparison.json").read_text())
+    assert data["tying_map"]["row_key"] == "data.train_fraction" and len(data["tying_map"]["cells"]) == 4
+    assert "No correlation with the matrices" in data["tying_map"]["matrices_summary"][0]  # not analysed
+    md = (out / "comparison.md").read_text()
+    assert "### The tying map" in md and "![tying map](tying_map.png)" in md
+    assert any("Tying helps significantly" in line for line in C.format_terminal_table(c).splitlines())
+
+
+def fake_map(effects, measures):
+    cells = {at: SimpleNamespace(effect=e, untied=f"u{at}") for at, e in effects.items()}
+    tmap = SimpleNamespace(cells=cells)
+    variants = [SimpleNamespace(label=f"u{at}", matrices={k: summarize([v]) for k, v in m.items()})
+                for at, m in measures.items()]
+    return tmap, variants
+
+
+def test_correlations_follow_the_cells_and_say_whether_the_sign_is_the_predicted_one():
+    effects = {(r, c): e for (r, c), e in zip([(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)], [0.3, 0.1, -0.05, -0.2, 0.2])}
+    cka = {(0, 0): 0.2, (0, 1): 0.4, (1, 0): 0.5, (1, 1): 0.9, (2, 0): 0.3}  # higher where tying helps
+    measures = {at: {"cka": cka[at], "aligned_cosine": 0.5, "direct_path_nll": 5.0,
+                     "direct_path_nll_e_as_w_out": 5.0 + effects[at]} for at in effects}
+    tmap, variants = fake_map(effects, measures)
+    cells = cell_measures(tmap, variants)
+    assert cells[(0, 0)]["direct_path_cost"] == pytest.approx(0.3)
+    found = {c.key: c for c in correlations(tmap, cells)}
+    assert found["cka"].rho == pytest.approx(scipy_stats.spearmanr(list(effects.values()), list(cka.values())).statistic)
+    assert found["cka"].rho == -1.0 and found["cka"].agrees is True
+    assert found["direct_path_cost"].rho == pytest.approx(1.0) and found["direct_path_cost"].agrees is True
+    assert found["aligned_cosine"].rho is None  # a constant measure has no rank correlation
+    lines = measure_lines(list(found.values()))
+    assert any("untied CKA: Spearman ρ = -1.00" in line and "the sign the symmetry argument predicts" in line
+               for line in lines)
+    assert len(found) == len(MEASURES)
+    few = {at: m for at, m in list(measures.items())[:3]}
+    tmap, variants = fake_map(effects, few)
+    assert all(c.rho is None for c in correlations(tmap, cell_measures(tmap, variants)))

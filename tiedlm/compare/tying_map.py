@@ -1,0 +1,359 @@
+"""The tying map: in a two-key grid (model width × training data, say), the tying effect of each
+cell on one plane, and where its sign changes.
+
+Each cell is one matched contrast (grid.py): the tied variant against its untied twin at that
+setting, on the primary split. The effect is tied / untied perplexity − 1, exp(Δloss) − 1 with
+exp(CI) − 1 bounds: positive where tying hurts, negative where it helps. A cell is significant when
+its 95% interval excludes zero. The crossover is the set of edges between neighbouring cells (in the
+same row or column, adjacent in the sorted values) whose point estimates have opposite signs: it
+follows the point estimates, so a sign change is established only where the cells on both sides
+are significant, and the sentences say so. When along one key the sign changes at most once per
+line of the grid, always the same way (a staircase boundary), the sentences say where tying starts
+to help on each line; otherwise they list the edges.
+
+matplotlib is imported inside plot_tying_map (through figures.figure), never at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..formatting import MISSING, fmt_signed
+from ..naming import scalar, short_keys
+from .grid import MatchedContrast
+from .stats import number
+
+TYING_MAP_PLOT = "tying_map.png"
+Cell = tuple[Any, Any]  # (row value, column value)
+Edge = tuple[Cell, Cell]
+
+
+@dataclass
+class MapCell:
+    """One setting's tying effect on the map's split. `significant`: the 95% interval excludes zero
+    (None when there is no interval, e.g. a single seed); effect None when the contrast has no
+    value on the split."""
+
+    effect: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float | None
+    significant: bool | None
+    seeds: int | None
+    tied: str  # the tied variant's label
+    untied: str  # the untied variant's label
+
+    @property
+    def sign(self) -> int:
+        """+1 where tying hurts, −1 where it helps, 0 for an effect of exactly 0 or none."""
+        e = self.effect
+        return 0 if e is None or e == 0 else (1 if e > 0 else -1)
+
+
+@dataclass
+class TyingMap:
+    """The tying effect over a two-key numeric grid: rows are the first key of the settings,
+    columns the second, both in numeric order. `cells` lacks settings with no matched contrast;
+    `crossover` lists the edges between neighbouring cells whose effects differ in sign."""
+
+    split: str
+    row_key: str
+    col_key: str
+    row_short: str
+    col_short: str
+    rows: list[Any]
+    cols: list[Any]
+    cells: dict[Cell, MapCell]
+    crossover: list[Edge] = field(default_factory=list)
+
+    def cell(self, row: Any, col: Any) -> MapCell | None:
+        return self.cells.get((row, col))
+
+    def known(self, row: Any, col: Any) -> MapCell | None:
+        """The cell when it has an effect on the split, else None (a missing cell)."""
+        c = self.cells.get((row, col))
+        return c if c is not None and c.effect is not None else None
+
+    def name(self, cell: Cell) -> str:
+        """'n_embd=128, train_fraction=0.5'."""
+        return f"{self.row_short}={scalar(cell[0])}, {self.col_short}={scalar(cell[1])}"
+
+    def significant_sides(self, edge: Edge) -> int:
+        """How many of the edge's two cells are significant (0, 1 or 2)."""
+        return sum(bool(self.cells[c].significant) for c in edge)
+
+    def to_json(self) -> dict:
+        """comparison.json's `tying_map`: cells as a list (JSON has no tuple keys), each edge of the
+        crossover with the key it runs along and how many of its sides are significant."""
+        cells = [{"row": r, "col": c, **asdict(self.cells[(r, c)])}
+                 for r in self.rows for c in self.cols if (r, c) in self.cells]
+        edges = [{"cells": [list(a), list(b)], "along": self.row_key if a[0] != b[0] else self.col_key,
+                  "significant_sides": self.significant_sides((a, b))} for a, b in self.crossover]
+        return {"split": self.split, "row_key": self.row_key, "col_key": self.col_key, "row_short": self.row_short,
+                "col_short": self.col_short, "rows": list(self.rows), "cols": list(self.cols), "cells": cells,
+                "crossover": edges, "summary": self.summary_lines()}
+
+    def summary_lines(self) -> list[str]:
+        """Plain sentences: where tying helps and hurts significantly, the cells without a result,
+        and where the sign changes (with whether that change is significant)."""
+        return _summary(self)
+
+
+# ============================================================================ building the map
+
+
+def _percent(x: float | None, digits: int = 2) -> str:
+    """−5.00% (a typographic minus), as verdicts.percent writes it; a dash for None. Not imported from
+    verdicts, which imports comparison: comparison may then hold a TyingMap without a cycle."""
+    return fmt_signed(x * 100, digits) + "%" if x is not None else MISSING
+
+
+def _numeric(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and number(v) is not None
+
+
+def _map_cell(m: MatchedContrast, split: str) -> MapCell:
+    d = m.split(split)
+    effect = number(d.relative) if d else None
+    lo, hi = (number(d.relative_ci_low), number(d.relative_ci_high)) if d and effect is not None else (None, None)
+    significant = None if lo is None or hi is None else (lo > 0 or hi < 0)
+    return MapCell(effect=effect, ci_low=lo, ci_high=hi, p_value=number(d.p_value) if d else None,
+                   significant=significant, seeds=d.seeds if d and d.test else None, tied=m.tied, untied=m.untied)
+
+
+def tying_map(matched: list[MatchedContrast], primary: str) -> TyingMap | None:
+    """The map of the matched contrasts on the split `primary`; None unless every setting has the
+    same two keys, both with numeric values, each setting has one contrast (not several tied
+    variants against one untied), and at least 2 rows and 2 columns have an effect."""
+    if not matched:
+        return None
+    keys = list(matched[0].setting)
+    if len(keys) != 2 or any(set(m.setting) != set(keys) for m in matched):
+        return None
+    if not all(_numeric(m.setting[k]) for m in matched for k in keys):
+        return None
+    row_key, col_key = keys
+    cells: dict[Cell, MapCell] = {}
+    for m in matched:
+        at = (m.setting[row_key], m.setting[col_key])
+        if at in cells:  # two tied variants at one setting (model.untie_at): no single effect per cell
+            return None
+        cells[at] = _map_cell(m, primary)
+    with_effect = [at for at, c in cells.items() if c.effect is not None]
+    if len({r for r, _ in with_effect}) < 2 or len({c for _, c in with_effect}) < 2:
+        return None
+    short = short_keys(keys)
+    tmap = TyingMap(split=primary, row_key=row_key, col_key=col_key, row_short=short[row_key],
+                    col_short=short[col_key], rows=sorted({r for r, _ in cells}), cols=sorted({c for _, c in cells}),
+                    cells=cells)
+    tmap.crossover = _crossover(tmap)
+    return tmap
+
+
+def _crossover(t: TyingMap) -> list[Edge]:
+    """Edges between neighbouring cells with effects of opposite sign: along each row (to the next
+    column), then up each column (to the next row), in the order of the cells."""
+    edges = []
+    for i, r in enumerate(t.rows):
+        for j, c in enumerate(t.cols):
+            here = t.known(r, c)
+            if here is None:
+                continue
+            for at in ((r, t.cols[j + 1]) if j + 1 < len(t.cols) else None,
+                       (t.rows[i + 1], c) if i + 1 < len(t.rows) else None):
+                there = t.known(*at) if at else None
+                if there is not None and here.sign * there.sign < 0:
+                    edges.append(((r, c), at))
+    return edges
+
+
+# ============================================================================ sentences
+
+
+def _effect_words(c: MapCell) -> str:
+    ci = "no interval" if c.ci_low is None else f"95% CI {_percent(c.ci_low)} to {_percent(c.ci_high)}"
+    return f"{_percent(c.effect)}, {ci}"
+
+
+def _significance(t: TyingMap, edge: Edge) -> str:
+    n = t.significant_sides(edge)
+    if n == 2:
+        return "significant: both cells' intervals exclude zero"
+    if n == 1:
+        sig = next(c for c in edge if t.cells[c].significant)
+        return (f"not established: only {t.name(sig)} is significant, the other cell's interval includes "
+                "zero (or there is none)")
+    return "not significant: neither cell's interval excludes zero"
+
+
+def _lines_along(t: TyingMap, along_rows: bool) -> list[tuple[Any, list[Cell]]]:
+    """The lines of the grid along one key: (the other key's value, its cells with a nonzero effect,
+    in order). along_rows: the row value changes along each line (one line per column)."""
+    if along_rows:
+        return [(c, [(r, c) for r in t.rows if t.known(r, c) and t.cells[(r, c)].sign]) for c in t.cols]
+    return [(r, [(r, c) for c in t.cols if t.known(r, c) and t.cells[(r, c)].sign]) for r in t.rows]
+
+
+def _monotone(t: TyingMap) -> tuple[bool, int, list[tuple[Any, Edge | None, int]]] | None:
+    """When, along one key (the row key first), the sign changes at most once on each line of the
+    grid, always the same way, and each change is a crossover edge (no missing cell between): the
+    boundary is a staircase that one sentence per line describes. Returns (along_rows, the sign on
+    the low side, [(the line's value, its edge or None, its sign where it has no edge)]); None when
+    neither key gives such a description."""
+    edges = set(t.crossover)
+    for along_rows in (True, False):
+        low_sides, lines, ok = set(), [], True
+        for value, cells in _lines_along(t, along_rows):
+            changes = [(a, b) for a, b in zip(cells, cells[1:]) if t.cells[a].sign != t.cells[b].sign]
+            if len(changes) > 1 or any(e not in edges for e in changes):
+                ok = False
+                break
+            if changes:
+                low_sides.add(t.cells[changes[0][0]].sign)
+            lines.append((value, changes[0] if changes else None, t.cells[cells[0]].sign if cells else 0))
+        if ok and len(low_sides) == 1:
+            return along_rows, low_sides.pop(), lines
+    return None
+
+
+def _crossover_lines(t: TyingMap) -> list[str]:
+    """Where the sign changes: per line of the grid along one key when the boundary is a staircase
+    (_monotone), else edge by edge; each change with whether it is significant."""
+    if not t.crossover:
+        signs = {c.sign for c in t.cells.values() if c.effect is not None} - {0}
+        if len(signs) == 2:
+            return ["The point estimates have both signs, but no two neighbouring cells with a result differ in "
+                    "sign (missing cells lie between them): no crossover edge can be placed."]
+        zero = any(c.effect == 0 for c in t.cells.values())
+        what = "hurts" if signs == {1} else "helps" if signs == {-1} else "has no effect"
+        where = "with a nonzero effect" if zero and signs else "with a result"
+        return [f"No crossover: tying {what} at every cell {where} (by the point estimates)."]
+    mono = _monotone(t)
+    out = []
+    if mono is not None:
+        along_rows, low_sign, lines = mono
+        key, other = (t.row_short, t.col_short) if along_rows else (t.col_short, t.row_short)
+        axis = 0 if along_rows else 1
+        for value, edge, sign in lines:
+            where = f"- at {other}={scalar(value)}"
+            if edge is None:
+                state = {1: "hurts", -1: "helps"}.get(sign)
+                out.append(f"{where}: no sign change (tying {state} at every {key} with a result)." if state
+                           else f"{where}: no result with a sign.")
+                continue
+            lo, hi = edge[0][axis], edge[1][axis]
+            turn = (f"tying starts to help above {key}={scalar(lo)} (hurts at {scalar(lo)}, helps at {scalar(hi)})"
+                    if low_sign > 0 else
+                    f"tying starts to help below {key}={scalar(hi)} (helps at {scalar(lo)}, hurts at {scalar(hi)})")
+            out.append(f"{where}: {turn}; {_significance(t, edge)}.")
+        out.insert(0, f"Crossover along {key} (by the point estimates, at each {other}):")
+    else:
+        out.append("The sign of the effect changes between these neighbouring cells (no single boundary along "
+                   "either key):")
+        for a, b in t.crossover:
+            ea, eb = _percent(t.cells[a].effect), _percent(t.cells[b].effect)
+            out.append(f"- {t.name(a)} ({ea}) | {t.name(b)} ({eb}): {_significance(t, (a, b))}.")
+    out.append("The crossover follows the point estimates: a sign change is established only where both "
+               "neighbouring cells are significant.")
+    return out
+
+
+def _summary(t: TyingMap) -> list[str]:
+    """The lines of TyingMap.summary_lines, cells in the order of the rows, then the columns."""
+    known = [((r, c), t.cells[(r, c)]) for r in t.rows for c in t.cols if t.known(r, c)]
+    total = len(t.rows) * len(t.cols)
+    lines = [f"Tying map on {t.split} perplexity, {t.row_short} (rows) × {t.col_short} (columns): "
+             f"{len(known)} of {total} cells have a result; effect = tied / untied perplexity − 1 "
+             "(negative: tying helps)."]
+    for sign, verb, side in ((-1, "helps", "below"), (1, "hurts", "above")):
+        hit = [f"{t.name(at)} ({_effect_words(c)})" for at, c in known if c.significant and c.sign == sign]
+        lines.append(f"Tying {verb} significantly (95% CI {side} zero) at {len(hit)} of {len(known)} cells"
+                     + (": " + "; ".join(hit) + "." if hit else "."))
+    unsure = [t.name(at) for at, c in known if not c.significant]
+    if unsure:
+        cells = f"{len(unsure)} cell{'s' if len(unsure) != 1 else ''}"
+        lines.append(f"No significant effect at {cells}: " + "; ".join(unsure) + ".")
+    missing = [t.name((r, c)) for r in t.rows for c in t.cols if t.known(r, c) is None]
+    if missing:
+        lines.append(f"No result on {t.split} at: " + "; ".join(missing) + ".")
+    return lines + _crossover_lines(t)
+
+
+# ============================================================================ the plot
+
+
+def plot_tying_map(tmap: TyingMap, path: Path) -> None:
+    """tying_map.png: the effect per cell on a diverging colormap centred at 0 (red: tying hurts,
+    blue: tying helps), each cell annotated with its effect and 95% interval, significant cells
+    framed and starred, missing cells hatched grey, the crossover drawn along the cell edges
+    (solid where both sides are significant, dashed otherwise). Written atomically."""
+    from ..figures import figure
+
+    title = f"Tying effect on {tmap.split} perplexity: tied / untied − 1 (negative: tying helps)"
+    with figure(path, title) as ax:
+        draw_tying_map(ax, tmap)
+
+
+def draw_tying_map(ax: Any, t: TyingMap) -> None:
+    """The map on the axes ax (cell (row i, column j) centred at x=j, y=i), with its colorbar and legend."""
+    import numpy as np
+    from matplotlib import patheffects
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.ticker import FuncFormatter
+
+    nr, nc = len(t.rows), len(t.cols)
+    data = np.full((nr, nc), np.nan)
+    for i, r in enumerate(t.rows):
+        for j, c in enumerate(t.cols):
+            cell = t.known(r, c)
+            if cell is not None:
+                data[i, j] = cell.effect
+    vmax = float(np.nanmax(np.abs(data))) or 0.01
+    im = ax.imshow(np.ma.masked_invalid(data), cmap="RdBu_r", vmin=-vmax, vmax=vmax, origin="lower", aspect="auto")
+    size = 8 if max(nr, nc) <= 4 else 6 if max(nr, nc) <= 7 else 4
+    for i, r in enumerate(t.rows):
+        for j, c in enumerate(t.cols):
+            cell = t.known(r, c)
+            if cell is None:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="0.85", edgecolor="0.6", hatch="//",
+                                       linewidth=0))
+                ax.text(j, i, "no result", ha="center", va="center", fontsize=size, color="0.35")
+                continue
+            ci = "no CI" if cell.ci_low is None else f"{_percent(cell.ci_low, 1)} to {_percent(cell.ci_high, 1)}"
+            star = "*" if cell.significant else ""
+            dark = abs(cell.effect) > 0.6 * vmax
+            ax.text(j, i, f"{_percent(cell.effect, 1)}{star}\n{ci}", ha="center", va="center", fontsize=size,
+                    color="white" if dark else "black", fontweight="bold" if cell.significant else "normal")
+            if cell.significant:
+                ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, edgecolor="black", linewidth=2.5))
+    stroke = [patheffects.withStroke(linewidth=6, foreground="black")]
+    for a, b in t.crossover:
+        (i1, j1), (i2, j2) = [(t.rows.index(r), t.cols.index(c)) for r, c in (a, b)]
+        if i1 == i2:  # neighbours in a row: the vertical edge between them
+            xs, ys = [max(j1, j2) - 0.5] * 2, [i1 - 0.5, i1 + 0.5]
+        else:
+            xs, ys = [j1 - 0.5, j1 + 0.5], [max(i1, i2) - 0.5] * 2
+        ax.plot(xs, ys, color="gold", linewidth=4, solid_capstyle="butt", path_effects=stroke, zorder=5,
+                linestyle="-" if t.significant_sides((a, b)) == 2 else (0, (2, 1.2)))
+    ax.set_xlim(-0.5, nc - 0.5)
+    ax.set_ylim(-0.5, nr - 0.5)
+    ax.set_xticks(range(nc))
+    ax.set_xticklabels([scalar(c) for c in t.cols])
+    ax.set_yticks(range(nr))
+    ax.set_yticklabels([scalar(r) for r in t.rows])
+    ax.set_xlabel(t.col_short)
+    ax.set_ylabel(t.row_short)
+    bar = ax.figure.colorbar(im, ax=ax)
+    bar.set_label(f"tying effect on {t.split} perplexity")
+    bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda x, _: _percent(x, 1) if abs(x) > 1e-12 else "0%"))
+    handles = [Patch(facecolor="white", edgecolor="black", linewidth=2.5, label="* 95% CI excludes 0"),
+               Patch(facecolor="0.85", edgecolor="0.6", hatch="//", label="no result"),
+               Line2D([], [], color="gold", linewidth=4, path_effects=stroke,
+                      label="sign change, both sides significant"),
+               Line2D([], [], color="gold", linewidth=4, linestyle=(0, (2, 1.2)), path_effects=stroke,
+                      label="sign change, not significant on both sides")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=7,
+              title="red: tying hurts, blue: tying helps; each cell: effect, then its 95% CI", title_fontsize=7)
