@@ -226,3 +226,86 @@ def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path):
     assert find_cycle(graph) == ["ring.a", "ring.b", "ring.a"]
     graph["ring.b"].clear()  # without the import inside f: none
     assert find_cycle(graph) is None
+
+
+# ------------------------------------------------------------ configs are read as Config (issue 23)
+
+def config_dict_reads(source: str) -> list[str]:
+    """Where `source` reads or writes a config as a dict by a string key, as `expression (why)`:
+    a section (name, seed, data, tokenizer, model, train, eval) of something named *config* or
+    *cfg*; a section whose value is then read by one of that section's keys (`x["model"]["n_embd"]`),
+    or walked into by a computed key (`x.get("data", {}).get(k)`); a dotted config key
+    (`flat["model.n_embd"]`, also through a module constant). Split names (`final["train"]["loss"]`)
+    and other dicts' keys pass."""
+    from tiedlm.config import ALL_KEYS
+
+    sections = {k for k in ALL_KEYS if "." not in k}
+    leaves = {s: {k.split(".")[1] for k in ALL_KEYS if k.startswith(s + ".")} for s in sections}
+    tree = ast.parse(source)
+    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+              and isinstance(n.value.value, str) for t in n.targets if isinstance(t, ast.Name)}
+    parent = {id(c): n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+
+    def keyed(node: ast.AST | None) -> tuple[ast.AST, str | None] | None:
+        """X["k"], X.get("k", ...) -> (X, "k"); (X, None) for a key computed at run time."""
+        if isinstance(node, ast.Subscript):
+            recv, key = node.value, node.slice
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
+              and node.func.attr in ("get", "setdefault", "pop")):
+            recv, key = node.func.value, node.args[0]
+        else:
+            return None
+        if isinstance(key, ast.Name) and key.id in consts:
+            return recv, consts[key.id]
+        return recv, key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
+
+    found = []
+    for node in ast.walk(tree):
+        if (hit := keyed(node)) is None or hit[1] is None:
+            continue
+        recv, key = hit
+        outer = parent.get(id(node))
+        if isinstance(outer, ast.Attribute):  # x.get("model").get("n_embd"): the call around the attribute
+            outer = parent.get(id(outer))
+        read = keyed(outer)
+        read = read[1] if read is not None and read[0] is node else ""  # the key its value is read by
+        why = None
+        if "." in key and key in ALL_KEYS:
+            why = "a dotted config key"
+        elif key in sections and any(w in ast.unparse(recv).lower() for w in ("config", "cfg")):
+            why = "a config section"
+        elif key in sections and read in leaves[key]:
+            why = f"a section read by its key {read}"
+        elif key in sections and read is None and isinstance(node, ast.Call) and len(node.args) > 1:
+            why = "a section walked into by a computed key"  # x.get("data", {}).get(k)
+        if why:
+            found.append(f"{ast.unparse(node)} ({why})")
+    return found
+
+
+def test_no_module_but_runs_and_config_reads_a_config_as_a_dict():
+    """A config is a Config from the command line to the report: runs.py rebuilds stored ones
+    (read_report, read_config) and config.py owns the dict forms; every other module reads
+    attributes, so a setting has one type and a label can never show null for a key that is set."""
+    old_forms = """
+TIE_KEY = "model.tie_embeddings"
+a = run.config.get("model", {}).get("tie_embeddings")
+b = config.get("seed")
+c = run.data.get("data", {}).get(k)
+d = flat.get(TIE_KEY)
+e = stored["model"]["n_layer"]
+f = report.config["train"]
+"""
+    assert len(config_dict_reads(old_forms)) == 6
+    others = """
+splits["train"].tokens
+final.get("train", {}).get("loss")
+b["name"] + report.flops_per_token.get("train")
+out["model"] = write_json(cfg)
+data.info.get("tokenizer", {}).get("key")
+by_split = {s: final["train"][s] for s in splits}
+"""
+    assert config_dict_reads(others) == []
+    found = [f"{path.relative_to(PACKAGE)}: {f}" for name, path in modules().items()
+             if name not in ("tiedlm.runs", "tiedlm.config") for f in config_dict_reads(path.read_text())]
+    assert found == []

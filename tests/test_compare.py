@@ -15,12 +15,25 @@ import pytest
 
 import tiedlm.compare as C
 from tiedlm import runs as run_folder
-from tiedlm.config import config_hash, load_config, to_dict, to_yaml
+from tiedlm.compare.variants import label_variants
+from tiedlm.config import config_hash, load_config, to_yaml
 from tiedlm.errors import ConfigError, NotARunError
+from tiedlm.naming import short_keys
 
 scipy_stats = pytest.importorskip("scipy.stats")  # the cross-check only; tiedlm itself needs no scipy
 
 BUDGET = ["train.max_steps=100"]
+
+
+def test_the_package_exports_what_users_call():
+    """tiedlm.compare exports the entry points, the result's types and the output names; the
+    statistics and the other internals are imported from their modules (tiedlm.compare.stats, ...)."""
+    import tiedlm
+
+    assert all(hasattr(C, name) for name in C.__all__)
+    assert {"compare_runs", "compare_config", "Comparison", "Variant", "COMPARE_DIR", "PLOTS"} <= set(C.__all__)
+    assert not {"betainc", "holm", "t_sf", "label_variants", "discover", "short_keys"} & set(C.__all__)
+    assert tiedlm.compare_runs is C.compare_runs and tiedlm.compare_config is C.compare_config
 V = 2048  # the fabricated runs' model vocabulary
 BUCKETS = ("top 10%", "next 40%", "rest", "unseen")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -80,7 +93,7 @@ def make_run(runs_dir: Path, name: str, seed: int, overrides=(), val=60.0, test=
         final = {"validation": split_metrics(val, 0.0 if cfg.model.tie_embeddings else 0.05, buckets),
                  "test": split_metrics(test if test is not None else val + 1.0, buckets=buckets)}
     report = run_folder.RunReport(
-        name=name, status=status, error=error, seed=seed, config_hash=config_hash(cfg), config=to_dict(cfg),
+        name=name, status=status, error=error, seed=seed, config_hash=config_hash(cfg), config=cfg,
         tiedlm_version="0.1.0", params=gpt2_params(cfg.model, V), flops_per_token={"forward": 1e7, "train": 3e7},
         final=final, floor=floor, tokens_seen=409_600, steps=100, wall_time_s=12.5 + seed, tokens_per_s=32_768.0,
         peak_memory_bytes=123_456_789, device="cpu", dtype="fp32",
@@ -225,13 +238,13 @@ def test_three_variants_mixed_seeds_grouped_labelled_and_tested(tmp_path):
 
 
 def test_short_keys_and_labels():
-    assert C.short_keys(["model.n_embd", "tokenizer.vocab_size", "data.synthetic.vocab_size"]) == {
+    assert short_keys(["model.n_embd", "tokenizer.vocab_size", "data.synthetic.vocab_size"]) == {
         "model.n_embd": "n_embd", "tokenizer.vocab_size": "tokenizer.vocab_size",
         "data.synthetic.vocab_size": "synthetic.vocab_size"}
-    a = to_dict(load_config(None, BUDGET + TIED))
-    b = to_dict(load_config(None, BUDGET + UNTIED))
-    assert C.label_variants([a, b]) == (["tied", "untied"], ["model.tie_embeddings"])
-    assert C.label_variants([b])[0] == ["untied"]
+    a = load_config(None, BUDGET + TIED)
+    b = load_config(None, BUDGET + UNTIED)
+    assert label_variants([a, b]) == (["tied", "untied"], ["model.tie_embeddings"])
+    assert label_variants([b])[0] == ["untied"]
 
 
 def test_baseline_choice_explicit_and_independent_of_order(tmp_path):

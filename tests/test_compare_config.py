@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import tiedlm.compare as C
+from tiedlm.compare.matching import match_layers
 from tests.test_compare import (
     BUDGET,
     PNG,
@@ -22,7 +23,7 @@ from tests.test_compare import (
     raises_exactly,
 )
 from tiedlm import runs as run_folder
-from tiedlm.config import load_config, to_dict
+from tiedlm.config import load_config
 from tiedlm.errors import ConfigError, DivergedError, RunError
 
 # ------------------------------------------------------------------ compare --config
@@ -44,7 +45,7 @@ def fake_training(monkeypatch):
         run_dir = Path(out) / name
         if overwrite and run_dir.exists():
             shutil.rmtree(run_dir)
-        if run_folder.existing_state(run_dir, to_dict(cfg)) == "finished":  # ConfigMismatchError for another config
+        if run_folder.existing_state(run_dir, cfg) == "finished":  # ConfigMismatchError for another config
             return run_dir
         calls.append(name)
         if name in fail:
@@ -83,7 +84,7 @@ def test_compare_config_trains_both_variants_and_reuses_finished_runs(tmp_path, 
     assert fake_training.calls == ["tiny-lr=2e-3-tied-s0", "tiny-lr=2e-3-tied-s1",
                                    "tiny-lr=2e-3-untied-s0", "tiny-lr=2e-3-untied-s1"]
     assert [v.label for v in result.variants] == ["untied", "tied"]
-    assert result.variant("tied").config["train"]["lr"] == 2e-3  # --set applies to every variant
+    assert result.variant("tied").config.train.lr == 2e-3  # --set applies to every variant
     assert (runs / "compare" / "comparison.md").exists()
     d = result.variant("tied").contrast("validation")
     assert d.test == "paired" and d.difference == pytest.approx(dloss([58.5, 58.9], [60.0, 60.4]))  # on the loss
@@ -107,12 +108,34 @@ def test_compare_config_seeds_offset_from_config_seed_and_failures_listed(tmp_pa
     skipped = {s.name: s.reason for s in result.skipped}
     assert "loss is nan" in skipped["tiny-untied-s5"]
     assert "training failed" in C.format_terminal_table(result)
-    with raises_exactly(ConfigError, match="--seeds must be at least 1"):
+    with raises_exactly(ConfigError, match="--seeds must be positive, got 0"):
         C.compare_config(cfg_path, [], seeds=0, match=None, runs_dir=tmp_path / "r", progress=False,
                          train=fake_training.train)
-    with raises_exactly(ConfigError, match="--match 'flops' is not supported"):
+    with raises_exactly(ConfigError, match="--match 'flops' is not known"):
         C.compare_config(cfg_path, [], seeds=1, match="flops", runs_dir=tmp_path / "r", progress=False,
                          train=fake_training.train)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"seeds": 1001}, "--seeds must be at most 1,000, got 1,001"),
+    ({"seeds": "three"}, "--seeds must be a whole number or auto"),
+    ({"match": "flops", "tune": ["train.lr=1e-3,2e-3"]}, "--match 'flops' is not known"),
+    ({"primary": "dev"}, "--primary: 'dev' must be train, validation or test"),
+    ({"select": "worst"}, "--select 'worst' is not known"),
+    ({"baseline": " "}, "--baseline ' ' names no variant"),
+])
+def test_compare_config_checks_its_options_as_the_command_does(tmp_path, fake_training, options, message):
+    """The library checks every option (the CLI only parses them), before the config is read or a run trained."""
+    with raises_exactly(ConfigError, match=message):
+        C.compare_config(tmp_path / "no-such.yaml", runs_dir=tmp_path / "r", progress=False,
+                         train=fake_training.train, **options)
+    assert fake_training.calls == [] and not (tmp_path / "r").exists()
+
+
+def test_compare_runs_checks_the_baseline_before_reading_runs(tmp_path):
+    with raises_exactly(ConfigError, match=r"--baseline 'a\\nb' names no variant"):
+        C.compare_runs(runs_dir=tmp_path / "r", baseline="a\nb")
+    assert not (tmp_path / "r").exists()
 
 
 def test_compare_config_refuses_an_edited_config_until_overwrite(tmp_path, fake_training):
@@ -128,13 +151,13 @@ def test_compare_config_refuses_an_edited_config_until_overwrite(tmp_path, fake_
     again = C.compare_config(cfg_path, [], seeds=1, runs_dir=runs, progress=False, overwrite=True,
                              train=fake_training.train)
     assert fake_training.calls == ["tiny-tied-s0", "tiny-untied-s0"] and again.train_failures == []
-    assert {v.config["train"]["max_steps"] for v in again.variants} == {30}
+    assert {v.config.train.max_steps for v in again.variants} == {30}
 
 
 def test_match_layers_reproduces_gpt2_small_counts():
     cfg = load_config(None, BUDGET + ["model.n_layer=12", "model.n_head=12", "model.n_embd=768",
                                       "model.block_size=1024"]).model
-    m = C.match_layers(cfg, 50257, count=gpt2_params)
+    m = match_layers(cfg, 50257, count=gpt2_params)
     assert m.tied_total == 124_439_808 and m.untied_total == 163_037_184  # GPT-2 small
     assert m.matched_n_layer == 17  # 38.6M saved / 7.09M per layer = 5.4 more layers
     assert abs(m.matched_total - m.untied_total) <= m.layer_params / 2
@@ -224,7 +247,7 @@ train: {device: cpu, dtype: fp32, batch_size: 4, max_steps: 6, warmup_steps: 1, 
     again = C.compare_config(cfg, [], seeds=1, match=None, runs_dir=runs, progress=False, overwrite=True)
     assert not again.train_failures
     assert sorted(r.name for r in again.runs) == ["tiny-tied-s0", "tiny-untied-s0"]
-    assert {v.config["train"]["max_steps"] for v in again.variants} == {5}
+    assert {v.config.train.max_steps for v in again.variants} == {5}
     # --set overrides get folders of their own, next to the plain runs
     other = C.compare_config(cfg, ["train.lr=2e-3"], seeds=1, match=None, runs_dir=runs, progress=False)
     assert sorted(r.name for r in other.runs) == ["tiny-lr=2e-3-tied-s0", "tiny-lr=2e-3-untied-s0"]

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 import tiedlm.compare as C
+from tiedlm.compare.report import to_markdown
 from tests.test_compare import TIED, UNTIED, edit_report, make_run, split_metrics
 from tiedlm.cli import app
 from tiedlm.errors import ConfigError, RunError
@@ -80,7 +81,7 @@ def test_the_verdict_changes_between_final_and_best(tmp_path):
     assert len(notes) == 6 - sum(1 for t, b in zip(TIED_LAST, TIED_BEST) if t / b - 1 <= OVERTRAINED_MARGIN)
     assert any(n.startswith("`w-untied-s0` is over-trained: final 41.3% above best at step 300") for n in notes)
     assert "compare --select best" in notes[0] and not [n for n in best.notes if "over-trained" in n]
-    assert "ended over-trained: see the notes" in C.to_markdown(final)
+    assert "ended over-trained: see the notes" in to_markdown(final)
 
 
 def test_default_is_final_when_a_run_kept_no_best_weights(tmp_path):

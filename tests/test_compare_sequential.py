@@ -20,7 +20,6 @@ from tiedlm import runs as run_folder
 from tiedlm.cli import app
 from tiedlm.compare import sequential as S
 from tiedlm.compare.stats import ALPHA, detectable_nc, norm_cdf, paired_test, power_analysis, t_two_sided_p
-from tiedlm.config import to_dict
 from tiedlm.errors import ConfigError, DivergedError
 
 K = 10  # --max-seeds's default: the design simulated here
@@ -309,7 +308,7 @@ def stand_in(monkeypatch):
 
     def train_run(cfg, out=Path("runs"), name=None, overwrite=False, progress=True, **_):
         run_dir = Path(out) / name
-        if run_folder.existing_state(run_dir, to_dict(cfg)) == "finished":
+        if run_folder.existing_state(run_dir, cfg) == "finished":
             return run_dir
         state.calls.append(name)
         if name in state.fail:

@@ -14,7 +14,6 @@ import tiedlm.compare as C
 from tests.test_compare import V, gpt2_params, make_run
 from tiedlm import runs as run_folder
 from tiedlm.tuning import extend_value, spec_from_block, spec_from_options
-from tiedlm.config import to_dict
 from tiedlm.errors import ConfigError, Interrupted
 
 OPTIMUM = {True: 1e-3, False: 3e-3}  # tied, untied: each variant's own best lr
@@ -35,7 +34,7 @@ def stand_in(monkeypatch):
 
     def train_run(cfg, out=Path("runs"), name=None, overwrite=False, progress=True, **_):
         run_dir = Path(out) / name
-        if run_folder.existing_state(run_dir, to_dict(cfg)) == "finished":
+        if run_folder.existing_state(run_dir, cfg) == "finished":
             return run_dir
         if state.stop_after is not None and len(state.calls) >= state.stop_after:
             raise Interrupted("interrupted at step 3 of 10")
@@ -147,7 +146,7 @@ def test_the_schedule_keeps_its_shape_and_the_report_has_the_tuning(tmp_path, st
     c = run(tmp_path, stand_in, ["train.lr=3e-4,1e-3,3e-3,1e-2"])
     assert c.tuning.schedule == ["train.min_lr_ratio=0.1", "train.min_lr=0.0001"]
     cfg = run_folder.read_config(tmp_path / "runs" / "tiny-tied-lr=0.001-s0")
-    assert cfg["train"]["lr"] == 1e-3 and cfg["train"]["min_lr_ratio"] == 0.1
+    assert cfg.train.lr == 1e-3 and cfg.train.min_lr_ratio == 0.1
     data = json.loads((tmp_path / "runs" / "compare" / "comparison.json").read_text())
     assert data["tuning"]["selected_on"] == "validation" and data["tuning"]["keys"] == ["train.lr"]
     assert [v["chosen"]["point"]["train.lr"] for v in data["tuning"]["variants"]] == [1e-3, 3e-3]
@@ -163,7 +162,7 @@ def test_a_paired_axis_sets_its_keys_together(tmp_path, stand_in):
     c = run(tmp_path, stand_in, None, block=block)
     assert {v.tag: v.chosen.point for v in c.tuning.variants} == {
         "tied": {"train.lr": 1e-3, "train.warmup_steps": 2}, "untied": {"train.lr": 3e-3, "train.warmup_steps": 4}}
-    assert run_folder.read_config(tmp_path / "runs" / "tiny-untied-lr=0.003_warmup_steps=4-s0")["train"]["warmup_steps"] == 4
+    assert run_folder.read_config(tmp_path / "runs" / "tiny-untied-lr=0.003_warmup_steps=4-s0").train.warmup_steps == 4
 
 
 def test_extend_value_follows_the_grids_own_step():

@@ -178,10 +178,9 @@ def test_a_run_trained_on_cuda_sampled_here_names_the_device_option(run):
 
 def test_labels_show_each_runs_real_values_for_operational_keys():
     from tiedlm.compare.variants import label_variants
-    from tiedlm.config import to_dict
 
-    plain = to_dict(load_config(None, TINY + ["train.eval_every=10", "train.eval_tokens=2048"]))
-    kept = to_dict(load_config(None, TINY + ["train.eval_every=5", "train.eval_tokens=512", "train.keep_best=true"]))
+    plain = load_config(None, TINY + ["train.eval_every=10", "train.eval_tokens=2048"])
+    kept = load_config(None, TINY + ["train.eval_every=5", "train.eval_tokens=512", "train.keep_best=true"])
     labels, keys = label_variants([plain, kept])
     assert "train.keep_best" in keys and "train.eval_every" in keys
     assert "null" not in " ".join(labels)
@@ -189,15 +188,19 @@ def test_labels_show_each_runs_real_values_for_operational_keys():
     assert "eval_every=5" in labels[1] and "eval_tokens=512" in labels[1] and "keep_best=true" in labels[1]
 
 
-def test_labels_of_an_older_run_without_the_added_keys_show_their_defaults():
+def test_labels_of_an_older_run_without_the_added_keys_show_their_defaults(tmp_path):
+    """An older run's config.yaml lacks the keys added since: runs.read_config reads them at their
+    "as before" values, and the label shows those."""
+    from tiedlm import runs
     from tiedlm.compare.variants import label_variants
     from tiedlm.config import to_dict
 
     old = to_dict(load_config(None, TINY))
     for key in ("keep_best", "early_stop_patience", "early_stop_min_delta", "log_to"):
         old["train"].pop(key)
-    new = to_dict(load_config(None, TINY + ["train.keep_best=true"]))
-    labels, _ = label_variants([json.loads(json.dumps(old)), new])
+    (tmp_path / runs.CONFIG).write_text(json.dumps(old))  # JSON is YAML
+    new = load_config(None, TINY + ["train.keep_best=true"])
+    labels, _ = label_variants([runs.read_config(tmp_path), new])
     assert "null" not in " ".join(labels) and "keep_best=false" in labels[0]
 
 

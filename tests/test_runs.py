@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tiedlm import runs
+from tiedlm.config import Config
 
 FIXTURE = Path(__file__).parent / "fixtures" / "report-0.1.json"  # written by tiedlm 0.1 (base.yaml, tied)
 
@@ -32,7 +33,7 @@ def test_keys_of_another_version_survive_a_rewrite(tmp_path):
 
 
 def test_a_record_writes_json_and_markdown_together_and_refuses_unknown_fields(tmp_path):
-    record = runs.RunRecord(tmp_path, runs.RunReport(name="r", seed=3, config={"model": {"tie_embeddings": True}}))
+    record = runs.RunRecord(tmp_path, runs.RunReport(name="r", seed=3, config=Config()))
     record.write(status="diverged", error="non-finite loss (nan) at step 7")
     assert json.loads((tmp_path / runs.REPORT).read_text())["status"] == "diverged"
     md = (tmp_path / runs.REPORT_MD).read_text()

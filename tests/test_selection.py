@@ -312,11 +312,11 @@ def test_an_older_config_yaml_without_the_new_keys_is_the_same_run(tmp_path):
     run = tmp_path / "old"
     run.mkdir()
     (run / runs.CONFIG).write_text(yaml.safe_dump(old))
-    assert runs.existing_state(run, to_dict(cfg)) == "resume"
+    assert runs.existing_state(run, cfg) == "resume"
     from tiedlm.errors import ConfigMismatchError
 
     with pytest.raises(ConfigMismatchError, match="train.keep_best"):
-        runs.existing_state(run, to_dict(load_config(None, MEMORISE + ["train.keep_best=true"])))
+        runs.existing_state(run, load_config(None, MEMORISE + ["train.keep_best=true"]))
 
 
 def test_with_selection_on_the_evaluation_interval_is_part_of_the_variant():

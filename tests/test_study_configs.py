@@ -16,15 +16,15 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 @pytest.mark.parametrize("name,path", [("study-tying-map.yaml", "wikitext"), ("study-tying-map-local.yaml", "text")])
 def test_the_tying_map_study_loads_and_validates(name, path):
     grid = load_grid(CONFIGS / name)
-    assert grid.grid == {"model.n_embd": [64, 128, 256], "data.train_fraction": [0.25, 0.5, 1.0],
+    assert grid.grid == {"model.n_embd": [64, 128, 256], "data.train_fraction": [0.125, 0.25, 0.5, 1.0],
                          "model.tie_embeddings": [True, False]}
     assert grid.tune.axes == {"train.lr": [1e-3, 3e-3, 1e-2]} and grid.seeds == [0, 1, 2]
     grid.tune = None  # expand() lists the grid points (a tuned sweep decides its runs as it goes)
     runs = expand(grid)
-    assert len(runs) == 3 * 3 * 2 * 3
+    assert len(runs) == 3 * 4 * 2 * 3
     for r in runs:
         cfg = r.cfg  # resolved and validated
-        assert cfg.data.path == path and cfg.train.keep_best and cfg.data.train_fraction in (0.25, 0.5, 1.0)
+        assert cfg.data.path == path and cfg.train.keep_best and cfg.data.train_fraction in (0.125, 0.25, 0.5, 1.0)
         assert cfg.tokenizer.kind == "bpe" and cfg.train.min_lr_ratio == 0.1
     hub = load_config(CONFIGS / "wikitext2-map.yaml")
     assert (hub.data.path, hub.data.name) == ("wikitext", "wikitext-2-raw-v1")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tiedlm.config import config_hash, load_config, to_dict
+from tiedlm.config import config_hash, load_config
 from tiedlm.errors import ConfigError, DataError
 from tiedlm.runs import RunRecord, RunReport
 from tiedlm.sweep import load_grid, run_sweep, sweep_commands, yaml_value
@@ -150,7 +150,7 @@ def fake_train():
         run = Path(out) / name
         run.mkdir(parents=True, exist_ok=True)
         report = RunReport(name=name, status="finished", seed=cfg.seed, config_hash=config_hash(cfg),
-                           config=to_dict(cfg))
+                           config=cfg)
         RunRecord(run, report).write()
         return run
 
@@ -321,7 +321,6 @@ def test_a_tuned_sweep_tunes_each_grid_point_and_trains_every_seed_at_its_choice
     import tiedlm.model
     from tests.test_compare import V, gpt2_params, make_run
     from tiedlm import runs as run_folder
-    from tiedlm.config import to_dict
     from tiedlm.sweep import format_sweep_summary
 
     best = {32: 1e-2, 64: 3e-3}
@@ -329,7 +328,7 @@ def test_a_tuned_sweep_tunes_each_grid_point_and_trains_every_seed_at_its_choice
 
     def train(cfg, out, name, progress=True, overwrite=False, **_):
         run_dir = Path(out) / name
-        if run_folder.existing_state(run_dir, to_dict(cfg)) == "finished":
+        if run_folder.existing_state(run_dir, cfg) == "finished":
             return run_dir
         trained.append(name)
         shutil.rmtree(run_dir, ignore_errors=True)

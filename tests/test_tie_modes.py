@@ -200,9 +200,9 @@ def test_params_report_adds_the_modes_column():
 def test_labels_name_the_mode():
     from tiedlm.compare.variants import label_variants
 
-    configs = [{"model": {"tie_embeddings": True, "tie_mode": "lowrank", "untie_rank": r}} for r in (0, 8)]
-    configs += [{"model": {"tie_embeddings": False}}, {"model": {"tie_embeddings": True, "tie_mode": "projection"}},
-                {"model": {"tie_embeddings": True}}]
+    configs = [load_config(None, ["model.tie_mode=lowrank", f"model.untie_rank={r}"]) for r in (0, 8)]
+    configs += [load_config(None, [f"model.{k}"]) for k in ("tie_embeddings=false", "tie_mode=projection",
+                                                             "tie_embeddings=true")]
     labels, keys = label_variants(configs)
     assert labels == ["lowrank r=0", "lowrank r=8", "untied", "projection", "tied"]
     assert set(keys) == {"model.tie_embeddings", "model.tie_mode", "model.untie_rank"}

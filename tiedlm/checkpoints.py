@@ -30,19 +30,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import ConfigError, DamagedRunError, RunError
-from .files import fsync_dir, sha256_file
-from .runs import (
-    CHECKPOINTS,
-    CONFIG,
-    FORMAT,
-    MANAGED,
-    METRICS,
-    REPORT,
-    atomic_write_json,
-    atomic_write_text,
-    check_format,
-    writing,
-)
+from .files import atomic_write_json, atomic_write_text, fsync_dir, sha256_file
+from .runs import CHECKPOINTS, CONFIG, FORMAT, MANAGED, METRICS, REPORT, check_format, writing
 
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.pt"
@@ -60,7 +49,8 @@ def save_checkpoint(run_dir: Path, step: int, tensors: dict, metadata: dict, sta
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
         final = _write_checkpoint_folder(tmp, root, name, step, tensors, metadata, state)
-    atomic_write_text(root / "LATEST", final.name + "\n")
+    with writing(root / "LATEST"):
+        atomic_write_text(root / "LATEST", final.name + "\n")
     if not keep_previous:
         for old in _checkpoint_folders(root):
             if old.name != final.name:
@@ -110,7 +100,8 @@ def _write_checkpoint_folder(tmp: Path, root: Path, name: str, step: int, tensor
                 os.fsync(f.fileno())
             files[fname] = {"sha256": sha256_file(tmp / fname), "bytes": (tmp / fname).stat().st_size}
         manifest = {"format": FORMAT, "step": step, "files": files, **{k: v for k, v in metadata.items()}}
-        atomic_write_json(tmp / MANIFEST, manifest)
+        with writing(tmp / MANIFEST):  # named as before: inside the checkpoint's own writing()
+            atomic_write_json(tmp / MANIFEST, manifest)
         final = root / name
         n = 1
         while final.exists():  # the same step saved again (a resume at it): a new name, the old one kept

@@ -329,14 +329,10 @@ def tie_mode_of(m: ModelConfig) -> str:
     return m.tie_mode or ("tied" if m.tie_embeddings else "untied")
 
 
-def tie_label(mode: Any, tie: Any, rank: Any = 0) -> str:
-    """How reports name a tying: tied, untied, projection, or lowrank r=8 (from model.tie_mode,
-    model.tie_embeddings and model.untie_rank; `tie_embeddings=null` when neither says)."""
-    if mode == "lowrank":
-        return f"lowrank r={rank}"
-    if mode is not None:
-        return str(mode)
-    return "tied" if tie is True else "untied" if tie is False else f"tie_embeddings={json.dumps(tie)}"
+def tie_label(m: ModelConfig) -> str:
+    """How reports name a model's tying: tied, untied, projection, or lowrank r=8."""
+    mode = tie_mode_of(m)
+    return f"lowrank r={m.untie_rank}" if mode == "lowrank" else mode
 
 
 def _one_tying(merged: dict, layer: dict) -> dict:
@@ -464,26 +460,21 @@ def effective_min_lr(t: TrainConfig) -> float:
     return t.lr * t.min_lr_ratio if t.min_lr_ratio is not None else t.min_lr
 
 
-def _get(data: dict, key: str, default: Any = None) -> Any:
-    section, leaf = key.split(".")
-    node = data.get(section)
-    return node.get(leaf, default) if isinstance(node, dict) else default
+def selects_checkpoints(cfg: Config) -> bool:
+    """True when a config keeps its best weights or stops early (see SELECTION_KEYS)."""
+    return bool(cfg.train.keep_best) or bool(cfg.train.early_stop_patience)
 
 
-def selects_checkpoints(data: dict) -> bool:
-    """True when a config dict keeps its best weights or stops early (see SELECTION_KEYS)."""
-    return bool(_get(data, "train.keep_best")) or bool(_get(data, "train.early_stop_patience"))
-
-
-def operational_keys(data: dict) -> tuple[str, ...]:
-    """OPERATIONAL_KEYS of this config dict: without SELECTION_KEYS when it selects checkpoints."""
-    if selects_checkpoints(data):
+def operational_keys(cfg: Config) -> tuple[str, ...]:
+    """OPERATIONAL_KEYS of this config: without SELECTION_KEYS when it selects checkpoints."""
+    if selects_checkpoints(cfg):
         return tuple(k for k in OPERATIONAL_KEYS if k not in SELECTION_KEYS)
     return OPERATIONAL_KEYS
 
 
 def with_added_keys(data: dict) -> dict:
-    """A config dict with ADDED_KEYS it lacks filled in at their "as before" values (a copy)."""
+    """A stored config dict with ADDED_KEYS it lacks filled in at their "as before" values (a copy):
+    what runs.py reads an older run's config with."""
     out = json.loads(json.dumps(data, default=str))
     for key, value in ADDED_KEYS.items():
         section, leaf = key.split(".")
@@ -492,22 +483,22 @@ def with_added_keys(data: dict) -> dict:
     return out
 
 
-def strip_variant_keys(data: dict) -> dict:
-    """A config dict without seed, name and the operational keys: what identifies a variant."""
-    out = json.loads(json.dumps(data, default=str))
-    out.pop("seed", None)
-    out.pop("name", None)
-    drop = [*operational_keys(out), *(k for k, v in ADDED_KEYS.items() if _get(out, k, v) == v)]
-    for key in drop:
+def variant_dict(cfg: Config) -> dict:
+    """The resolved config without seed, name, the operational keys and ADDED_KEYS at their "as
+    before" values: what identifies a variant."""
+    out = json.loads(json.dumps(to_dict(cfg), default=str))
+    del out["seed"], out["name"]
+    values = flat(cfg)
+    for key in (*operational_keys(cfg), *(k for k, v in ADDED_KEYS.items() if values[k] == v)):
         section, leaf = key.split(".")
-        if isinstance(out.get(section), dict):
-            out[section].pop(leaf, None)
+        out[section].pop(leaf, None)
     return out
 
 
-def variant_dict(cfg: Config) -> dict:
-    """The resolved config without the keys that do not change what is trained."""
-    return strip_variant_keys(to_dict(cfg))
+def flat(cfg: Config, variant: bool = False) -> dict[str, Any]:
+    """The config as dotted keys -> values (`model.n_embd`: 128), the view in which labels, matched
+    twins and data sets compare configs; with `variant`, only the keys of variant_dict."""
+    return flatten(variant_dict(cfg) if variant else to_dict(cfg))
 
 
 def config_hash(cfg: Config) -> str:

@@ -31,11 +31,12 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .checks import SPLITS
-from .config import SyntheticConfig
+from .config import DataConfig, SyntheticConfig
 from .errors import DataError
 
 # Bump when the generator changes, so cached token arrays of the old language are not reused.
@@ -271,7 +272,7 @@ LN2 = math.log(2.0)
 
 @dataclass
 class FloorStream:
-    """One split as the floor sees it (data._floor builds it from the split's tokens)."""
+    """One split as the floor sees it (prepared_floor builds it from the split's tokens)."""
 
     codes: np.ndarray  # word id, UNK or EOT: one per token (per_token) or one per word of the decoded text
     per_token: bool  # True: codes[i] is token i (a word tokenizer); False: the words of the decoded tokens,
@@ -349,6 +350,77 @@ def synthetic_floor(scfg: SyntheticConfig, split_words: dict[str, int], split_by
         out["unk_words"] = int(np.count_nonzero(unk_words)) if unk_words is not None else 0
         out["seconds"] = round(time.perf_counter() - t0, 4)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# The floor of prepared splits: their tokens read back as the language's words
+
+
+def _word_streams(lang: SyntheticLanguage, splits: dict[str, Any],
+                  tok: Any) -> tuple[dict[str, FloorStream], np.ndarray]:
+    """A word tokenizer's splits, token for token, as language words, UNK and EOT; and the [V] mask
+    of the language's words that the tokenizer maps to <unk>."""
+    ids = np.asarray(tok.encode_batch([" ".join(lang.words)])[0], dtype=np.int64)
+    if len(ids) != len(lang.words):
+        return {}, np.zeros(len(lang.words), dtype=bool)
+    unk_words = ids == tok.unk_id if tok.unk_id is not None else np.zeros(len(ids), dtype=bool)
+    code_of = np.full(max(tok.vocab_size, int(ids.max()) + 1), -3, dtype=np.int64)  # -3: no word of the language
+    code_of[ids[~unk_words]] = np.flatnonzero(~unk_words)
+    if tok.unk_id is not None:
+        code_of[tok.unk_id] = UNK
+    code_of[tok.eot_id] = EOT
+    streams = {}
+    for name, s in splits.items():
+        codes = code_of[np.asarray(s.tokens, dtype=np.int64)]
+        if not (codes == -3).any():
+            streams[name] = FloorStream(codes, True, len(s.tokens), s.n_bytes, s.n_words)
+    return streams, unk_words
+
+
+def _text_stream(lang: SyntheticLanguage, s: Any, tok: Any) -> FloorStream | None:
+    """Any other tokenizer's split as the words of its decoded documents, EOT after each ended one."""
+    tokens = np.asarray(s.tokens)
+    if tok.unk_id is not None and (tokens == tok.unk_id).any():
+        return None  # a character tokenizer's <unk> breaks a word apart: no exact floor
+    index = {w: i for i, w in enumerate(lang.words)}
+    ends = np.flatnonzero(tokens == tok.eot_id)
+    starts = np.concatenate([[0], ends + 1])
+    cut = len(tokens) > 0 and int(tokens[-1]) != tok.eot_id
+    codes: list[int] = []
+    for i, a in enumerate(starts):
+        b = ends[i] if i < len(ends) else len(tokens)
+        piece = tokens[a:b]
+        text = piece.astype(np.uint8).tobytes().decode("utf-8", "replace") if tok.kind == "byte" else tok.decode(piece)
+        words = text.split()
+        if i == len(ends) and cut:
+            words = words[:-1]  # perhaps partial: left out
+        if any(w not in index for w in words):
+            return None
+        codes += [index[w] for w in words] + ([EOT] if i < len(ends) else [])
+    return FloorStream(np.asarray(codes, dtype=np.int64), False, len(tokens), s.n_bytes, s.n_words)
+
+
+def prepared_floor(d: DataConfig, splits: dict[str, Any], tok: Any) -> dict | None:
+    """builtin:synthetic's expected entropy rate, and the own floor of validation and test on the
+    tokens the model sees (synthetic_floor); None for any other corpus. `splits`: prepare_data's
+    SplitData by name (tokens, n_bytes, n_words), `tok` the Tokenizer that made them (duck-typed:
+    data/ imports this module, not the other way round)."""
+    if d.path.strip() != "builtin:synthetic":
+        return None
+    t0 = time.perf_counter()
+    lang = synthetic_language(d.synthetic)
+    scored = {n: s for n, s in splits.items() if n != "train"}  # the splits a model is evaluated on: the
+    #   floor of train would cost time in proportion to it at every prepare, for a number no report shows
+    if tok.kind == "word":
+        streams, unk_words = _word_streams(lang, scored, tok)
+    else:
+        found = {name: _text_stream(lang, s, tok) for name, s in scored.items()}
+        streams, unk_words = {n: f for n, f in found.items() if f is not None}, None
+    n_sep = {n: int(np.count_nonzero(np.asarray(s.tokens) == tok.eot_id)) for n, s in splits.items()}
+    floor = synthetic_floor(d.synthetic, {n: s.n_words - n_sep[n] for n, s in splits.items()},
+                            {n: s.n_bytes for n, s in splits.items()}, streams, unk_words)
+    floor["seconds"] = round(time.perf_counter() - t0, 4)  # mapping the tokens to words and the floor itself
+    return floor
 
 
 # --------------------------------------------------------------------------------------------

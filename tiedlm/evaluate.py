@@ -234,7 +234,6 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
     from pathlib import Path
 
     from . import checkpoints, runs
-    from .config import from_dict
     from .data import data_identity, prepare_data
     from .errors import NotARunError, RunError
     from .model import GPT, load_model_tensors
@@ -242,10 +241,9 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise NotARunError(f"{run_dir} does not exist or is not a folder — give a run folder such as runs/base-s0")
-    raw = runs.read_config(run_dir)
-    if raw is None:
+    cfg = runs.read_config(run_dir)
+    if cfg is None:
         raise NotARunError(f"{run_dir} has no config.yaml — is it a tiedlm run folder?")
-    cfg = from_dict(raw)
     if checkpoint is not None:
         ckpt = _named_checkpoint(run_dir, checkpoint)
     else:
@@ -280,13 +278,12 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
     from pathlib import Path
 
     from . import runs
-    from .config import from_dict
     from .device import autocast_ctx, cpu_threads, resolve_device, resolve_dtype
     from .errors import ConfigError, RunError
 
-    raw = runs.read_config(Path(run_dir)) if Path(run_dir).is_dir() else None
-    if raw is not None and stride is not None:  # refused before any data are prepared
-        block = from_dict(raw).model.block_size
+    stored = runs.read_config(Path(run_dir)) if Path(run_dir).is_dir() else None
+    if stored is not None and stride is not None:  # refused before any data are prepared
+        block = stored.model.block_size
         if not 1 <= stride <= block:
             raise ConfigError(f"--stride must be between 1 and the run's block_size ({block}), got {stride}")
     rm = load_run_model(run_dir, best=best, chooser="--best")

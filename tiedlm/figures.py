@@ -32,9 +32,11 @@ def figure(path: Path, title: str, panels: int = 1) -> Iterator[Any]:
         fig.suptitle(title, fontsize=10)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    from .runs import atomic_write_bytes  # a full disk is then one line, as for every run file
+    from .files import atomic_write_bytes
+    from .runs import writing
 
-    atomic_write_bytes(path, buf.getvalue())
+    with writing(path):  # a full disk is then one line, as for every run file
+        atomic_write_bytes(path, buf.getvalue())
 
 
 def plain_ticks(ax: Any, which: str, log: bool = False) -> None:

@@ -88,7 +88,6 @@ def _train_parallel(jobs: list[tuple[str, Config]], out: Path, progress: bool, o
                     workers: int, finished: set[str]) -> list[JobResult]:
     """train_jobs with `workers` processes: the same skips, refusals and results, in the same order.
     `finished`: the jobs whose runs are finished already (train_jobs read their reports)."""
-    from .config import to_dict
     from .parallel import train_parallel
 
     results: dict[str, JobResult] = {}
@@ -102,7 +101,7 @@ def _train_parallel(jobs: list[tuple[str, Config]], out: Path, progress: bool, o
             continue
         overwrite = False
         try:
-            runs.existing_state(run_dir, to_dict(cfg))
+            runs.existing_state(run_dir, cfg)
         except ConfigMismatchError as exc:
             if not overwrite_other_config:
                 results[name] = JobResult(name, "failed", str(exc))

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from . import files
-from .config import tie_label
+from .checks import check_run_name
+from .config import Config, diff_keys, from_dict, load_yaml, operational_keys, tie_label, to_dict, with_added_keys
 from .errors import ConfigError, ConfigMismatchError, DamagedRunError, NotARunError, RunError, TiedlmError
 from .files import describe_write_failure, json_default
 from .formatting import fmt, markdown_table, params_markdown
@@ -105,29 +106,12 @@ def as_tiedlm_error(exc: BaseException, distributed: bool = False) -> TiedlmErro
     return None
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    with writing(path):
-        files.atomic_write_text(path, text)
-
-
-def atomic_write_json(path: Path, data: Any) -> None:
-    with writing(path):
-        files.atomic_write_json(path, data)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    with writing(path):
-        files.atomic_write_bytes(path, data)
-
-
 # ------------------------------------------------------------------------- names and folders
 
 
 def run_dir_for(out: Path, name: str) -> Path:
     """The folder of run `name` under `out`; a name that is not a plain folder name (one that
     would escape `out`, hide itself or read as an option) is a ConfigError (checks.check_run_name)."""
-    from .checks import check_run_name
-
     check_run_name(name)
     return Path(out) / name
 
@@ -195,10 +179,8 @@ class RunLock:
 
     def release(self) -> None:
         if self.fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(self.path)  # unlink while still holding the lock, then let go
-            except OSError:
-                pass
             os.close(self.fd)
             self.fd = None
 
@@ -225,6 +207,7 @@ def _read_owner(fd: int) -> dict | None:
 # Fields whose null says something ("no error", "never untied"): written even when null, as 0.1 did.
 _ALWAYS_WRITTEN = {"status", "error", "git_commit", "data_identity", "floor", "untie_step", "untied_at_step",
                    "params_after_untie"}
+_NOT_WRITTEN = {"extra", "config_problem", "_stored"}  # fields of RunReport that are not keys of report.json
 
 
 @dataclass
@@ -241,7 +224,7 @@ class RunReport:
     error: str | None = None
     seed: int | None = None
     config_hash: str | None = None  # config.config_hash: what identifies the variant
-    config: dict = field(default_factory=dict)  # the resolved config
+    config: Config | None = None  # the resolved config; read_report rebuilds it (None: see config_problem)
     started_at: str | None = None
     device: str | None = None
     dtype: str | None = None
@@ -280,23 +263,29 @@ class RunReport:
     world_size: int | None = None  # processes of a distributed run (torchrun); absent for one
     allreduce_bytes_per_step: int | None = None  # gradient bytes all-reduced per step under DDP
     extra: dict = field(default_factory=dict)
+    config_problem: str | None = None  # why report.json's config did not rebuild (then `config` is None)
+    _stored: tuple = field(default=(None, None), repr=False)  # (the config as read, its JSON as read)
 
     @classmethod
     def from_json(cls, data: dict) -> "RunReport":
-        names = {f.name for f in fields(cls)} - {"extra"}
+        names = {f.name for f in fields(cls)} - _NOT_WRITTEN
         known = {k: v for k, v in data.items() if k in names}
         known.setdefault("status", None)  # a report without a status is not a running one
-        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+        config, problem = _report_config(known.get("config"))  # its JSON is written back while it is unchanged
+        return cls(**{**known, "config": config}, config_problem=problem, _stored=(config, known.get("config")),
+                   extra={k: v for k, v in data.items() if k not in names})
 
     def to_json(self) -> dict:
         """The fields that have a value (as tiedlm 0.1 wrote only what it knew), then `extra`."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_WRITTEN}
+        read, stored = self._stored
+        out["config"] = stored if self.config == read else None if self.config is None else to_dict(self.config)
         keep = {k: v for k, v in out.items() if v is not None and v != [] or k in _ALWAYS_WRITTEN}
         return {**keep, **self.extra}
 
     def update(self, **changes: Any) -> None:
         for key, value in changes.items():
-            if not hasattr(self, key) or key == "extra":
+            if not hasattr(self, key) or key in _NOT_WRITTEN:
                 raise AttributeError(f"RunReport has no field {key!r}")
             setattr(self, key, value)
 
@@ -310,20 +299,23 @@ class RunRecord:
 
     def write(self, **changes: Any) -> None:
         self.report.update(**changes)
-        atomic_write_json(self.run_dir / REPORT, self.report.to_json())
-        atomic_write_text(self.run_dir / REPORT_MD, render_report_md(self.report))
+        data = self.report.to_json()  # each made before its writing(): a failure there is no write's
+        with writing(self.run_dir / REPORT):
+            files.atomic_write_json(self.run_dir / REPORT, data)
+        text = render_report_md(self.report)
+        with writing(self.run_dir / REPORT_MD):
+            files.atomic_write_text(self.run_dir / REPORT_MD, text)
 
 
 def render_report_md(r: RunReport) -> str:
     """report.json for people."""
-    m = r.config.get("model", {})
-    untie = (f", untied at {m.get('untie_at')} of training (step {r.untied_at_step or r.untie_step})"
-             if m.get("untie_at") else "")
+    m = r.config.model if r.config is not None else None
+    untie = f", untied at {m.untie_at} of training (step {r.untied_at_step or r.untie_step})" if m and m.untie_at else ""
+    tying = (f"Tying: **{tie_label(m)}**{untie}; embed_scale {m.embed_scale}; lm_head_bias {m.lm_head_bias}; "
+             if m else "Tying: unknown (its config does not load); ")
     lines = [f"# {r.name}", "", f"Status: **{r.status}**" + (f" — {r.error}" if r.error else ""), "",
-             f"Tying: **{tie_label(m.get('tie_mode'), bool(m.get('tie_embeddings')), m.get('untie_rank'))}**{untie}; embed_scale "
-             f"{m.get('embed_scale')}; lm_head_bias {m.get('lm_head_bias')}; decay_embeddings {r.decay_embeddings}", ""]
-    if r.params:
-        p = r.params
+             f"{tying}decay_embeddings {r.decay_embeddings}", ""]
+    if p := r.params:
         lines += ["## Parameters", "", params_markdown({"parameters": p}),
                   f"| vocabulary (tokenizer / model, padding) | {fmt(p.get('vocab_size'))} / "
                   f"{fmt(p.get('model_vocab_size'))} ({fmt(p.get('vocab_padding'))}) |", ""]
@@ -390,8 +382,7 @@ def _best_md(r: RunReport) -> list[str]:
                   f"{fmt(b.get('last_step'))}, {_pct(b.get('last_above_best'))} above the best"]
         lines.append("- **" + overtrained_text(b) + "**" if b.get("overtrained") else
                      f"- not over-trained (the flag is raised above {100 * (b.get('margin') or 0):g}%)")
-    if isinstance(r.stopped_early, dict):
-        s = r.stopped_early
+    if isinstance(s := r.stopped_early, dict):
         lines.append(f"- stopped early at step {fmt(s.get('step'))} of {fmt(s.get('of_steps'))}: {s.get('reason')}")
     if lines:
         lines.append("")
@@ -454,8 +445,7 @@ def read_report(run_dir: Path) -> RunReport | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError):
         raise DamagedRunError(f"{path} is not valid JSON (the run folder is damaged)",
-                              "move it away, or start afresh with --overwrite",
-                              "move it away, or retrain the run") from None
+                              "move it away, or start afresh with --overwrite", "move it away, or retrain the run") from None
     if not isinstance(data, dict):
         raise DamagedRunError(f"{path} is not a tiedlm report", "move the folder away, or use --overwrite",
                               "move the folder away, or retrain the run")
@@ -469,40 +459,54 @@ def check_format(fmt: Any, path: Path) -> None:
                        "— upgrade tiedlm to use this run")
 
 
-def read_config(run_dir: Path) -> dict | None:
+def _report_config(stored: Any) -> tuple[Config | None, str | None]:
+    """report.json's config rebuilt, or (None, why not); (None, None) when it holds none (config.yaml serves).
+    A stored config is made the resolved Config here and in read_config only: keys added since it was
+    written take their "as before" values (config.ADDED_KEYS), and from_dict normalises the rest."""
+    if not isinstance(stored, dict) or not stored:
+        return None, None
+    if not isinstance(stored.get("model"), dict):
+        return None, f"the config in {REPORT} has no model section"
+    try:
+        return from_dict(with_added_keys(stored)), None
+    except (ConfigError, TypeError, ValueError, AttributeError) as exc:  # a newer tiedlm's key, a hand edit
+        return None, f"the config in {REPORT} does not load: {exc}"
+
+
+def read_config(run_dir: Path) -> Config | None:
+    """config.yaml rebuilt, None when there is none; damaged: a DamagedRunError; not rebuilt: a ConfigError."""
+    data = _config_data(run_dir)
+    return None if data is None else from_dict(with_added_keys(data))
+
+
+def _config_data(run_dir: Path) -> dict | None:
+    """config.yaml as stored, None when there is none; a damaged one is a DamagedRunError."""
     import yaml
 
     path = Path(run_dir) / CONFIG
     if not path.exists():
         return None
-    from .config import load_yaml
-
+    fixes = ("use --overwrite to start afresh", "restore it, or retrain the run")
     try:
         data = load_yaml(path.read_text(encoding="utf-8"), str(path))  # duplicate keys and alias bombs refused
     except ConfigError as exc:  # its problem only: the fix load_yaml gives is for a file the user writes
-        problem = str(exc).split(" — ", 1)[0]
-        raise DamagedRunError(f"{problem} (the run folder is damaged)", "use --overwrite to start afresh",
-                              "restore it, or retrain the run") from None
+        raise DamagedRunError(f"{str(exc).split(' — ', 1)[0]} (the run folder is damaged)", *fixes) from None
     except (yaml.YAMLError, UnicodeDecodeError):
-        raise DamagedRunError(f"{path} is not valid YAML (the run folder is damaged)",
-                              "use --overwrite to start afresh", "restore it, or retrain the run") from None
+        raise DamagedRunError(f"{path} is not valid YAML (the run folder is damaged)", *fixes) from None
     if not isinstance(data, dict):
-        raise DamagedRunError(f"{path} is not a tiedlm config", "use --overwrite to start afresh",
-                              "restore it, or retrain the run")
+        raise DamagedRunError(f"{path} is not a tiedlm config", *fixes)
     return data
 
 
-def existing_state(run_dir: Path, config: dict) -> str:
-    """What to do with a run folder: 'new', 'finished' (nothing to do), or 'resume'.
+def existing_state(run_dir: Path, cfg: Config) -> str:
+    """What to do with a run folder for config `cfg`: 'new', 'finished' (nothing to do), or 'resume'.
 
     A folder holding a different config is refused with the keys that differ."""
-    from .config import diff_keys, operational_keys, with_added_keys
-
     run_dir = Path(run_dir)
     if not run_dir.exists():
         return "new"
     report = read_report(run_dir)
-    old = read_config(run_dir)
+    old = _config_data(run_dir)  # as stored: a key of a newer tiedlm is a difference, not an error
     if old is None and report is None:
         leftovers = [p.name for p in run_dir.iterdir() if p.name != LOCK]
         if leftovers:
@@ -510,26 +514,20 @@ def existing_state(run_dir: Path, config: dict) -> str:
                            "— choose another --name, or --overwrite to replace it")
         return "new"
     if old is not None:
-        skip = operational_keys(config)
-        differ = [k for k in diff_keys(with_added_keys(old), with_added_keys(config)) if k not in skip]
+        skip = operational_keys(cfg)
+        differ = [k for k in diff_keys(with_added_keys(old), with_added_keys(to_dict(cfg))) if k not in skip]
         if differ:
             shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
             raise ConfigMismatchError(f"{run_dir} holds a run with a different config ({shown} differ) — "
                                       "choose another --name or --seed, or --overwrite to start afresh", differ)
-    if report is not None and report.status == "finished":
-        return "finished"
-    return "resume"
+    return "finished" if report is not None and report.status == "finished" else "resume"
 
 
 def clear_run_dir(run_dir: Path) -> None:
     """Remove a run's files for --overwrite, keeping the lock this process holds."""
     for child in Path(run_dir).iterdir():
-        if child.name == LOCK:
-            continue
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
+        if child.name != LOCK:
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
 
 
 # ------------------------------------------------------------------------- metrics
@@ -556,10 +554,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def read_metrics_counted(run_dir: Path) -> tuple[list[dict], int]:
     """(read_metrics's records, how many non-blank lines were skipped as unreadable)."""
     path = Path(run_dir) / METRICS
-    out: list[dict] = []
     if not path.exists():
-        return out, 0
-    skipped = 0
+        return [], 0
+    out, skipped = [], 0
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             rec = json.loads(line)
@@ -581,11 +578,13 @@ def trim_metrics(run_dir: Path, up_to_step: int) -> None:
         return
     # final-evaluation records are written after the last checkpoint: a resume writes them again
     keep = [r for r in read_metrics(run_dir) if int(r.get("step", 0)) <= up_to_step and r.get("kind") != "final"]
-    atomic_write_text(path, "".join(json.dumps(r, default=json_default) + "\n" for r in keep))
+    text = "".join(json.dumps(r, default=json_default) + "\n" for r in keep)
+    with writing(path):
+        files.atomic_write_text(path, text)
 
 
 def clean_temporary_files(run_dir: Path) -> list[str]:
-    """Remove what a killed writer left: `.NAME.*.tmp` files (atomic_write_bytes) in the run folder
+    """Remove what a killed writer left: `.NAME.*.tmp` files (files.replace_atomically) in the run folder
     and its checkpoints folder, and `.tmp-step-*` / `.tmp-best-step-*` folders (checkpoints.py). Only called by the
     process holding the run's lock, so no other writer can own them. Returns what was removed."""
     removed = []

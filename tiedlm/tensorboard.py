@@ -84,14 +84,15 @@ def final_scalars(report: runs.RunReport) -> list[tuple[str, float, int]]:
 
 def run_texts(run_dir: Path, report: runs.RunReport) -> dict[str, str]:
     """The run and its parameter breakdown as Markdown, by text tag."""
-    model = report.config.get("model", {}) if isinstance(report.config, dict) else {}
     from .config import tie_label
 
-    tie = tie_label(model.get("tie_mode"), bool(model.get("tie_embeddings", True)), model.get("untie_rank"))
-    if model.get("untie_at") is not None:
-        tie += f", untied at {model['untie_at']} of training"
-    texts = {"run": f"**{Path(run_dir).name}** — {tie} input/output embeddings; seed {report.seed}, "
-                    f"variant {report.config_hash}"}
+    m = report.config.model if report.config is not None else None
+    if m is None:
+        tie = "input/output embeddings of an unknown tying (its config does not load)"
+    else:
+        untie = f", untied at {m.untie_at} of training" if m.untie_at is not None else ""
+        tie = f"{tie_label(m)} input/output embeddings{untie}"
+    texts = {"run": f"**{Path(run_dir).name}** — {tie}; seed {report.seed}, variant {report.config_hash}"}
     if report.params:
         rows = [f"| {key} | {value:,} |" if isinstance(value, int) else f"| {key} | {value} |"
                 for key, value in report.params.items()]
@@ -265,7 +266,11 @@ def backfill(run_dir: Path, left_alone: list[Path] | None = None) -> Path:
         raise RunError(str(exc).replace("train.log_to: ", "")) from None
     report = runs.read_report(run_dir)
     if report is None:
-        report = runs.RunReport(name=run_dir.name, config=runs.read_config(run_dir) or {})
+        try:
+            config = runs.read_config(run_dir)
+        except ConfigError:  # a config that does not rebuild: the texts say so, the scalars are written
+            config = None
+        report = runs.RunReport(name=run_dir.name, config=config)
     try:
         with runs.RunLock(run_dir):
             writer = write_run(run_dir, report, runs.read_metrics(run_dir))

@@ -24,7 +24,8 @@ import numpy as np
 
 from . import __version__, checkpoints, runs
 from .checkpoints import rng_state, set_rng_state
-from .config import Config, config_hash, to_dict, to_yaml
+from .config import Config, config_hash, to_yaml
+from .files import atomic_write_text
 from .errors import (
     ConfigError,
     DivergedError,
@@ -55,9 +56,8 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
     d = from_env()
     run_name = name or f"{cfg.name}-s{cfg.seed}"
     run_dir = runs.run_dir_for(Path(out), run_name)
-    config_dict = to_dict(cfg)
     if not overwrite:  # refuse a conflicting folder before taking its lock
-        if runs.existing_state(run_dir, config_dict) == "finished":
+        if runs.existing_state(run_dir, cfg) == "finished":
             log(f"{run_dir} is already finished with this config: nothing to do (--overwrite to retrain)")
             return run_dir
     # The vocabulary is known only once the data are prepared (that check follows in preflight):
@@ -68,7 +68,7 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
         with StopSignals() as signals, (runs.RunLock(run_dir) if d.main else contextlib.nullcontext()) as lock:
             if lock is not None and lock.took_over:
                 log(f"took over the lock of {run_dir}, left by process {lock.took_over.get('pid')} which is gone")
-            if not overwrite and runs.existing_state(run_dir, config_dict) == "finished":
+            if not overwrite and runs.existing_state(run_dir, cfg) == "finished":
                 log(f"{run_dir} is already finished with this config: nothing to do")
                 return run_dir
             _train(cfg, run_dir, progress and d.main, stop_after_step, fresh=overwrite, signals=signals, d=d)
@@ -225,9 +225,11 @@ def _start_record(cfg: Config, run_dir: Path, pre: Preflight) -> runs.RunRecord:
     """config.yaml and the first report.json of this attempt (a resumed run keeps its history)."""
     from .data import data_identity
 
-    runs.atomic_write_text(run_dir / runs.CONFIG, to_yaml(cfg))
+    text = to_yaml(cfg)
+    with runs.writing(run_dir / runs.CONFIG):
+        atomic_write_text(run_dir / runs.CONFIG, text)
     report = runs.RunReport(
-        name=run_dir.name, status="running", seed=cfg.seed, config_hash=config_hash(cfg), config=to_dict(cfg),
+        name=run_dir.name, status="running", seed=cfg.seed, config_hash=config_hash(cfg), config=cfg,
         tiedlm_version=__version__, started_at=now(), device=str(pre.device), dtype=pre.dtype,
         versions=versions(), git_commit=git_commit(), command=" ".join(sys.argv),
         data_identity=data_identity(pre.data))

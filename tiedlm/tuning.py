@@ -459,10 +459,10 @@ def run_tuning(spec: TuneSpec, variants: list[tuple[str, list[str]]], make_job: 
 def shared_point(tuning: Tuning, base: Any) -> dict[str, Any] | None:
     """The config's own value of every tuned key, when every variant tried that point: where the
     untuned comparison would have put both variants."""
-    from .config import flatten, to_dict
+    from .config import flat
 
-    flat = flatten(to_dict(base))
-    point = {k: flat.get(k) for k in tuning.keys}
+    values = flat(base)
+    point = {k: values.get(k) for k in tuning.keys}
     label = point_label(point, short_keys(tuning.keys))
     return point if all(v.point(label) is not None for v in tuning.variants) else None
 

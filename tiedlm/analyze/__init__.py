@@ -89,17 +89,15 @@ def _may_be_untied(run_dir: Path) -> bool:
     splits the tied matrix part-way, so its latest checkpoint may be either). False when the
     config cannot be read: such a run is refused when it is loaded, and nothing is written for it."""
     from .. import runs
+    from ..config import tie_mode_of
     from ..errors import TiedlmError
 
     try:
         config = runs.read_config(Path(run_dir))
     except (TiedlmError, OSError):
         return False
-    model = config.get("model") if isinstance(config, dict) else None
-    if not isinstance(model, dict):
-        return False
-    return model.get("tie_embeddings") is False or model.get("untie_at") is not None or \
-        model.get("tie_mode") is not None  # projection, lowrank: W_out is built from E, a matrix of its own
+    # untied, projection and lowrank (W_out built from E is a matrix of its own), or untied part-way
+    return config is not None and (tie_mode_of(config.model) != "tied" or config.model.untie_at is not None)
 
 
 def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample: int, seed: int, max_pairs: int,

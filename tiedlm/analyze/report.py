@@ -39,7 +39,8 @@ def write_analysis(result: dict, arrays: dict, out: Path, overwrite: bool = Fals
     """The files into out, recorded there as tiedlm's (files.recording): a file of one of their
     names that tiedlm did not write is refused unless `overwrite`, before anything is written."""
     from ..files import recording
-    from ..runs import atomic_write_text
+    from ..files import atomic_write_text
+    from ..runs import writing
 
     names = analysis_files(arrays["W"] is None)
     with recording(out, names, overwrite_option, overwrite, LEGACY, known=analysis_files(tied=False)):
@@ -47,8 +48,12 @@ def write_analysis(result: dict, arrays: dict, out: Path, overwrite: bool = Fals
         _plot_spectrum(result, out / PLOTS["spectrum"])
         if arrays["W"] is not None:
             _plot_cosines(arrays, out / PLOTS["cosine"])
-        atomic_write_text(out / ANALYSIS_JSON, json.dumps(result, indent=2, allow_nan=False) + "\n")
-        atomic_write_text(out / ANALYSIS_MD, to_markdown(result))
+        text = json.dumps(result, indent=2, allow_nan=False) + "\n"
+        with writing(out / ANALYSIS_JSON):
+            atomic_write_text(out / ANALYSIS_JSON, text)
+        text = to_markdown(result)
+        with writing(out / ANALYSIS_MD):
+            atomic_write_text(out / ANALYSIS_MD, text)
 
 
 # ------------------------------------------------------------------------- analysis.md

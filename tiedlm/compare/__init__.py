@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..errors import ConfigError, TiedlmError
-from ..naming import override_tag, short_keys
+from ..naming import override_tag
 from .collect import (
     COMPARE_DIR,
     SELECT,
@@ -31,67 +31,40 @@ from .collect import (
     LoadedRun,
     choose_weights,
     discover,
-    load_run,
     load_runs,
     no_runs_error,
     overtrained_notes,
 )
-from .comparison import PRIMARY, Comparison, NotCompared, RunRow, TrainFailure, build_comparison
+from .comparison import Comparison, TrainFailure, build_comparison
 from .grid import MatchedContrast
 from .matching import ParamMatch, match_layers
 from .plots import MATCHED_PLOT, PLOTS, write_plots
 from .report import FILES, LEGACY, format_terminal_table, to_csv, to_json_text, to_markdown
-from .stats import (
-    ALPHA,
-    LEVEL,
-    POWER,
-    GeometricSummary,
-    Power,
-    Summary,
-    TestResult,
-    betainc,
-    compare_by_seed,
-    geometric,
-    holm,
-    nct_cdf,
-    paired_test,
-    power_analysis,
-    summarize,
-    t_cdf,
-    t_power,
-    t_ppf,
-    t_sf,
-    t_two_sided_p,
-    welch_test,
-)
-from .trajectory import TRAJECTORY_PLOT, Crossover, Trajectory, TrajectoryPoint
-from .tying_map import TYING_MAP_PLOT, TyingMap, plot_tying_map
-from .variants import BucketContrast, Contrast, SplitContrast, Variant, choose_baseline, label_variants
+from .trajectory import TRAJECTORY_PLOT
 from .tuning_report import tuning_note
+from .tying_map import TYING_MAP_PLOT, TyingMap, plot_tying_map
+from .variants import Contrast, SplitContrast, Variant
 from .verdicts import verdicts_for
 
+# What a user of the library calls and reads: the two entry points, the outputs, the result's types
+# and the names of the files written. Everything else is imported from its module (compare.stats, ...).
 __all__ = [
-    "compare_runs", "compare_config", "write_outputs", "check_outputs", "format_terminal_table", "to_markdown",
-    "to_csv",
-    "Comparison", "Variant", "Contrast", "SplitContrast", "BucketContrast", "MatchedContrast", "RunRow",
-    "NotCompared", "TrainFailure", "LoadedRun", "LeftOut", "ParamMatch", "Summary", "GeometricSummary", "Power",
-    "Trajectory", "TrajectoryPoint", "Crossover", "TRAJECTORY_PLOT", "TyingMap", "TYING_MAP_PLOT",
-    "TestResult", "COMPARE_DIR", "PLOTS", "MATCHED_PLOT", "LEVEL", "ALPHA", "POWER", "PRIMARY",
-    "discover", "load_run", "match_layers", "label_variants", "choose_baseline", "short_keys",
-    "betainc", "t_sf", "t_cdf", "t_ppf", "t_two_sided_p", "summarize", "geometric", "paired_test", "welch_test",
-    "compare_by_seed", "holm", "nct_cdf", "t_power", "power_analysis",
+    "compare_runs", "compare_config", "check_outputs", "write_outputs", "format_terminal_table",
+    "Comparison", "Variant", "Contrast", "SplitContrast", "MatchedContrast", "TyingMap", "TrainFailure",
+    "COMPARE_DIR", "PLOTS", "MATCHED_PLOT", "TRAJECTORY_PLOT", "TYING_MAP_PLOT",
 ]
 
 
 OVERWRITE_OPTION = "--overwrite-output"  # the CLI option that replaces files tiedlm did not write
+SEEDS_LIMIT = 1000  # compare_config seeds: a typo (1000000) would queue a million trainings per variant
 
 
 def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
     """comparison.md, .csv, .json and the plots into out (each written atomically); c.files says where.
     They are recorded there as tiedlm's (files.recording): a file of one of their names that tiedlm
     did not write is refused unless `overwrite`, before anything is written."""
-    from ..files import recording
-    from ..runs import atomic_write_text
+    from ..files import atomic_write_text, recording
+    from ..runs import writing
 
     from .tuning_report import TUNE_PLOT, plot_tuning
 
@@ -111,9 +84,10 @@ def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
             plot_tying_map(c.tying_map.tmap, out / TYING_MAP_PLOT)
         if c.tuning is not None:
             plot_tuning(c.tuning, out / TUNE_PLOT)
-        atomic_write_text(out / FILES["csv"], to_csv(c))
-        atomic_write_text(out / FILES["markdown"], to_markdown(c))
-        atomic_write_text(out / FILES["json"], to_json_text(c))
+        for kind, render in (("csv", to_csv), ("markdown", to_markdown), ("json", to_json_text)):
+            text = render(c)
+            with writing(out / FILES[kind]):
+                atomic_write_text(out / FILES[kind], text)
 
 
 def check_outputs(out: Path, run_dirs: Iterable[Path] = (), analyze: bool = False, overwrite: bool = False) -> None:
@@ -171,7 +145,9 @@ def _analyzed(run: LoadedRun, overwrite_output: bool = False) -> LoadedRun:
     return dataclasses.replace(run, analysis=analysis, analysis_note=None)
 
 
-def _check_options(primary: str | None, select: str | None) -> None:
+def _check_options(primary: str | None, select: str | None, baseline: str | None = None) -> None:
+    """The options compare_runs and compare_config share (ConfigError, named as the CLI's options),
+    refused before anything is read, trained or written: the CLI only parses and passes them on."""
     from ..checks import check_split
 
     if primary is not None:
@@ -179,6 +155,25 @@ def _check_options(primary: str | None, select: str | None) -> None:
     if select is not None and select not in SELECT:
         raise ConfigError(f"--select {select!r} is not known — choose best (each run's kept best weights) or "
                           "final (the last weights)")
+    if baseline is not None and (not str(baseline).strip() or "\n" in str(baseline)):
+        raise ConfigError(f"--baseline {baseline!r} names no variant — give a variant's label or a run's name")
+
+
+def _check_config_options(seeds: int | str, max_seeds: int | None, min_effect: float | None, match: str | None,
+                          primary: str | None, select: str | None, baseline: str | None) -> tuple[int, float]:
+    """compare_config's options, all of them before its config is read; returns (max_seeds,
+    min_effect) with their defaults (sequential.check_auto)."""
+    from ..checks import check_at_most, check_positive
+    from .sequential import check_auto
+
+    if match not in (None, "params"):
+        raise ConfigError(f"--match {match!r} is not known — the one choice is --match params")
+    if seeds != "auto" and isinstance(seeds, int) and not isinstance(seeds, bool):
+        check_positive(seeds, "--seeds")
+        check_at_most(seeds, SEEDS_LIMIT, "--seeds", "each seed trains every variant once more")
+    auto = check_auto(seeds, max_seeds, min_effect, match)  # a whole number or auto; --max-seeds, --min-effect
+    _check_options(primary, select, baseline)
+    return auto
 
 
 def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("runs"),
@@ -193,7 +188,7 @@ def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("r
     `analyze` first analyses each run's two matrices (tiedlm analyze) for the report's section on them.
     Files of the outputs' names that tiedlm did not write are refused (check_outputs) unless
     `overwrite_output`."""
-    _check_options(primary, select)
+    _check_options(primary, select, baseline)
     runs_dir = Path(runs_dir)
     out = Path(out) if out is not None else runs_dir / COMPARE_DIR
     run_dirs, missing = discover(list(paths) if paths else None, runs_dir, out)
@@ -270,9 +265,8 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
     from ..config import load_config
     from ..runs import run_dir_for
     from ..tuning import read_tune_block, spec_from_options
-    from .sequential import check_auto
 
-    auto = check_auto(seeds, max_seeds, min_effect, match)  # (max_seeds, min_effect)
+    auto = _check_config_options(seeds, max_seeds, min_effect, match, primary, select, baseline)
     from ..parallel import parse_jobs
 
     jobs = parse_jobs(jobs)
@@ -281,11 +275,9 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
         return _compare_tuned(spec, cfg_path, list(overrides or []), seeds, match, Path(runs_dir), baseline,
                               progress, out, overwrite, train, primary, select, analyze, overwrite_output, auto, jobs)
 
-    if match not in (None, "params"):
-        raise ConfigError(f"--match {match!r} is not supported — the only option is --match params")
     overrides = list(overrides or [])
     runs_dir = Path(runs_dir)
-    base, variants, matched, prefix, out = _setup(cfg_path, overrides, seeds, match, primary, select, runs_dir, out)
+    base, variants, matched, prefix, out = _setup(cfg_path, overrides, match, runs_dir, out)
     from ..jobs import train_jobs
     from ..process import log
     from ..train import train_run
@@ -315,15 +307,12 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
     return c
 
 
-def _setup(cfg_path: str | Path, overrides: list[str], seeds: int | str, match: str | None, primary: str | None,
-           select: str | None, runs_dir: Path, out: Path | None) -> tuple[Any, list, Any, str, Path]:
+def _setup(cfg_path: str | Path, overrides: list[str], match: str | None, runs_dir: Path,
+           out: Path | None) -> tuple[Any, list, Any, str, Path]:
     """What compare_config trains, tuned or not: (the base config, the variants' tags and overrides,
-    the parameter match, the run-name prefix, the comparison folder); options checked first."""
+    the parameter match, the run-name prefix, the comparison folder); compare_config checked the options."""
     from ..config import load_config
 
-    if seeds != "auto" and seeds < 1:
-        raise ConfigError(f"--seeds must be at least 1, got {seeds}")
-    _check_options(primary, select)
     base = load_config(cfg_path, overrides)
     variants, matched = _variants(cfg_path, overrides, match, base)
     out = Path(out) if out is not None else runs_dir / COMPARE_DIR
@@ -351,7 +340,7 @@ def _compare_tuned(spec: Any, cfg_path: str | Path, overrides: list[str], seeds:
     if primary == "validation":
         raise ConfigError("with tuning, validation chose each variant's value, so the verdict is on test — drop "
                           "--primary validation")
-    base, variants, _, prefix, out = _setup(cfg_path, overrides, seeds, None, primary, select, runs_dir, out)
+    base, variants, _, prefix, out = _setup(cfg_path, overrides, None, runs_dir, out)
     failures: dict[str, str] = {}
 
     def make_job(suffix: str, extra: list[str], seed: int):
@@ -418,7 +407,7 @@ def _shared_verdict(tuning: Any, point: dict, run_dirs: list[Path], failures: di
     # the other only its tuning seeds): paired by seed, as the tuned verdict is
     by_variant: dict[Any, set[int]] = {}
     for r in runs:
-        by_variant.setdefault(bool(r.config.get("model", {}).get("tie_embeddings")), set()).add(r.seed)
+        by_variant.setdefault(r.config.model.tie_embeddings, set()).add(r.seed)
     shared = set.intersection(*by_variant.values()) if len(by_variant) > 1 else set()
     runs = [r for r in runs if r.seed in shared]
     if not runs:

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from .. import runs as run_folder
+from ..config import Config, config_hash
 from ..errors import DamagedRunError, NotARunError, RunError, TiedlmError
 from ..evaluate import perplexity
 from .stats import number
 
 COMPARE_DIR = "compare"  # the comparison's own folder under the runs folder, never a run
-DATA_SECTIONS = ("data", "tokenizer")
 
 
 @dataclass
@@ -39,14 +38,13 @@ class LoadedRun:
     name: str  # the folder's name (not the report's: a folder may have been renamed)
     path: str
     seed: int
-    config: dict
-    config_hash: str  # recomputed from the stored config where it loads
+    config: Config  # the resolved config, as runs.read_report (or read_config) rebuilt it
+    config_hash: str  # recomputed from the config, so that older runs group with newer ones
     report: run_folder.RunReport
     final: dict[str, dict]  # split -> final metrics; every split's "buckets" is a list
     params: dict  # the report's parameter breakdown ({} when it has none)
     curve: list[tuple[float, float]]  # validation (tokens seen, perplexity) during training
     notes: list[str]  # what could not be read, for the comparison's notes
-    data: dict  # the config's data and tokenizer sections, defaults filled in
     data_identity: dict | None  # report.json's data_identity: fingerprint and tokenizer key
     best: dict | None = None  # report.json's `best`: the best periodic validation evaluation
     final_best: dict[str, dict] | None = None  # the final evaluation of the kept best weights (keep_best)
@@ -103,18 +101,6 @@ def _read_curve(run_dir: Path) -> tuple[list[tuple[float, float]], list[str]]:
     return sorted(points), notes
 
 
-def data_sections(config: dict) -> dict:
-    """The config's data and tokenizer sections, with defaults filled in for fields it lacks."""
-    from ..config import from_dict, to_dict
-
-    try:
-        full = to_dict(from_dict(config))
-    except (TiedlmError, TypeError, ValueError, AttributeError):
-        full = config
-    sections = {s: full.get(s) if isinstance(full.get(s), dict) else {} for s in DATA_SECTIONS}
-    return json.loads(json.dumps(sections, default=str))
-
-
 def _recorded_identity(report: run_folder.RunReport) -> dict | None:
     ident = report.data_identity
     if not isinstance(ident, dict):
@@ -154,32 +140,14 @@ def _read(run_dir: Path) -> tuple[run_folder.RunReport | None, str | None]:
     return report, None
 
 
-def _config_of(run_dir: Path, report: run_folder.RunReport) -> tuple[dict | None, str | None]:
-    """The resolved config: report.json's, else config.yaml's."""
-    config: Any = report.config
-    if not isinstance(config, dict) or not config:
-        config, why = _read_file(run_folder.read_config, run_dir, run_folder.CONFIG)
-        if why:
-            return None, why
-        if config is None:
-            return None, f"no config in {run_folder.REPORT} and no {run_folder.CONFIG}"
-    if not isinstance(config.get("model"), dict):
-        return None, f"the config in {run_folder.REPORT} has no model section"
-    return config, None
-
-
-def _hash_of(config: dict, report: run_folder.RunReport) -> tuple[str | None, str | None]:
-    """The config hash recomputed from the stored config, so that runs written before a config
-    field existed (it gets its default) or a key became operational group with newer runs."""
-    from ..config import config_hash, from_dict
-
-    try:
-        return config_hash(from_dict(config)), None
-    except TiedlmError as exc:
-        chash = report.config_hash
-        if not isinstance(chash, str) or not chash:
-            return None, f"no config_hash in {run_folder.REPORT} and its config does not load: {exc}"
-        return chash, None
+def _config_of(run_dir: Path, report: run_folder.RunReport) -> tuple[Config | None, str | None]:
+    """The resolved config: report.json's, else config.yaml's; or why there is none."""
+    if report.config is not None or report.config_problem:
+        return report.config, report.config_problem
+    config, why = _read_file(run_folder.read_config, run_dir, run_folder.CONFIG)
+    if why is None and config is None:
+        why = f"no config in {run_folder.REPORT} and no {run_folder.CONFIG}"
+    return config, why
 
 
 def load_run(run_dir: str | Path) -> tuple[LoadedRun | None, str | None]:
@@ -194,18 +162,14 @@ def load_run(run_dir: str | Path) -> tuple[LoadedRun | None, str | None]:
     final = _final_section(report.final)
     if not final:
         return None, f"{run_folder.REPORT} has no final evaluation (final.validation / final.test)"
-    chash, why = _hash_of(config, report)
-    if chash is None:
-        return None, why
-    seed = report.seed if report.seed is not None else config.get("seed")
+    seed = report.seed if report.seed is not None else config.seed
     if not isinstance(seed, int) or isinstance(seed, bool):
         return None, f"{run_folder.REPORT} has no integer seed"
     curve, notes = _read_curve(run_dir)
     analysis, analysis_note = current_analysis(run_dir, report)
-    return LoadedRun(name=run_dir.name, path=str(run_dir), seed=seed, config=config, config_hash=chash,
+    return LoadedRun(name=run_dir.name, path=str(run_dir), seed=seed, config=config, config_hash=config_hash(config),
                      report=report, final=final, params=report.params if isinstance(report.params, dict) else {},
-                     curve=curve, notes=notes, data=data_sections(config),
-                     data_identity=_recorded_identity(report),
+                     curve=curve, notes=notes, data_identity=_recorded_identity(report),
                      best=report.best if isinstance(report.best, dict) else None,
                      final_best=_final_section(report.final_best) or None, analysis=analysis,
                      analysis_note=analysis_note), None

@@ -28,7 +28,6 @@ from .variants import (
     label_variants,
     resolution,
     run_loss,
-    variant_config,
     versus,
 )
 
@@ -254,7 +253,7 @@ def pick_data_set(groups: list[DataSet], kept_by_group: list[dict[str, list[Load
     for lab, (gi, h) in zip(labels, entries):
         runs = kept_by_group[gi][h]
         candidates.append(Candidate(label=lab, runs=[r.name for r in runs], seeds=[r.seed for r in runs],
-                                    config=variant_config(runs[0].config), config_hash=h, data_set=gi))
+                                    config=runs[0].config, config_hash=h, data_set=gi))
     base, why = choose_baseline(candidates, baseline)
     home = groups[base.data_set]
     not_compared = []

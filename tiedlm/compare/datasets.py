@@ -16,19 +16,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config import Config
 from ..naming import scalar
 from .collect import LoadedRun
 
-EVAL_SET_KEYS = ("max_eval_tokens",)
+DATA_SECTIONS = ("data", "tokenizer")
 
 
 @dataclass
 class DataSet:
     """Runs trained and evaluated on the same tokens."""
 
-    data: dict  # the data and tokenizer sections of its first run's config
+    config: Config  # its first run's config (the data and tokenizer sections are what matter here)
     identity: dict | None  # its first run's recorded data identity
     runs: list[LoadedRun] = field(default_factory=list)
+
+
+def data_view(cfg: Config) -> dict[str, Any]:
+    """The data and tokenizer keys of a config -> their values (config.flat)."""
+    from ..config import flat
+
+    return {k: v for k, v in flat(cfg).items() if k.split(".", 1)[0] in DATA_SECTIONS}
 
 
 def _blob(obj: Any) -> str:
@@ -45,16 +53,17 @@ def data_sets(runs: list[LoadedRun]) -> list[DataSet]:
     groups: dict[str, DataSet] = {}
 
     def add(key: str, run: LoadedRun) -> None:
-        groups.setdefault(key, DataSet(run.data, run.data_identity)).runs.append(run)
+        groups.setdefault(key, DataSet(run.config, run.data_identity)).runs.append(run)
 
     for run in ordered:
-        if run.data_identity is not None:
-            eval_set = {k: run.data.get("data", {}).get(k) for k in EVAL_SET_KEYS}
+        if run.data_identity is not None:  # how much of each evaluation split is scored, which it leaves out
+            eval_set = {"max_eval_tokens": run.config.data.max_eval_tokens}
             add(_blob({"identity": run.data_identity, "eval": eval_set}), run)
     for run in ordered:  # no recorded identity: join a group whose runs have the same data config
         if run.data_identity is None:
-            twin = next((k for k, g in groups.items() if any(r.data == run.data for r in g.runs)), None)
-            add(twin or _blob({"config": run.data}), run)
+            view = data_view(run.config)
+            twin = next((k for k, g in groups.items() if any(data_view(r.config) == view for r in g.runs)), None)
+            add(twin or _blob({"config": view}), run)
     out = sorted(groups.values(), key=lambda g: min(_run_order(r) for r in g.runs))
     for group in out:
         group.runs.sort(key=_run_order)
@@ -64,12 +73,10 @@ def data_sets(runs: list[LoadedRun]) -> list[DataSet]:
 def data_difference(a: DataSet, b: DataSet, sep: str = " vs ") -> str:
     """How the data of two groups differ, in config keys: 'data.synthetic.vocab_size 1000 vs 4096'
     (a's value first); or which recorded identity differs when their configs do not."""
-    from ..config import diff_keys, flatten
-
-    keys = diff_keys(a.data, b.data)
+    fa, fb = data_view(a.config), data_view(b.config)
+    keys = sorted(k for k in fa if fa[k] != fb[k])
     if keys:
-        fa, fb = flatten(a.data), flatten(b.data)
-        return ", ".join(f"{k} {scalar(fa.get(k))}{sep}{scalar(fb.get(k))}" for k in keys)
+        return ", ".join(f"{k} {scalar(fa[k])}{sep}{scalar(fb[k])}" for k in keys)
     ia, ib = a.identity or {}, b.identity or {}
     if ia.get("fingerprint") != ib.get("fingerprint"):
         return "the data files changed between runs (source fingerprint differs)"

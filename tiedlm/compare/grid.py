@@ -50,10 +50,10 @@ class MatchedContrast:
 def _setting_key(v: Variant, tuned: Sequence[str] = ()) -> str:
     """Everything but the tying keys and the tuned ones (each variant's own choice), and the
     resolution: what a matched pair shares."""
-    from ..config import flatten
+    from ..config import flat
 
-    flat = {k: val for k, val in flatten(v.config).items() if k not in TYING_KEYS and k not in tuned}
-    return json.dumps({"config": flat, "resolution": v.resolution}, sort_keys=True, default=str)
+    view = {k: val for k, val in flat(v.config, variant=True).items() if k not in TYING_KEYS and k not in tuned}
+    return json.dumps({"config": view, "resolution": v.resolution}, sort_keys=True, default=str)
 
 
 def _share(untied: Variant) -> float | None:
@@ -70,7 +70,7 @@ def matched_contrasts(variants: list[Variant], differing_keys: list[str],
     only in the tying keys (then a single baseline serves). Sets each paired tied variant's
     vs_baseline. In the order of the settings, then the tied labels. `tuned`: keys each variant
     chose for itself (tuning), which twins may differ in."""
-    from ..config import flatten
+    from ..config import flat
 
     other = [k for k in differing_keys if k not in TYING_KEYS]
     if not other:
@@ -86,14 +86,13 @@ def matched_contrasts(variants: list[Variant], differing_keys: list[str],
             continue
         ref = untied[0]
         for tied in sorted((v for v in members if v.tied), key=lambda v: v.label):
-            # The values from a member run's whole config (as the labels take theirs): a key that is
-            # operational here (eval_every without keep_best) is not in the variant config, yet it
-            # has a value, which the setting shows rather than null.
-            flat = flatten(tied.member_config or tied.config)
-            setting = {k: flat.get(k) for k in other}
+            # The values from the whole config (as the labels take theirs): a key that is operational
+            # here (eval_every without keep_best) is not part of the variant, yet it has a value.
+            values = flat(tied.config)
+            setting = {k: values[k] for k in other}
             tied.vs_baseline = versus(tied, ref, kind="matched")
             out.append(MatchedContrast(
-                setting=setting, label=", ".join(f"{short[k]}={scalar(flat.get(k))}" for k in other),
+                setting=setting, label=", ".join(f"{short[k]}={scalar(values[k])}" for k in other),
                 tied=tied.label, untied=ref.label, contrast=tied.vs_baseline, embedding_share=_share(ref),
                 tied_params=tied.params.get("total"), untied_params=ref.params.get("total")))
     return sorted(out, key=lambda m: (_sort_key(m.setting, other), m.tied))

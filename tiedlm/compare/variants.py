@@ -2,7 +2,8 @@
 
 A *variant* is a resolved config apart from its seed, name and operational keys (runs with the
 same config hash). Each is labelled by the keys in which its config differs from the other
-variants of its data set (`tied`/`untied` for model.tie_embeddings, `n_embd=128` for the rest).
+variants of its data set (`tied`/`untied` for model.tie_embeddings, `n_embd=128` for the rest),
+with the values of its `Config` (config.flat), never of a stored dict.
 Each variant but the baseline is contrasted with the baseline per split, and per frequency
 bucket (the tying literature's claim is about rare tokens), by stats.compare_by_seed.
 """
@@ -13,6 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from ..config import Config
 from ..errors import ConfigError
 from ..naming import scalar, short_keys
 from .collect import LoadedRun
@@ -176,7 +178,7 @@ class Variant:
 
     label: str
     config_hash: str
-    config: dict  # without seed, name and operational keys
+    config: Config  # its first run's resolved config (comparison.json shows config.variant_dict of it)
     tied: bool | None
     seeds: list[int]
     runs: list[str]  # run folder names, in seed order
@@ -196,9 +198,6 @@ class Variant:
     is_baseline: bool = False
     vs_baseline: Contrast | None = None  # against the baseline, or its matched untied variant
     verdicts: list[str] = field(default_factory=list)  # the verdict, confirmation and seeds-needed sentences
-    # The first run's whole config, keys added since older runs filled in (config.with_added_keys):
-    # the real value of every key, where `config` lacks the operational ones (a matched setting).
-    member_config: dict = field(default_factory=dict)
 
     @property
     def n_seeds(self) -> int:
@@ -230,8 +229,10 @@ class Variant:
         return self.vs_baseline.split(split) if self.vs_baseline else None
 
     def to_json(self) -> dict:
-        return {"label": self.label, "config_hash": self.config_hash, "config": self.config, "tied": self.tied,
-                "seeds": self.seeds, "runs": self.runs, "n_seeds": self.n_seeds,
+        from ..config import variant_dict
+
+        return {"label": self.label, "config_hash": self.config_hash, "config": variant_dict(self.config),
+                "tied": self.tied, "seeds": self.seeds, "runs": self.runs, "n_seeds": self.n_seeds,
                 "metrics": {s: m.to_json() for s, m in self.metrics.items()}, "params": self.params,
                 "flops_per_token": self.flops_per_token, "train_flops": self.train_flops,
                 "cost": {k: s.to_json() for k, s in self.cost.items()},
@@ -251,62 +252,39 @@ class Candidate:
     label: str
     runs: list[str]
     seeds: list[int]
-    config: dict
+    config: Config  # its first run's resolved config
     config_hash: str  # the variant key (config hash, plus the resolution where it splits one)
     data_set: int = 0  # index into the data sets
-
-
-def variant_config(config: dict) -> dict:
-    from ..config import strip_variant_keys
-
-    return strip_variant_keys(config)
 
 
 # ============================================================================ labels and baseline
 
 
-def label_variants(configs: list[dict], ignore: Sequence[str] = ()) -> tuple[list[str], list[str]]:
-    """Labels for variant configs (seed and name excluded) and the dotted keys that tell them apart.
+def label_variants(configs: list[Config], ignore: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    """Labels for variants' configs (seed and name excluded) and the dotted keys that tell them apart.
     `ignore`: keys that differ by design and are reported elsewhere (the tuned settings)."""
-    from ..config import diff_keys, flatten, with_added_keys
+    from ..config import diff_keys, flat, tie_label
 
     if not configs:
         return [], []
-    keys: set[str] = set()
-    for other in configs[1:]:
-        keys.update(k for k in diff_keys(variant_config(configs[0]), variant_config(other)) if k not in ignore)
+    views = [flat(cfg, variant=True) for cfg in configs]  # what tells variants apart
+    keys = {k for other in views[1:] for k in diff_keys(views[0], other) if k not in ignore}
     ordered = sorted(keys, key=lambda k: (k not in MODE_KEYS, k))
     short = short_keys(ordered)
+    mode = next((k for k in ordered if k in MODE_KEYS), None)  # the tying keys make one part, named after the mode
     labels = []
     for cfg in configs:
-        # The keys come from the variant configs (what tells variants apart); the values from the
-        # whole config, so that a key that is operational in one run (eval_every without keep_best)
-        # and part of the variant in another shows its real value in both labels, never null.
-        flat = flatten(with_added_keys(cfg))
-        parts = []
-        for key in ordered:
-            if key in MODE_KEYS:  # the tying keys make one part, named after the mode
-                if key == next(k for k in ordered if k in MODE_KEYS):
-                    parts.append(tying_label(flat))
-            else:
-                parts.append(f"{short[key]}={scalar(flat.get(key))}")
-        if not parts:  # a single variant: say what matters most
-            tied = flat.get(TIE_KEY)
-            parts.append("tied" if tied else "untied" if tied is False else "all runs")
-        labels.append(", ".join(parts))
+        # The values from the whole config, so that a key that is operational in one run (eval_every
+        # without keep_best) and part of the variant in another shows its real value in both labels.
+        values = flat(cfg)
+        parts = [tie_label(cfg.model) if key == mode else f"{short[key]}={scalar(values[key])}"
+                 for key in ordered if key not in MODE_KEYS or key == mode]
+        labels.append(", ".join(parts) or ("tied" if cfg.model.tie_embeddings else "untied"))  # a single variant
     return labels, ordered
 
 
-def tying_label(flat: dict) -> str:
-    """A flattened config's tying: tied, untied, projection, or lowrank r=8 (`tie_embeddings=null`
-    when the config does not say)."""
-    from ..config import tie_label
-
-    return tie_label(flat.get("model.tie_mode"), flat.get(TIE_KEY), flat.get("model.untie_rank"))
-
-
 def _is_untied(variant: Candidate | Variant) -> bool:
-    return variant.config.get("model", {}).get("tie_embeddings") is False
+    return not variant.config.model.tie_embeddings
 
 
 def _baseline_by_query(variants: Sequence[Any], query: str) -> tuple[Any, str]:
@@ -424,15 +402,12 @@ def _split_metrics(runs: list[LoadedRun], split: str) -> SplitMetrics:
 
 def aggregate(label: str, runs: list[LoadedRun], key: str = "") -> Variant:
     """The variant of runs (one per seed, in seed order)."""
-    from ..config import with_added_keys
-
     first = runs[0]
     report = first.report
     # a run untied part-way (model.untie_at) ends with both matrices: count what it ends with
     params = report.params_after_untie or first.params
     return Variant(
-        label=label, config_hash=first.config_hash, config=variant_config(first.config),
-        tied=first.config.get("model", {}).get("tie_embeddings"),
+        label=label, config_hash=first.config_hash, config=first.config, tied=first.config.model.tie_embeddings,
         seeds=[r.seed for r in runs], runs=[r.name for r in runs],
         metrics={s: _split_metrics(runs, s) for s in SPLITS if any(run_loss(r, s) is not None for r in runs)},
         params=params if isinstance(params, dict) else {},
@@ -441,9 +416,9 @@ def aggregate(label: str, runs: list[LoadedRun], key: str = "") -> Variant:
         device=sorted({str(r.report.device) for r in runs if r.report.device}),
         dtype=sorted({str(r.report.dtype) for r in runs if r.report.dtype}),
         floor=next((r.report.floor for r in runs if isinstance(r.report.floor, dict)), None),
-        tokenizer_kind=first.config.get("tokenizer", {}).get("kind"),
+        tokenizer_kind=first.config.tokenizer.kind,
         curve=_curve(runs), best_points=_best_points(runs), matrices=_matrices(runs), resolution=resolution(first),
-        key=key or first.config_hash, member_config=with_added_keys(first.config),
+        key=key or first.config_hash,
     )
 
 
@@ -474,7 +449,7 @@ def _split_contrast(mv: SplitMetrics, mb: SplitMetrics) -> SplitContrast:
 
 def _parameter_matched(variant: Variant, difference: int, base_total: int) -> bool:
     """Within 1% of the reference's total, or within half of one of the variant's layers."""
-    layers = variant.config.get("model", {}).get("n_layer")
+    layers = variant.config.model.n_layer
     body = variant.params.get("non_embedding")
     half_layer = body / layers / 2 if isinstance(body, int) and isinstance(layers, int) and layers > 0 else 0
     return abs(difference) <= max(PARAM_MATCH * base_total, half_layer)

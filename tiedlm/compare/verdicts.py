@@ -199,8 +199,7 @@ def verdicts_for(v: Variant, c: Comparison) -> list[str]:
 def decay_line(c: Comparison) -> str | None:
     """One line when embeddings are weight-decayed: tying changes what decay does to rare rows."""
     def decayed(v: Variant) -> bool:
-        train = v.config.get("train", {})
-        return bool(train.get("decay_embeddings")) and (train.get("weight_decay") or 0) > 0
+        return v.config.train.decay_embeddings and v.config.train.weight_decay > 0
 
     if not any(decayed(v) for v in c.variants):
         return None

@@ -259,71 +259,6 @@ def _train_counts(splits: dict[str, SplitData], counts: np.ndarray | None, vocab
     return train_counts
 
 
-def _word_streams(lang: corpora.SyntheticLanguage, splits: dict[str, SplitData],
-                  tok: Tokenizer) -> tuple[dict[str, corpora.FloorStream], np.ndarray]:
-    """A word tokenizer's splits, token for token, as language words, UNK and EOT; and the [V] mask
-    of the language's words that the tokenizer maps to <unk>."""
-    ids = np.asarray(tok.encode_batch([" ".join(lang.words)])[0], dtype=np.int64)
-    if len(ids) != len(lang.words):
-        return {}, np.zeros(len(lang.words), dtype=bool)
-    unk_words = ids == tok.unk_id if tok.unk_id is not None else np.zeros(len(ids), dtype=bool)
-    code_of = np.full(max(tok.vocab_size, int(ids.max()) + 1), -3, dtype=np.int64)  # -3: no word of the language
-    code_of[ids[~unk_words]] = np.flatnonzero(~unk_words)
-    if tok.unk_id is not None:
-        code_of[tok.unk_id] = corpora.UNK
-    code_of[tok.eot_id] = corpora.EOT
-    streams = {}
-    for name, s in splits.items():
-        codes = code_of[np.asarray(s.tokens, dtype=np.int64)]
-        if not (codes == -3).any():
-            streams[name] = corpora.FloorStream(codes, True, len(s.tokens), s.n_bytes, s.n_words)
-    return streams, unk_words
-
-
-def _text_stream(lang: corpora.SyntheticLanguage, s: SplitData, tok: Tokenizer) -> corpora.FloorStream | None:
-    """Any other tokenizer's split as the words of its decoded documents, EOT after each ended one."""
-    tokens = np.asarray(s.tokens)
-    if tok.unk_id is not None and (tokens == tok.unk_id).any():
-        return None  # a character tokenizer's <unk> breaks a word apart: no exact floor
-    index = {w: i for i, w in enumerate(lang.words)}
-    ends = np.flatnonzero(tokens == tok.eot_id)
-    starts = np.concatenate([[0], ends + 1])
-    cut = len(tokens) > 0 and int(tokens[-1]) != tok.eot_id
-    codes: list[int] = []
-    for i, a in enumerate(starts):
-        b = ends[i] if i < len(ends) else len(tokens)
-        piece = tokens[a:b]
-        text = piece.astype(np.uint8).tobytes().decode("utf-8", "replace") if tok.kind == "byte" else tok.decode(piece)
-        words = text.split()
-        if i == len(ends) and cut:
-            words = words[:-1]  # perhaps partial: left out
-        if any(w not in index for w in words):
-            return None
-        codes += [index[w] for w in words] + ([corpora.EOT] if i < len(ends) else [])
-    return corpora.FloorStream(np.asarray(codes, dtype=np.int64), False, len(tokens), s.n_bytes, s.n_words)
-
-
-def _floor(d: DataConfig, splits: dict[str, SplitData], tok: Tokenizer) -> dict | None:
-    """builtin:synthetic's expected entropy rate, and the own floor of validation and test on the
-    tokens the model sees (corpora.synthetic_floor)."""
-    if d.path.strip() != "builtin:synthetic":
-        return None
-    t0 = time.perf_counter()
-    lang = corpora.synthetic_language(d.synthetic)
-    scored = {n: s for n, s in splits.items() if n != "train"}  # the splits a model is evaluated on: the
-    #   floor of train would cost time in proportion to it at every prepare, for a number no report shows
-    if tok.kind == "word":
-        streams, unk_words = _word_streams(lang, scored, tok)
-    else:
-        found = {name: _text_stream(lang, s, tok) for name, s in scored.items()}
-        streams, unk_words = {n: f for n, f in found.items() if f is not None}, None
-    n_sep = {n: int(np.count_nonzero(np.asarray(s.tokens) == tok.eot_id)) for n, s in splits.items()}
-    floor = corpora.synthetic_floor(d.synthetic, {n: s.n_words - n_sep[n] for n, s in splits.items()},
-                                    {n: s.n_bytes for n, s in splits.items()}, streams, unk_words)
-    floor["seconds"] = round(time.perf_counter() - t0, 4)  # mapping the tokens to words and the floor itself
-    return floor
-
-
 def _info(plan: _Plan, cfg: Config, entries: _Entries, model_vocab: int) -> dict:
     d, tcfg, tok = cfg.data, cfg.tokenizer, entries.tokenizer
     return {
@@ -362,7 +297,7 @@ def prepare_data(cfg: Config, progress: bool = True) -> PreparedData:
     pad = cfg.tokenizer.pad_to_multiple
     model_vocab = -(-vocab // pad) * pad
     train_counts = _train_counts(splits, counts, vocab, model_vocab)
-    floor = _floor(cfg.data, splits, entries.tokenizer)
+    floor = corpora.prepared_floor(cfg.data, splits, entries.tokenizer)
     entries.timings["total_s"] = time.perf_counter() - t_start
     info = _info(plan, cfg, entries, model_vocab)
     return PreparedData(entries.tokenizer, vocab, model_vocab, splits, train_counts, floor, info)
