@@ -20,7 +20,7 @@ LAYERS = [
     ["analyze", "export", "generate", "jobs", "parallel"],
     ["train", "selection", "optim", "step"],
     ["evaluate"],
-    ["checkpoints", "figures", "tensorboard", "runs", "process"],
+    ["checkpoints", "figures", "tensorboard", "runs", "report_md", "process"],
     ["model", "loss", "counting", "distributed", "device"],
     ["data", "corpora"],
     ["naming", "config", "checks", "yamlsafe"],

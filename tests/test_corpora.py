@@ -233,7 +233,7 @@ def test_unk_forward_pass_equals_brute_force_on_a_tiny_language():
 
 
 def test_the_unk_floor_is_below_the_true_model_and_never_printed_as_a_higher_floor():
-    from tiedlm import runs
+    from tiedlm import report_md
 
     p = prepared("tokenizer.vocab_size=120")
     lang = corpora.synthetic_language(SMALL)
@@ -247,7 +247,7 @@ def test_the_unk_floor_is_below_the_true_model_and_never_printed_as_a_higher_flo
         assert f["nats_per_token"] < true_model  # <unk> merges words: a lower loss is achievable
         assert f["nats_per_token"] < p.floor["nats_per_word"]
         final[name] = {"tokens": f["tokens"], "loss": 5.0, "perplexity": math.exp(5.0)}
-    md = "\n".join(runs._final_md(final, p.floor))
+    md = "\n".join(report_md._final_md(final, p.floor))
     header, _, *rows = [line for line in md.splitlines() if line.startswith("|")]
     cols = [c.strip() for c in header.strip("|").split("|")]
     assert "best achievable perplexity" in cols and not any("floor" in c for c in cols)

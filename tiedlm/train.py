@@ -36,6 +36,7 @@ from .optim import budget_steps, build_optimizer, lr_at, untie_step, untie_with_
 from .distributed import check_in_step, is_main_process
 from .selection import BestTracker, evaluate_best, keep_best_weights, stop_reason
 from .process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
+from .report_md import overtrained_text
 from .step import BatchSampler, train_step  # noqa: F401 (train_step: the loop's step, also used by tests)
 from .tensorboard import TrainingLog, require
 
@@ -542,7 +543,7 @@ def _finish(record: runs.RunRecord, cfg: Config, pre: Preflight, model, state: T
         "step": state.best.stopped_at, "of_steps": pre.total_steps,
         "reason": stop_reason(state.best, cfg.train.early_stop_patience, cfg.train.early_stop_min_delta)}
     if best and best.get("overtrained"):
-        log(f"{run_dir.name}: {runs.overtrained_text(best)}")
+        log(f"{run_dir.name}: {overtrained_text(best)}")
     record.write(status="finished", final=final, best=best, final_best=final_best, stopped_early=stopped,
                  steps=state.step, tokens_seen=state.tokens,
                  train_time_s=state.train_time, wall_time_s=wall_time,

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from .. import runs as run_folder
 from ..config import Config, config_hash
 from ..errors import DamagedRunError, NotARunError, RunError, TiedlmError
+from ..report_md import overtrained_text
 from ..evaluate import perplexity
 from .stats import number
 
@@ -340,5 +341,5 @@ def overtrained_notes(runs: list[LoadedRun], select: str) -> list[str]:
         if r.best and r.best.get("overtrained"):
             fix = ("compare --select best to compare its best weights" if r.final_best else
                    "train with train.keep_best: true and compare --select best to compare the best weights")
-            notes.append(f"`{r.name}` is {run_folder.overtrained_text(r.best)}; its last weights are compared — {fix}")
+            notes.append(f"`{r.name}` is {overtrained_text(r.best)}; its last weights are compared — {fix}")
     return notes
