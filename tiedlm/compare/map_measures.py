@@ -22,7 +22,7 @@ from .stats import number, t_two_sided_p
 # (key in the variant's matrices or computed here, label, the sign of ρ the symmetry argument predicts)
 MEASURES = (("cka", "untied CKA", -1), ("aligned_cosine", "untied rotated cosine", -1),
             ("direct_path_nll", "untied direct path loss", None),
-            ("direct_path_nll_e_as_w_out", "… with W_out := E", None),
+            ("direct_path_nll_e_as_w_out", "untied direct path loss with W_out := E", None),
             ("direct_path_cost", "cost of W_out := E on the direct path", +1))
 MIN_CELLS = 4  # fewer cells with both numbers: no correlation is reported
 
@@ -92,7 +92,8 @@ def measure_lines(found: list[MeasureCorrelation]) -> list[str]:
             continue
         said = "" if c.agrees is None else (" — the sign the symmetry argument predicts" if c.agrees
                                             else " — against the symmetry argument's prediction")
-        lines.append(f"Effect vs {c.label}: Spearman ρ = {c.rho:+.2f} (p = {c.p_value:.3f}, {c.n} cells){said}.")
+        rho = f"{c.rho:+.2f}".replace("-", "−")
+        lines.append(f"Effect vs {c.label}: Spearman ρ = {rho} (p = {c.p_value:.3f}, {c.n} cells){said}.")
     if not lines:
         lines.append(f"No correlation with the matrices: fewer than {MIN_CELLS} cells have an analysed untied pair "
                      "(compare --analyze analyses them).")
@@ -134,7 +135,8 @@ class MapSection:
                              "yes" if cell.significant else "no", *(_num(m.get(k)) for k, _, _ in MEASURES)])
         from ..formatting import markdown_table
 
-        return ["", "### The tying map", "", f"![tying map]({plot})", "", *(f"- {line}" for line in self.lines()), "",
+        bullets = [f"  {line}" if line.startswith("- ") else f"- {line}" for line in self.lines()]  # sub-points nest
+        return ["", "### The tying map", "", f"![tying map]({plot})", "", *bullets, "",
                 "Beside each cell, what `tiedlm analyze` measured in the untied pair of its twin (mean over the "
                 "analysed seeds; blank without `--analyze`). The direct path is softmax(W_out · LN_f(E[t])), scored "
                 "on validation; its cost of W_out := E is the loss with E in W_out's place minus its own.", "",
