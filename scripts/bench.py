@@ -75,7 +75,7 @@ def tiedlm_model(shape, tied: bool, device):
 
     from tiedlm.config import ModelConfig, TrainConfig
     from tiedlm.model import GPT
-    from tiedlm.optim import build_optimizer
+    from tiedlm.train.optim import build_optimizer
 
     _, L, H, d, T, B, V = shape
     torch.manual_seed(0)

@@ -18,7 +18,7 @@ LAYERS = [
     ["cli"],
     ["compare", "sweep", "tuning", "params"],
     ["analyze", "export", "generate", "jobs", "parallel"],
-    ["train", "selection", "optim", "step"],
+    ["train"],
     ["evaluate"],
     ["checkpoints", "figures", "tensorboard", "runs", "report_md", "process"],
     ["model", "loss", "counting", "distributed", "device"],

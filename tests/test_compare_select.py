@@ -14,7 +14,7 @@ from tiedlm.compare.report import to_markdown
 from tests.test_compare import TIED, UNTIED, edit_report, make_run, split_metrics
 from tiedlm.cli import app
 from tiedlm.errors import ConfigError, RunError
-from tiedlm.selection import OVERTRAINED_MARGIN
+from tiedlm.train.selection import OVERTRAINED_MARGIN
 
 SEEDS = (0, 1, 2)
 # Final (last weights) test perplexities: untied over-trained, tied not. Best weights: untied ahead.

@@ -7,7 +7,7 @@ import pytest
 
 from tiedlm.config import ADDED_KEYS, config_hash, effective_min_lr, from_dict, load_config, to_dict
 from tiedlm.errors import ConfigError
-from tiedlm.optim import lr_at
+from tiedlm.train.optim import lr_at
 
 from .conftest import ROOT, TINY
 

@@ -92,7 +92,7 @@ def test_the_counts_import_no_torch():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (fused AdamW is used on CUDA only)")
 def test_adamw_is_fused_on_cuda():  # pragma: no cover - no GPU on the CI machine
     from tiedlm.config import TrainConfig
-    from tiedlm.optim import build_optimizer
+    from tiedlm.train.optim import build_optimizer
 
     model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16), 100).cuda()
     assert build_optimizer(model, TrainConfig(max_steps=1)).defaults.get("fused") is True
@@ -100,7 +100,7 @@ def test_adamw_is_fused_on_cuda():  # pragma: no cover - no GPU on the CI machin
 
 def test_adamw_on_the_cpu_keeps_the_default_implementation():
     from tiedlm.config import TrainConfig
-    from tiedlm.optim import build_optimizer
+    from tiedlm.train.optim import build_optimizer
 
     model, _, _ = model_and_batch(True)
     assert not build_optimizer(model, TrainConfig(max_steps=1)).defaults.get("fused")

@@ -1,4 +1,4 @@
-"""Best checkpoint and early stopping (selection.py and the loop): the best periodic validation
+"""Best checkpoint and early stopping (train/selection.py and the loop): the best periodic validation
 evaluation recorded, the kept best weights reloading to it exactly, resume across their write,
 early stopping at the evaluation an independent rule predicts, and the config keys around them."""
 
@@ -12,7 +12,7 @@ import yaml
 from tiedlm import checkpoints, runs
 from tiedlm.config import config_hash, load_config, to_dict
 from tiedlm.errors import ConfigError, Interrupted, RunError
-from tiedlm.selection import OVERTRAINED_MARGIN, BestTracker
+from tiedlm.train.selection import OVERTRAINED_MARGIN, BestTracker
 from tiedlm.train import train_run
 
 # A tiny corpus memorised by a model with too much room for it: the validation loss falls for a

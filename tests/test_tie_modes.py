@@ -13,7 +13,7 @@ from tiedlm.config import ModelConfig, TrainConfig, config_hash
 from tiedlm.config import load_config as _load
 from tiedlm.errors import ConfigError
 from tiedlm.model import GPT, count_params, count_params_config
-from tiedlm.optim import build_optimizer
+from tiedlm.train.optim import build_optimizer
 
 BASE = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8)
 V = 97

@@ -44,7 +44,7 @@ def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: Any, tcf
     not grow with train.grad_accum, and there is still one device-to-host copy per step."""
     import torch
 
-    from .model import lm_loss
+    from ..model import lm_loss
 
     for group in optimizer.param_groups:
         group["lr"] = lr

@@ -3,7 +3,7 @@
 AdamW with parameter groups in which a tied matrix appears once; linear warmup then cosine decay;
 gradient clipping and accumulation; a budget in tokens or steps; periodic evaluation on a fixed
 validation slice, with the best tracked and, optionally, kept or used to stop early
-(selection.py); checkpoints that resume bit-identically on CPU; SIGINT/SIGTERM handled at a
+(train/selection.py); checkpoints that resume bit-identically on CPU; SIGINT/SIGTERM handled at a
 step boundary (with gradient accumulation also between micro-batches, the partial step abandoned);
 a non-finite loss or gradient norm stops the run as `diverged`.
 """
@@ -22,23 +22,23 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import __version__, checkpoints, runs
-from .checkpoints import rng_state, set_rng_state
-from .config import Config, config_hash, to_yaml
-from .files import atomic_write_text
-from .errors import (
+from .. import __version__, checkpoints, runs
+from ..checkpoints import rng_state, set_rng_state
+from ..config import Config, config_hash, to_yaml
+from ..files import atomic_write_text
+from ..errors import (
     ConfigError,
     DivergedError,
     Interrupted,
     RunError,
 )
 from .optim import budget_steps, build_optimizer, lr_at, untie_step, untie_with_optimizer  # noqa: F401
-from .distributed import check_in_step, is_main_process
+from ..distributed import check_in_step, is_main_process
 from .selection import BestTracker, evaluate_best, keep_best_weights, stop_reason
-from .process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
-from .report_md import overtrained_text
+from ..process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
+from ..report_md import overtrained_text
 from .step import BatchSampler, train_step  # noqa: F401 (train_step: the loop's step, also used by tests)
-from .tensorboard import TrainingLog, require
+from ..tensorboard import TrainingLog, require
 
 # ------------------------------------------------------------------------- the entry point
 
@@ -50,9 +50,9 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
     An existing folder with the same config is resumed from its last checkpoint, or left alone if
     finished; a different config is refused unless `overwrite`. `stop_after_step` stops the run
     as an interrupt would, after that step (used to test exact resume)."""
-    from .counting import check_fits
-    from .device import resolve_device
-    from .distributed import barrier, from_env, stop
+    from ..counting import check_fits
+    from ..device import resolve_device
+    from ..distributed import barrier, from_env, stop
 
     d = from_env()
     run_name = name or f"{cfg.name}-s{cfg.seed}"
@@ -109,10 +109,10 @@ class Preflight:
 def preflight(cfg: Config, run_dir: Path, fresh: bool, progress: bool, d: Any = None) -> Preflight:
     """The device, the budget, a verified checkpoint (resuming), the data and its identity, and
     whether the model fits: any of them refuses the run while its folder is still untouched."""
-    from .counting import check_fits
-    from .data import data_identity, prepare_data
-    from .device import resolve_device, resolve_dtype
-    from .distributed import Dist, check_batch, main_first, start
+    from ..counting import check_fits
+    from ..data import data_identity, prepare_data
+    from ..device import resolve_device, resolve_dtype
+    from ..distributed import Dist, check_batch, main_first, start
 
     if "tensorboard" in cfg.train.log_to:
         require()
@@ -171,7 +171,7 @@ class TrainState:
 
 def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | None, fresh: bool,
            signals: StopSignals, d: Any = None) -> None:
-    from .device import cpu_threads, resolve_device, tf32_matmuls
+    from ..device import cpu_threads, resolve_device, tf32_matmuls
 
     t_start = time.time()
     with cpu_threads(cfg.train.threads), tf32_matmuls(resolve_device(cfg.train.device)):
@@ -224,7 +224,7 @@ class _Unwritten(runs.RunRecord):
 
 def _start_record(cfg: Config, run_dir: Path, pre: Preflight) -> runs.RunRecord:
     """config.yaml and the first report.json of this attempt (a resumed run keeps its history)."""
-    from .data import data_identity
+    from ..data import data_identity
 
     text = to_yaml(cfg)
     with runs.writing(run_dir / runs.CONFIG):
@@ -245,7 +245,7 @@ def _start_record(cfg: Config, run_dir: Path, pre: Preflight) -> runs.RunRecord:
 
 def _params(model, data) -> dict:
     """The model's parameter breakdown, with the tokenizer's and the padded vocabulary."""
-    from .model import count_params
+    from ..model import count_params
 
     return {**count_params(model), "model_vocab_size": data.model_vocab_size, "vocab_size": data.vocab_size,
             "vocab_padding": data.model_vocab_size - data.vocab_size}
@@ -256,7 +256,7 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     the checkpoint's weights, optimizer, RNG and counters applied. Returns (model, optimizer, sampler)."""
     import torch
 
-    from .model import GPT, flops_per_token, load_model_tensors
+    from ..model import GPT, flops_per_token, load_model_tensors
 
     main = pre.dist.main
     tok_dir = run_dir / runs.TOKENIZER
@@ -307,10 +307,10 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
     evaluation (the best tracked, its weights kept), the untie split, checkpoints, and a stop at a
     step boundary on a signal (or between micro-batches, the partial step abandoned). Returns the
     trained model."""
-    from .device import autocast_ctx
-    from .distributed import all_mean, any_rank
-    from .evaluate import perplexity
-    from .model import model_tensors
+    from ..device import autocast_ctx
+    from ..distributed import all_mean, any_rank
+    from ..evaluate import perplexity
+    from ..model import model_tensors
 
     tcfg, total, T = cfg.train, pre.total_steps, cfg.model.block_size
     model, optimizer, sampler = _build(cfg, run_dir, pre, record, state)
@@ -411,7 +411,7 @@ def _forward(model, tcfg: Any, pre: Preflight, record: runs.RunRecord):
     and the bytes it all-reduces recorded), compiled with train.compile."""
     import torch
 
-    from .distributed import allreduce_bytes, wrap
+    from ..distributed import allreduce_bytes, wrap
 
     fwd = wrap(model, pre.dist, pre.device)
     if pre.dist.active:
@@ -431,9 +431,9 @@ def _periodic_eval(cfg: Config, run_dir: Path, pre: Preflight, model, state: Tra
                    covered: str | None, quiet_bar: bool) -> None:
     """The validation slice scored; the best evaluation tracked (its weights kept with
     train.keep_best); early stopping decided."""
-    from .evaluate import evaluate_split
+    from ..evaluate import evaluate_split
 
-    from .distributed import all_mean
+    from ..distributed import all_mean
 
     tcfg, step, T = cfg.train, state.step, cfg.model.block_size
     ev = evaluate_split(model, pre.data.splits["validation"], T, T, cfg.eval.batch_size, pre.device, amp,
@@ -491,9 +491,9 @@ def final_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: T
     """Every eval.splits split scored whole. A signal here stops between splits, and the same
     command then redoes the evaluation from the final checkpoint. `weights` names what is scored
     in metrics.jsonl: the last weights, or the kept best ones."""
-    from .device import autocast_ctx
-    from .distributed import any_rank, sum_arrays
-    from .evaluate import evaluate_split
+    from ..device import autocast_ctx
+    from ..distributed import any_rank, sum_arrays
+    from ..evaluate import evaluate_split
 
     d = pre.dist
     final = {}
@@ -532,7 +532,7 @@ def _best_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: T
 
 def _finish(record: runs.RunRecord, cfg: Config, pre: Preflight, model, state: TrainState, final: dict,
             final_best: dict | None, wall_time: float) -> None:
-    from .device import peak_memory
+    from ..device import peak_memory
 
     mem, mem_kind = peak_memory(pre.device)
     run_dir = record.run_dir

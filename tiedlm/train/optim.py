@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .config import Config, effective_min_lr
+from ..config import Config, effective_min_lr
 
 
 def build_optimizer(model, tcfg) -> Any:
