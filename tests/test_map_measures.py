@@ -74,7 +74,7 @@ def test_correlations_follow_the_cells_and_say_whether_the_sign_is_the_predicted
     assert found["direct_path_cost"].rho == pytest.approx(1.0) and found["direct_path_cost"].agrees is True
     assert found["aligned_cosine"].rho is None  # a constant measure has no rank correlation
     lines = measure_lines(list(found.values()))
-    assert any("untied CKA: Spearman ρ = −1.00" in line and "the sign the symmetry argument predicts" in line
+    assert any("untied CKA: Spearman ρ = −1.00 (p < 0.001, 5 cells) — the sign the symmetry argument predicts" in line
                for line in lines)
     assert len(found) == len(MEASURES)
     few = {at: m for at, m in list(measures.items())[:3]}

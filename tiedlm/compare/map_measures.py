@@ -93,7 +93,8 @@ def measure_lines(found: list[MeasureCorrelation]) -> list[str]:
         said = "" if c.agrees is None else (" — the sign the symmetry argument predicts" if c.agrees
                                             else " — against the symmetry argument's prediction")
         rho = f"{c.rho:+.2f}".replace("-", "−")
-        lines.append(f"Effect vs {c.label}: Spearman ρ = {rho} (p = {c.p_value:.3f}, {c.n} cells){said}.")
+        p = "p < 0.001" if c.p_value < 0.001 else f"p = {c.p_value:.3f}"
+        lines.append(f"Effect vs {c.label}: Spearman ρ = {rho} ({p}, {c.n} cells){said}.")
     if not lines:
         lines.append(f"No correlation with the matrices: fewer than {MIN_CELLS} cells have an analysed untied pair "
                      "(compare --analyze analyses them).")
