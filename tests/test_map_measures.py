@@ -17,7 +17,21 @@ scipy_stats = pytest.importorskip("scipy.stats")
 
 @pytest.mark.parametrize("x,y", [([1, 2, 3, 4, 5], [2, 1, 4, 3, 6]), ([0.1, 0.5, 0.2, 0.9, 0.3, 0.7], [3, 3, 1, 8, 2, 5]),
                                  ([1, 2, 3, 4], [4, 3, 2, 1])])
-def test_spearman_test_is_scipys(x, y):
+def test_spearman_test_is_exact_over_every_ordering_for_few_cells(x, y):
+    import itertools
+
+    rho, p = spearman_test(x, y)
+    assert rho == pytest.approx(scipy_stats.spearmanr(x, y).statistic, abs=1e-12)
+    # by brute force, with scipy computing every ordering's ρ
+    perms = [scipy_stats.spearmanr(x, [y[i] for i in order]).statistic for order in itertools.permutations(range(len(y)))]
+    assert p == pytest.approx(sum(abs(r) >= abs(rho) - 1e-12 for r in perms) / len(perms), abs=1e-12)
+    if sorted(x) == list(x) and sorted(y, reverse=True) == list(y):
+        assert p == pytest.approx(2 / 24)  # 4 cells in perfect order: 2 of the 24 orderings, not p = 0
+
+
+def test_spearman_test_is_scipys_t_approximation_for_more_cells():
+    x = [0.3, 0.1, -0.05, -0.2, 0.2, 0.15, 0.05, 0.12, -0.1, 0.4, 0.0, 0.22]
+    y = [1.8, 0.7, 0.9, 1.5, 3.3, 2.6, 1.8, 1.5, 0.8, 4.4, 1.2, 2.5]
     rho, p = spearman_test(x, y)
     want = scipy_stats.spearmanr(x, y)
     assert rho == pytest.approx(want.statistic, abs=1e-12) and p == pytest.approx(want.pvalue, abs=1e-9)
@@ -42,6 +56,13 @@ def test_a_grid_of_runs_gets_its_map_and_the_matrices_beside_each_cell(tmp_path)
     assert (t.row_key, t.col_key) == ("data.train_fraction", "model.n_embd")  # keys in sorted order
     assert t.known(0.5, 64).effect < 0 < t.known(1.0, 32).effect
     assert ((0.5, 32), (0.5, 64)) in t.crossover or ((0.5, 64), (0.5, 32)) in t.crossover
+    # the map is one family of tests: Holm over its cells, by hand (sorted, times m - k, running maximum)
+    ps = sorted((c.p_value, at) for at, c in t.cells.items())
+    running = 0.0
+    for k, (p, at) in enumerate(ps):
+        running = max(running, min(1.0, (len(ps) - k) * p))
+        assert t.cells[at].p_holm == pytest.approx(running, rel=1e-12)
+    assert any(line.startswith("After Holm's correction over the 4 cells") for line in t.summary_lines())
     out = runs / "compare"
     assert (out / C.TYING_MAP_PLOT).stat().st_size > 10_000 and c.files["plot_tying_map"].endswith("tying_map.png")
     data = json.loads((out / "comparison.json").read_text())
@@ -74,7 +95,7 @@ def test_correlations_follow_the_cells_and_say_whether_the_sign_is_the_predicted
     assert found["direct_path_cost"].rho == pytest.approx(1.0) and found["direct_path_cost"].agrees is True
     assert found["aligned_cosine"].rho is None  # a constant measure has no rank correlation
     lines = measure_lines(list(found.values()))
-    assert any("untied CKA: Spearman ρ = −1.00 (p < 0.001, 5 cells) — the sign the symmetry argument predicts" in line
+    assert any("untied CKA: Spearman ρ = −1.00 (p = 0.017, 5 cells) — the sign the symmetry argument predicts" in line
                for line in lines)
     assert len(found) == len(MEASURES)
     few = {at: m for at, m in list(measures.items())[:3]}

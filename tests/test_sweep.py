@@ -365,5 +365,23 @@ def test_a_tuned_sweep_tunes_each_grid_point_and_trains_every_seed_at_its_choice
     assert any("tuned per variant on validation by the sweep" in n for n in c.notes)
     with pytest.raises(Exception, match="so the verdict is on test"):
         compare_runs([tmp_path / "runs"], out=tmp_path / "cmp", primary="validation")
+    assert any(n.startswith("chosen: n_embd=32: lr=0.01; n_embd=64: lr=0.003") for n in c.notes)
+    # runs named one by one are compared as given: the record speaks only for its whole folder
+    some = sorted((tmp_path / "runs").glob("base-n_embd=32-*"))
+    c = compare_runs([str(p) for p in some], out=tmp_path / "cmp2", primary="test")
+    assert sorted(v.label for v in c.variants) == ["lr=0.001", "lr=0.003", "lr=0.01", "lr=0.0333"]
+    # a chosen run that went missing is listed; a run the sweep did not train switches the record off
+    shutil.rmtree(tmp_path / "runs" / "base-n_embd=64-lr=0.003-s1")
+    c = compare_runs([tmp_path / "runs"], out=tmp_path / "cmp3")
+    assert [s.reason for s in c.skipped if s.name == "base-n_embd=64-lr=0.003-s1"] == [
+        "chosen by the tuning (tuning.json), but not there"]
+    make_run(tmp_path / "runs", "stranger-s0", 0, val=50.0, cfg=load_config(tmp_path / "base.yaml"))
+    c = compare_runs([tmp_path / "runs"], out=tmp_path / "cmp4", baseline="stranger-s0")
+    assert not any("tuning.json" in n for n in c.notes) and c.primary == "validation"
+    # a new tuned sweep removes the old record first: an interrupted one leaves none behind
+    from tiedlm.tuning import check_record_target
+
+    check_record_target(tmp_path / "runs")
+    assert not (tmp_path / "runs" / "tuning.json").exists()
     with pytest.raises(Exception, match="chooses its runs as it goes"):
         run_sweep(load_grid(grid), dry_run=True)

@@ -170,6 +170,13 @@ def test_a_file_that_sets_both_forms_must_agree(tmp_path):
     child = tmp_path / "child.yaml"
     child.write_text("base: c.yaml\nmodel:\n  tie_embeddings: false\n  untie_rank: 0\n")
     assert load_config(child).model.tie_mode is None  # the child's short form replaces the base's mode
+    # another mode drops the base's rank (it belongs to lowrank); lowrank keeps it
+    for override, mode in (("model.tie_mode=tied", None), ("model.tie_embeddings=false", None),
+                           ("model.tie_mode=projection", "projection")):
+        cfg = load_config(f, [override])
+        assert (cfg.model.tie_mode, cfg.model.untie_rank) == (mode, 0), override
+    assert load_config(f, ["model.tie_mode=lowrank"]).model.untie_rank == 4
+    assert load_config(f, ["model.untie_rank=0", "model.tie_mode=lowrank"]).model.untie_rank == 0
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -260,3 +267,17 @@ def test_the_cli_refuses_a_mode_in_one_line_and_writes_nothing(tiny_yaml, tmp_pa
     r = CliRunner().invoke(app, [*args, *(a for e in extra for a in ("--set", e))])
     assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_flops_count_the_modes_head():
+    from tiedlm.counting import flops_per_token
+
+    m = dataclasses.replace(BASE, tie_mode=None)
+    plain = flops_per_token(m, V)
+    proj = flops_per_token(dataclasses.replace(m, tie_mode="projection"), V)
+    assert proj["forward"] - plain["forward"] == 2 * 16 * 16 and proj["train"] == 3 * proj["forward"]
+    low = dataclasses.replace(m, tie_mode="lowrank", untie_rank=4)
+    assert flops_per_token(low, V) == plain  # without a batch the formation is no per-token cost
+    spread = flops_per_token(low, V, tokens_per_forward=64)
+    assert spread["head_formation"] == 2 * V * 16 * 4 / 64  # E + A·Bᵀ, once per forward, over 64 tokens
+    assert spread["train"] == pytest.approx(plain["train"] + 6 * V * 16 * 4 / 64)  # and A, B's gradients

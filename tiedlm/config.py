@@ -338,7 +338,8 @@ def tie_label(m: ModelConfig) -> str:
 def _one_tying(merged: dict, layer: dict) -> dict:
     """model.tie_embeddings is the short form of model.tie_mode tied/untied: a layer (a file, or
     one --set) that sets one of the two replaces what a lower layer set in the other, and a layer
-    that sets both must agree with itself."""
+    that sets both must agree with itself. A layer that picks a mode other than lowrank drops a
+    lower layer's model.untie_rank (the rank belongs to lowrank)."""
     model = layer.get("model")
     if not isinstance(model, dict) or not isinstance(merged.get("model"), dict):
         return merged
@@ -351,6 +352,9 @@ def _one_tying(merged: dict, layer: dict) -> dict:
         merged["model"].pop("tie_mode", None)
     elif "tie_mode" in model and isinstance(mode, str):
         merged["model"]["tie_embeddings"] = mode != "untied"
+    chosen = mode if "tie_mode" in model else "tied/untied" if "tie_embeddings" in model else None
+    if chosen is not None and chosen != "lowrank" and "untie_rank" not in model:
+        merged["model"].pop("untie_rank", None)  # the rank is the lowrank mode's: another mode drops it
     return merged
 
 

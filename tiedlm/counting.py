@@ -65,17 +65,25 @@ def check_fits(model_cfg: ModelConfig, vocab_size: int | None, batch_size: int, 
             "model.block_size, tokenizer.vocab_size or train.batch_size")
 
 
-def flops_per_token(model_cfg: ModelConfig, vocab_size: int) -> dict:
+def flops_per_token(model_cfg: ModelConfig, vocab_size: int, tokens_per_forward: int | None = None) -> dict:
     """Matmul FLOPs per token (2 per multiply-add), the head counted whether or not it is tied:
     tying saves parameters, never compute. Attention scores count the full T x T product
     (as PaLM and nanoGPT's MFU estimate do). Backward = 2 x forward; train = 3 x forward.
     Embedding lookups, LayerNorms, GELU and softmax are not matmuls and are left out. The projection
-    mode's P h is 2d² more per token; the lowrank mode forms E + A·Bᵀ once per forward pass
-    (2·V·d·r, shared by every token of the batch), which is not a per-token cost and is left out."""
+    mode's P h is 2d² more per token. The lowrank mode forms E + A·Bᵀ once per forward pass (2·V·d·r,
+    and twice that backward, for A and B), shared by the batch's tokens: with `tokens_per_forward`
+    (a micro-batch: batch_size × block_size) it is spread over them as `head_formation`; without,
+    it is left out (it is not a property of one token)."""
     d, L, T, V = model_cfg.n_embd, model_cfg.n_layer, model_cfg.block_size, vocab_size
     per_layer = 2 * (3 * d * d + d * d + 8 * d * d)  # qkv, attention output, MLP (d->4d->d)
     attention = 2 * 2 * T * d  # q@k^T and att@v, per layer
     head = 2 * d * V + (2 * d * d if model_cfg.tie_mode == "projection" else 0)
+    formation: float = 0  # an int unless the lowrank formation is spread over a micro-batch
+    if model_cfg.tie_mode == "lowrank" and tokens_per_forward:
+        formation = 2 * V * d * model_cfg.untie_rank / tokens_per_forward
     forward = L * (per_layer + attention) + head
-    return {"forward": forward, "train": 3 * forward, "head": head,
-            "non_head_matmul_params": L * 12 * d * d}
+    out = {"forward": forward + formation, "train": 3 * (forward + formation), "head": head,
+           "non_head_matmul_params": L * 12 * d * d}
+    if formation:
+        out["head_formation"] = formation  # per token, forward; train counts it 3 times
+    return out

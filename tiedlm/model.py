@@ -115,7 +115,7 @@ class GPT(nn.Module):
             self.head_a = nn.Parameter(torch.zeros(vocab_size, r))  # A: (V, r)
             b = torch.empty(cfg.n_embd, r)
             if r:
-                nn.init.orthogonal_(b)  # orthonormal columns: A·Bᵀ moves as fast as an untied W_out would
+                nn.init.orthogonal_(b)  # orthonormal columns: at r = d, A·Bᵀ moves as an untied W_out would
             self.head_b = nn.Parameter(b)  # B: (d, r)
 
     @staticmethod

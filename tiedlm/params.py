@@ -51,7 +51,9 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
     mode = count_params_config(m, V) if m.tie_mode is not None else None
     if mode is not None:
         forms[mode_label] = mode
-    fpt = flops_per_token(cfg.model, V)
+    fpt = flops_per_token(dataclasses.replace(cfg.model, tie_mode=None, untie_rank=0), V)  # tied and untied alike
+    tokens = cfg.train.batch_size * m.block_size
+    fmode = flops_per_token(m, V, tokens) if mode is not None else None
     t, u = forms["tied"], forms["untied"]
     saved = u["total"] - t["total"]
     spent = [] if mode is None else [
@@ -63,7 +65,10 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
         params_text(forms), "",
         f"tying saves {saved:,} parameters ({100 * saved / u['total']:.1f}% of the untied model), "
         f"{16 * saved / 2**20:,.1f} MiB of fp32 weights + gradients + AdamW moments", *spent,
-        f"FLOPs per token (train, either form): {fpt['train']:,} — tying never saves compute; "
+        *([] if mode is None else [f"FLOPs per token (train, {mode_label}): {fmode['train']:,.0f} (with A·Bᵀ formed once per "
+                                   f"micro-batch of {tokens:,} tokens)" if m.tie_mode == "lowrank" else
+                                   f"FLOPs per token (train, {mode_label}): {fmode['train']:,.0f} (P h: 2d² more per token)"]),
+        f"FLOPs per token (train, tied or untied): {fpt['train']:,} — tying never saves compute; "
         f"the output projection is {100 * fpt['head'] / fpt['forward']:.1f}% of the forward matmuls"])
     return ParamsReport(V, source, t, u, fpt, text, mode)
 

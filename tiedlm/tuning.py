@@ -475,16 +475,24 @@ RECORD = "tuning.json"  # in a tuned sweep's runs folder: which runs are each gr
 @dataclass
 class TuningRecord:
     """What a tuned sweep leaves beside its runs, so that `tiedlm compare FOLDER` compares each
-    grid point at its own chosen values (and leaves the other tuning runs out) without being told."""
+    grid point at its own chosen values (and leaves the other tuning runs out) without being told.
+    It is read only when the folder itself is compared (read_record) and only when every run there
+    is one of the sweep's, so a record never decides about runs it does not know."""
 
     folder: Path
     keys: list[str]  # the tuned keys and the schedule's: what variants differ in by design
     chosen: list[str]  # the run names at the chosen points, every seed
+    runs: list[str]  # every run the sweep trained: its tuning runs and the chosen ones
     tuning: dict  # Tuning.to_json()
 
-    def note(self) -> str:
-        return (f"{', '.join(self.keys[:1])} was tuned per variant on validation by the sweep ({self.folder / RECORD}): "
-                f"each variant is compared at its own choice, on test; labels and twins leave the tuned keys out")
+    def notes(self) -> list[str]:
+        """The comparison's notes: what was tuned, and each variant's choice."""
+        tuned = [k for k in self.tuning.get("keys") or self.keys[:1]]
+        choices = [f"{v.get('variant')}: {(v.get('chosen') or {}).get('label', 'none')}"
+                   + (f" (edge: {v['edge']})" if v.get("edge") else "") for v in self.tuning.get("variants") or []]
+        return [f"{', '.join(tuned)} tuned per variant on validation by the sweep ({self.folder / RECORD}): each "
+                "variant is compared at its own choice, on test; labels and twins leave the tuned keys out",
+                *(["chosen: " + "; ".join(choices)] if choices else [])]
 
 
 def tuned_keys(tuning: Tuning) -> list[str]:
@@ -494,13 +502,21 @@ def tuned_keys(tuning: Tuning) -> list[str]:
 
 
 def check_record_target(folder: Path) -> None:
-    """Refuse, before a tuned sweep trains, a tuning.json in its runs folder that tiedlm did not write."""
+    """Before a tuned sweep trains: refuse a tuning.json in its runs folder that tiedlm did not
+    write, and remove tiedlm's own (an earlier sweep's, perhaps of another grid): the new one is
+    written when this sweep's runs are done, so an interrupted sweep leaves no stale record."""
     from .files import foreign_files
 
-    found = foreign_files(Path(folder), [RECORD])
+    folder = Path(folder)
+    found = foreign_files(folder, [RECORD])
     if found:
         raise ConfigError(f"{found[0]} was not written by tiedlm, or was changed since — move it away, or set another "
                           "out: in the grid file")
+    (folder / RECORD).unlink(missing_ok=True)
+
+
+def _sweep_runs(tuning: Tuning, chosen: list[str]) -> list[str]:
+    return sorted({*chosen, *(name for v in tuning.variants for p in v.points for name in p.runs.values())})
 
 
 def write_record(folder: Path, tuning: Tuning, chosen: list[str]) -> Path:
@@ -510,22 +526,22 @@ def write_record(folder: Path, tuning: Tuning, chosen: list[str]) -> Path:
     folder = Path(folder)
     with recording(folder, [RECORD], "out:", overwrite=True):
         atomic_write_json(folder / RECORD, {"format": 1, "keys": tuned_keys(tuning), "chosen": sorted(chosen),
-                                            "tuning": tuning.to_json()})
+                                            "runs": _sweep_runs(tuning, chosen), "tuning": tuning.to_json()})
     return folder / RECORD
 
 
-def read_record(run_dirs: list[Path]) -> TuningRecord | None:
-    """The tuning record of the folder that holds every one of run_dirs, when tiedlm wrote one there."""
+def read_record(folder: Path, run_dirs: list[Path]) -> TuningRecord | None:
+    """The tuning record of `folder` (the one folder compared), when tiedlm wrote one there and
+    every run in run_dirs is one of its sweep's runs; None otherwise."""
     from .files import foreign_files, read_json
 
-    parents = {Path(d).resolve().parent for d in run_dirs}
-    if len(parents) != 1:
-        return None
-    folder = parents.pop()
+    folder = Path(folder)
     data = read_json(folder / RECORD)
-    if not isinstance(data, dict) or foreign_files(folder, [RECORD]) or data.get("format") != 1:
+    if not isinstance(data, dict) or data.get("format") != 1 or foreign_files(folder, [RECORD]):
         return None
-    keys, chosen = data.get("keys"), data.get("chosen")
-    if not (isinstance(keys, list) and isinstance(chosen, list) and all(isinstance(x, str) for x in keys + chosen)):
+    keys, chosen, runs = data.get("keys"), data.get("chosen"), data.get("runs")
+    if not all(isinstance(x, list) and all(isinstance(i, str) for i in x) for x in (keys, chosen, runs)):
         return None
-    return TuningRecord(folder, keys, chosen, data.get("tuning") if isinstance(data.get("tuning"), dict) else {})
+    if not all(Path(d).resolve().parent == folder.resolve() and Path(d).name in set(runs) for d in run_dirs):
+        return None  # runs the sweep did not train: the record does not speak for them
+    return TuningRecord(folder, keys, chosen, runs, data.get("tuning") if isinstance(data.get("tuning"), dict) else {})

@@ -122,7 +122,7 @@ def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline:
     c = build_comparison(runs, skipped, baseline, str(out), match, primary, tuned=tuned)
     c.select, c.select_reason = select, why
     if record is not None:
-        c.notes.append(record.note())
+        c.notes += record.notes()
     if tuning is not None:
         c.tuning = tuning
         c.notes.append(tuning_note(tuning, primary))
@@ -194,7 +194,9 @@ def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("r
     run_dirs, missing = discover(list(paths) if paths else None, runs_dir, out)
     from ..tuning import read_record
 
-    record = read_record(run_dirs)  # a tuned sweep's runs: each grid point at its chosen values
+    # a tuned sweep's folder, compared whole: each grid point at its chosen values (tuning.json)
+    folder = runs_dir if not paths else Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else None
+    record = read_record(folder, run_dirs) if folder is not None and run_dirs else None
     if record is not None:
         if primary == "validation":
             raise ConfigError(f"these runs were tuned on validation ({record.folder}/tuning.json), so the verdict is "
@@ -202,6 +204,9 @@ def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("r
         chosen = set(record.chosen)
         missing += [LeftOut(str(d), d.name, "a tuning run at a value its variant did not choose (tuning.json)")
                     for d in run_dirs if d.name not in chosen]
+        found = {d.name for d in run_dirs}
+        missing += [LeftOut(str(record.folder / n), n, "chosen by the tuning (tuning.json), but not there")
+                    for n in record.chosen if n not in found]
         run_dirs = [d for d in run_dirs if d.name in chosen]
     return _compare(run_dirs, missing, out, baseline, runs_dir, primary=primary or ("test" if record else None),
                     select=select, analyze=analyze, overwrite_output=overwrite_output, record=record)

@@ -23,7 +23,7 @@ from typing import Any
 from ..formatting import MISSING, fmt_signed
 from ..naming import scalar, short_keys
 from .grid import MatchedContrast
-from .stats import number
+from .stats import ALPHA, holm, number
 
 TYING_MAP_PLOT = "tying_map.png"
 Cell = tuple[Any, Any]  # (row value, column value)
@@ -44,6 +44,7 @@ class MapCell:
     seeds: int | None
     tied: str  # the tied variant's label
     untied: str  # the untied variant's label
+    p_holm: float | None = None  # p_value adjusted by Holm over the map's cells (a family of tests)
 
     @property
     def sign(self) -> int:
@@ -149,6 +150,9 @@ def tying_map(matched: list[MatchedContrast], primary: str) -> TyingMap | None:
                     col_short=short[col_key], rows=sorted({r for r, _ in cells}), cols=sorted({c for _, c in cells}),
                     cells=cells)
     tmap.crossover = _crossover(tmap)
+    order = list(cells)  # Holm over the cells: the map is one family of tests, read together
+    for at, p in zip(order, holm([cells[at].p_value if cells[at].effect is not None else None for at in order])):
+        cells[at].p_holm = p
     return tmap
 
 
@@ -271,6 +275,11 @@ def _summary(t: TyingMap) -> list[str]:
         hit = [f"{t.name(at)} ({_effect_words(c)})" for at, c in known if c.significant and c.sign == sign]
         lines.append(f"Tying {verb} significantly (95% CI {side} zero) at {len(hit)} of {len(known)} cells"
                      + (": " + "; ".join(hit) + "." if hit else "."))
+    tested = [(at, c) for at, c in known if c.p_holm is not None]
+    if tested:
+        kept = [f"{t.name(at)} ({_percent(c.effect)}, p_Holm={c.p_holm:.3f})" for at, c in tested if c.p_holm < ALPHA]
+        lines.append(f"After Holm's correction over the {len(tested)} cells, {len(kept)} remain significant at "
+                     f"{ALPHA:g}" + (": " + "; ".join(kept) + "." if kept else "."))
     unsure = [t.name(at) for at, c in known if not c.significant]
     if unsure:
         cells = f"{len(unsure)} cell{'s' if len(unsure) != 1 else ''}"

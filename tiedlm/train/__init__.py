@@ -295,7 +295,8 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
             checkpoints.clear_checkpoints(run_dir)
     if pre.dist.active and pre.dist.rank:  # other dropout masks on each rank's slice (rank 0 keeps the run's stream)
         torch.manual_seed(int(torch.randint(2**62, (1,))) + pre.dist.rank)
-    record.write(params=params, flops_per_token=flops_per_token(cfg.model, pre.data.model_vocab_size),
+    record.write(params=params, flops_per_token=flops_per_token(cfg.model, pre.data.model_vocab_size,
+                                                                            cfg.train.batch_size * cfg.model.block_size),
                  total_steps=pre.total_steps, data=pre.data.info, floor=pre.data.floor,
                  untie_step=pre.untie_step, decay_embeddings=cfg.train.decay_embeddings)
     return model, optimizer, sampler
