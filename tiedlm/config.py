@@ -8,6 +8,7 @@ This module imports no torch, so `tiedlm --help` and config errors are instant.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import hashlib
@@ -263,7 +264,7 @@ def to_dict(cfg: Any) -> dict:
 
 
 def from_dict(data: dict) -> Config:
-    cfg = _build(Config, _normalize_tying(json.loads(json.dumps(data, default=str))))
+    cfg = _build(Config, _normalize_tying(copy.deepcopy(data)) if isinstance(data, dict) else data)
     validate(cfg)
     return cfg
 
