@@ -101,3 +101,17 @@ def test_correlations_follow_the_cells_and_say_whether_the_sign_is_the_predicted
     few = {at: m for at, m in list(measures.items())[:3]}
     tmap, variants = fake_map(effects, few)
     assert all(c.rho is None for c in correlations(tmap, cell_measures(tmap, variants)))
+
+
+def test_a_grid_with_two_tied_variants_per_cell_says_why_it_has_no_map():
+    from tiedlm.compare.map_measures import missing_map_note
+
+    def m(d, f, tied):
+        return SimpleNamespace(setting={"model.n_embd": d, "data.train_fraction": f}, tied=tied)
+
+    one = [m(d, f, "tied") for d in (32, 64) for f in (0.5, 1.0)]
+    assert missing_map_note(one) == []
+    two = one + [m(32, 0.5, "lowrank r=8"), m(64, 1.0, "lowrank r=8")]
+    assert missing_map_note(two)[0].startswith("No tying map: 2 settings have more than one tied variant")
+    assert missing_map_note([m(32, 0.5, "tied")][:0]) == []
+

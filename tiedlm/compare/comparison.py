@@ -335,14 +335,16 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
     order = {label: i for i, m in enumerate(matched) for label in (m.tied, m.untied)}  # settings in numeric order
     variants.sort(key=lambda v: (v is not base, order.get(v.label, len(order)), v.label))
     rows = [_run_row(r, lab) for lab, h in zip(labels, kept) for r in kept[h]]
-    from .map_measures import map_section
+    from .map_measures import map_section, missing_map_note
 
+    tmap = map_section(matched, primary, variants)
     return Comparison(
-        tying_map=map_section(matched, primary, variants),
+        tying_map=tmap,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), out=out,
         baseline_label=base.label if base else None, baseline_reason=why or reason, differing_keys=keys,
         variants=variants, runs=rows, skipped=skipped,
-        notes=[n for r in groups[home].runs for n in r.notes] + _resolution_note(variants), data_sets=len(groups),
+        notes=[n for r in groups[home].runs for n in r.notes] + _resolution_note(variants)
+        + (missing_map_note(matched) if tmap is None else []), data_sets=len(groups),
         not_compared=not_compared, match=match, tiedlm_version=__version__, primary=primary,
         mode="matched" if matched else "baseline", matched=matched,
         trajectories=contrast_trajectories(variants, kept))  # on the runs: metrics.jsonl, read again

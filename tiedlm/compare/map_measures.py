@@ -188,3 +188,20 @@ def map_section(matched: list, primary: str, variants: Sequence[Any]) -> MapSect
         return None
     measures = cell_measures(tmap, variants)
     return MapSection(tmap, measures, correlations(tmap, measures))
+
+
+def missing_map_note(matched: list) -> list[str]:
+    """Why a grid of two numeric keys has no tying map when several tied variants (tied and a
+    mode, say) share a setting: the map holds one effect per cell. [] otherwise."""
+    from collections import Counter
+
+    if not matched or any(len(m.setting) != 2 for m in matched):
+        return []
+    per_setting = Counter(tuple(sorted(map(str, m.setting.items()))) for m in matched)
+    crowded = sum(1 for n in per_setting.values() if n > 1)
+    if not crowded:
+        return []
+    return [f"No tying map: {crowded} setting{'s have' if crowded > 1 else ' has'} more than one tied variant against "
+            "its untied twin, and a map holds one effect per cell — compare one tied variant (one tying mode) at a "
+            "time with the untied runs for its map"]
+
