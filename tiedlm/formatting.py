@@ -35,6 +35,11 @@ def fmt_signed(x: Any, digits: int = 2) -> str:
     return f"{x:+.{digits}f}".replace("-", "−")
 
 
+def percent(x: float | None, digits: int = 2) -> str:
+    """A fraction as a signed percentage: −5.00% (a typographic minus); a dash for None."""
+    return fmt_signed(x * 100, digits) + "%" if x is not None else MISSING
+
+
 def fmt_int(x: Any) -> str:
     return f"{int(x):,}" if _is_number(x) else MISSING
 

@@ -86,7 +86,7 @@ def row_norms(M: Any) -> torch.Tensor:
     return torch.linalg.vector_norm(_matrix(M), dim=1)
 
 
-def _average_ranks(x: torch.Tensor) -> torch.Tensor:
+def average_ranks(x: torch.Tensor) -> torch.Tensor:
     """1-based ranks of a 1-D float64 tensor, ties given the average of their ranks."""
     _, inverse, counts = x.unique(return_inverse=True, return_counts=True)
     last = counts.cumsum(0).double()  # the rank of the last member of each group of ties
@@ -104,7 +104,7 @@ def spearman(x: Sequence[float] | torch.Tensor, y: Sequence[float] | torch.Tenso
         raise ValueError(f"x and y must have the same length, got {x.numel()} and {y.numel()}")
     if x.numel() < 2 or bool(x.isnan().any()) or bool(y.isnan().any()):
         return math.nan
-    rx, ry = _average_ranks(x), _average_ranks(y)
+    rx, ry = average_ranks(x), average_ranks(y)
     rx, ry = rx - rx.mean(), ry - ry.mean()
     den = math.sqrt(float(rx.square().sum()) * float(ry.square().sum()))
     if den == 0:

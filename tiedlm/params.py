@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .config import Config
+from .config import Config, tie_label
 from .formatting import params_text
 
 
@@ -47,7 +47,7 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
                                                             tie_mode=None, untie_rank=0), V)
              for label, tie in (("tied", True), ("untied", False))}
     m = cfg.model
-    mode_label = mode_name(m)
+    mode_label = tie_label(m)  # tied, untied, projection, lowrank r=8
     mode = count_params_config(m, V) if m.tie_mode is not None else None
     if mode is not None:
         forms[mode_label] = mode
@@ -71,11 +71,3 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
         f"FLOPs per token (train, tied or untied): {fpt['train']:,} — tying never saves compute; "
         f"the output projection is {100 * fpt['head'] / fpt['forward']:.1f}% of the forward matmuls"])
     return ParamsReport(V, source, t, u, fpt, text, mode)
-
-
-def mode_name(m) -> str:
-    """The tying mode as the tables name it: tied, untied, projection, or lowrank r=8."""
-    from .config import tie_mode_of
-
-    mode = tie_mode_of(m)
-    return f"lowrank r={m.untie_rank}" if mode == "lowrank" else mode

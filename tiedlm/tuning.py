@@ -487,7 +487,7 @@ class TuningRecord:
 
     def notes(self) -> list[str]:
         """The comparison's notes: what was tuned, and each variant's choice."""
-        tuned = [k for k in self.tuning.get("keys") or self.keys[:1]]
+        tuned = self.tuning.get("keys") or self.keys[:1]
         choices = [f"{v.get('variant')}: {(v.get('chosen') or {}).get('label', 'none')}"
                    + (f" (edge: {v['edge']})" if v.get("edge") else "") for v in self.tuning.get("variants") or []]
         return [f"{', '.join(tuned)} tuned per variant on validation by the sweep ({self.folder / RECORD}): each "
@@ -495,10 +495,10 @@ class TuningRecord:
                 *(["chosen: " + "; ".join(choices)] if choices else [])]
 
 
-def tuned_keys(tuning: Tuning) -> list[str]:
+def tuned_keys(tuning: Tuning | None) -> list[str]:
     """Keys that differ between variants by design when each is tuned: the tuned ones and the
-    schedule's (labels and the twin matching leave them out; the tuning table shows them)."""
-    return [*tuning.keys, MIN_LR_KEY, RATIO_KEY]
+    schedule's (labels and the twin matching leave them out; the tuning table shows them); [] untuned."""
+    return [*tuning.keys, MIN_LR_KEY, RATIO_KEY] if tuning is not None else []
 
 
 def check_record_target(folder: Path) -> None:

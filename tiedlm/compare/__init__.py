@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable
 
 from ..errors import ConfigError, TiedlmError
 from ..naming import override_tag
+from ..tuning import tuned_keys
 from .collect import (
     COMPARE_DIR,
     SELECT,
@@ -118,7 +119,7 @@ def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline:
     skipped += left
     if not runs:
         raise no_runs_error(run_dirs, skipped, runs_dir)
-    tuned = _tuned_keys(tuning) or (record.keys if record is not None else [])
+    tuned = tuned_keys(tuning) or (record.keys if record is not None else [])
     c = build_comparison(runs, skipped, baseline, str(out), match, primary, tuned=tuned)
     c.select, c.select_reason = select, why
     if record is not None:
@@ -237,13 +238,6 @@ def _variants(cfg_path: str | Path, overrides: list[str], match: str | None,
     if matched.adds_a_variant:
         variants.append(("tied-matched", ["model.tie_embeddings=true", f"model.n_layer={matched.matched_n_layer}"]))
     return variants, matched
-
-
-def _tuned_keys(tuning: Any) -> list[str]:
-    """tuning.tuned_keys: the keys variants differ in by design when each is tuned ([] untuned)."""
-    from ..tuning import tuned_keys
-
-    return tuned_keys(tuning) if tuning is not None else []
 
 
 def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, seeds: int | str = 1,
@@ -388,7 +382,7 @@ def _compare_tuned(spec: Any, cfg_path: str | Path, overrides: list[str], seeds:
     from .sequential import contrast_of, settle_seeds
 
     seeds, sequential = settle_seeds(seeds, *auto, train_seeds, lambda n: contrast_of(
-        chosen_dirs(n), failures, baseline, primary or "test", select, _tuned_keys(tuning)), log if progress else None)
+        chosen_dirs(n), failures, baseline, primary or "test", select, tuned_keys(tuning)), log if progress else None)
     chosen = [job for v in tuning.variants for job in at(v, v.chosen.point, seeds)]
     shared_jobs = [job for v in tuning.variants for job in at(v, shared, seeds)] if shared is not None else []
     if shared is not None:
@@ -419,7 +413,7 @@ def _shared_verdict(tuning: Any, point: dict, run_dirs: list[Path], failures: di
         return None
     runs, _, _, _, primary = choose_weights(runs, select, primary)
     try:
-        c = build_comparison(runs, [], None, str(out), None, primary, tuned=_tuned_keys(tuning))
+        c = build_comparison(runs, [], None, str(out), None, primary, tuned=tuned_keys(tuning))
     except TiedlmError:
         return None
     other = next((v for v in c.variants if v.vs_baseline is not None), None)

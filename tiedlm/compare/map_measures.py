@@ -18,6 +18,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+from ..formatting import fmt_signed, percent
 from .stats import number, t_two_sided_p
 
 # (key in the variant's matrices or computed here, label, the sign of ρ the symmetry argument predicts)
@@ -63,21 +64,13 @@ def cell_measures(tmap: Any, variants: Sequence[Any]) -> dict:
 EXACT_CELLS = 8  # up to this many cells the p-value is exact (every ordering, 8! = 40,320); above, the t approximation
 
 
-def _average_ranks(a: Any) -> Any:
-    import numpy as np
-
-    _, inverse, counts = np.unique(np.asarray(a, dtype=float), return_inverse=True, return_counts=True)
-    last = np.cumsum(counts).astype(float)
-    return (last - (counts - 1) / 2)[inverse]
-
-
 def spearman_test(x: Sequence[float], y: Sequence[float]) -> tuple[float | None, float | None]:
     """(ρ, two-sided p): ρ as scipy.stats.spearmanr gives it (ties at average ranks); p exact for
     n ≤ EXACT_CELLS (the share of the n! orderings of y whose |ρ| reaches the observed one: with few
     cells the t approximation is far off, e.g. 4 cells in perfect order have p = 2/24, not 0), else
     scipy's t approximation (t = ρ·√((n − 2)/(1 − ρ²)), n − 2 degrees of freedom). (None, None) when
     ρ is undefined."""
-    from ..geometry import spearman
+    from ..geometry import average_ranks, spearman
 
     n = len(x)
     rho = spearman(list(x), list(y)) if n >= 2 else math.nan
@@ -87,8 +80,9 @@ def spearman_test(x: Sequence[float], y: Sequence[float]) -> tuple[float | None,
         import itertools
 
         import numpy as np
+        import torch
 
-        rx, ry = _average_ranks(x), _average_ranks(y)
+        rx, ry = (average_ranks(torch.tensor(v, dtype=torch.float64)).numpy() for v in (x, y))
         rx, ry = rx - rx.mean(), ry - ry.mean()
         perms = np.array(list(itertools.permutations(range(n))))
         rhos = (ry[perms] @ rx) / math.sqrt(float(rx @ rx) * float(ry @ ry))
@@ -118,7 +112,7 @@ def measure_lines(found: list[MeasureCorrelation]) -> list[str]:
             continue
         said = "" if c.agrees is None else (" — the sign the symmetry argument predicts" if c.agrees
                                             else " — against the symmetry argument's prediction")
-        rho = f"{c.rho:+.2f}".replace("-", "−")
+        rho = fmt_signed(c.rho)
         p = "p < 0.001" if c.p_value < 0.001 else f"p = {c.p_value:.3f}"
         lines.append(f"Effect vs {c.label}: Spearman ρ = {rho} ({p}, {c.n} cells){said}.")
     if not lines:
@@ -158,7 +152,7 @@ class MapSection:
                 if cell is None:
                     continue
                 m = self.measures.get((r, col), {})
-                rows.append([t.name((r, col)), _pct(cell.effect), f"{_pct(cell.ci_low)} to {_pct(cell.ci_high)}",
+                rows.append([t.name((r, col)), percent(cell.effect), f"{percent(cell.ci_low)} to {percent(cell.ci_high)}",
                              "yes" if cell.significant else "no", *(_num(m.get(k)) for k, _, _ in MEASURES)])
         from ..formatting import markdown_table
 
@@ -169,10 +163,6 @@ class MapSection:
                 "on validation; its cost of W_out := E is the loss with E in W_out's place minus its own.", "",
                 markdown_table(["cell", "effect", "95% CI", "CI excludes 0", *(label for _, label, _ in MEASURES)],
                                rows, "lrrl" + "r" * len(MEASURES))]
-
-
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:+.2f}%".replace("-", "−")
 
 
 def _num(x: float | None) -> str:

@@ -20,6 +20,7 @@ from ..formatting import (
     fmt_signed,
     format_bytes,
     markdown_table,
+    percent,
     text_table,
 )
 from .comparison import Comparison, RunRow
@@ -30,7 +31,7 @@ from .trajectory import markdown as trajectory_markdown, terminal_lines as traje
 from .tuning_report import markdown as tuning_markdown, terminal_lines as tuning_lines
 from .tying_map import TYING_MAP_PLOT
 from .variants import SPLITS, SplitContrast, Variant
-from .verdicts import decay_line, fmt_flops, percent, plural, roles, test_words
+from .verdicts import decay_line, fmt_flops, plural, roles, test_words
 
 FILES = {"markdown": "comparison.md", "csv": "comparison.csv", "json": "comparison.json",
          **{f"plot_{k}": v for k, v in PLOTS.items()}}

@@ -332,7 +332,7 @@ class Sequential:
         last = self.looks[-1] if self.looks else None
         interval = ""
         if last is not None and last.ci_low is not None:
-            from .verdicts import percent
+            from ..formatting import percent
 
             interval = (f"; its {(1 - self.threshold) * 100:.2f}% interval, {percent(last.ci_low)} to "
                         f"{percent(last.ci_high)}, {'excludes' if d.significant else 'includes'} 0%")
@@ -423,7 +423,7 @@ def drive(train: Callable[[int, int], bool], contrast_at: Callable[[int], Any], 
 
 def look_words(look: Look) -> str:
     """'−3.20%, p=0.210 (threshold p < 0.00035), smallest detectable +8.10%: continue'."""
-    from .verdicts import percent
+    from ..formatting import percent
 
     p = fmt_pvalue(look.p_value) if look.p_value is not None else "no p-value"
     mde = f"+{look.mde_relative * 100:.2f}%" if look.mde_relative is not None else "–"

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..formatting import MISSING, fmt_signed
+from ..formatting import percent
 from ..naming import scalar, short_keys
 from .grid import MatchedContrast
 from .stats import ALPHA, holm, number
@@ -105,12 +105,6 @@ class TyingMap:
 # ============================================================================ building the map
 
 
-def _percent(x: float | None, digits: int = 2) -> str:
-    """−5.00% (a typographic minus), as verdicts.percent writes it; a dash for None. Not imported from
-    verdicts, which imports comparison: comparison may then hold a TyingMap without a cycle."""
-    return fmt_signed(x * 100, digits) + "%" if x is not None else MISSING
-
-
 def _numeric(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and number(v) is not None
 
@@ -177,8 +171,8 @@ def _crossover(t: TyingMap) -> list[Edge]:
 
 
 def _effect_words(c: MapCell) -> str:
-    ci = "no interval" if c.ci_low is None else f"95% CI {_percent(c.ci_low)} to {_percent(c.ci_high)}"
-    return f"{_percent(c.effect)}, {ci}"
+    ci = "no interval" if c.ci_low is None else f"95% CI {percent(c.ci_low)} to {percent(c.ci_high)}"
+    return f"{percent(c.effect)}, {ci}"
 
 
 def _significance(t: TyingMap, edge: Edge) -> str:
@@ -257,7 +251,7 @@ def _crossover_lines(t: TyingMap) -> list[str]:
         out.append("The sign of the effect changes between these neighbouring cells (no single boundary along "
                    "either key):")
         for a, b in t.crossover:
-            ea, eb = _percent(t.cells[a].effect), _percent(t.cells[b].effect)
+            ea, eb = percent(t.cells[a].effect), percent(t.cells[b].effect)
             out.append(f"- {t.name(a)} ({ea}) | {t.name(b)} ({eb}): {_significance(t, (a, b))}.")
     out.append("The crossover follows the point estimates: a sign change is established only where both "
                "neighbouring cells are significant.")
@@ -277,7 +271,7 @@ def _summary(t: TyingMap) -> list[str]:
                      + (": " + "; ".join(hit) + "." if hit else "."))
     tested = [(at, c) for at, c in known if c.p_holm is not None]
     if tested:
-        kept = [f"{t.name(at)} ({_percent(c.effect)}, p_Holm={c.p_holm:.3f})" for at, c in tested if c.p_holm < ALPHA]
+        kept = [f"{t.name(at)} ({percent(c.effect)}, p_Holm={c.p_holm:.3f})" for at, c in tested if c.p_holm < ALPHA]
         lines.append(f"After Holm's correction over the {len(tested)} cells, {len(kept)} remain significant at "
                      f"{ALPHA:g}" + (": " + "; ".join(kept) + "." if kept else "."))
     unsure = [t.name(at) for at, c in known if not c.significant]
@@ -331,10 +325,10 @@ def draw_tying_map(ax: Any, t: TyingMap) -> None:
                                        linewidth=0))
                 ax.text(j, i, "no result", ha="center", va="center", fontsize=size, color="0.35")
                 continue
-            ci = "no CI" if cell.ci_low is None else f"{_percent(cell.ci_low, 1)} to {_percent(cell.ci_high, 1)}"
+            ci = "no CI" if cell.ci_low is None else f"{percent(cell.ci_low, 1)} to {percent(cell.ci_high, 1)}"
             star = "*" if cell.significant else ""
             dark = abs(cell.effect) > 0.6 * vmax
-            ax.text(j, i, f"{_percent(cell.effect, 1)}{star}\n{ci}", ha="center", va="center", fontsize=size,
+            ax.text(j, i, f"{percent(cell.effect, 1)}{star}\n{ci}", ha="center", va="center", fontsize=size,
                     color="white" if dark else "black", fontweight="bold" if cell.significant else "normal")
             if cell.significant:
                 ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, edgecolor="black", linewidth=2.5))
@@ -357,7 +351,7 @@ def draw_tying_map(ax: Any, t: TyingMap) -> None:
     ax.set_ylabel(t.row_short)
     bar = ax.figure.colorbar(im, ax=ax)
     bar.set_label(f"tying effect on {t.split} perplexity")
-    bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda x, _: _percent(x, 1) if abs(x) > 1e-12 else "0%"))
+    bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda x, _: percent(x, 1) if abs(x) > 1e-12 else "0%"))
     handles = [Patch(facecolor="white", edgecolor="black", linewidth=2.5, label="* 95% CI excludes 0"),
                Patch(facecolor="0.85", edgecolor="0.6", hatch="//", label="no result"),
                Line2D([], [], color="gold", linewidth=4, path_effects=stroke,

@@ -6,7 +6,7 @@ Every effect is a ratio of perplexities, exp(Δloss) − 1, with exp(CI) − 1 b
 
 from __future__ import annotations
 
-from ..formatting import fmt, fmt_count, fmt_int, fmt_p, fmt_signed
+from ..formatting import fmt, fmt_count, fmt_int, fmt_p, percent
 from .comparison import Comparison
 from .stats import SEEDS_CAP, TestResult
 from .variants import COMPUTE_MATCH, Contrast, SplitContrast, Variant
@@ -14,11 +14,6 @@ from .variants import COMPUTE_MATCH, Contrast, SplitContrast, Variant
 ROLES = ("The primary endpoint is the {primary} loss: it alone carries the verdict. {others} "
          "reported as confirmation, and the per-bucket differences are secondary (their p-values "
          "Holm-adjusted over the buckets of each contrast).")
-
-
-def percent(x: float | None, digits: int = 2) -> str:
-    """−5.00% (a typographic minus); a dash for None."""
-    return fmt_signed(x * 100, digits) + "%" if x is not None else fmt(None)
 
 
 def fmt_flops(x: float | None) -> str:
