@@ -181,3 +181,73 @@ def test_a_hostile_value_is_refused_in_one_line_or_valid_by_design(command, opti
     assert len(lines) == 1 and lines[0].startswith("tiedlm: error:"), shown
     assert "Traceback" not in r.output
     assert _snapshot(tmp_path) == before, f"{shown}: the disk changed"
+
+
+# Config files that cannot be read safely as YAML: not a regular file (opening a named pipe waits
+# for a writer; /dev/zero never ends, /dev/null stands in for it here), nested too deeply (PyYAML
+# recurses), too large, or with a base: chain too deep. Each is refused in one line with exit 2,
+# before anything is read or written.
+BAD_CONFIGS = {"fifo": "not a regular file", "device": "not a regular file", "folder": "not a regular file",
+               "deep-flow": "nested more than", "deep-block": "nested more than", "deep-base": "nested more than",
+               "large": "larger than", "long-base-chain": "base: files nest more than"}  # -> what the line says
+
+
+def _bad_config(bad: str, work: Path) -> Path:
+    import os
+
+    from tiedlm import yamlsafe
+
+    cfg = work / "c.yaml"
+    if bad == "fifo":
+        os.mkfifo(cfg)
+    elif bad == "device":
+        return Path("/dev/null")
+    elif bad == "folder":
+        cfg.mkdir()
+    elif bad == "deep-flow":
+        cfg.write_text("model: " + "{a: " * 20_000 + "\n")
+    elif bad in ("deep-block", "deep-base"):
+        deep = "".join(" " * i + f"k{i}:\n" for i in range(200)) + " " * 200 + "1\n"
+        (work / "deep.yaml").write_text(deep)
+        cfg.write_text("base: deep.yaml\n" if bad == "deep-base" else deep)
+    elif bad == "large":
+        with open(cfg, "wb") as f:  # sparse: a size past the limit without the bytes
+            f.truncate(yamlsafe.YAML_BYTES_LIMIT + 1)
+    else:
+        for i in range(1_000):
+            (work / f"b{i}.yaml").write_text(f"base: b{i + 1}.yaml\n" if i < 999 else "train: {max_steps: 1}\n")
+        cfg.write_text("base: b0.yaml\n")
+    return cfg
+
+
+@pytest.mark.parametrize("command", [c for c, (_, options) in COMMANDS.items() if "--config" in options])
+@pytest.mark.parametrize("bad", BAD_CONFIGS)
+def test_a_config_file_that_cannot_be_read_safely_is_refused_in_one_line(command, bad, tmp_path, monkeypatch):
+    import signal
+
+    import tiedlm.model
+
+    def blocked(*_):
+        raise TimeoutError("reading the config blocked")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tiedlm.model, "GPT", lambda *a, **k: (_ for _ in ()).throw(Reached()))
+    work = tmp_path / "work"
+    work.mkdir()
+    cfg = _bad_config(bad, work)
+    args = [a.format(cfg=cfg, tmp=tmp_path) for a in COMMANDS[command][0]]
+    before = _snapshot(tmp_path)
+    previous = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(20)
+    try:
+        r = runner.invoke(app, args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    shown = f"{' '.join(args)!r}: exit {r.exit_code}, {r.output.strip()[-300:]!r} {r.exception!r}"
+    assert r.exit_code == 2, shown
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tiedlm: error:") and BAD_CONFIGS[bad] in lines[0], shown
+    assert "Traceback" not in r.output
+    assert _snapshot(tmp_path) == before, f"{shown}: the disk changed"
+

@@ -158,7 +158,8 @@ def test_tie_mode_tied_and_untied_are_the_short_form_and_hash_alike():
     assert cfg.model.tie_mode is None and cfg.model.tie_embeddings is False
     cfg = load_config(None, ["model.tie_embeddings=false", "model.tie_mode=projection"])
     assert cfg.model.tie_mode == "projection" and cfg.model.tie_embeddings is True
-    assert config_hash(load_config(None, ["model.tie_mode=lowrank"])) != config_hash(load_config(None, []))
+    lowrank_zero = load_config(None, ["model.tie_mode=lowrank", "model.untie_rank=0"])
+    assert config_hash(lowrank_zero) != config_hash(load_config(None, []))
 
 
 def test_a_file_that_sets_both_forms_must_agree(tmp_path):
@@ -249,7 +250,7 @@ def test_train_resume_analyze_and_report_use_the_effective_w_out(tiny, tmp_path)
     result = analyze_run(run)
     assert result["tied"] is False and result["tie_mode"] == "lowrank" and "W_out" in result["matrices"]
     assert 0.0 < result["pair"]["cka"] < 1.0 and "with_e_as_w_out" in result["direct_path"]
-    zero = train_run(tiny("model.tie_mode=lowrank"), out=tmp_path, name="zero", progress=False)
+    zero = train_run(tiny("model.tie_mode=lowrank", "model.untie_rank=0"), out=tmp_path, name="zero", progress=False)
     result = analyze_run(zero)
     assert result["tied"] is True and result["pair"]["cka"] == 1.0 and "with_e_as_w_out" not in result["direct_path"]
 

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any, Union
 
 from .checks import flatten, validate
 from .errors import ConfigError
-from .yamlsafe import YAML_VALUES_LIMIT, load_yaml  # noqa: F401 (config.load_yaml: what sweep and tuning use)
+from .yamlsafe import YAML_VALUES_LIMIT, load_yaml, read_yaml_text  # noqa: F401 (sweep, tuning import load_yaml here)
 
 
 @dataclass
@@ -276,12 +277,7 @@ def from_dict(data: dict) -> Config:
 def _read_yaml(path: Path) -> dict:
     import yaml
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist — check the path") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    text = read_yaml_text(path, "config file")  # a regular file of bounded size, or one line that says why not
     try:
         data = load_yaml(text, str(path))
     except yaml.YAMLError as exc:
@@ -369,11 +365,26 @@ def _normalize_tying(data: dict) -> dict:
     return data
 
 
-def _load_with_bases(path: Path, stack: tuple[Path, ...] = ()) -> dict:
-    path = path.resolve()
+# Real configs have a base: chain two or three files deep. Each level is a few frames of recursion,
+# so a chain of a thousand files would end in a RecursionError; and files that each name one base
+# twice read 2^depth files, so the files read for one config are bounded as well.
+BASE_DEPTH_LIMIT = 16
+BASE_FILES_LIMIT = 100
+
+
+def _load_with_bases(path: Path, stack: tuple[Path, ...] = (), read: list[int] | None = None) -> dict:
+    path = Path(os.path.realpath(path))  # not resolve(): on a loop of links it raises; reading it says so in a line
     if path in stack:
         chain = " -> ".join(p.name for p in (*stack, path))
         raise ConfigError(f"base: cycle in config files ({chain}) — remove one of the base: references")
+    if len(stack) >= BASE_DEPTH_LIMIT:
+        raise ConfigError(f"{stack[0].name}: its base: files nest more than {BASE_DEPTH_LIMIT} deep "
+                          f"({stack[0].name} -> ... -> {path.name}) — merge some of them")
+    read = [0] if read is None else read
+    read[0] += 1
+    if read[0] > BASE_FILES_LIMIT:
+        raise ConfigError(f"{stack[0].name}: it and its base: files are more than {BASE_FILES_LIMIT} files "
+                          "(a file named twice is read twice) — name each base once")
     data = _read_yaml(path)
     bases = data.pop("base", None)
     if bases is None:
@@ -384,7 +395,7 @@ def _load_with_bases(path: Path, stack: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path.name}: base must be a file path or a list of file paths")
     merged: dict = {}
     for base in bases:
-        layer = _load_with_bases(path.parent / base, (*stack, path))
+        layer = _load_with_bases(path.parent / base, (*stack, path), read)
         merged = _one_tying(_one_budget(deep_merge(merged, layer), layer), layer)
     return _one_tying(_one_budget(deep_merge(merged, data), data), data)
 
@@ -432,7 +443,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data = apply_overrides(data, overrides)
     if seed is not None:
         data["seed"] = seed
-    return from_dict(data)
+    cfg = from_dict(data)
+    _check_rank_given(cfg, data)
+    return cfg
+
+
+def _check_rank_given(cfg: Config, data: dict) -> None:
+    """model.tie_mode lowrank must come with its model.untie_rank. The dataclass default, 0, is the
+    tied model itself, so a missing rank would train a tied model under a lowrank label. A rank of 0
+    written out is kept: it is the check that lowrank at rank 0 is tied. Checked after validate, so
+    a config that is wrong in other ways gets that message first."""
+    model = data.get("model")
+    if cfg.model.tie_mode == "lowrank" and not (isinstance(model, dict) and "untie_rank" in model):
+        raise ConfigError(f"model.tie_mode lowrank needs its rank — set model.untie_rank: r, from 1 to model.n_embd "
+                          f"({cfg.model.n_embd}) (W_out = E + A·Bᵀ, A·Bᵀ of rank r; 0 is the tied model itself)")
 
 
 def to_yaml(cfg: Config) -> str:

@@ -357,12 +357,14 @@ def _config_data(run_dir: Path) -> dict | None:
     """config.yaml as stored, None when there is none; a damaged one is a DamagedRunError."""
     import yaml
 
+    from .yamlsafe import read_yaml_text
+
     path = Path(run_dir) / CONFIG
     if not path.exists():
         return None
     fixes = ("use --overwrite to start afresh", "restore it, or retrain the run")
-    try:
-        data = load_yaml(path.read_text(encoding="utf-8"), str(path))  # duplicate keys and alias bombs refused
+    try:  # read_yaml_text: a regular file of bounded size (a pipe put there would hang the read)
+        data = load_yaml(read_yaml_text(path, "run config"), str(path))  # duplicate keys and alias bombs refused
     except ConfigError as exc:  # its problem only: the fix load_yaml gives is for a file the user writes
         raise DamagedRunError(f"{str(exc).split(' — ', 1)[0]} (the run folder is damaged)", *fixes) from None
     except (yaml.YAMLError, UnicodeDecodeError):

@@ -333,16 +333,55 @@ def translate(exc: BaseException, source: Source, d: DataConfig) -> TiedlmError:
                      "and the files' format (--debug shows the traceback)")
 
 
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without isatty, or closed
+        return False
+
+
 @contextlib.contextmanager
 def _datasets_progress(progress: bool):
+    """`datasets`' progress bars (and the hub's, for its downloads) made to behave as tiedlm's own:
+    shown only with progress on and stderr a terminal, and erased when they end. Left to themselves
+    they are written into pipes and logs too, and their last line stays, so that "Generating train
+    split: ..." stood before tiedlm's one error line when the data then turned out to be wrong."""
     import datasets
+    from huggingface_hub import utils as hub
 
-    was_disabled = datasets.are_progress_bars_disabled()
-    (datasets.enable_progress_bars if progress else datasets.disable_progress_bars)()
+    shown = progress and _stderr_is_terminal()
+    was_disabled, hub_was_disabled = datasets.are_progress_bars_disabled(), hub.are_progress_bars_disabled()
+    if not shown:
+        datasets.disable_progress_bars()
+        hub.disable_progress_bars()
+    with _transient_bars(datasets.utils.tqdm if shown else None):
+        try:
+            yield
+        finally:
+            (datasets.disable_progress_bars if was_disabled else datasets.enable_progress_bars)()
+            (hub.disable_progress_bars if hub_was_disabled else hub.enable_progress_bars)()
+
+
+@contextlib.contextmanager
+def _transient_bars(bar_class: Any):
+    """While inside, bars of `bar_class` (datasets' tqdm subclass, which every datasets module
+    imported by name, so only the class itself can be changed) are made with leave=False, as
+    tiedlm's are: a finished bar erases its line. None, or a class not as expected: unchanged."""
+    own = vars(bar_class).get("__init__") if isinstance(bar_class, type) else None
+    if own is None:
+        yield
+        return
+
+    def transient(self, *args, **kwargs):
+        if len(args) < 4:  # leave is tqdm's fourth parameter (datasets passes it by name, if at all)
+            kwargs["leave"] = False
+        own(self, *args, **kwargs)
+
+    bar_class.__init__ = transient
     try:
         yield
     finally:
-        (datasets.disable_progress_bars if was_disabled else datasets.enable_progress_bars)()
+        bar_class.__init__ = own
 
 
 def _load_dataset(source: Source, d: DataConfig) -> Any:
