@@ -24,7 +24,7 @@ LAYERS = [
     ["model", "loss", "counting", "distributed", "device"],
     ["data", "corpora"],
     ["naming", "config", "checks", "yamlsafe"],
-    ["files", "formatting", "errors", "geometry"],
+    ["files", "formatting", "errors", "geometry", "nats"],
 ]
 RANK = {name: (i, j) for i, layer in enumerate(LAYERS) for j, name in enumerate(layer)}
 

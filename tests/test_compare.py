@@ -17,7 +17,7 @@ import tiedlm.compare as C
 from tiedlm import runs as run_folder
 from tiedlm.compare.variants import label_variants
 from tiedlm.config import config_hash, load_config, to_yaml
-from tiedlm.errors import ConfigError, NotARunError
+from tiedlm.errors import ConfigError, NotARunError, RunError
 from tiedlm.naming import short_keys
 
 scipy_stats = pytest.importorskip("scipy.stats")  # the cross-check only; tiedlm itself needs no scipy
@@ -342,13 +342,17 @@ def test_unfinished_failed_and_corrupt_runs_are_left_out_with_reasons(tmp_path):
     assert {r["run"] for r in rows if r["row_type"] == "skipped"} == set(reasons)
 
 
-def test_no_finished_runs_is_a_usage_error_that_says_what_to_run(tmp_path):
+def test_no_runs_is_a_usage_error_and_no_finished_run_a_runtime_one(tmp_path):
+    # exit 2 for what the user typed (no run there at all), 1 for what happened to the runs found
     runs = tmp_path / "runs"
     with raises_exactly(NotARunError, match="no runs folder"):
         C.compare_runs(runs_dir=runs)
-    make_run(runs, "only-s0", 0, TIED, status="running")
-    with raises_exactly(NotARunError, match=r"no finished runs.*status running.*tiedlm compare --config"):
-        C.compare_runs(runs_dir=runs)
+    with raises_exactly(NotARunError, match=r"no finished runs.*does not exist.*tiedlm compare --config"):
+        C.compare_runs([runs / "nothing-s0"], runs_dir=runs)
+    for status in ("running", "failed", "diverged", "interrupted"):
+        make_run(runs, f"{status}-s0", 0, TIED, status=status)
+        with raises_exactly(RunError, match=rf"no finished runs.*status {status}.*none of the runs found finished"):
+            C.compare_runs([runs / f"{status}-s0"], runs_dir=runs)
     assert not (runs / "compare").exists()
 
 
@@ -450,7 +454,7 @@ def test_comparison_json_keys(tmp_path):
     assert list(data) == ["format", "tiedlm_version", "created", "out", "level", "alpha", "power", "interval",
                           "difference", "primary", "confirmation", "secondary", "select", "mode", "baseline", "differing_keys",
                           "variants", "runs", "skipped", "notes", "match", "verdicts", "data_sets", "not_compared",
-                          "matched", "files", "tuning", "tying_map", "sequential"]
+                          "matched", "files", "tuning", "tying_map", "sequential", "warnings"]
     assert (data["format"], data["primary"], data["confirmation"], data["mode"]) == (2, "validation", ["test"],
                                                                                      "baseline")
     tied = data["variants"][1]

@@ -9,7 +9,7 @@ import torch
 from tiedlm.evaluate import (
     frequency_buckets,
     mass_buckets,
-    perplexity,
+    mean_perplexity,
     score_tokens,
     summarize_nll,
     windows,
@@ -40,8 +40,8 @@ class BigramLM(torch.nn.Module):
 
 
 def test_perplexity_is_exp_mean_nll():
-    assert perplexity(0.0, 10) == 1.0
-    assert perplexity(10 * math.log(7), 10) == pytest.approx(7.0)
+    assert mean_perplexity(0.0, 10) == 1.0
+    assert mean_perplexity(10 * math.log(7), 10) == pytest.approx(7.0)
 
 
 @pytest.mark.parametrize("n, T, s", [(2, 4, 4), (10, 4, 4), (101, 8, 8), (101, 8, 3), (57, 16, 1), (9, 4, 2)])

@@ -216,7 +216,7 @@ def test_eval_json_is_strict_even_when_the_perplexity_overflows(run, tmp_path):
 def test_strict_json_maps_non_finite_numbers_to_null():
     import numpy as np
 
-    from tiedlm.evaluate import strict_json
+    from tiedlm.files import strict_json
 
     got = strict_json({"a": float("inf"), "b": [float("nan"), np.float32(2.0), np.int64(3)], "c": "x", "d": None})
     assert json.dumps(got, allow_nan=False) == '{"a": null, "b": [null, 2.0, 3], "c": "x", "d": null}'

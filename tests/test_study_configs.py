@@ -49,4 +49,5 @@ def test_a_foreign_tuning_record_is_refused_before_training_and_a_damaged_one_ig
     (tmp_path / "runs" / "tuning.json").write_text('{"format": 1, "keys": ["train.lr"], "chosen": ["a"]}')
     with pytest.raises(ConfigError, match="tuning.json was not written by tiedlm"):
         check_record_target(tmp_path / "runs")
-    assert read_record(tmp_path / "runs", [tmp_path / "runs" / "a"]) is None  # not tiedlm's: compare does not read it
+    record = read_record(tmp_path / "runs", [tmp_path / "runs" / "a"])  # not tiedlm's: compare does not use it,
+    assert not record.usable and "was not written by tiedlm" in record.ignored  # and says why

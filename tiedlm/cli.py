@@ -233,9 +233,9 @@ def eval_(
         from .evaluate import evaluate_run
 
         result = evaluate_run(run, splits=split, stride=stride, device=device, best=best)
-        from .evaluate import strict_json  # an overflowing perplexity is null, never Infinity
+        from .files import json_text  # an overflowing perplexity is null, never Infinity
 
-        typer.echo(json.dumps(strict_json(result["results"]), indent=2, allow_nan=False) if as_json
+        typer.echo(json_text(result["results"], indent=2) if as_json
                    else result["text"])
 
     run_command(go, reads_runs=True)
@@ -264,7 +264,7 @@ def analyze(
         check_at_most(sample, 100_000, "--sample", "neighbours of that many tokens are plenty for a mean")
         check_seed(seed, "--seed")
         from .analyze import analyze_run, check_target
-        from .evaluate import strict_json
+        from .files import json_text
         from .runs import expand_runs
 
         dirs = expand_runs(runs_)
@@ -287,7 +287,7 @@ def analyze(
 
                 typer.echo(summary_line(results[-1], target or d))
         if as_json:
-            typer.echo(json.dumps(strict_json(results), indent=2, allow_nan=False))
+            typer.echo(json_text(results, indent=2))
         for d, exc in failed:  # said at the end, one line each, after the runs that were analysed
             text = exc.for_reader() if hasattr(exc, "for_reader") else str(exc)
             typer.echo(f"tiedlm: error: {d} was not analysed: {(text.splitlines() or [type(exc).__name__])[0]}",

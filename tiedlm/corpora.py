@@ -38,6 +38,7 @@ import numpy as np
 from .checks import SPLITS
 from .config import DataConfig, SyntheticConfig
 from .errors import DataError
+from .nats import perplexity
 
 # Bump when the generator changes, so cached token arrays of the old language are not reused.
 SYNTHETIC_VERSION = 1
@@ -321,8 +322,8 @@ def split_floor(lang: SyntheticLanguage, s: FloorStream, unk_words: np.ndarray |
     share = n / s.n_tokens  # bytes and words apportioned to the scored tokens, as evaluate.summarize_nll does
     mean = total / n
     return {"label": "best achievable" if unk else "split floor", "tokens": n, "nats_per_token": mean,
-            "perplexity": math.exp(mean), "bits_per_byte": total / LN2 / (s.n_bytes * share) if s.n_bytes else None,
-            "word_perplexity": math.exp(total / (s.n_words * share)) if s.n_words else None,
+            "perplexity": perplexity(mean), "bits_per_byte": total / LN2 / (s.n_bytes * share) if s.n_bytes else None,
+            "word_perplexity": perplexity(total / (s.n_words * share)) if s.n_words else None,
             "unk_tokens": unk, "per_token": s.per_token}
 
 
@@ -338,7 +339,7 @@ def synthetic_floor(scfg: SyntheticConfig, split_words: dict[str, int], split_by
     h = lang.entropy_rate()
     out: dict = {
         "nats_per_word": h,
-        "perplexity_per_word": math.exp(h),
+        "perplexity_per_word": perplexity(h),
         "bits_per_byte": {s: h * split_words[s] / LN2 / split_bytes[s] for s in split_words if split_bytes[s]},
         "note": ("these are the language's expected entropy rate per word (an average over endless text, "
                  "not a bound on a split); each split's own floor, per token, is under 'splits'"),

@@ -1,7 +1,7 @@
 """Perplexity, bits per byte, perplexity per word and loss per frequency bucket over whole splits.
 
-A model's perplexity is computed in one place, `perplexity()`: exp(total NLL / total predicted
-tokens). Every token of a split but the first is predicted once, and every predicted token has at
+A split's perplexity is exp(total NLL / total predicted tokens), through `mean_perplexity` and
+`nats.perplexity`, the one place a loss becomes a perplexity. Every token of a split but the first is predicted once, and every predicted token has at
 least one token of context (a window's first target is predicted from the window's first input):
 windows do not overlap by default; with `eval.stride < block_size` each window re-reads
 `block_size - stride` tokens of context and scores only its last `stride` targets. (The
@@ -18,15 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from .nats import perplexity
+
 LN2 = math.log(2.0)
 
 
-def perplexity(total_nll: float, n_tokens: int) -> float:
-    """exp(mean NLL in nats): the one place a model's loss becomes a perplexity."""
-    if n_tokens <= 0:
-        return float("nan")
-    mean = total_nll / n_tokens
-    return math.exp(mean) if mean < 700 else float("inf")
+def mean_perplexity(total_nll: float, n_tokens: float) -> float:
+    """exp(total NLL / n_tokens) (nats.perplexity: inf when it overflows); nan for no tokens."""
+    return perplexity(total_nll / n_tokens) if n_tokens > 0 else math.nan
 
 
 def windows(n_tokens: int, block_size: int, stride: int) -> list[tuple[int, int, int]]:
@@ -161,7 +160,7 @@ def _bucket_rows(bucket_of: np.ndarray, names: list[str], targets: np.ndarray, n
     sums = np.bincount(b, weights=nll, minlength=len(names))
     cnts = np.bincount(b, minlength=len(names))
     return [{"name": name, "tokens": int(c), "loss": float(s / c) if c else None,
-             "perplexity": perplexity(float(s), int(c)) if c else None}
+             "perplexity": mean_perplexity(float(s), int(c)) if c else None}
             for name, s, c in zip(names, sums, cnts)]
 
 
@@ -177,12 +176,12 @@ def summarize_nll(targets: np.ndarray, nll: np.ndarray, n_tokens: int, n_bytes: 
     total = float(nll.sum())
     n = int(len(nll))
     out: dict[str, Any] = {"tokens": n, "loss": total / n if n else float("nan"),
-                           "perplexity": perplexity(total, n)}
+                           "perplexity": mean_perplexity(total, n)}
     share = n / n_tokens if n_tokens else 0.0
     if n_bytes:
         out["bits_per_byte"] = total / LN2 / (n_bytes * share)
     if n_words:
-        out["word_perplexity"] = perplexity(total, n_words * share)
+        out["word_perplexity"] = mean_perplexity(total, n_words * share)
     if train_counts is not None and fractions is not None:
         out["buckets"] = _bucket_rows(*frequency_buckets(train_counts, fractions, unk_id), targets, nll)
         bucket_of, names = mass_buckets(train_counts, fractions, unk_id)
@@ -311,21 +310,6 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
         lines.append(f"{split:>10}: loss {r['loss']:.4f}  perplexity {r['perplexity']:.3f}{bpb}  "
                      f"({r['tokens']:,} tokens)")
     return {"results": results, "text": "\n".join(lines)}
-
-
-def strict_json(obj: Any) -> Any:
-    """obj with every non-finite float (a perplexity that overflows to inf, the nan loss of a split
-    too short to predict a token) as None, so that json.dumps(..., allow_nan=False) writes strict
-    JSON (null), never NaN or Infinity, which JSON parsers refuse."""
-    if isinstance(obj, dict):
-        return {k: strict_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict_json(v) for v in obj]
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj
 
 
 def _best_weights(run_dir):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, RunError
+from .nats import perplexity
 
 TOLERANCE = 1e-4  # largest |logit difference| accepted between tiedlm and transformers (fp32)
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -198,8 +199,8 @@ def _verify(folder: Path, rm: Any, model: Any, result: ExportResult, batch: int)
                        "diverged; export an earlier checkpoint (--checkpoint), or retrain with a lower train.lr")
     diff = float((ours - theirs).abs().max())
     result.max_abs_diff, result.tokens, result.verified = diff, y.numel(), True
-    result.tiedlm_perplexity = math.exp(float(F.cross_entropy(ours.reshape(-1, ours.size(-1)), y.reshape(-1))))
-    result.hf_perplexity = math.exp(float(F.cross_entropy(theirs.reshape(-1, theirs.size(-1)), y.reshape(-1))))
+    result.tiedlm_perplexity = perplexity(float(F.cross_entropy(ours.reshape(-1, ours.size(-1)), y.reshape(-1))))
+    result.hf_perplexity = perplexity(float(F.cross_entropy(theirs.reshape(-1, theirs.size(-1)), y.reshape(-1))))
     allowed = TOLERANCE * max(1.0, float(ours.abs().max()))  # fp32 sums in another order grow with the logits
     if not diff <= allowed:
         raise RunError(f"the exported model's logits differ from tiedlm's by up to {diff:.3g} (more than {allowed:.3g}) "

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import socket
@@ -88,8 +89,30 @@ def json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+def strict_json(obj: Any) -> Any:
+    """obj with every non-finite float (a perplexity that overflows to inf, the nan loss of a split
+    too short to predict a token) as None, and numpy / torch scalars as Python numbers, so that
+    json.dumps(..., allow_nan=False) writes strict JSON (null), never NaN or Infinity, which JSON
+    parsers refuse."""
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    if isinstance(obj, float):
+        return float(obj) if math.isfinite(obj) else None
+    if not isinstance(obj, (str, bytes, int)) and hasattr(obj, "item") and getattr(obj, "ndim", 0) == 0:
+        return strict_json(obj.item())  # a numpy or torch scalar
+    return obj
+
+
+def json_text(data: Any, indent: int | None = None) -> str:
+    """Strict JSON for data (strict_json's nulls; paths as strings): what every JSON file of
+    tiedlm's holds."""
+    return json.dumps(strict_json(data), indent=indent, default=json_default, allow_nan=False)
+
+
 def atomic_write_json(path: Path, data: Any, indent: int = 2) -> None:
-    atomic_write_text(path, json.dumps(data, indent=indent, default=json_default) + "\n")
+    atomic_write_text(path, json_text(data, indent) + "\n")
 
 
 def read_json(path: Path) -> Any:
@@ -194,6 +217,11 @@ def _ours(path: Path, record: dict[str, str | None] | None, legacy: Callable[[Pa
     if path.name not in record:
         return False
     return record[path.name] is None or sha256_file(path) == record[path.name]
+
+
+def written_here(folder: Path, name: str) -> bool:
+    """Whether folder's record says tiedlm wrote `name` there (whatever has become of it since)."""
+    return name in (_record(folder) or {})
 
 
 def foreign_files(folder: Path, names: Iterable[str], legacy: Callable[[Path], bool] | None = None) -> list[Path]:

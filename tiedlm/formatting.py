@@ -16,9 +16,11 @@ def _is_number(x: Any) -> bool:
 
 def fmt(x: Any, digits: int = 2) -> str:
     """A number with `digits` decimals and thousands separators; ints without decimals; None and
-    non-finite values as a dash; anything else as str()."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+    nan as a dash; an overflow (a perplexity past the largest float) as ∞; anything else as str()."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
         return MISSING
+    if isinstance(x, float) and math.isinf(x):
+        return "∞" if x > 0 else "−∞"
     if isinstance(x, bool):
         return str(x)
     if isinstance(x, int):

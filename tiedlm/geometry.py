@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .nats import perplexity
+
 if TYPE_CHECKING:
     import torch
 
@@ -374,5 +376,4 @@ def direct_path_nll(E: Any, W: Any, prev: Any, nxt: Any, ln_weight: Any, ln_bias
                 target = target + hb[tgt]
             total += (lse[inv] - target.double()).sum()
         nll = float(total) / prev.numel()
-    perplexity = math.exp(nll) if nll < 700 else math.inf
-    return {"nll": nll, "perplexity": perplexity, "pairs": int(prev.numel()), "distinct_prev": int(distinct.numel())}
+    return {"nll": nll, "perplexity": perplexity(nll), "pairs": int(prev.numel()), "distinct_prev": int(distinct.numel())}

@@ -34,7 +34,7 @@ from . import files
 from .checks import check_run_name
 from .config import Config, diff_keys, from_dict, load_yaml, operational_keys, to_dict, with_added_keys
 from .errors import ConfigError, ConfigMismatchError, DamagedRunError, NotARunError, RunError, TiedlmError
-from .files import describe_write_failure, json_default
+from .files import describe_write_failure
 from .report_md import render_report_md
 
 FORMAT = 1  # bumped when the run folder changes incompatibly
@@ -417,7 +417,7 @@ def append_metrics(run_dir: Path, records: list[dict]) -> None:
     path = Path(run_dir) / METRICS
     with writing(path), open(path, "a", encoding="utf-8") as f:
         for r in records:
-            f.write(json.dumps(r, default=json_default) + "\n")
+            f.write(files.json_text(r) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -454,7 +454,7 @@ def trim_metrics(run_dir: Path, up_to_step: int) -> None:
         return
     # final-evaluation records are written after the last checkpoint: a resume writes them again
     keep = [r for r in read_metrics(run_dir) if int(r.get("step", 0)) <= up_to_step and r.get("kind") != "final"]
-    text = "".join(json.dumps(r, default=json_default) + "\n" for r in keep)
+    text = "".join(files.json_text(r) + "\n" for r in keep)
     with writing(path):
         files.atomic_write_text(path, text)
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ConfigError
+from .nats import perplexity
 from .naming import sanitize, scalar, short_keys
 
 EXTEND_LIMIT = 3  # steps past each edge of the grid, per variant and axis
@@ -353,7 +354,7 @@ def _score(p: TunedPoint, runs_dir: Path) -> None:
     p.tokens, p.failed = tokens, failed
     if losses and not failed:
         p.loss = sum(losses) / len(losses)
-        p.perplexity = math.exp(p.loss)
+        p.perplexity = perplexity(p.loss)
         p.best_step = sum(steps) / len(steps) if steps else None
 
 
@@ -484,9 +485,26 @@ class TuningRecord:
     chosen: list[str]  # the run names at the chosen points, every seed
     runs: list[str]  # every run the sweep trained: its tuning runs and the chosen ones
     tuning: dict  # Tuning.to_json()
+    ignored: str | None = None  # why a record that is, or was, in the folder cannot be used (then empty)
+
+    @property
+    def usable(self) -> bool:
+        return self.ignored is None
+
+    def warnings(self, primary: str) -> list[str]:
+        """What the comparison says first when the record is ignored: every grid point is then a
+        variant of its own, and validation is the split that chose the tuned values."""
+        if self.usable:
+            return []
+        on = (f"the verdict is on {primary}, the split that chose the tuned values, so it favours each variant's "
+              "chosen point — use --primary test" if primary == "validation" else f"the verdict is on {primary}")
+        return [f"the tuning record was ignored: {self.ignored}. Every grid point is compared as a variant of its "
+                f"own, not each variant at its chosen value; {on}. Rerun the sweep to write the record again"]
 
     def notes(self) -> list[str]:
         """The comparison's notes: what was tuned, and each variant's choice."""
+        if not self.usable:
+            return []
         tuned = self.tuning.get("keys") or self.keys[:1]
         choices = [f"{v.get('variant')}: {(v.get('chosen') or {}).get('label', 'none')}"
                    + (f" (edge: {v['edge']})" if v.get("edge") else "") for v in self.tuning.get("variants") or []]
@@ -531,17 +549,31 @@ def write_record(folder: Path, tuning: Tuning, chosen: list[str]) -> Path:
 
 
 def read_record(folder: Path, run_dirs: list[Path]) -> TuningRecord | None:
-    """The tuning record of `folder` (the one folder compared), when tiedlm wrote one there and
-    every run in run_dirs is one of its sweep's runs; None otherwise."""
-    from .files import foreign_files, read_json
+    """The tuning record of `folder` (the one folder compared); None where tiedlm never wrote one.
+    It is used (`usable`) when tiedlm wrote it, nobody changed it since, and every run in run_dirs
+    is one of its sweep's runs: it never speaks for runs it does not know. Otherwise the record
+    returned is empty and says, in `ignored`, why (a comparison then says so first)."""
+    from .files import foreign_files, read_json, written_here
 
     folder = Path(folder)
-    data = read_json(folder / RECORD)
-    if not isinstance(data, dict) or data.get("format") != 1 or foreign_files(folder, [RECORD]):
-        return None
-    keys, chosen, runs = data.get("keys"), data.get("chosen"), data.get("runs")
-    if not all(isinstance(x, list) and all(isinstance(i, str) for i in x) for x in (keys, chosen, runs)):
-        return None
-    if not all(Path(d).resolve().parent == folder.resolve() and Path(d).name in set(runs) for d in run_dirs):
-        return None  # runs the sweep did not train: the record does not speak for them
+    path = folder / RECORD
+
+    def ignored(why: str) -> TuningRecord:
+        return TuningRecord(folder, [], [], [], {}, ignored=why)
+
+    if not path.exists():
+        return ignored(f"{path}, which a tuned sweep wrote, is missing") if written_here(folder, RECORD) else None
+    if foreign_files(folder, [RECORD]):
+        return ignored(f"{path} was not written by tiedlm, or was changed since")
+    data = read_json(path)
+    keys, chosen, runs = (data.get(k) for k in ("keys", "chosen", "runs")) if isinstance(data, dict) else (None,) * 3
+    if (not isinstance(data, dict) or data.get("format") != 1
+            or not all(isinstance(x, list) and all(isinstance(i, str) for i in x) for x in (keys, chosen, runs))):
+        return ignored(f"{path} is not a tuning record this tiedlm reads")
+    strangers = sorted(Path(d).name for d in run_dirs
+                       if Path(d).resolve().parent != folder.resolve() or Path(d).name not in set(runs))
+    if strangers:
+        more = ", …" if len(strangers) > 3 else ""
+        return ignored(f"{len(strangers)} run{'s' * (len(strangers) != 1)} here the sweep did not train "
+                       f"({', '.join(strangers[:3])}{more}: renamed, or added since)")
     return TuningRecord(folder, keys, chosen, runs, data.get("tuning") if isinstance(data.get("tuning"), dict) else {})

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .measures import direct_path, finite, language_asymmetry, matrix_stats, pair_stats, per_token_arrays
-from .report import ANALYSIS_JSON, ANALYSIS_MD  # the files report writes (report imports nothing from here)
+from .report import ANALYSIS_JSON, ANALYSIS_MD, tie_kind  # report imports nothing from here
 
 FORMAT = 1
 
@@ -102,6 +102,7 @@ def _may_be_untied(run_dir: Path) -> bool:
 
 def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample: int, seed: int, max_pairs: int,
              pairs: int, overwrite: bool = False, overwrite_option: str = "--overwrite") -> dict:
+    from ..config import tie_label
     from ..errors import ConfigError
     from .report import write_analysis
 
@@ -126,7 +127,7 @@ def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample:
     result = {
         "format": FORMAT, "run": run_dir.name, "path": str(run_dir), "checkpoint": rm.checkpoint.name,
         "status": status, "still_training": status != "finished", "tied": model.w_out_is_e,
-        "tie_mode": model.tie_mode,
+        "tie_mode": model.tie_mode, "tie_label": tie_label(cfg.model),
         "untied_at_step": rm.report.untied_at_step if rm.report is not None else None,
         "vocab_size": V, "model_vocab_size": data.model_vocab_size, "n_embd": cfg.model.n_embd,
         "split": split, "seed": seed, "sample": min(sample, V), "anisotropy_pairs": pairs,
@@ -182,7 +183,7 @@ def summary_line(r: dict, where: Path) -> str:
 
     e = r["matrices"]["E"]
     d = r["direct_path"]
-    parts = [f"{r['run']} ({'tied' if r['tied'] else 'untied'}, {r['checkpoint']}"
+    parts = [f"{r['run']} ({tie_kind(r)}, {r['checkpoint']}"
              + (", still training" if r["still_training"] else "") + ")",
              f"E: norm-frequency rho {fmt(e['norm_frequency_spearman'], 2)}, anisotropy "
              f"{fmt(e['anisotropy']['mean_cosine'], 3)}, effective rank {fmt(e['effective_rank'], 1)}/{r['n_embd']}"]

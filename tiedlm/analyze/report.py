@@ -9,6 +9,7 @@ from typing import Any
 
 from ..figures import figure, plain_ticks
 from ..formatting import fmt, fmt_int, markdown_table
+from ..nats import perplexity
 
 ANALYSIS_JSON = "analysis.json"  # tiedlm.analyze has them from here: report imports nothing of the package
 ANALYSIS_MD = "analysis.md"
@@ -39,7 +40,7 @@ def write_analysis(result: dict, arrays: dict, out: Path, overwrite: bool = Fals
     """The files into out, recorded there as tiedlm's (files.recording): a file of one of their
     names that tiedlm did not write is refused unless `overwrite`, before anything is written."""
     from ..files import recording
-    from ..files import atomic_write_text
+    from ..files import atomic_write_text, json_text
     from ..runs import writing
 
     names = analysis_files(arrays["W"] is None)
@@ -48,7 +49,7 @@ def write_analysis(result: dict, arrays: dict, out: Path, overwrite: bool = Fals
         _plot_spectrum(result, out / PLOTS["spectrum"])
         if arrays["W"] is not None:
             _plot_cosines(arrays, out / PLOTS["cosine"])
-        text = json.dumps(result, indent=2, allow_nan=False) + "\n"
+        text = json_text(result, indent=2) + "\n"
         with writing(out / ANALYSIS_JSON):
             atomic_write_text(out / ANALYSIS_JSON, text)
         text = to_markdown(result)
@@ -59,12 +60,18 @@ def write_analysis(result: dict, arrays: dict, out: Path, overwrite: bool = Fals
 # ------------------------------------------------------------------------- analysis.md
 
 
+def tie_kind(r: dict) -> str:
+    """How the run's tie is named: its config's label (config.tie_label: tied, untied, projection,
+    lowrank r=8), or "untied at step N" once an untie_at run has split."""
+    if r.get("untied_at_step"):
+        return "untied at step " + fmt_int(r["untied_at_step"])
+    return r.get("tie_label") or ("tied" if r["tied"] else "untied")  # an analysis.json without the label
+
+
 def to_markdown(r: dict) -> str:
     state = ", still training: its latest checkpoint" if r["still_training"] else ""
-    kind = "tied" if r["tied"] else ("untied at step " + fmt_int(r["untied_at_step"]) if r.get("untied_at_step")
-                                     else "untied")
     md = [f"{TITLE}{r['run']}", "",
-          f"{kind}; checkpoint `{r['checkpoint']}`{state}. V = {fmt_int(r['vocab_size'])} token rows "
+          f"{tie_kind(r)}; checkpoint `{r['checkpoint']}`{state}. V = {fmt_int(r['vocab_size'])} token rows "
           f"(padding rows left out), d = {r['n_embd']}. Anisotropy uses {fmt_int(r['anisotropy_pairs'])} random "
           f"row pairs; neighbours use {fmt_int(r['sample'])} sampled tokens (seed {r['seed']}).", ""]
     md += _md_matrices(r) + _md_pair(r) + _md_direct(r) + _md_plots(r)
@@ -125,7 +132,7 @@ def _md_direct(r: dict) -> list[str]:
                      fmt(w["perplexity"], 2)])
     if r.get("model_loss") is not None:
         rows.append(["the whole model (final evaluation, every layer)", fmt(r["model_loss"], 4),
-                     fmt(math.exp(r["model_loss"]), 2)])
+                     fmt(perplexity(r["model_loss"]), 2)])
     if r.get("floor"):
         f = r["floor"]
         rows.append([f"the language's true model on this split ({f.get('label')}; no model does better)",

@@ -124,6 +124,7 @@ def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline:
     c.select, c.select_reason = select, why
     if record is not None:
         c.notes += record.notes()
+        c.warnings += record.warnings(primary)
     if tuning is not None:
         c.tuning = tuning
         c.notes.append(tuning_note(tuning, primary))
@@ -198,7 +199,7 @@ def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("r
     # a tuned sweep's folder, compared whole: each grid point at its chosen values (tuning.json)
     folder = runs_dir if not paths else Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else None
     record = read_record(folder, run_dirs) if folder is not None and run_dirs else None
-    if record is not None:
+    if record is not None and record.usable:
         if primary == "validation":
             raise ConfigError(f"these runs were tuned on validation ({record.folder}/tuning.json), so the verdict is "
                               "on test — drop --primary validation")
@@ -209,7 +210,8 @@ def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("r
         missing += [LeftOut(str(record.folder / n), n, "chosen by the tuning (tuning.json), but not there")
                     for n in record.chosen if n not in found]
         run_dirs = [d for d in run_dirs if d.name in chosen]
-    return _compare(run_dirs, missing, out, baseline, runs_dir, primary=primary or ("test" if record else None),
+    tuned = record is not None and record.usable
+    return _compare(run_dirs, missing, out, baseline, runs_dir, primary=primary or ("test" if tuned else None),
                     select=select, analyze=analyze, overwrite_output=overwrite_output, record=record)
 
 

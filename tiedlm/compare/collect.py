@@ -17,7 +17,7 @@ from .. import runs as run_folder
 from ..config import Config, config_hash
 from ..errors import DamagedRunError, NotARunError, RunError, TiedlmError
 from ..report_md import overtrained_text
-from ..evaluate import perplexity
+from ..nats import perplexity
 from .stats import number
 
 COMPARE_DIR = "compare"  # the comparison's own folder under the runs folder, never a run
@@ -95,7 +95,7 @@ def _read_curve(run_dir: Path) -> tuple[list[tuple[float, float]], list[str]]:
         if rec.get("kind") == "eval" and rec.get("split", "validation") == "validation":
             tokens, ppl = number(rec.get("tokens")), number(rec.get("perplexity"))
             if ppl is None and number(rec.get("loss")) is not None:
-                ppl = perplexity(rec["loss"], 1)
+                ppl = perplexity(rec["loss"])
             if tokens is not None and ppl is not None:
                 points.append((tokens, ppl))
     notes = [f"{run_dir.name}: skipped {bad} unreadable line{'s' if bad != 1 else ''} of {metrics}"] if bad else []
@@ -265,17 +265,23 @@ def load_runs(run_dirs: list[Path], left_out: list[LeftOut],
     return loaded, skipped
 
 
+# the reasons a path given or found is no run at all (the user's argument), not a run that ended badly
+NOT_A_RUN = ("does not exist", "is not a folder", "not a run folder", "no run folder matches")
+
+
 def no_runs_error(run_dirs: list[Path], skipped: list[LeftOut], runs_dir: Path) -> RunError:
     """The error when nothing is left to compare: where it looked, and the first reasons."""
     where = ", ".join(str(d) for d in run_dirs[:3]) if run_dirs else str(runs_dir)
     left = (f" ({len(skipped)} left out: " + "; ".join(f"{s.name}: {s.reason}" for s in skipped[:3])
             + ("; ..." if len(skipped) > 3 else "") + ")") if skipped else ""
-    # Runs that this comparison just failed to train are a runtime failure (exit 1); paths that
-    # hold no finished run are the user's choice of argument (exit 2).
-    kind = RunError if any(s.reason.startswith("training this run failed") for s in skipped) else NotARunError
-    return kind(f"no finished runs to compare in {where}{left} — train some first: "
-                "tiedlm compare --config configs/base.yaml (trains tied and untied), or "
-                "tiedlm train --config CONFIG --seed N")
+    # One rule for the exit code: 2 for what the user typed (paths that hold no run at all), 1 for
+    # what happened (runs found that failed, diverged, were interrupted, are still running or damaged).
+    if any(not s.reason.startswith(NOT_A_RUN) for s in skipped):
+        return RunError(f"no finished runs to compare in {where}{left} — none of the runs found finished: resume "
+                        "or retrain them as their reasons say, then compare again")
+    return NotARunError(f"no finished runs to compare in {where}{left} — train some first: "
+                        "tiedlm compare --config configs/base.yaml (trains tied and untied), or "
+                        "tiedlm train --config CONFIG --seed N")
 
 
 # ============================================================================ finding run folders

@@ -121,6 +121,7 @@ class Comparison:
     tuning: Any = None  # tuning.Tuning: each variant's own setting, chosen on validation (compare --tune)
     sequential: Any = None  # sequential.Sequential: --seeds auto, the looks and why the seeds stopped
     tying_map: Any = None  # map_measures.MapSection: a two-key numeric grid's map, with the matrices beside it
+    warnings: list[str] = field(default_factory=list)  # what changes how the verdict reads: first on every report
 
     @property
     def verdicts(self) -> list[str]:
@@ -165,6 +166,7 @@ class Comparison:
             "tuning": self.tuning.to_json() if self.tuning is not None else None,
             "tying_map": self.tying_map.to_json() if self.tying_map is not None else None,
             "sequential": self.sequential.to_json() if self.sequential is not None else None,
+            "warnings": self.warnings,
         })
 
 

@@ -108,6 +108,7 @@ def _md_intro(c: Comparison) -> list[str]:
     md = [TITLE, "",
           f"{plural(n_runs, 'finished run')} in {plural(len(c.variants), 'variant')}; {how}. "
           f"Written by tiedlm {c.tiedlm_version} on {c.created}."]
+    md += [line for w in c.warnings for line in ("", f"**Warning:** {w}")]
     md += ["", selection_line(c)]
     if c.differing_keys:
         md += ["", "The variants differ in: " + ", ".join(f"`{k}`" for k in c.differing_keys) + "."]
@@ -492,7 +493,9 @@ def to_csv(c: Comparison) -> str:
 
 
 def to_json_text(c: Comparison) -> str:
-    return json.dumps(c.to_json(), indent=2, allow_nan=False) + "\n"
+    from ..files import json_text
+
+    return json_text(c.to_json(), indent=2) + "\n"
 
 
 # ============================================================================ the terminal
@@ -530,16 +533,17 @@ def _matched_table(c: Comparison) -> str:
 
 def format_terminal_table(c: Comparison) -> str:
     """The compact table printed after a comparison: one line per variant (per setting in a grid),
-    then the verdicts and what was left out."""
+    then the verdicts and what was left out; the comparison's warnings first."""
+    warnings = [f"warning: {w}".replace("`", "") for w in c.warnings]
     if c.mode == "matched":
-        lines = [_matched_table(c)]
+        lines = [*warnings, _matched_table(c)]
         alone = [v.label for v in c.variants if v.tied and v.vs_baseline is None]
         lines += ["not contrasted (no untied variant with the same settings): " + "; ".join(alone)] if alone else []
         lines += c.tying_map.lines() if c.tying_map is not None else []
     else:
         header = ["variant", "seeds", f"{SHORT[c.primary]} ppl", "95% CI", f"vs {c.baseline_label}", "95% CI", "p",
                   "params"]
-        lines = [text_table(header, [_terminal_row(c, v) for v in c.variants])]
+        lines = [*warnings, text_table(header, [_terminal_row(c, v) for v in c.variants])]
     lines += [line.replace("**", "") for line in c.verdicts]
     lines += sequential_lines(c)  # --seeds auto: the design, where it stopped and why, each look
     lines += trajectory_lines(c)  # the crossover, and whether the effect is still moving

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
+from ..nats import relative
 from .stats import ALPHA, norm_cdf, t_sf
 
 FIRST_SEEDS = 3  # seeds per variant at the first look
@@ -226,13 +227,6 @@ def next_decision(looks: Sequence[Look], max_seeds: int = MAX_SEEDS, alpha: floa
     return "max" if last.seeds >= max_seeds else "continue"
 
 
-def _exp_minus_one(x: float | None) -> float | None:
-    try:
-        return math.exp(x) - 1.0 if x is not None else None
-    except OverflowError:
-        return None
-
-
 def look_at(contrast: Any, seeds: int, threshold_: float) -> Look:
     """A Look from the primary SplitContrast (None: no contrast could be made), with the interval at
     the adjusted level: Δloss ± t(1 − threshold/2, df)·se, as exp() − 1."""
@@ -245,8 +239,8 @@ def look_at(contrast: Any, seeds: int, threshold_: float) -> Look:
                 relative=contrast.relative, test=contrast.test)
     if contrast.se is not None and contrast.df is not None and threshold_ > 0:
         half = 0.0 if contrast.se == 0 else t_ppf(1.0 - threshold_ / 2.0, contrast.df) * contrast.se
-        look.ci_low = _exp_minus_one(contrast.difference - half)
-        look.ci_high = _exp_minus_one(contrast.difference + half)
+        look.ci_low = relative(contrast.difference - half)
+        look.ci_high = relative(contrast.difference + half)
     return look
 
 

@@ -30,6 +30,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
+from ..nats import perplexity, relative
+
 LEVEL = 0.95  # confidence level of every interval
 ALPHA = 0.05  # significance level of the verdicts
 POWER = 0.80  # the power at which "detectable" is defined
@@ -178,15 +180,6 @@ def summarize(values: Iterable[Any], level: float = LEVEL) -> Summary:
                    min=min(xs), max=max(xs), values=xs)
 
 
-def _exp(x: float | None) -> float | None:
-    if x is None:
-        return None
-    try:
-        return math.exp(x)
-    except OverflowError:
-        return None
-
-
 @dataclass
 class GeometricSummary:
     """A perplexity over seeds, computed on its logarithm (the loss): `mean` is exp(mean loss), the
@@ -211,9 +204,10 @@ class GeometricSummary:
 
 def geometric(loss: Summary) -> GeometricSummary:
     """The perplexity view of a summary of losses (nats per token)."""
-    return GeometricSummary(n=loss.n, mean=_exp(loss.mean), ci_low=_exp(loss.ci_low), ci_high=_exp(loss.ci_high),
-                            level=loss.level, sd_factor=_exp(loss.sd), min=_exp(loss.min), max=_exp(loss.max),
-                            values=[v for v in (_exp(x) for x in loss.values) if v is not None], note=loss.note)
+    return GeometricSummary(n=loss.n, mean=perplexity(loss.mean), ci_low=perplexity(loss.ci_low),
+                            ci_high=perplexity(loss.ci_high), level=loss.level, sd_factor=perplexity(loss.sd),
+                            min=perplexity(loss.min), max=perplexity(loss.max),
+                            values=[v for v in (perplexity(x) for x in loss.values) if v is not None], note=loss.note)
 
 
 def log_of(value: Any) -> float | None:
@@ -489,7 +483,7 @@ def power_analysis(test: TestResult, power: float = POWER, alpha: float = ALPHA)
     if test.difference is None:
         out.note = "nothing to test"
         return out
-    out.observed, out.observed_relative = abs(test.difference), _exp(test.difference) - 1.0
+    out.observed, out.observed_relative = abs(test.difference), relative(test.difference)
     if test.se is None:
         out.note = ("one seed: no interval can be given and there is no spread to plan from; at least 2 seeds "
                     "per variant are needed for an interval, 3 or more for a useful one")
@@ -500,7 +494,7 @@ def power_analysis(test: TestResult, power: float = POWER, alpha: float = ALPHA)
         out.note = "no spread between seeds: any difference is detected with the seeds run"
         return out
     out.mde = detectable_nc(test.df, power, alpha) * test.se
-    out.mde_relative, out.mde_relative_down = _exp(out.mde) - 1.0, 1.0 - _exp(-out.mde)
+    out.mde_relative, out.mde_relative_down = relative(out.mde), -relative(-out.mde)
     if out.observed == 0.0:
         out.note = "no effect observed: no number of seeds resolves it"
         return out

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..formatting import MISSING, fmt_count, fmt_signed, markdown_table
+from ..nats import relative
 from .collect import LoadedRun
 from .stats import compare_by_seed, number
 from .variants import Variant
@@ -118,10 +119,6 @@ def evaluations(run: LoadedRun) -> dict[float, tuple[int | None, float]]:
     return out
 
 
-def _minus_one(x: float | None) -> float | None:
-    return math.exp(x) - 1.0 if x is not None else None
-
-
 def effect_points(variant_runs: list[LoadedRun], reference_runs: list[LoadedRun]) -> tuple[list[TrajectoryPoint], bool]:
     """The effect at each evaluation every run of both variants reached, and whether some run
     evaluated beyond the last of them (it trained longer, or the others stopped early)."""
@@ -135,8 +132,8 @@ def effect_points(variant_runs: list[LoadedRun], reference_runs: list[LoadedRun]
     for t in shared:
         test = compare_by_seed({s: e[t][1] for s, e in ev_v.items()}, {s: e[t][1] for s, e in ev_r.items()})
         step = next((e[t][0] for e in every if e[t][0] is not None), None)
-        points.append(TrajectoryPoint(tokens=t, step=step, effect=_minus_one(test.difference),
-                                      ci_low=_minus_one(test.ci_low), ci_high=_minus_one(test.ci_high),
+        points.append(TrajectoryPoint(tokens=t, step=step, effect=relative(test.difference),
+                                      ci_low=relative(test.ci_low), ci_high=relative(test.ci_high),
                                       n_seeds=test.seeds, test=test.test, p_value=test.p_value))
     beyond = bool(shared) and any(max(e) > shared[-1] for e in every)
     return points, beyond

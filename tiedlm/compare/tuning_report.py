@@ -86,8 +86,11 @@ def _shared_sentence(c: Comparison, tuning: Tuning) -> str | None:
     where = f"At {s['label']} for both variants: {s['variant']} {_pct(s.get('relative'))} on {s['split']}{interval}"
     if tuned_contrast is None:
         return where + "."
-    best = (f"; each at its own best: {tuned.label} {_pct(tuned_contrast.relative)} (95% CI "
-            f"{_pct(tuned_contrast.relative_ci_low)} to {_pct(tuned_contrast.relative_ci_high)})")
+    n = tuned_contrast.n or 0
+    ci = (f"95% CI {_pct(tuned_contrast.relative_ci_low)} to {_pct(tuned_contrast.relative_ci_high)}"
+          if tuned_contrast.relative_ci_low is not None else
+          "no interval (one seed)" if n <= 1 else "no interval")
+    best = f"; each at its own best: {tuned.label} {_pct(tuned_contrast.relative)} ({ci})"
     return where + best + "."
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..formatting import fmt, fmt_count, fmt_int, fmt_p, percent
 from .comparison import Comparison
 from .stats import SEEDS_CAP, TestResult
-from .variants import COMPUTE_MATCH, Contrast, SplitContrast, Variant
+from .variants import COMPUTE_MATCH, PARAM_MATCH, Contrast, SplitContrast, Variant
 
 ROLES = ("The primary endpoint is the {primary} loss: it alone carries the verdict. {others} "
          "reported as confirmation, and the per-bucket differences are secondary (their p-values "
@@ -116,8 +116,9 @@ def params_sentence(total: int | None, vs: Contrast) -> str | None:
     if vs.params_relative == 0:
         return f"Same parameter count as {vs.baseline} ({fmt_int(total)})."
     more = "fewer" if vs.params_relative < 0 else "more"
+    within = f", within the {PARAM_MATCH:.0%} that counts as parameter-matched" if vs.parameter_matched else ""
     return (f"It has {abs(vs.params_relative) * 100:.1f}% {more} parameters "
-            f"({fmt_int(total)} vs {fmt_int(total - vs.params_difference)}).")
+            f"({fmt_int(total)} vs {fmt_int(total - vs.params_difference)}{within}).")
 
 
 def _relative(a: float | None, b: float | None) -> float | None:

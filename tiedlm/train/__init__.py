@@ -310,8 +310,9 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
     trained model."""
     from ..device import autocast_ctx
     from ..distributed import all_mean, any_rank
-    from ..evaluate import perplexity
+    from ..formatting import fmt
     from ..model import model_tensors
+    from ..nats import perplexity, representable
 
     tcfg, total, T = cfg.train, pre.total_steps, cfg.model.block_size
     model, optimizer, sampler = _build(cfg, run_dir, pre, record, state)
@@ -370,7 +371,7 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
         state.tokens += tokens_per_step
         state.train_time += time.perf_counter() - t0
         step = state.step
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        if not (representable(loss) and math.isfinite(grad_norm)):
             _skip_or_diverge(run_dir, record, state, tcfg, pending, loss, grad_norm, pre.tb)
         if pre.untie_step is not None and step == pre.untie_step and model.is_tied:
             untie_with_optimizer(model, optimizer)
@@ -386,7 +387,7 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
             _periodic_eval(cfg, run_dir, pre, model, state, amp, pending, covered, quiet_bar=bar is None or bar.disable)
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", ppl=f"{perplexity(loss, 1):.1f}",
+            bar.set_postfix(loss=f"{loss:.3f}", ppl=fmt(perplexity(loss), 1),
                             tok_s=f"{state.tokens / max(state.train_time, 1e-9):.0f}", refresh=False)
         stopping = any_rank(d, signals.received is not None or (stop_after_step is not None and step >= stop_after_step),
                             pre.device)  # every rank stops at the same step
@@ -432,20 +433,21 @@ def _periodic_eval(cfg: Config, run_dir: Path, pre: Preflight, model, state: Tra
                    covered: str | None, quiet_bar: bool) -> None:
     """The validation slice scored; the best evaluation tracked (its weights kept with
     train.keep_best); early stopping decided."""
-    from ..evaluate import evaluate_split
-
     from ..distributed import all_mean
+    from ..evaluate import evaluate_split
+    from ..formatting import fmt
+    from ..nats import perplexity
 
     tcfg, step, T = cfg.train, state.step, cfg.model.block_size
     ev = evaluate_split(model, pre.data.splits["validation"], T, T, cfg.eval.batch_size, pre.device, amp,
                         max_tokens=tcfg.eval_tokens)
     if pre.dist.active:  # one number on every rank, so that keep_best and early stopping decide alike
         ev["loss"] = all_mean(pre.dist, [ev["loss"]], pre.device)[0]
-        ev["perplexity"] = math.exp(ev["loss"])
+        ev["perplexity"] = perplexity(ev["loss"])
     pending.append({"kind": "eval", "step": step, "tokens": state.tokens, "split": "validation",
                     "loss": ev["loss"], "perplexity": ev["perplexity"]})
     if quiet_bar:
-        log(f"step {step}/{pre.total_steps}  val loss {ev['loss']:.4f}  val ppl {ev['perplexity']:.2f}")
+        log(f"step {step}/{pre.total_steps}  val loss {ev['loss']:.4f}  val ppl {fmt(ev['perplexity'], 2)}")
     state.best.slice_tokens = ev["tokens"]
     if state.best.observe(step, state.tokens, ev["loss"], tcfg.early_stop_min_delta) and tcfg.keep_best:
         keep_best_weights(run_dir, state.best, step, model, covered, write=pre.dist.main)
@@ -468,23 +470,32 @@ def _progress_bar(progress: bool, total: int, initial: int, desc: str):
 
 def _skip_or_diverge(run_dir: Path, record: runs.RunRecord, state: TrainState, tcfg: Any, pending: list,
                      loss: float, grad_norm: float, tb: TrainingLog | None = None) -> None:
-    """A non-finite loss or gradient norm: the step was not taken. Up to train.max_skipped such
-    steps are skipped and logged; one more stops the run as diverged."""
+    """A loss without a perplexity (not finite, or past exp()'s range: nats.representable) or a
+    non-finite gradient norm: the step was not taken. Up to train.max_skipped such steps are
+    skipped and logged; one more stops the run as diverged."""
     state.skipped += 1
     step = state.step
     pending.append({"kind": "skipped", "step": step, "tokens": state.tokens,
-                    "loss": loss if math.isfinite(loss) else str(loss),
+                    "loss": loss if math.isfinite(loss) else str(loss),  # kept: a huge loss is finite
                     "grad_norm": grad_norm if math.isfinite(grad_norm) else str(grad_norm)})
     if state.skipped <= tcfg.max_skipped:
-        log(f"step {step}: non-finite loss or gradient, step skipped ({state.skipped}/{tcfg.max_skipped})")
+        log(f"step {step}: loss {loss:.6g} or gradient norm {grad_norm:.6g} unusable, step skipped "
+            f"({state.skipped}/{tcfg.max_skipped})")
         return
     _append_metrics(run_dir, tb, pending)
     last = checkpoints.latest_checkpoint(run_dir)
     keep = f"the last good checkpoint ({last.name}) is kept" if last else "no checkpoint was written yet"
     record.write(status="diverged", diverged_at_step=step,
-                 error=f"non-finite loss ({loss}) or gradient norm ({grad_norm}) at step {step}")
+                 error=f"loss {loss} or gradient norm {grad_norm} at step {step}: {_why_unusable(loss)}")
     raise DivergedError(f"training diverged at step {step} (loss {loss}, gradient norm {grad_norm}); "
                         f"{keep} — lower train.lr, lengthen train.warmup_steps or set train.grad_clip")
+
+
+def _why_unusable(loss: float) -> str:
+    from ..nats import MAX_LOSS
+
+    return (f"a loss of {MAX_LOSS:.2f} nats or more has no perplexity (exp overflows)" if loss >= MAX_LOSS
+            else "not finite")
 
 
 def final_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: TrainState, signals: StopSignals,

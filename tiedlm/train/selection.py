@@ -17,6 +17,8 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..nats import perplexity, relative
+
 OVERTRAINED_MARGIN = 0.02  # a last evaluation more than 2% above the best perplexity is flagged
 
 
@@ -79,11 +81,12 @@ class BestTracker:
         """What report.json's `best` says: the best and last evaluations and how far apart they are."""
         if self.loss is None or self.last_loss is None:
             return None
-        above = math.exp(self.last_loss - self.loss) - 1.0 if math.isfinite(self.last_loss) else math.inf
+        above = relative(self.last_loss - self.loss)
+        above = math.inf if above is None else above
         out = {"split": "validation", "eval_tokens": self.slice_tokens, "evaluations": self.evals,
-               "step": self.step, "tokens": self.tokens, "loss": self.loss, "perplexity": math.exp(self.loss),
+               "step": self.step, "tokens": self.tokens, "loss": self.loss, "perplexity": perplexity(self.loss),
                "last_step": self.last_step, "last_tokens": self.last_tokens, "last_loss": self.last_loss,
-               "last_perplexity": math.exp(self.last_loss) if math.isfinite(self.last_loss) else None,
+               "last_perplexity": perplexity(self.last_loss),
                "last_above_best": above, "margin": OVERTRAINED_MARGIN, "overtrained": above > OVERTRAINED_MARGIN}
         if self.weights:
             out["weights"] = f"checkpoints/{self.weights}"

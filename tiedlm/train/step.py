@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..nats import representable
+
 
 class BatchSampler:
     """Random windows of the training tokens: (B, T) inputs and the (B, T) targets one token on.
@@ -65,7 +67,7 @@ def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: Any, tcf
     norm = torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip if tcfg.grad_clip > 0 else float("inf"))
     # one device-to-host copy per step: the mean loss and the gradient norm together
     loss_val, grad_norm = torch.stack([loss_sum / tcfg.grad_accum, norm.double()]).tolist()
-    if math.isfinite(loss_val) and math.isfinite(grad_norm):
+    if representable(loss_val) and math.isfinite(grad_norm):  # a loss past exp()'s range is no step either
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss_val, grad_norm
