@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,7 +36,8 @@ from pathlib import Path
 
 from .config import Config, to_yaml
 from .errors import ConfigError, Interrupted
-from .process import log
+from .files import HOST
+from .process import PARENT_ENV, alive, log
 
 JOBS_LIMIT = 256  # --jobs: more processes than that is a typo, not a machine
 SMALL_MODEL = 10_000_000  # non-embedding parameters below which --jobs auto runs one process per core
@@ -170,11 +172,66 @@ def _send(proc: subprocess.Popen, signum: int) -> None:
 
 def _child_env(gpu: str | None) -> dict:
     env = dict(os.environ)
+    env[PARENT_ENV] = str(os.getpid())  # the child ends when this process does (process.die_with_parent)
     package_root = str(Path(__file__).resolve().parent.parent)  # the children run this very tiedlm
     env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in [env.get("PYTHONPATH")] if p])
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     return env
+
+
+_TMP_PREFIX = "tiedlm-jobs-"  # then host-pid-: whose folder it is, for _clean_stale_folders
+_TMP_NAME = re.compile(re.escape(_TMP_PREFIX) + r"(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)-")
+
+
+def _clean_stale_folders() -> None:
+    """Remove the temporary folders (the children's configs and logs) that a --jobs process killed
+    without cleaning up (kill -9) left: only those of this host whose process is gone; a folder of
+    a live process, another host's, or one named otherwise is left alone."""
+    import shutil
+
+    root = Path(tempfile.gettempdir())
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        m = _TMP_NAME.match(entry.name)
+        if m is None or m["host"] != HOST or int(m["pid"]) == os.getpid() or alive(int(m["pid"])):
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink() and entry.stat().st_uid == os.getuid():
+                shutil.rmtree(entry, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def _prepare_once(cfgs: list[Config], progress: bool) -> None:
+    """Fill the token cache for every distinct data of these runs, here, before any child starts,
+    so that the children read it instead of tokenizing the same data at once. A preparation that
+    fails is left to the children: each then says it for its own run, as it would have."""
+    import json
+
+    from .data import prepare_data
+    from .process import StopSignals, Terminated
+
+    seen = set()
+    try:
+        with StopSignals():  # SIGTERM unwinds as Ctrl-C does: the cache's half-made entries are removed
+            for cfg in cfgs:
+                key = json.dumps([dataclasses.asdict(cfg.data), dataclasses.asdict(cfg.tokenizer)], sort_keys=True,
+                                 default=str)
+                if key in seen:
+                    continue
+                seen.add(key)
+                try:
+                    prepare_data(cfg, progress=progress)
+                except Exception:  # noqa: BLE001  (the children meet it again and say it, one line per run)
+                    pass
+    except KeyboardInterrupt as exc:
+        sig = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+        raise Interrupted(f"{sig} while preparing the data, before any run started — run the same command again",
+                          exit_code=143 if isinstance(exc, Terminated) else 130) from None
 
 
 def train_parallel(jobs: list[tuple[str, Config, bool]], out: Path, workers: int, progress: bool = True,
@@ -228,7 +285,9 @@ def train_parallel(jobs: list[tuple[str, Config, bool]], out: Path, workers: int
             outcome[c.name] = _last_error(c.log, code)
             log(f"[{c.index}/{len(jobs)}] {c.name} failed: {outcome[c.name]}")
 
-    with tempfile.TemporaryDirectory(prefix="tiedlm-jobs-") as tmp, _Signals() as sig:
+    _clean_stale_folders()
+    _prepare_once([cfg for _, cfg, _ in jobs], progress)
+    with tempfile.TemporaryDirectory(prefix=f"{_TMP_PREFIX}{HOST}-{os.getpid()}-") as tmp, _Signals() as sig:
         sig.children = running
         try:
             while queue or running:

@@ -4,12 +4,15 @@ the git commit, the time)."""
 
 from __future__ import annotations
 
+import os
 import platform
 import signal
 import subprocess
 import sys
 import threading
+import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -109,6 +112,71 @@ class StopSignals:
             signal.signal(sig, old)
         if self._early is not None:  # SIGTERM's handler from before __enter__
             signal.signal(signal.SIGTERM, self._early)
+
+
+# ------------------------------------------------------------------------- a child that ends with its parent
+
+PARENT_ENV = "TIEDLM_JOBS_PARENT"  # the pid of the --jobs process that started this one (parallel.py)
+_PR_SET_PDEATHSIG = 1  # prctl(2) option, from <linux/prctl.h>
+_WATCH_S = 0.5
+
+
+def _parent_death_signal(signum: int) -> bool:
+    """Ask Linux to send signum to this process when its parent dies; False where it cannot
+    (another system, no libc). The kernel sends it when the parent's *thread* that started this
+    process ends: parallel.py starts its children from the thread that waits for them."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def alive(pid: int) -> bool:
+    """Whether process pid (of this host) is alive; a zombie (dead, not yet reaped) is not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (not Linux): kill(0) said it exists
+        return True
+
+
+def _watch_parent(parent: int, signum: int) -> None:
+    """The portable fallback: poll the parent's pid, and once this process has another parent
+    (the first one died, and it was handed to init or a subreaper), send ourselves signum."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_WATCH_S)
+        os.kill(os.getpid(), signum)
+
+    threading.Thread(target=watch, name="tiedlm-parent-watch", daemon=True).start()
+
+
+def die_with_parent(use_prctl: bool = True) -> None:
+    """In a process started by `--jobs` (PARENT_ENV holds the starting process's pid): end when that
+    process ends, however it ends (kill -9 included), instead of training on as an orphan that holds
+    its run's lock. The signal is SIGTERM, as a forwarded Ctrl-C or SIGTERM is: a training run
+    writes a checkpoint at its next step boundary and exits 143, so the next run of the command
+    continues from there. Outside such a process, nothing happens."""
+    value = os.environ.pop(PARENT_ENV, None)  # popped: a process this one starts is not a --jobs child
+    if not value or not value.isdigit():
+        return
+    armed = use_prctl and _parent_death_signal(signal.SIGTERM)
+    watched = os.getppid()  # the parent itself, or a launcher it started us through (a shim that forks)
+    if watched != int(value) and not alive(int(value)):  # it died before the signal was armed: none will come
+        os._exit(143)
+    if not armed:
+        _watch_parent(watched, signal.SIGTERM)
 
 
 # ------------------------------------------------------------------------- facts about the process

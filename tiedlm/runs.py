@@ -147,6 +147,14 @@ class RunLock:
         self.took_over: dict | None = None  # the dead owner whose lock was taken over, if any
 
     def acquire(self) -> None:
+        busy, owner = self.try_acquire()
+        if busy:
+            raise RunError(f"run folder {self.path.parent} is in use by {_who(owner)} — wait for it to "
+                           "finish or stop it, then start again")
+
+    def try_acquire(self) -> tuple[bool, dict | None]:
+        """(False, None) with the lock taken, or (True, the owner recorded, if any) when another
+        process holds it."""
         import fcntl
 
         while True:
@@ -156,11 +164,7 @@ class RunLock:
             except OSError:
                 owner = _read_owner(fd)
                 os.close(fd)
-                who = f"process {owner.get('pid')}" if owner else "another process"
-                if owner and owner.get("host") not in (None, socket.gethostname()):
-                    who += f" on host {owner.get('host')}"
-                raise RunError(f"run folder {self.path.parent} is in use by {who} — wait for it to "
-                               "finish or stop it, then start again") from None
+                return True, owner
             # The file may have been unlinked by its previous owner between our open and flock:
             # then we hold a lock on a dead inode and must try again on the new file.
             try:
@@ -175,7 +179,7 @@ class RunLock:
             os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
             os.fsync(fd)
             self.fd = fd
-            return
+            return False, None
 
     def release(self) -> None:
         if self.fd is not None:
@@ -191,6 +195,98 @@ class RunLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+def _who(owner: dict | None) -> str:
+    who = f"process {owner.get('pid')}" if owner else "another process"
+    if owner and owner.get("host") not in (None, socket.gethostname()):
+        who += f" on host {owner.get('host')}"
+    return who
+
+
+OUTPUT_LOCK = ".tiedlm-output.lock"  # FolderLock's file, beside the outputs it guards
+_WAIT_S = 0.25
+_held_folders: set[str] = set()  # the folders this process holds a FolderLock on
+
+
+class FolderLock(RunLock):
+    """An exclusive lock on a folder that compare or analyze writes its outputs into, so that two
+    commands writing there at once take turns instead of mixing their files (a comparison.md of one
+    set of runs beside the comparison.json of another). The same flock(2) as RunLock, on
+    OUTPUT_LOCK, which is not the run's own `.lock`: an analysis is written into a run folder while
+    the run may still be training.
+
+    Taking it waits while another process holds it, saying once on stderr who holds it. It is taken
+    again freely by the process that holds it (compare --config holds its comparison folder while
+    training and writing, and may analyse into a folder it holds). Folders it had to create are
+    removed on release when they are still empty (a refusal leaves no empty --out behind)."""
+
+    def __init__(self, folder: Path, what: str = "a tiedlm compare or analyze writing there"):
+        super().__init__(folder)
+        self.path = Path(folder) / OUTPUT_LOCK
+        self.what = what
+        self._key = os.path.realpath(folder)
+        self._created: list[Path] = []
+        self._nested = False
+
+    def _make_folder(self) -> None:
+        missing = []
+        for d in [self.path.parent, *self.path.parent.parents]:
+            if d.exists():
+                break
+            missing.append(d)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._created = missing or self._created  # innermost first, as they are removed
+
+    def acquire(self) -> None:
+        import time
+
+        from .process import log
+
+        if self._key in _held_folders:
+            self._nested = True
+            return
+        told = False
+        while True:
+            try:
+                self._make_folder()  # again each time: a previous owner removes a folder it created
+                busy, owner = self.try_acquire()
+            except FileNotFoundError:  # removed between the mkdir and the open
+                continue
+            except (FileExistsError, NotADirectoryError):
+                raise ConfigError(f"{self.path.parent} cannot be a folder: it or a folder above it is a file — "
+                                  "move the file away, or write somewhere else") from None
+            except OSError as exc:
+                why, _ = describe_write_failure(exc)
+                raise RunError(f"cannot write into {self.path.parent} ({why}) — check the path and its "
+                               "permissions") from None
+            if not busy:
+                _held_folders.add(self._key)
+                return
+            if not told:
+                log(f"{self.path.parent} is in use by {_who(owner)} ({self.what}) — waiting for it to finish "
+                    "(Ctrl-C to stop waiting)")
+                told = True
+            time.sleep(_WAIT_S)
+
+    def release(self) -> None:
+        if self._nested:
+            self._nested = False
+            return
+        if self.fd is None:
+            return
+        _held_folders.discard(self._key)
+        super().release()
+        for d in self._created:  # only while empty: another writer may have started meanwhile
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        self._created = []
+
+    def __enter__(self) -> "FolderLock":
+        self.acquire()
+        return self
 
 
 def _read_owner(fd: int) -> dict | None:

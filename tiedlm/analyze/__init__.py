@@ -139,7 +139,10 @@ def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample:
     result = _strict(result)
     target = Path(out) if out is not None else run_dir
     arrays = {"counts": counts, "bucket_of": bucket_of, "names": names, "E": E, "W": None if model.w_out_is_e else W}
-    write_analysis(result, arrays, target, overwrite, overwrite_option)
+    from ..runs import FolderLock
+
+    with FolderLock(target):  # another analysis or comparison writing there finishes first: no mixed files
+        write_analysis(result, arrays, target, overwrite, overwrite_option)
     return result
 
 

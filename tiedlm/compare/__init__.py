@@ -111,6 +111,22 @@ def _compare(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline:
              primary: str | None = None, select: str | None = None, analyze: bool = False,
              overwrite_output: bool = False, tuning: Any = None, sequential: Any = None,
              record: Any = None) -> Comparison:
+    with _holding(Path(out)):  # read, judged and written whole, never beside another writer's files
+        return _compare_held(run_dirs, left_out, out, baseline, runs_dir, match, failed, primary, select, analyze,
+                             overwrite_output, tuning, sequential, record)
+
+
+def _holding(out: Path) -> Any:
+    """The comparison folder's lock (runs.FolderLock): a second compare or analyze writing there
+    waits for this one to finish, saying so."""
+    from ..runs import FolderLock
+
+    return FolderLock(out)
+
+
+def _compare_held(run_dirs: list[Path], left_out: list[LeftOut], out: Path, baseline: str | None, runs_dir: Path,
+                  match: ParamMatch | None, failed: dict[str, str] | None, primary: str | None, select: str | None,
+                  analyze: bool, overwrite_output: bool, tuning: Any, sequential: Any, record: Any) -> Comparison:
     runs, skipped = load_runs(run_dirs, left_out, failed)
     check_outputs(Path(out), [Path(r.path) for r in runs], analyze, overwrite_output)  # before the first write
     if analyze:
@@ -263,8 +279,6 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
     detectable effect is below `min_effect`); with tuning, for the seeds at the chosen values.
     `jobs` (--jobs): train that many runs at once, each in its own process, or "auto" (parallel.py);
     1 trains them one after another in this process."""
-    from ..config import load_config
-    from ..runs import run_dir_for
     from ..tuning import read_tune_block, spec_from_options
 
     auto = _check_config_options(seeds, max_seeds, min_effect, match, primary, select, baseline)
@@ -272,12 +286,27 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, see
 
     jobs = parse_jobs(jobs)
     spec = spec_from_options(list(tune or []), read_tune_block(cfg_path))
-    if spec is not None:
-        return _compare_tuned(spec, cfg_path, list(overrides or []), seeds, match, Path(runs_dir), baseline,
-                              progress, out, overwrite, train, primary, select, analyze, overwrite_output, auto, jobs)
+    out = Path(out) if out is not None else Path(runs_dir) / COMPARE_DIR
+    # Held from before the first run is trained until the comparison is written: a second command
+    # comparing into the same folder waits, then finds every run trained (skipped) and compares the
+    # whole set, instead of failing on the runs this one is training and comparing the rest.
+    with _holding(out):
+        if spec is not None:
+            return _compare_tuned(spec, cfg_path, list(overrides or []), seeds, match, Path(runs_dir), baseline,
+                                  progress, out, overwrite, train, primary, select, analyze, overwrite_output, auto,
+                                  jobs)
+        return _compare_untuned(cfg_path, list(overrides or []), seeds, match, Path(runs_dir), baseline, progress,
+                                out, overwrite, train, primary, select, analyze, overwrite_output, auto, jobs)
 
-    overrides = list(overrides or [])
-    runs_dir = Path(runs_dir)
+
+def _compare_untuned(cfg_path: str | Path, overrides: list[str], seeds: int | str, match: str | None,
+                     runs_dir: Path, baseline: str | None, progress: bool, out: Path, overwrite: bool,
+                     train: Callable[..., Any] | None, primary: str | None, select: str | None, analyze: bool,
+                     overwrite_output: bool, auto: tuple[int, float], jobs: int | str) -> Comparison:
+    """compare_config without tuning, with its comparison folder held."""
+    from ..config import load_config
+    from ..runs import run_dir_for
+
     base, variants, matched, prefix, out = _setup(cfg_path, overrides, match, runs_dir, out)
     from ..jobs import train_jobs
     from ..process import log
