@@ -251,3 +251,44 @@ def test_a_config_file_that_cannot_be_read_safely_is_refused_in_one_line(command
     assert "Traceback" not in r.output
     assert _snapshot(tmp_path) == before, f"{shown}: the disk changed"
 
+
+# A grid file's own values, each hostile kind (and every line break) in each field that reaches the
+# emitted commands: `sweep --dry-run` / `--emit shell` refuses it in one line, or every line it
+# prints parses (shlex) as exactly one `tiedlm train` command, the one the grid means.
+GRID_FIELDS = ("config", "out", "name", "set", "grid")
+LINE_KINDS = {f"break-{ord(c):x}": f"a{c}touch PWNED" for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029\x00"}
+
+
+@pytest.mark.parametrize("field", GRID_FIELDS)
+@pytest.mark.parametrize("kind", [*KINDS, *LINE_KINDS])
+def test_a_hostile_grid_value_is_refused_or_emitted_one_command_per_line(field, kind, tmp_path, monkeypatch):
+    import shlex
+
+    from tiedlm.sweep import load_grid, sweep_commands
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(apply_overrides({}, TINY)))
+    (tmp_path / "afile").write_text("a file\n")
+    value = {**KINDS, **LINE_KINDS}[kind].format(file=str(tmp_path / "afile"), missing=str(tmp_path / "no" / "where"))
+    data = {"config": "tiny.yaml", "grid": {"model.tie_embeddings": [True, False]}, "seeds": [0], "out": "runs"}
+    if field in ("config", "out", "name"):
+        data[field] = value
+    elif field == "set":
+        data["set"] = [f"data.name={value}"]
+    else:
+        data["grid"]["data.text_column"] = [value]
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump(data))
+    before = _snapshot(tmp_path)
+    for args in (["--dry-run"], ["--emit", "shell"]):
+        r = runner.invoke(app, ["sweep", str(grid), *args])
+        shown = f"{field}={value!r} {args}: exit {r.exit_code}, {r.output.strip()[-300:]!r} {r.exception!r}"
+        if r.exit_code == 0:
+            commands = [shlex.split(line) for line in r.stdout.splitlines()]
+            assert commands == sweep_commands(load_grid(grid)) and len(commands) == 2, shown
+            assert all(c[:2] == ["tiedlm", "train"] and c.count("tiedlm") == 1 for c in commands), shown
+        else:
+            assert r.exit_code == 2, shown
+            lines = r.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("tiedlm: error:") and "Traceback" not in r.output, shown
+        assert _snapshot(tmp_path) == before, f"{shown}: the disk changed"

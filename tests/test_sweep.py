@@ -79,7 +79,7 @@ def test_names_are_unique_sanitised_and_values_quoted(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     grid = load_grid(write_grid(tmp_path, """\
 config: ../configs/base.yaml
-name: my sweep
+name: my_sweep
 set: ["train.min_lr=0"]
 grid:
   data.path: ["builtin:synthetic", "data/my corpus", "data/my_corpus", "it's"]

@@ -157,6 +157,9 @@ def load_grid(path: str | Path) -> Grid:
     here = path.parent
     if not isinstance(data.get("config"), str) or not data["config"]:
         raise _fail(path, "config: must name the base config file (relative to the grid file)")
+    for key in ("config", "out"):  # no path holds a NUL: the OS would refuse it mid-sweep, in every run
+        if "\0" in str(data.get(key) or ""):
+            raise _fail(path, f"{key}: {_shown_value(str(data[key]))} holds a NUL character — give a plain path")
     config = Path(os.path.normpath(here / data["config"]))
     if not config.exists():
         raise _fail(path, f"config: {data['config']} does not exist (looked for {config}; paths are "
@@ -167,6 +170,10 @@ def load_grid(path: str | Path) -> Grid:
     name = data.get("name")
     if name is not None and (not isinstance(name, str) or not name):
         raise _fail(path, "name: must be a string (the prefix of the run names)")
+    if name is not None:  # refused as --name is, rather than cleaned into a prefix the user did not write
+        from .checks import check_run_name
+
+        check_run_name(name, f"{path}: name:")
     tune = None
     if data.get("tune") is not None:
         from .tuning import spec_from_block
@@ -301,7 +308,7 @@ def expand(grid: Grid) -> list[SweepRun]:
             try:
                 cfg = load_config(grid.config, sets, seed=seed)
             except ConfigError as exc:
-                where = ", ".join(f"{k}={yaml_value(v)}" for k, v in point.items()) or "the base config"
+                where = ", ".join(f"{k}={_one_line_value(v)}" for k, v in point.items()) or "the base config"
                 raise ConfigError(f"{grid.path}: grid point {where}: {exc}") from None
             prefix = grid.name or cfg.name
             label = "-".join(f"{short[k]}={scalar(v)}" for k, v in point.items())
@@ -312,6 +319,12 @@ def expand(grid: Grid) -> list[SweepRun]:
             names.add(name)
             runs.append(SweepRun(name=name, seed=seed, overrides=sets, point=point, cfg=cfg))
     return runs
+
+
+def _one_line_value(value: Any) -> str:
+    """A grid value in a message, as YAML writes it unless that takes more than one line."""
+    text = yaml_value(value)
+    return text if _line_break(text) is None else json.dumps(value, default=str)
 
 
 def _shown(path: Path) -> str:
@@ -382,10 +395,14 @@ def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: 
         if dry_run:
             raise _tuned_cannot_list(grid)
         return _run_tuned(grid, progress, train, jobs)
+    if dry_run:
+        check_one_line(grid)  # before the grid points are resolved, whose errors quote the values
     runs = expand(grid)
     summary = SweepSummary(dry_run=dry_run, out=str(grid.out), total=len(runs))
     if dry_run:
-        summary.commands = [shlex.join(_command(grid, r)) for r in runs]
+        commands = [_command(grid, r) for r in runs]
+        check_one_line(grid, commands)  # and every word of every command, before the first line is printed
+        summary.commands = [shlex.join(c) for c in commands]
         for line in summary.commands:
             print(line, file=stream or sys.stdout)
         return summary
@@ -396,6 +413,50 @@ def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: 
     summary.runs = [SweepEntry(name=res.name, status=res.status, error=res.error, seed=run.seed, point=run.point,
                                path=str(grid.out / run.name)) for run, res in zip(runs, results)]
     return summary
+
+
+# What cannot stand on one line of `--dry-run` / `--emit shell`, whose consumers (xargs -d '\n',
+# parallel, a `while read` loop) take each line as one command: quoting keeps a newline inside one
+# word for the shell, but the line is cut there all the same, and what follows it runs as a command
+# of its own. These are the characters str.splitlines() breaks at, and NUL, which no argument holds.
+LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029\x00"
+
+
+def _line_break(text: str) -> str | None:
+    return next((c for c in text if c in LINE_BREAKS), None)
+
+
+def _strings(value: Any):
+    """Every string inside a grid value (a list or mapping value too, keys included)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def check_one_line(grid: Grid, commands: list[list[str]] = ()) -> None:
+    """Refuse, before a command is printed, a config: or out: path, set: item or grid value that
+    holds a line break (LINE_BREAKS): each emitted command must be exactly one line."""
+    sources: list[tuple[str, str, str]] = [
+        ("config:", _shown(grid.config), "move or rename the file to a path without one"),
+        ("out:", _shown(grid.out), "give a folder path without one")]
+    sources += [("set:", item, "give the value on one line") for item in grid.set]
+    for axis, values in grid.grid.items():
+        for value in values:
+            pairs = value.items() if isinstance(value, dict) else [(axis, value)]
+            sources += [(f"grid: {k}", text, "give the value on one line")
+                        for k, v in pairs for text in _strings(v)]
+    sources += [("the emitted command", arg, "give every value on one line") for cmd in commands for arg in cmd]
+    for where, text, fix in sources:
+        char = _line_break(text)
+        if char is not None:
+            raise _fail(grid.path, f"{where} {_shown_value(text)} holds {json.dumps(char)}, which cannot be written "
+                                   f"on one line of the emitted commands (each line is run as one command) — {fix}")
 
 
 def check_options(emit: str | None, slurm: dict, jobs: str | None, dry_run: bool) -> int | str:
@@ -523,6 +584,13 @@ def format_sweep_summary(summary: SweepSummary) -> str:
         lines.append(f"compare them with: tiedlm compare {shlex.quote(summary.out)}")
         return "\n".join(lines)
     t = summary.tuning
+    if t.only_point is not None:
+        from .tuning import not_compared
+
+        lines.append(f"not tuned: {not_compared(t.keys, t.only_point)} ({t.runs} tuning runs)")
+        lines.append(f"compare the runs (each point at {t.only_point}, on test) with: tiedlm compare "
+                     f"{shlex.quote(summary.out)}")
+        return "\n".join(lines)
     lines.append(f"tuned on validation ({t.selection}; {', '.join(t.keys)}; {t.runs} tuning runs):")
     for v in t.variants:
         if v.chosen is not None:

@@ -24,6 +24,8 @@ trains nothing that is finished.
 
 Tuning train.lr keeps the schedule's shape: unless the config sets train.min_lr_ratio, the tuned
 runs get the config's own ratio min_lr / lr, so the minimum follows the peak.
+
+The block and `--tune` are read and checked in tuning_spec.py.
 """
 
 from __future__ import annotations
@@ -37,166 +39,10 @@ from typing import Any, Callable
 from .errors import ConfigError
 from .nats import perplexity
 from .naming import sanitize, scalar, short_keys
+from .tuning_spec import (EXTEND_LIMIT, SETTINGS, TuneSpec, _paired, read_tune_block,  # noqa: F401 (also tuning's)
+                          spec_from_block, spec_from_options)
 
-EXTEND_LIMIT = 3  # steps past each edge of the grid, per variant and axis
-SETTINGS = ("seeds", "extend", "extend_limit", "shared_seeds")  # a tune: block's own keys; the rest are axes
 LR_KEY, MIN_LR_KEY, RATIO_KEY = "train.lr", "train.min_lr", "train.min_lr_ratio"
-
-
-@dataclass
-class TuneSpec:
-    """What to tune: axes (a config key -> values, or a name -> mappings of keys to values) and how."""
-
-    axes: dict[str, list] = field(default_factory=dict)
-    seeds: list[int] | None = None  # None: the comparison's first seed
-    extend: bool = True
-    extend_limit: int = EXTEND_LIMIT
-    shared_seeds: bool = False
-
-    @property
-    def keys(self) -> list[str]:
-        """Every config key the grid sets, in axis order."""
-        out: list[str] = []
-        for axis, values in self.axes.items():
-            for k in (values[0].keys() if _paired(values) else [axis]):
-                if k not in out:
-                    out.append(k)
-        return out
-
-    def to_json(self) -> dict:
-        return {"axes": self.axes, "seeds": self.seeds, "extend": self.extend, "extend_limit": self.extend_limit,
-                "shared_seeds": self.shared_seeds}
-
-
-def _paired(values: list) -> bool:
-    return bool(values) and all(isinstance(v, dict) for v in values)
-
-
-def _check_key(key: str, where: str) -> None:
-    from .config import parse_override
-
-    parse_override(f"{key}=")  # an unknown key is refused, with a suggestion
-    if key in ("seed", "name", "model.tie_embeddings", "model.tie_mode", "model.untie_rank"):
-        raise ConfigError(f"{where}: {key} cannot be tuned — tuning chooses a setting per variant; seeds, names "
-                          "and tying are what the comparison varies itself")
-
-
-def _check_axis(axis: str, values: Any, where: str) -> list:
-    if not isinstance(values, list) or not values:
-        raise ConfigError(f"{where}: {axis} must be a non-empty list of values, e.g. train.lr: [3.0e-4, 1.0e-3]")
-    if _paired(values):
-        keys = list(values[0])
-        if not keys or any(list(v) != keys for v in values):
-            raise ConfigError(f"{where}: the points of {axis} must each set the same keys ({', '.join(keys)})")
-        for k in keys:
-            _check_key(str(k), where)
-            if not all(_number(v[k]) for v in values):
-                raise ConfigError(f"{where}: {axis}: {k} must be a number in every point (tuning is for numeric "
-                                  "settings)")
-        return [{str(k): v[k] for k in keys} for v in values]
-    if any(isinstance(v, dict) for v in values):
-        raise ConfigError(f"{where}: {axis} mixes mappings and single values — give one or the other")
-    _check_key(axis, where)
-    if not all(_number(v) for v in values):
-        raise ConfigError(f"{where}: {axis} must list numbers, got {values!r} (tuning is for numeric settings)")
-    if len(set(values)) != len(values):
-        raise ConfigError(f"{where}: {axis} repeats a value: {values!r}")
-    return list(values)
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def spec_from_block(data: Any, where: str) -> TuneSpec:
-    """A config's tune: block, checked (an unknown key, an empty or non-numeric axis: one line, exit 2)."""
-    if not isinstance(data, dict) or not data:
-        raise ConfigError(f"{where}: tune: must map config keys to lists of values, e.g. tune: {{train.lr: [3.0e-4, "
-                          "1.0e-3, 3.0e-3]}}")
-    spec = TuneSpec()
-    for key, value in data.items():
-        key = str(key)
-        if key == "seeds":
-            spec.seeds = _seeds(value, where)
-        elif key in ("extend", "shared_seeds"):
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where}: tune.{key} must be true or false, got {value!r}")
-            setattr(spec, key, value)
-        elif key == "extend_limit":
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 20:
-                raise ConfigError(f"{where}: tune.extend_limit must be a whole number from 0 to 20, got {value!r}")
-            spec.extend_limit = value
-        else:
-            spec.axes[key] = _check_axis(key, value, where)
-    if not spec.axes:
-        raise ConfigError(f"{where}: tune: names no setting to tune — add one, e.g. train.lr: [3.0e-4, 1.0e-3]")
-    keys = [k for axis, vals in spec.axes.items() for k in (vals[0] if _paired(vals) else [axis])]
-    if len(set(keys)) != len(keys):
-        raise ConfigError(f"{where}: a key is tuned on two axes ({', '.join(sorted(k for k in set(keys) if keys.count(k) > 1))})"
-                          " — give it on one")
-    return spec
-
-
-def _seeds(value: Any, where: str) -> list[int]:
-    from .checks import check_seed
-
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = [value]
-    if (not isinstance(value, list) or not value
-            or not all(isinstance(s, int) and not isinstance(s, bool) for s in value)):
-        raise ConfigError(f"{where}: tune seeds must be a list of whole numbers, e.g. seeds: [0], got {value!r}")
-    for s in value:
-        check_seed(s, "tune seeds")
-    if len(set(value)) != len(value):
-        raise ConfigError(f"{where}: tune seeds repeat a seed: {value!r}")
-    return list(value)
-
-
-def spec_from_options(items: list[str], base: TuneSpec | None = None) -> TuneSpec | None:
-    """`--tune KEY=V1,V2,...` (repeatable; also seeds=0,1, extend=false, extend_limit=N,
-    shared_seeds=true), on top of the config's block (an axis given here replaces the block's)."""
-    import yaml
-
-    from .config import load_yaml
-
-    if not items:
-        return base
-    block: dict[str, Any] = {}
-    if base is not None:
-        block.update({k: v for k, v in base.axes.items()})
-        block.update({"extend": base.extend, "extend_limit": base.extend_limit, "shared_seeds": base.shared_seeds})
-        if base.seeds is not None:
-            block["seeds"] = base.seeds
-    for item in items:
-        if "=" not in item or not item.split("=", 1)[1].strip():
-            raise ConfigError(f"--tune {item!r} must look like KEY=V1,V2,..., e.g. --tune train.lr=3e-4,1e-3,3e-3")
-        key, raw = (part.strip() for part in item.split("=", 1))
-        try:
-            values = [load_yaml(v, f"--tune {key}") for v in raw.split(",")]
-        except yaml.YAMLError:
-            raise ConfigError(f"--tune {item!r}: a value is not a number — give numbers separated by commas") from None
-        values = [_as_number(v) for v in values]
-        block[key] = values[0] if key in ("extend", "extend_limit", "shared_seeds") else values
-    return spec_from_block(block, "--tune")
-
-
-def _as_number(v: Any) -> Any:
-    """YAML reads 3e-4 as a string (no dot): a number written that way is a number here."""
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            return v
-    return v
-
-
-def read_tune_block(cfg_path: str | Path) -> TuneSpec | None:
-    """The tune: block of a config file (through its base: files), or None."""
-    from .config import _load_with_bases
-
-    data = _load_with_bases(Path(cfg_path))
-    block = data.get("tune")
-    return None if block is None else spec_from_block(block, str(cfg_path))
 
 
 # ============================================================================ points
@@ -236,16 +82,37 @@ def schedule_overrides(spec: TuneSpec, base: Any) -> list[str]:
     return [f"{RATIO_KEY}={float(f'{ratio:.6g}')!r}", f"{MIN_LR_KEY}={TrainConfig.min_lr!r}"]
 
 
-def extend_value(values: list, edge: Any, direction: int) -> Any | None:
+def whole_key(key: str) -> bool | None:
+    """Whether a config key takes whole numbers (int), real ones (float), or None when neither
+    (an unknown key, a free type): the key's type decides, not how its values happen to be written."""
+    import typing
+
+    from .config import Config
+
+    tp: Any = Config
+    for part in key.split("."):
+        hints = typing.get_type_hints(tp) if isinstance(tp, type) else {}
+        if part not in hints:
+            return None
+        tp = hints[part]
+    kinds = set(typing.get_args(tp) or (tp,)) - {type(None)}
+    return True if kinds == {int} else False if kinds == {float} else None
+
+
+def extend_value(values: list, edge: Any, direction: int, whole: bool | None = None) -> Any | None:
     """One step past `edge` (the smallest value when direction < 0, the largest when > 0): the
-    grid's own ratio between the two outermost values when both are positive, else their difference;
-    whole numbers stay whole. None when the axis has fewer than two values or the step repeats one."""
+    grid's own ratio between the two outermost values when both are positive, else their difference.
+    `whole` (whole_key: the key's type) keeps an integer setting whole and lets a real one, though
+    written 5 and 8, extend to 3.12; None: whole when every value is. None when the axis has fewer
+    than two values or the step repeats one."""
     nums = sorted(set(values))
     if len(nums) < 2:
         return None
     a, b = (nums[0], nums[1]) if direction < 0 else (nums[-1], nums[-2])
     new = a * (a / b) if a > 0 and b > 0 else a + (a - b)
-    if all(isinstance(v, int) for v in nums):
+    if whole is None:
+        whole = all(isinstance(v, int) for v in nums)
+    if whole:
         new = int(round(new))
     else:
         new = float(f"{new:.3g}")
@@ -310,11 +177,30 @@ class Tuning:
     def variant(self, tag: str) -> VariantTuning | None:
         return next((v for v in self.variants if v.tag == tag), None)
 
+    @property
+    def only_point(self) -> str | None:
+        """The label of the grid's one point when no variant tried another (a single value per
+        axis, which no edge can extend): nothing was compared, so nothing was chosen. Else None."""
+        return single_point([[p.label for p in v.points] for v in self.variants])
+
     def to_json(self) -> dict:
         return {"keys": self.keys, "seeds": self.seeds, "selected_on": "validation", "selection": self.selection,
                 "spec": self.spec.to_json(), "schedule": self.schedule,
                 "variants": [v.to_json() for v in self.variants], "shared": self.shared,
                 "cost": {"runs": self.runs, "tokens": self.tokens}}
+
+
+def single_point(labels: list[list[str]]) -> str | None:
+    """Each variant's tried point labels -> the one label when every variant tried that one alone."""
+    every = {lab for each in labels for lab in each}
+    return next(iter(every)) if labels and len(every) == 1 and all(len(each) == 1 for each in labels) else None
+
+
+def not_compared(keys: list[str], label: str) -> str:
+    """What a tuning of one point says instead of a choice."""
+    given = f"{keys[0]} was given one value" if len(keys) == 1 else f"{', '.join(keys)} were given one value each"
+    return (f"{given}, {label}, so every variant trained at it and nothing was compared or chosen on validation — "
+            "give two or more values to tune")
 
 
 def score_run(run_dir: Path) -> tuple[float | None, float | None, float]:
@@ -435,7 +321,7 @@ def run_tuning(spec: TuneSpec, variants: list[tuple[str, list[str]]], make_job: 
                 if steps >= spec.extend_limit:
                     why[(v.tag, axis, d)] = f"extended {steps} time{'s' * (steps != 1)}, the limit (tune.extend_limit)"
                     continue
-                new = extend_value(v.axes[axis], v.chosen.point[axis], d)
+                new = extend_value(v.axes[axis], v.chosen.point[axis], d, whole_key(axis))
                 tp, todo = None, []
                 if new is not None:
                     try:
@@ -506,6 +392,12 @@ class TuningRecord:
         if not self.usable:
             return []
         tuned = self.tuning.get("keys") or self.keys[:1]
+        variants = [v for v in self.tuning.get("variants") or [] if isinstance(v, dict)]
+        only = single_point([[p.get("label") for p in v.get("points") or [] if isinstance(p, dict)]
+                             for v in variants])
+        if only is not None:
+            return [f"{not_compared(tuned, only)} (the sweep's {self.folder / RECORD}); each grid point is compared "
+                    "at it, on test"]
         choices = [f"{v.get('variant')}: {(v.get('chosen') or {}).get('label', 'none')}"
                    + (f" (edge: {v['edge']})" if v.get("edge") else "") for v in self.tuning.get("variants") or []]
         return [f"{', '.join(tuned)} tuned per variant on validation by the sweep ({self.folder / RECORD}): each "

@@ -29,8 +29,18 @@ def _seeds(tuning: Tuning) -> str:
 
 
 def tuning_note(tuning: Tuning, primary: str) -> str:
+    from ..tuning import not_compared
+
+    if tuning.only_point is not None:
+        return f"{not_compared(tuning.keys, tuning.only_point)}; the verdict is on {primary}"
     return (f"each variant at its own {', '.join(tuning.keys)}, chosen on validation ({tuning.selection}, "
             f"{_seeds(tuning)}); the verdict is on {primary}, which chose nothing")
+
+
+def _not_compared(tuning: Tuning) -> str:
+    from ..tuning import not_compared
+
+    return not_compared(tuning.keys, tuning.only_point)
 
 
 def _labels(tuning: Tuning) -> list[str]:
@@ -50,7 +60,8 @@ def table_rows(tuning: Tuning) -> tuple[list[str], list[list[str]]]:
     """Header and rows: one row per variant, one column per point (validation perplexity, the
     chosen one starred), then the chosen point."""
     labels = _labels(tuning)
-    head = ["variant", *labels, "chosen"]
+    chose = tuning.only_point is None  # one point: no star and no chosen column, as nothing was compared
+    head = ["variant", *labels, *(["chosen"] if chose else [])]
     rows = []
     for v in tuning.variants:
         cells = []
@@ -61,8 +72,8 @@ def table_rows(tuning: Tuning) -> tuple[list[str], list[list[str]]]:
             elif p.perplexity is None:
                 cells.append("failed")
             else:
-                cells.append(_ppl(p.perplexity) + ("*" if v.chosen is p else ""))
-        rows.append([v.tag, *cells, v.chosen.label if v.chosen else "–"])
+                cells.append(_ppl(p.perplexity) + ("*" if chose and v.chosen is p else ""))
+        rows.append([v.tag, *cells, *([v.chosen.label if v.chosen else "–"] if chose else [])])
     return head, rows
 
 
@@ -113,6 +124,9 @@ def terminal_lines(c: Comparison) -> list[str]:
     head, rows = table_rows(tuning)
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     fmt = lambda r: "  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(r, widths)))  # noqa: E731
+    if tuning.only_point is not None:
+        lines = [f"Not tuned: {_not_compared(tuning)} ({tuning.selection}; {_cost(tuning)}):"]
+        return lines + ["  " + fmt(head)] + ["  " + fmt(r) for r in rows]
     lines = [f"Tuned on validation ({tuning.selection}; {', '.join(tuning.keys)}; {_cost(tuning)}):"]
     lines += ["  " + fmt(head)] + ["  " + fmt(r) for r in rows]
     lines += ["  chosen " + line for line in chosen_lines(tuning)]
@@ -127,6 +141,11 @@ def markdown(c: Comparison) -> list[str]:
     if tuning is None:
         return []
     head, rows = table_rows(tuning)
+    if tuning.only_point is not None:
+        return ["## Tuning: one point, nothing compared", "",
+                f"Not tuned: {_not_compared(tuning)}. Validation perplexity there "
+                f"({tuning.selection}, {_seeds(tuning)}); the verdict above is on {c.primary}. Tuning cost: "
+                f"{_cost(tuning)}.", "", markdown_table(head, rows), ""]
     out = ["## Each variant at its own setting", "",
            f"Validation perplexity of each point ({tuning.selection}, {_seeds(tuning)}); * marks each variant's "
            f"choice. The verdict above is on {c.primary}, which chose nothing. Tuning cost: {_cost(tuning)}.", ""]
