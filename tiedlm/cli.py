@@ -116,9 +116,9 @@ def run_command(fn: Callable[[], object], reads_runs: bool = False) -> object:
     except OSError as exc:  # a path that cannot be written, a full disk: no traceback for those
         if _state["debug"]:
             raise
-        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        _fail(f"{exc.strerror or exc}{where} — check the path, its permissions and the free disk space", 1,
-              same_on_every_rank=False)
+        from .files import os_error_line
+
+        _fail(os_error_line(exc), 1, same_on_every_rank=False)
     return None
 
 

@@ -137,10 +137,10 @@ def _write_folder(folder: Path, rm: Any, model: Any) -> None:
     from safetensors.torch import save_file
 
     from .data.hf import write_hf_tokenizer
-    from .runs import writing
+    from .runs import AGAIN_HINT, writing
 
     tok = rm.data.tokenizer
-    with writing(folder):
+    with writing(folder, AGAIN_HINT):
         (folder / "config.json").write_text(json.dumps(hf_config(rm.cfg, model.vocab_size, writes_tied(model), tok.eot_id),
                                                        indent=2) + "\n")
         (folder / "generation_config.json").write_text(json.dumps(

@@ -33,9 +33,9 @@ def figure(path: Path, title: str, panels: int = 1) -> Iterator[Any]:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
     from .files import atomic_write_bytes
-    from .runs import writing
+    from .runs import AGAIN_HINT, writing
 
-    with writing(path):  # a full disk is then one line, as for every run file
+    with writing(path, AGAIN_HINT):  # a full disk is then one line, as for every run file
         atomic_write_bytes(path, buf.getvalue())
 
 

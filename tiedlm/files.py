@@ -149,11 +149,30 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def errno_of(exc: BaseException) -> int | None:
+SHORT_WRITE = ("unexpected pos", "failed writing file")  # torch.save's words for a write that fell short
+LOW_ROOM = 1 << 20  # bytes free below which a short write is taken for a full disk
+
+
+def free_bytes(where: Path | str) -> int | None:
+    """Bytes free to an unprivileged writer on the disk holding `where` (its nearest existing
+    folder), or None when that cannot be told."""
+    path = Path(where)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def errno_of(exc: BaseException, where: Path | str | None = None) -> int | None:
     """The errno behind a failed write, wherever it hides: an OSError in the exception's chain, or
-    the text of an exception that wraps one. torch.save reports a full disk as a RuntimeError
-    ("unexpected pos"), safetensors as SafetensorError("No space left on device"), the Rust
-    tokenizer as "File too large (os error 27)", numpy as "N requested and M written"."""
+    the text of an exception that wraps one. safetensors reports a full disk as
+    SafetensorError("No space left on device"), the Rust tokenizer as "File too large (os error
+    27)", numpy as "N requested and M written". torch.save says only that its write fell short
+    ("unexpected pos"), with no errno: given the path written (`where`), a disk with less than
+    LOW_ROOM left is then taken as full (ENOSPC)."""
     chain = exception_chain(exc)
     for e in chain:
         if isinstance(e, OSError) and e.errno:
@@ -165,12 +184,40 @@ def errno_of(exc: BaseException) -> int | None:
         for code in NO_ROOM:
             if os.strerror(code) in text:
                 return code
+    if where is not None and any(w in str(e) for e in chain for w in SHORT_WRITE):
+        free = free_bytes(where)
+        if free is not None and free < LOW_ROOM:
+            return errno.ENOSPC
     return None
 
 
-def describe_write_failure(exc: BaseException) -> tuple[str, bool]:
-    """(what went wrong in a few words, whether it is a lack of room: disk, quota or file size)."""
-    code = errno_of(exc)
+def os_error_line(exc: OSError) -> str:
+    """An OSError that no tiedlm check foresaw, as its one line: what and where, and where to look."""
+    where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    return f"{exc.strerror or exc}{where} — check the path, its permissions and the free disk space"
+
+
+def check_writable(folder: Path) -> None:
+    """A RunError (exit 1) unless files can be created in folder (made if missing): a read-only
+    disk or a folder that is a file, said once before any run is trained into it."""
+    import tempfile
+
+    from .errors import RunError
+
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".tiedlm-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise RunError(f"cannot write into {folder} ({exc.strerror or exc}) — check the path and its permissions, "
+                       "or write the runs somewhere else") from None
+
+
+def describe_write_failure(exc: BaseException, where: Path | str | None = None) -> tuple[str, bool]:
+    """(what went wrong in a few words, whether it is a lack of room: disk, quota or file size);
+    `where`, the path written, lets a short write of torch's be told as a full disk (errno_of)."""
+    code = errno_of(exc, where)
     if code is not None:
         return os.strerror(code), code in NO_ROOM
     return f"{type(exc).__name__}: {first_line(exc)}", False

@@ -10,9 +10,9 @@ from typing import Callable
 from . import runs
 from .config import Config, config_hash
 from .errors import ConfigMismatchError, Interrupted, TiedlmError
+from .files import check_writable, os_error_line
 from .process import log
 from .train import train_run
-
 
 
 @dataclass
@@ -45,6 +45,8 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
     job (train_run's signature); tests pass a fake. `parallel` (--jobs: a number or "auto"): with
     more than one process for the runs to train, each trains in a process of its own (parallel.py;
     with train_run only, a fake trains in turn)."""
+    if any(not run_is_finished(Path(out) / name, cfg) for name, cfg in jobs):
+        check_writable(Path(out))  # a read-only or full --out: said once, before any run is trained
     if parallel != 1 and train is train_run:
         from .parallel import resolve_workers
 
@@ -75,6 +77,8 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
             raise
         except TiedlmError as exc:
             results.append(JobResult(name, "failed", str(exc)))
+        except OSError as exc:  # a path that cannot be written: the line `tiedlm train` would print
+            results.append(JobResult(name, "failed", os_error_line(exc)))
         except Exception as exc:  # a bug or out-of-memory in one run must not cost the others
             results.append(JobResult(name, "failed", f"{type(exc).__name__}: {exc}"))
         else:

@@ -54,34 +54,36 @@ MANAGED = (CONFIG, METRICS, REPORT, REPORT_MD, TOKENIZER, CHECKPOINTS, LOCK, TB)
 # ------------------------------------------------------------------------- write failures
 
 RESUME_HINT = "then run the same command to resume from the last checkpoint"
+AGAIN_HINT = "then run the same command again"  # for what is not a run's own file: a comparison, an analysis
 
 
-def write_failure(exc: BaseException, what: Path | str) -> RunError:
+def write_failure(exc: BaseException, what: Path | str, then: str = RESUME_HINT) -> RunError:
     """A failed write of a run file as one line. A full disk, a quota or a file-size limit
     surface as OSError from plain writes but as other exceptions from torch.save and safetensors
     (files.errno_of finds them): every one is a write that did not happen, with the previous
     checkpoint intact, so the advice is the same."""
     if isinstance(exc, RunError):
         return exc
-    why, no_room = describe_write_failure(exc)
+    why, no_room = describe_write_failure(exc, what)
     if no_room:
         return RunError(f"{why} while writing {what} — free some disk space (or raise the file-size "
-                        f"limit, ulimit -f), {RESUME_HINT}")
+                        f"limit, ulimit -f), {then}")
     if isinstance(exc, OSError):
-        return RunError(f"{why} while writing {what} — check the path and its permissions, {RESUME_HINT}")
+        return RunError(f"{why} while writing {what} — check the path and its permissions, {then}")
     return RunError(f"cannot write {what} ({why}) — check the free disk space and the file-size limit "
-                    f"(ulimit -f), {RESUME_HINT}")
+                    f"(ulimit -f), {then}")
 
 
 @contextlib.contextmanager
-def writing(what: Path | str) -> Iterator[None]:
-    """Turn any failure of the writes inside into write_failure's one-line RunError."""
+def writing(what: Path | str, then: str = RESUME_HINT) -> Iterator[None]:
+    """Turn any failure of the writes inside into write_failure's one-line RunError; `then` is the
+    way on it advises (a run's files: resume from the last checkpoint)."""
     try:
         yield
     except RunError:
         raise
     except Exception as exc:
-        raise write_failure(exc, what) from exc
+        raise write_failure(exc, what, then) from exc
 
 
 def as_tiedlm_error(exc: BaseException, distributed: bool = False) -> TiedlmError | None:

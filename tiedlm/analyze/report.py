@@ -41,7 +41,7 @@ def write_analysis(result: dict, arrays: dict, out: Path, overwrite: bool = Fals
     names that tiedlm did not write is refused unless `overwrite`, before anything is written."""
     from ..files import recording
     from ..files import atomic_write_text, json_text
-    from ..runs import writing
+    from ..runs import AGAIN_HINT, writing
 
     names = analysis_files(arrays["W"] is None)
     with recording(out, names, overwrite_option, overwrite, LEGACY, known=analysis_files(tied=False)):
@@ -50,10 +50,10 @@ def write_analysis(result: dict, arrays: dict, out: Path, overwrite: bool = Fals
         if arrays["W"] is not None:
             _plot_cosines(arrays, out / PLOTS["cosine"])
         text = json_text(result, indent=2) + "\n"
-        with writing(out / ANALYSIS_JSON):
+        with writing(out / ANALYSIS_JSON, AGAIN_HINT):
             atomic_write_text(out / ANALYSIS_JSON, text)
         text = to_markdown(result)
-        with writing(out / ANALYSIS_MD):
+        with writing(out / ANALYSIS_MD, AGAIN_HINT):
             atomic_write_text(out / ANALYSIS_MD, text)
 
 

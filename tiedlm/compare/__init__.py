@@ -65,7 +65,7 @@ def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
     They are recorded there as tiedlm's (files.recording): a file of one of their names that tiedlm
     did not write is refused unless `overwrite`, before anything is written."""
     from ..files import atomic_write_text, recording
-    from ..runs import writing
+    from ..runs import AGAIN_HINT, writing
 
     from .tuning_report import TUNE_PLOT, plot_tuning
 
@@ -87,7 +87,7 @@ def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
             plot_tuning(c.tuning, out / TUNE_PLOT)
         for kind, render in (("csv", to_csv), ("markdown", to_markdown), ("json", to_json_text)):
             text = render(c)
-            with writing(out / FILES[kind]):
+            with writing(out / FILES[kind], AGAIN_HINT):  # its runs are finished: nothing to resume
                 atomic_write_text(out / FILES[kind], text)
 
 

@@ -74,7 +74,7 @@ def _reason_from_report(report: run_folder.RunReport) -> str:
     status, error = report.status, report.error
     text = f"status {status}" if status else f"{run_folder.REPORT} has no status"
     if error:
-        text += f": {str(error).strip().splitlines()[0][:200]}"
+        text += f": {first_words(error)}"
     hint = {"running": " (still training, or killed: run the same train command again to resume)",
             "interrupted": " (run the same train command again to resume)",
             "diverged": " (training loss became non-finite; lower train.lr or raise warmup_steps)"}
@@ -247,6 +247,12 @@ def choose_weights(runs: list[LoadedRun], select: str | None,
     return chosen, left, "best", why, primary or "test"
 
 
+def first_words(text: str, limit: int = 400) -> str:
+    """A run's error as a reason: its first line, cut at a word before `limit` characters."""
+    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " …"
+
+
 def load_runs(run_dirs: list[Path], left_out: list[LeftOut],
               failed: dict[str, str] | None = None) -> tuple[list[LoadedRun], list[LeftOut]]:
     """The finished runs among run_dirs, and every run left out (after left_out) with its reason.
@@ -258,8 +264,9 @@ def load_runs(run_dirs: list[Path], left_out: list[LeftOut],
         error = (failed or {}).get(Path(d).name)
         if run is not None and error:
             run, reason = None, "training this run failed"
-        if run is None:
-            skipped.append(LeftOut(str(d), Path(d).name, reason if not error else f"{reason}: {error}"))
+        if run is None:  # the error said once: a failed run's report already holds its first line
+            said = error is None or first_words(error) in reason
+            skipped.append(LeftOut(str(d), Path(d).name, reason if said else f"{reason}: {error}"))
         else:
             loaded.append(run)
     return loaded, skipped

@@ -89,7 +89,7 @@ def cache_write_failure(exc: BaseException, where: Path | str, what: str = "the 
                         elsewhere: str = "TIEDLM_CACHE") -> DataError:
     """Any failed write into a cache as one line: what is wrong and what to do. `elsewhere` is the
     variable that moves the cache to another disk."""
-    why, no_room = describe_write_failure(exc)
+    why, no_room = describe_write_failure(exc, where)
     if no_room:
         limit = ", or raise the file-size limit: ulimit -f" if errno_of(exc) == errno.EFBIG else ""
         return DataError(f"{why} while writing {what} ({where}) — free some disk space "
