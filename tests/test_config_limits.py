@@ -147,6 +147,23 @@ def test_a_config_too_large_is_refused_without_reading_it(tmp_path, monkeypatch)
         load_config(small)
 
 
+def test_a_grid_file_that_is_a_pipe_a_device_or_too_large_is_refused_before_reading(tmp_path, deadline):
+    from tiedlm.sweep import load_grid
+
+    os.mkfifo(tmp_path / "grid.yaml")
+    with pytest.raises(ConfigError, match=r"grid file .*grid.yaml is a named pipe, not a regular file"):
+        load_grid(tmp_path / "grid.yaml")
+    with pytest.raises(ConfigError, match=r"grid file /dev/null is a device"):
+        load_grid("/dev/null")
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as f:
+        f.truncate(yamlsafe.YAML_BYTES_LIMIT + 1)
+    with pytest.raises(ConfigError, match=f"grid file .*big.yaml is larger than {yamlsafe.YAML_BYTES_LIMIT:,} bytes"):
+        load_grid(big)
+    with pytest.raises(ConfigError, match=r"grid file .*missing.yaml does not exist — check the path"):
+        load_grid(tmp_path / "missing.yaml")
+
+
 def test_a_file_that_reads_larger_than_its_size_is_refused(monkeypatch):
     """/proc files report size 0: only the bytes read tell, and no more than the limit is read."""
     if not os.path.exists("/proc/self/status"):

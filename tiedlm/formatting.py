@@ -30,6 +30,16 @@ def fmt(x: Any, digits: int = 2) -> str:
     return str(x)
 
 
+def shown_text(text: str) -> str:
+    """A value in a message: quoted with its escapes (a newline shows as \\n), cut when long, or
+    "an empty value"."""
+    import json
+
+    if not text:
+        return "an empty value"
+    return json.dumps(text) if len(text) <= 60 else json.dumps(text[:40])[:-1] + f'..." ({len(text)} characters)'
+
+
 def fmt_signed(x: Any, digits: int = 2) -> str:
     """+1.23 / −1.23 (a typographic minus)."""
     if not _is_number(x):

@@ -98,23 +98,29 @@ def _beyond_limits(data: Any, values: int, depth: int) -> str | None:
     """"values" when `data` holds more than `values` values, each shared (aliased) mapping or list
     counted every time it is reached, as a walk over the document would; "depth" when it nests more
     than `depth` levels (aliases of aliases nest without the composer's recursion); else None. The
-    walk keeps its own stack and stops at either limit, so it also ends on a document that refers
-    to itself."""
+    walk keeps its own stack and stops at either limit; a document that refers to itself (an
+    anchor holding its own alias) expands without end, so it is "values" too."""
     count = 0
     stack = [iter((data,))]
+    inside: list[int] = []  # the ids of the containers being walked, outermost first
     while stack:
         for value in stack[-1]:
             count += 1
             if count > values:
                 return "values"
             if isinstance(value, (dict, list, tuple, set)):
+                if id(value) in inside:
+                    return "values"
                 if len(stack) > depth:
                     return "depth"
                 count += len(value) if isinstance(value, dict) else 0  # the keys
                 stack.append(iter(value.values() if isinstance(value, dict) else value))
+                inside.append(id(value))
                 break
         else:
             stack.pop()
+            if inside and len(inside) >= len(stack):
+                inside.pop()
     return None
 
 

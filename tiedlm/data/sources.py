@@ -351,9 +351,9 @@ def _datasets_progress(progress: bool):
 
     shown = progress and _stderr_is_terminal()
     was_disabled, hub_was_disabled = datasets.are_progress_bars_disabled(), hub.are_progress_bars_disabled()
-    if not shown:
-        datasets.disable_progress_bars()
-        hub.disable_progress_bars()
+    # set both ways: another caller may have left them off (or on) process-wide
+    (datasets.enable_progress_bars if shown else datasets.disable_progress_bars)()
+    (hub.enable_progress_bars if shown else hub.disable_progress_bars)()
     with _transient_bars(datasets.utils.tqdm if shown else None):
         try:
             yield
