@@ -13,12 +13,6 @@ import numpy as np
 from .. import geometry as g
 
 
-def _buckets(counts: np.ndarray, fractions: list[float], unk_id: int | None) -> tuple[np.ndarray, list[str]]:
-    from ..evaluate import frequency_buckets
-
-    return frequency_buckets(counts, fractions, unk_id)
-
-
 def matrix_stats(M, counts: np.ndarray, bucket_of: np.ndarray, names: list[str], seed: int,
                  pairs: int) -> dict:
     """One matrix (V real rows): norm against training count, anisotropy, spectrum."""
