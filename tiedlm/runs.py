@@ -310,9 +310,9 @@ _NOT_WRITTEN = {"extra", "config_problem", "_stored"}  # fields of RunReport tha
 
 @dataclass
 class RunReport:
-    """report.json. The one schema of a run's result: train.py writes it, and compare, sweep and
-    eval read it through read_report. Keys a reader does not know (from another tiedlm version)
-    are kept in `extra` and written back unchanged."""
+    """report.json. The one schema of a run's result: training (tiedlm.train) writes it, and
+    compare, sweep and eval read it through read_report. Keys a reader does not know (from another
+    tiedlm version) are kept in `extra` and written back unchanged."""
 
     # in the order tiedlm 0.1 wrote them
     format: int = FORMAT

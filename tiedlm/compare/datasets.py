@@ -1,6 +1,6 @@
 """Data sets: runs are contrasted only with runs trained and evaluated on the same tokens.
 
-A run's data is named by report.json's data_identity (written by train.py: the source
+A run's data is named by report.json's data_identity (written by training: the source
 fingerprint, which covers the splits, and the tokenizer key) plus data.max_eval_tokens (how much
 of each evaluation split is scored, which the identity leaves out). A report without
 data_identity (hand-made, or older than the field) is named by its config's data and tokenizer

@@ -1,5 +1,5 @@
 """The effect over training: each contrast's effect at every periodic validation evaluation, so a
-verdict can be read against how it got there (DESIGN.md: at small budgets the tying effect mostly
+verdict can be read against how it got there (at small budgets the tying effect mostly
 measures how fast each variant starts).
 
 At each number of tokens seen that every run of both variants evaluated, the validation losses

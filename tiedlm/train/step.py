@@ -1,6 +1,6 @@
 """One optimizer step: the batch sampler that draws random windows of the training tokens, and
 `train_step`, gradient accumulation over micro-batches with clipping and a finite-only update.
-The loop around them (schedule, evaluation, checkpoints, signals) is train.py's."""
+The loop around them (schedule, evaluation, checkpoints, signals) is train/__init__.py's."""
 
 from __future__ import annotations
 
