@@ -10,10 +10,11 @@ dimensions, tied and untied; against the machine's own fp32 matmul rate measured
 
 Training throughput is a full step (forward, backward, clipping, AdamW) on random tokens after
 warm-up steps. The six models of a shape (tiedlm tied and untied with its fused cross-entropy,
-the same with the plain loss - logits and F.cross_entropy, tiedlm.model.lm_loss(fused=False) -
-and transformers tied and untied) are timed in turn, A B C D E F A B ..., so that the machine's
+the same with the plain loss - logits and F.cross_entropy, plain_loss below - and transformers
+tied and untied) are timed in turn, A B C D E F A B ..., so that the machine's
 noise falls on all of them alike; the tables give the median over rounds and the spread.
-Evaluation (evaluate.score_tokens) is timed the same way, fused and plain in turn. FLOP/s use
+Evaluation (evaluate.score_tokens) is timed the same way, fused and plain in turn (the plain one
+through a module that gives only logits, which score_tokens scores by F.cross_entropy). FLOP/s use
 tiedlm.counting.flops_per_token (the head counted whether tied or not), so tied and untied models
 of a shape do the same work.
 Peak memory is measured in a fresh process per case (its peak resident set, VmHWM, on a CPU,
@@ -106,19 +107,74 @@ def hf_model(shape, tied: bool, device):
     return model, opt
 
 
+CHUNK_LOGITS_BYTES = 256 * 2**20  # plain_loss: above this, a batch's fp32 logits are never held whole
+
+
+def plain_loss(model, x, y, amp=None, chunk_bytes: int = CHUNK_LOGITS_BYTES):
+    """The loss tiedlm had before its fused cross-entropy, kept here to time against it: the logits
+    and F.cross_entropy. When a batch's fp32 logits would exceed chunk_bytes (GPT-2's 50,257 tokens
+    at block 1024: 206 MB per sequence, and as much again for their gradient), the head and the loss
+    run over chunks of tokens under activation checkpointing: no more than one chunk's logits exist
+    at a time, forward or backward, for one extra head matmul in the backward pass. The sum of the
+    chunks' losses equals the whole batch's."""
+    import contextlib
+
+    from torch.nn import functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    amp = amp if amp is not None else contextlib.nullcontext()
+    V, n = model.vocab_size, y.numel()
+    if n * V * 4 <= chunk_bytes:
+        with amp:
+            logits = model(x)
+        return F.cross_entropy(logits.float().view(-1, V), y.reshape(-1))
+    with amp:
+        h, weight, bias = model.head(model.hidden(x))
+        h = h.reshape(n, -1)
+    rows = max(1, chunk_bytes // (4 * V))
+    targets = y.reshape(-1)
+
+    def chunk_loss(h_chunk, y_chunk):
+        with amp:
+            logits = F.linear(h_chunk, weight, bias)
+        return F.cross_entropy(logits.float(), y_chunk, reduction="sum")
+
+    total = sum(checkpoint(chunk_loss, h[i:i + rows], targets[i:i + rows], use_reentrant=False)
+                for i in range(0, n, rows))
+    return total / n
+
+
+def logits_only(model):
+    """The model as a module that gives only logits, which evaluate.score_tokens scores by
+    F.cross_entropy (the plain path) instead of the fused loss."""
+    import torch
+
+    class LogitsOnly(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, idx):
+            return self.inner(idx)
+
+    return LogitsOnly(model)
+
+
 def step_fn(kind: str, model, opt, x, amp, chunk_bytes: int | None = None):
     """kind: "tiedlm" (the fused loss), "plain" (tiedlm with the plain loss) or "transformers"."""
     import torch
 
-    from tiedlm.model import CHUNK_LOGITS_BYTES, lm_loss
+    from tiedlm.model import lm_loss
 
     chunk_bytes = chunk_bytes or CHUNK_LOGITS_BYTES
 
     params = list(model.parameters())
 
     def step():
-        if kind in ("tiedlm", "plain"):
-            loss = lm_loss(model, x[:, :-1], x[:, 1:], amp, chunk_bytes, fused=kind == "tiedlm")
+        if kind == "tiedlm":
+            loss = lm_loss(model, x[:, :-1], x[:, 1:], amp)
+        elif kind == "plain":
+            loss = plain_loss(model, x[:, :-1], x[:, 1:], amp, chunk_bytes)
         else:
             with amp:
                 logits = model(input_ids=x[:, :-1]).logits
@@ -167,31 +223,26 @@ LABELS = {"tiedlm": "tiedlm", "plain": "tiedlm plain loss", "transformers": "tra
 
 def eval_rates(shape, device, dtype: str, batches: int, rounds: int) -> dict:
     """tokens/s of tiedlm's evaluation (evaluate.score_tokens: inference mode, batches of windows),
-    with the fused per-token loss and with the plain one (model.FUSED_LOSS off), in turn."""
+    with the fused per-token loss and with the plain one (logits_only), in turn."""
     import numpy as np
 
-    import tiedlm.model as gpt
     from tiedlm.device import autocast_ctx
     from tiedlm.evaluate import score_tokens
 
     _, L, H, d, T, B, V = shape
     model, _ = tiedlm_model(shape, True, device)
+    scored = {"fused": model, "plain": logits_only(model)}
     tokens = np.random.default_rng(0).integers(0, V, size=T * B * batches + 1)
     rates: dict = {"fused": [], "plain": []}
-    default = gpt.FUSED_LOSS
-    try:
-        for r in range(rounds + 1):  # the first round warms up
-            for kind in rates:
-                gpt.FUSED_LOSS = kind == "fused"
-                part = tokens if r else tokens[: T * B + 1]
-                sync(device)
-                t = time.perf_counter()
-                score_tokens(model, part, T, T, B, device, autocast_ctx(device, dtype))
-                sync(device)
-                if r:
-                    rates[kind].append((len(part) - 1) / (time.perf_counter() - t))
-    finally:
-        gpt.FUSED_LOSS = default
+    for r in range(rounds + 1):  # the first round warms up
+        for kind in rates:
+            part = tokens if r else tokens[: T * B + 1]
+            sync(device)
+            t = time.perf_counter()
+            score_tokens(scored[kind], part, T, T, B, device, autocast_ctx(device, dtype))
+            sync(device)
+            if r:
+                rates[kind].append((len(part) - 1) / (time.perf_counter() - t))
     return rates
 
 

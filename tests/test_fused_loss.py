@@ -142,6 +142,23 @@ def model_and_batch(tied: bool, bias: bool = False, V: int = 333):
     return model, x[:, :-1], x[:, 1:]
 
 
+def plain_loss(model, x, y):
+    """The plain path the fused loss replaced: the whole logits, then F.cross_entropy."""
+    logits = model(x)
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+
+
+class LogitsOnly(torch.nn.Module):
+    """A module that gives only logits: evaluate.score_tokens scores it by F.cross_entropy."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, idx):
+        return self.inner(idx)
+
+
 def step_grads(model, loss) -> dict:
     model.zero_grad(set_to_none=True)
     loss.backward()
@@ -151,9 +168,9 @@ def step_grads(model, loss) -> dict:
 @pytest.mark.parametrize("tied, bias", [(True, False), (False, False), (False, True)])
 def test_a_training_steps_gradients_are_the_plain_paths(tied, bias):
     model, x, y = model_and_batch(tied, bias)
-    fused = lm_loss(model, x, y)  # the default
+    fused = lm_loss(model, x, y)  # the training loss
     g_fused = step_grads(model, fused)
-    plain = lm_loss(model, x, y, fused=False)
+    plain = plain_loss(model, x, y)
     g_plain = step_grads(model, plain)
     assert fused.item() == pytest.approx(plain.item(), rel=LOSS_RTOL)
     assert g_fused.keys() == g_plain.keys() and ("lm_head.bias" in g_fused) == bias
@@ -174,15 +191,13 @@ def test_the_models_forward_with_targets_is_the_loss():
         model(x, y, reduction="sum")
 
 
-def test_evaluation_scores_are_the_plain_paths_to_the_bit(monkeypatch):
-    import tiedlm.model as gpt
+def test_evaluation_scores_are_the_plain_paths_to_the_bit():
     from tiedlm.evaluate import score_tokens
 
     model, _, _ = model_and_batch(True)
     tokens = np.random.default_rng(0).integers(0, 333, size=16 * 7 + 5)
     targets, fused = score_tokens(model, tokens, 16, 16, 3, torch.device("cpu"))
-    monkeypatch.setattr(gpt, "FUSED_LOSS", False)
-    targets_plain, plain = score_tokens(model, tokens, 16, 16, 3, torch.device("cpu"))
+    targets_plain, plain = score_tokens(LogitsOnly(model), tokens, 16, 16, 3, torch.device("cpu"))
     assert np.array_equal(targets, targets_plain) and np.array_equal(fused, plain)
 
 

@@ -1,9 +1,10 @@
 """The fast paths compute what the plain ones do (correctness only: timings belong in
-scripts/bench.py): the plain path's chunked cross-entropy (lm_loss(fused=False); the fused loss is
-tests/test_fused_loss.py's) gives the plain loss and gradients, tied and untied, and never holds a
-whole batch's logits; evaluation in inference mode scores what a plain forward
+scripts/bench.py): the bench's plain loss (bench.plain_loss, timed against the fused loss, which is
+tests/test_fused_loss.py's) gives the plain loss and gradients chunked as whole, tied and untied,
+and never holds a whole batch's logits; evaluation in inference mode scores what a plain forward
 does; the counts need no torch; the bench itself runs (--quick) so that it cannot rot."""
 
+import importlib.util
 import math
 import subprocess
 import sys
@@ -15,9 +16,20 @@ import torch
 from torch.nn import functional as F
 
 from tiedlm.config import ModelConfig
-from tiedlm.model import GPT, lm_loss
+from tiedlm.model import GPT
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_module():
+    """scripts/bench.py as a module (it runs nothing on import)."""
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+plain_loss = bench_module().plain_loss
 
 
 def model_and_batch(tied: bool, V: int = 500):
@@ -36,11 +48,11 @@ def grads(model, loss) -> dict:
 @pytest.mark.parametrize("tied", [True, False])
 def test_chunked_cross_entropy_equals_the_plain_loss_and_gradients(tied):
     model, x, y = model_and_batch(tied)
-    plain = lm_loss(model, x, y, fused=False)  # 64 tokens x 500 x 4 bytes: far below the chunking threshold
+    plain = plain_loss(model, x, y)  # 64 tokens x 500 x 4 bytes: far below the chunking threshold
     reference = F.cross_entropy(model(x).view(-1, 500), y.reshape(-1))
     assert plain.item() == reference.item()
     g_plain = grads(model, plain)
-    chunked = lm_loss(model, x, y, chunk_bytes=7 * 500 * 4, fused=False)  # 7 tokens a chunk: 10, the last short
+    chunked = plain_loss(model, x, y, chunk_bytes=7 * 500 * 4)  # 7 tokens a chunk: 10, the last short
     assert chunked.item() == pytest.approx(plain.item(), rel=1e-6)
     g_chunked = grads(model, chunked)
     assert g_plain.keys() == g_chunked.keys()
@@ -61,7 +73,7 @@ def test_chunked_loss_never_holds_a_whole_batchs_logits():
 
     F.linear = counting
     try:
-        lm_loss(model, x, y, chunk_bytes=7 * 500 * 4, fused=False).backward()  # backward recomputes each chunk
+        plain_loss(model, x, y, chunk_bytes=7 * 500 * 4).backward()  # backward recomputes each chunk
     finally:
         F.linear = linear
     assert max(rows) == 7 and sum(rows) == 2 * 64  # forward and the recomputation, 7 tokens at a time

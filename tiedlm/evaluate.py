@@ -65,10 +65,8 @@ def score_tokens(model, tokens: np.ndarray, block_size: int, stride: int, batch_
     was_training = model.training
     model.eval()
     ctx = autocast if autocast is not None else contextlib.nullcontext()
-    from . import model as gpt
-
-    # a tiedlm GPT (not any module that gives logits) scores by the fused loss unless it is switched off
-    fused = gpt.FUSED_LOSS and hasattr(model, "hidden") and hasattr(model, "lm_head")
+    # a tiedlm GPT scores by the fused loss; any other module that gives logits, by F.cross_entropy
+    fused = hasattr(model, "hidden") and hasattr(model, "lm_head")
     try:
         with torch.inference_mode():
             for length, group in by_len.items():

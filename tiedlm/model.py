@@ -220,53 +220,16 @@ class GPT(nn.Module):
 
 # -------------------------------------------------------------------- the loss
 
-FUSED_LOSS = True  # lm_loss's default: the fused cross-entropy (loss.py); False: the plain path below
-CHUNK_LOGITS_BYTES = 256 * 2**20  # plain path: above this, a batch's fp32 logits are never held whole
 
-
-def lm_loss(model, x: torch.Tensor, y: torch.Tensor, amp=None, chunk_bytes: int = CHUNK_LOGITS_BYTES,
-            fused: bool | None = None) -> torch.Tensor:
-    """Mean next-token cross-entropy of a batch.
-
-    fused (default FUSED_LOSS, on): the model's forward with the targets, whose loss (loss.py)
-    takes the head and the cross-entropy over chunks of a few MB of logits and computes the
-    gradients as it goes; the logits are never whole and their gradient never a separate buffer.
-    It goes through the wrapper, so it is the same under DistributedDataParallel.
-
-    fused=False, the plain path: the logits and F.cross_entropy; when a batch's fp32 logits would
-    exceed chunk_bytes (GPT-2's 50,257 tokens at block 1024: 206 MB per sequence, and as much again
-    for their gradient), the head and the loss run over chunks of tokens under activation
-    checkpointing: no more than one chunk's logits exist at a time, forward or backward, for one
-    extra head matmul in the backward pass. The sum of the chunks' losses equals the whole batch's."""
+def lm_loss(model, x: torch.Tensor, y: torch.Tensor, amp=None) -> torch.Tensor:
+    """Mean next-token cross-entropy of a batch: the model's forward with the targets, whose loss
+    (loss.py) takes the head and the cross-entropy over chunks of a few MB of logits and computes
+    the gradients as it goes; the logits are never whole and their gradient never a separate
+    buffer. It goes through the wrapper, so it is the same under DistributedDataParallel."""
     import contextlib
 
-    from torch.utils.checkpoint import checkpoint
-
-    amp = amp if amp is not None else contextlib.nullcontext()
-    if FUSED_LOSS if fused is None else fused:
-        with amp:
-            return model(x, y)
-    V, n = getattr(model, "module", model).vocab_size, y.numel()
-    # Under DistributedDataParallel the forward must go through the wrapper (its gradient hooks are
-    # prepared there), so the head is not called chunk by chunk: the whole loss, as usual.
-    if n * V * 4 <= chunk_bytes or hasattr(model, "module"):
-        with amp:
-            logits = model(x)
-        return F.cross_entropy(logits.float().view(-1, V), y.reshape(-1))
-    with amp:
-        h, weight, bias = model.head(model.hidden(x))
-        h = h.reshape(n, -1)
-    rows = max(1, chunk_bytes // (4 * V))
-    targets = y.reshape(-1)
-
-    def chunk_loss(h_chunk: torch.Tensor, y_chunk: torch.Tensor) -> torch.Tensor:
-        with amp:
-            logits = F.linear(h_chunk, weight, bias)
-        return F.cross_entropy(logits.float(), y_chunk, reduction="sum")
-
-    total = sum(checkpoint(chunk_loss, h[i:i + rows], targets[i:i + rows], use_reentrant=False)
-                for i in range(0, n, rows))
-    return total / n
+    with amp if amp is not None else contextlib.nullcontext():
+        return model(x, y)
 
 
 # -------------------------------------------------------------------- weights in and out
