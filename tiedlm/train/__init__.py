@@ -61,9 +61,10 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
         if runs.existing_state(run_dir, cfg) == "finished":
             log(f"{run_dir} is already finished with this config: nothing to do (--overwrite to retrain)")
             return run_dir
+    device = resolve_device(cfg.train.device)  # once: the checks, the TF32 setting and the run use it
     # The vocabulary is known only once the data are prepared (that check follows in preflight):
     # here the model without its embeddings, which is what an absurd depth or width is about.
-    check_fits(cfg.model, None, max(cfg.train.batch_size, cfg.eval.batch_size), resolve_device(cfg.train.device))
+    check_fits(cfg.model, None, max(cfg.train.batch_size, cfg.eval.batch_size), device)
     created = not run_dir.exists() and d.main
     try:  # in a distributed run, rank 0 alone holds the lock and writes the folder
         with StopSignals() as signals, (runs.RunLock(run_dir) if d.main else contextlib.nullcontext()) as lock:
@@ -72,7 +73,7 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
             if not overwrite and runs.existing_state(run_dir, cfg) == "finished":
                 log(f"{run_dir} is already finished with this config: nothing to do")
                 return run_dir
-            _train(cfg, run_dir, progress and d.main, stop_after_step, fresh=overwrite, signals=signals, d=d)
+            _train(cfg, run_dir, device, progress and d.main, stop_after_step, fresh=overwrite, signals=signals, d=d)
         # Every rank reaches the teardown together: a rank that destroyed its process group while the
         # other still held connections to it aborted the other one now and then (gloo, on the CPU).
         barrier(d)
@@ -106,12 +107,13 @@ class Preflight:
     dist: Any = None  # distributed.Dist: this process's rank among the run's processes (one by default)
 
 
-def preflight(cfg: Config, run_dir: Path, fresh: bool, progress: bool, d: Any = None) -> Preflight:
-    """The device, the budget, a verified checkpoint (resuming), the data and its identity, and
-    whether the model fits: any of them refuses the run while its folder is still untouched."""
+def preflight(cfg: Config, run_dir: Path, device: Any, fresh: bool, progress: bool, d: Any = None) -> Preflight:
+    """The device this process uses (`device`, train.device resolved, or its rank's GPU), the
+    budget, a verified checkpoint (resuming), the data and its identity, and whether the model
+    fits: any of them refuses the run while its folder is still untouched."""
     from ..counting import check_fits
     from ..data import data_identity, prepare_data
-    from ..device import resolve_device, resolve_dtype
+    from ..device import resolve_dtype
     from ..distributed import Dist, check_batch, main_first, start
 
     if "tensorboard" in cfg.train.log_to:
@@ -120,7 +122,7 @@ def preflight(cfg: Config, run_dir: Path, fresh: bool, progress: bool, d: Any = 
     check_batch(cfg.train.batch_size, d)
     if d.active and cfg.model.untie_at is not None and cfg.train.compile:
         raise ConfigError("model.untie_at with train.compile under torchrun is not supported — drop one of them")
-    device = start(d, resolve_device(cfg.train.device))
+    device = start(d, device)
     total = budget_steps(cfg)
     if cfg.model.untie_at is not None and total < 2:
         raise ConfigError(f"model.untie_at needs at least 2 training steps, the budget gives {total} — "
@@ -169,13 +171,13 @@ class TrainState:
         self.train_time, self.untied_at_step = st["train_time"], st["untied_at"]
 
 
-def _train(cfg: Config, run_dir: Path, progress: bool, stop_after_step: int | None, fresh: bool,
+def _train(cfg: Config, run_dir: Path, device: Any, progress: bool, stop_after_step: int | None, fresh: bool,
            signals: StopSignals, d: Any = None) -> None:
-    from ..device import cpu_threads, resolve_device, tf32_matmuls
+    from ..device import cpu_threads, tf32_matmuls
 
     t_start = time.time()
-    with cpu_threads(cfg.train.threads), tf32_matmuls(resolve_device(cfg.train.device)):
-        pre = preflight(cfg, run_dir, fresh, progress, d)
+    with cpu_threads(cfg.train.threads), tf32_matmuls(device):
+        pre = preflight(cfg, run_dir, device, fresh, progress, d)
         main = pre.dist.main
         if fresh and main:
             runs.clear_run_dir(run_dir)
