@@ -92,7 +92,7 @@ def _detectable(d: SplitContrast) -> str:
     if pw is None or pw.mde_relative is None:
         return MISSING
     need = f"{pw.seeds_needed}" if pw.seeds_needed is not None else MISSING
-    return f"−{pw.mde_relative_down * 100:.2f}% / +{pw.mde_relative * 100:.2f}% / {need}"
+    return f"{percent(-pw.mde_relative_down)} / {percent(pw.mde_relative)} / {need}"
 
 
 # ============================================================================ comparison.md
@@ -376,7 +376,7 @@ def _md_runs(c: Comparison) -> list[str]:
 def _best_cell(r: RunRow) -> str:
     if r.best_step is None:
         return r.weights
-    above = "" if r.last_above_best is None else f"; {fmt_signed(100 * r.last_above_best, 1)}%"
+    above = "" if r.last_above_best is None else f"; {percent(r.last_above_best, 1)}"
     return f"{r.weights} ({fmt_int(r.best_step)}{above})"
 
 
@@ -550,7 +550,7 @@ def format_terminal_table(c: Comparison) -> str:
     lines += tuning_lines(c)  # the tuning table, the chosen values, the verdict at the shared value
     lines.append(selection_line(c).replace("**", "").replace("`", "").replace(": see the notes.", ":"))
     over = [r for r in c.runs if r.overtrained and c.select == "final"]
-    lines += [f"  {r.name}: last evaluation {fmt_signed(100 * r.last_above_best, 1)}% above its best "
+    lines += [f"  {r.name}: last evaluation {percent(r.last_above_best, 1)} above its best "
               f"(step {fmt_int(r.best_step)})" for r in over if r.last_above_best is not None]
     if any(v.n_seeds == 1 for v in c.variants):
         lines.append("Single-seed variants: no confidence interval or p-value can be given; use --seeds 3 or more.")

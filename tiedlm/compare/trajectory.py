@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..formatting import MISSING, fmt_count, fmt_signed, markdown_table
+from ..formatting import MISSING, fmt_count, fmt_signed, markdown_table, percent
 from ..nats import relative
 from .collect import LoadedRun
 from .stats import compare_by_seed, number
@@ -254,7 +254,7 @@ def summary_sentence(t: Trajectory) -> str | None:
         return None
     mid = min(pts, key=lambda p: abs(p.tokens - pts[-1].tokens / 2))
     shown = [pts[0], mid, pts[-1]] if mid not in (pts[0], pts[-1]) else [pts[0], pts[-1]]
-    path = ", ".join(f"{_signed_pct(p.effect)} at {fmt_count(p.tokens)}" for p in shown)
+    path = ", ".join(f"{percent(p.effect, 1)} at {fmt_count(p.tokens)}" for p in shown)
     sign = "changes sign" if t.crossover is not None else "keeps its sign"
     if t.still_moving is False:
         settled = (f"; settled: {_points(t.last_quarter_change)} points over the last quarter, within its "
@@ -265,10 +265,6 @@ def summary_sentence(t: Trajectory) -> str | None:
         settled = ""
     return (f"The effect of **{t.variant}** vs **{t.reference}** over training (validation): {path} tokens; it "
             f"{sign}{settled}.")
-
-
-def _signed_pct(x: float) -> str:
-    return f"{100 * x:+.1f}%"
 
 
 def _sentences(c: Comparison) -> list[str]:
@@ -304,17 +300,13 @@ def _row(t: Trajectory) -> list[str]:
     if not t.points:
         return [f"{t.variant} vs {t.reference}", "0"] + [MISSING] * 5
     first, last = t.points[0], t.points[-1]
-
-    def pct(x: float | None) -> str:
-        return fmt_signed(x * 100, 2) + "%" if x is not None else MISSING
-
-    ci = f" ({pct(last.ci_low)} to {pct(last.ci_high)})" if last.ci_low is not None else ""
+    ci = f" ({percent(last.ci_low)} to {percent(last.ci_high)})" if last.ci_low is not None else ""
     change = MISSING if t.last_quarter_change is None else (
         f"{_points(t.last_quarter_change)} pts" + (f" (±{t.final_half_width * 100:.1f})"
                                                    if t.final_half_width is not None else ""))
     moving = {True: "yes", False: "no", None: MISSING}[t.still_moving]
-    return [f"{t.variant} vs {t.reference}", str(len(t.points)), f"{pct(first.effect)} at {fmt_count(first.tokens)}",
-            f"{pct(last.effect)}{ci} at {fmt_count(last.tokens)}", t.crossover.text if t.crossover else "none",
+    return [f"{t.variant} vs {t.reference}", str(len(t.points)), f"{percent(first.effect)} at {fmt_count(first.tokens)}",
+            f"{percent(last.effect)}{ci} at {fmt_count(last.tokens)}", t.crossover.text if t.crossover else "none",
             change, moving]
 
 

@@ -7,17 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..formatting import fmt_count, fmt_signed, markdown_table
+from ..formatting import fmt_count, markdown_table, percent
 
 if TYPE_CHECKING:
     from .comparison import Comparison
     from ..tuning import Tuning
 
 TUNE_PLOT = "tune_curves.png"
-
-
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{fmt_signed(100 * x)}%"
 
 
 def _ppl(x: float | None) -> str:
@@ -91,17 +87,17 @@ def _shared_sentence(c: Comparison, tuning: Tuning) -> str | None:
     tuned = next((v for v in c.variants if v.vs_baseline is not None), None)
     tuned_contrast = tuned.contrast(c.primary) if tuned is not None else None
     seeds = s.get("seeds") or []
-    interval = (f" (95% CI {_pct(s.get('ci_low'))} to {_pct(s.get('ci_high'))}, over {len(seeds)} seeds)"
+    interval = (f" (95% CI {percent(s.get('ci_low'))} to {percent(s.get('ci_high'))}, over {len(seeds)} seeds)"
                 if len(seeds) > 1 and s.get("ci_low") is not None else
                 f" (seed {', '.join(str(x) for x in seeds)} only: no interval)")
-    where = f"At {s['label']} for both variants: {s['variant']} {_pct(s.get('relative'))} on {s['split']}{interval}"
+    where = f"At {s['label']} for both variants: {s['variant']} {percent(s.get('relative'))} on {s['split']}{interval}"
     if tuned_contrast is None:
         return where + "."
     n = tuned_contrast.n or 0
-    ci = (f"95% CI {_pct(tuned_contrast.relative_ci_low)} to {_pct(tuned_contrast.relative_ci_high)}"
+    ci = (f"95% CI {percent(tuned_contrast.relative_ci_low)} to {percent(tuned_contrast.relative_ci_high)}"
           if tuned_contrast.relative_ci_low is not None else
           "no interval (one seed)" if n <= 1 else "no interval")
-    best = f"; each at its own best: {tuned.label} {_pct(tuned_contrast.relative)} ({ci})"
+    best = f"; each at its own best: {tuned.label} {percent(tuned_contrast.relative)} ({ci})"
     return where + best + "."
 
 

@@ -100,7 +100,7 @@ def seeds_sentence(d: SplitContrast | None) -> str | None:
     if pw.mde == 0.0:
         return (f"The difference has no spread between seeds: any difference is detectable with "
                 f"{plural(pw.seeds, 'seed')} {level}.")
-    head = (f"Effects between −{pw.mde_relative_down * 100:.2f}% and +{pw.mde_relative * 100:.2f}% are not "
+    head = (f"Effects between {percent(-pw.mde_relative_down)} and {percent(pw.mde_relative)} are not "
             f"detectable with {plural(pw.seeds, 'seed')} {level}")
     observed = percent(pw.observed_relative)
     if pw.seeds_needed is not None:
