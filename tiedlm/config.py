@@ -475,9 +475,9 @@ OPERATIONAL_KEYS = ("train.threads", "train.compile", "train.checkpoint_every", 
 # with either on, its interval and slice are part of what a run is.
 SELECTION_KEYS = ("train.eval_every", "train.eval_tokens")
 
-# Keys added after runs were already written, with the value that means "as before". At that value
-# a key is left out of the config hash, and a stored config that lacks it reads as having it, so
-# that older runs keep their hash, resume, and group with newer ones.
+# Keys added after the config hash was first defined, with the value that means "as before". At
+# that value a key is left out of the config hash (and of the data's cache key, data/__init__.py),
+# so that a config hashes the same whether it sets the key to that value or leaves it out.
 ADDED_KEYS = {"train.keep_best": False, "train.early_stop_patience": 0, "train.early_stop_min_delta": 0.0,
               "train.log_to": [], "train.min_lr_ratio": None, "data.carve": "random", "data.test_from": "train",
               "data.train_fraction": 1.0, "model.tie_mode": None, "model.untie_rank": 0}
@@ -499,17 +499,6 @@ def operational_keys(cfg: Config) -> tuple[str, ...]:
     if selects_checkpoints(cfg):
         return tuple(k for k in OPERATIONAL_KEYS if k not in SELECTION_KEYS)
     return OPERATIONAL_KEYS
-
-
-def with_added_keys(data: dict) -> dict:
-    """A stored config dict with ADDED_KEYS it lacks filled in at their "as before" values (a copy):
-    what runs.py reads an older run's config with."""
-    out = json.loads(json.dumps(data, default=str))
-    for key, value in ADDED_KEYS.items():
-        section, leaf = key.split(".")
-        if isinstance(out.get(section), dict):
-            out[section].setdefault(leaf, value)
-    return out
 
 
 def variant_dict(cfg: Config) -> dict:

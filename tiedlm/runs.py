@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 from . import files
 from .checks import check_run_name
-from .config import Config, diff_keys, from_dict, load_yaml, operational_keys, to_dict, with_added_keys
+from .config import Config, diff_keys, from_dict, load_yaml, operational_keys, to_dict
 from .errors import ConfigError, ConfigMismatchError, DamagedRunError, NotARunError, RunError, TiedlmError
 from .files import describe_write_failure
 from .report_md import render_report_md
@@ -433,14 +433,13 @@ def check_format(fmt: Any, path: Path) -> None:
 
 def _report_config(stored: Any) -> tuple[Config | None, str | None]:
     """report.json's config rebuilt, or (None, why not); (None, None) when it holds none (config.yaml serves).
-    A stored config is made the resolved Config here and in read_config only: keys added since it was
-    written take their "as before" values (config.ADDED_KEYS), and from_dict normalises the rest."""
+    A stored config is made the resolved Config here and in read_config only (from_dict normalises it)."""
     if not isinstance(stored, dict) or not stored:
         return None, None
     if not isinstance(stored.get("model"), dict):
         return None, f"the config in {REPORT} has no model section"
     try:
-        return from_dict(with_added_keys(stored)), None
+        return from_dict(stored), None
     except (ConfigError, TypeError, ValueError, AttributeError) as exc:  # a newer tiedlm's key, a hand edit
         return None, f"the config in {REPORT} does not load: {exc}"
 
@@ -448,7 +447,7 @@ def _report_config(stored: Any) -> tuple[Config | None, str | None]:
 def read_config(run_dir: Path) -> Config | None:
     """config.yaml rebuilt, None when there is none; damaged: a DamagedRunError; not rebuilt: a ConfigError."""
     data = _config_data(run_dir)
-    return None if data is None else from_dict(with_added_keys(data))
+    return None if data is None else from_dict(data)
 
 
 def _config_data(run_dir: Path) -> dict | None:
@@ -489,7 +488,7 @@ def existing_state(run_dir: Path, cfg: Config) -> str:
         return "new"
     if old is not None:
         skip = operational_keys(cfg)
-        differ = [k for k in diff_keys(with_added_keys(old), with_added_keys(to_dict(cfg))) if k not in skip]
+        differ = [k for k in diff_keys(old, to_dict(cfg)) if k not in skip]
         if differ:
             shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
             raise ConfigMismatchError(f"{run_dir} holds a run with a different config ({shown} differ) — "
