@@ -1,8 +1,8 @@
 """Commands that write next to the user's files replace only what tiedlm wrote: analyze and compare
 refuse a file of their outputs' names that tiedlm did not write (exit 2, one line naming the file
 and the option that replaces it), replace it with that option, and rewrite their own output
-silently; outputs of an earlier tiedlm that kept no record are known by their headers;
-`tiedlm tensorboard` removes only its own event files from tb/; and no command writes into a
+silently (compare also knows a comparison that has no record by its headers); `tiedlm
+tensorboard` removes only its own event files from tb/; and no command writes into a
 run folder's managed parts (checkpoints/, tb/, ...), where a resume would delete what it wrote."""
 
 import json
@@ -92,16 +92,7 @@ def test_analyze_into_the_run_folder_keeps_working(trained, tmp_path):
     assert not (trained / ANALYSIS_MD).exists()
 
 
-def test_an_analysis_written_before_the_record_is_known_by_its_header(trained, tmp_path):
-    old = tmp_path / "old"
-    old.mkdir()
-    (old / ANALYSIS_MD).write_text(TITLE + "r\n\nwritten by an earlier tiedlm\n")
-    (old / ANALYSIS_JSON).write_text('{\n  "format": 1,\n  "run": "r"\n}\n')
-    (old / PLOTS["norms"]).write_bytes(PNG + b"old plot")
-    r = invoke("analyze", trained, "--out", old)
-    assert r.exit_code == 0, r.output
-    assert "earlier tiedlm" not in (old / ANALYSIS_MD).read_text() and (old / WRITTEN).is_file()
-    # a plot of the analysis' name in a folder without tiedlm's analysis is the user's
+def test_a_plot_of_the_analysis_name_that_tiedlm_did_not_write_is_the_users(trained, tmp_path):
     (tmp_path / "plots").mkdir()
     (tmp_path / "plots" / PLOTS["spectrum"]).write_bytes(PNG + b"mine")
     refused(invoke("analyze", trained, "--out", tmp_path / "plots"), tmp_path / "plots" / PLOTS["spectrum"],

@@ -76,12 +76,12 @@ def check_target(target: Path, overwrite: bool = False, overwrite_option: str = 
     (_may_be_untied). write_analysis checks them again once the weights are read."""
     from ..checkpoints import check_outside_runs
     from ..files import check_foreign
-    from .report import LEGACY, analysis_files
+    from .report import analysis_files
 
     if is_out:
         check_outside_runs(target, "--out")
     untied = run_dir is not None and _may_be_untied(run_dir)
-    check_foreign(target, analysis_files(tied=not untied), overwrite_option, overwrite, LEGACY)
+    check_foreign(target, analysis_files(tied=not untied), overwrite_option, overwrite)
 
 
 def _may_be_untied(run_dir: Path) -> bool:

@@ -22,19 +22,6 @@ def analysis_files(tied: bool) -> list[str]:
     return [ANALYSIS_JSON, ANALYSIS_MD, PLOTS["norms"], PLOTS["spectrum"], *([] if tied else [PLOTS["cosine"]])]
 
 
-def _legacy() -> Any:
-    """An analysis written by a tiedlm that kept no record of its files, known by its beginnings:
-    analysis.md's title, analysis.json's first keys, and plots beside either."""
-    from ..files import header_recogniser
-
-    return header_recogniser({ANALYSIS_MD: lambda head: head.startswith(TITLE.encode()),
-                              ANALYSIS_JSON: lambda head: head.startswith(b'{\n  "format": 1,\n  "run": ')},
-                             PLOTS.values())
-
-
-LEGACY = _legacy()
-
-
 def write_analysis(result: dict, arrays: dict, out: Path, overwrite: bool = False,
                    overwrite_option: str = "--overwrite") -> None:
     """The files into out, recorded there as tiedlm's (files.recording): a file of one of their
@@ -44,7 +31,7 @@ def write_analysis(result: dict, arrays: dict, out: Path, overwrite: bool = Fals
     from ..runs import AGAIN_HINT, writing
 
     names = analysis_files(arrays["W"] is None)
-    with recording(out, names, overwrite_option, overwrite, LEGACY, known=analysis_files(tied=False)):
+    with recording(out, names, overwrite_option, overwrite):
         _plot_norms(arrays, out / PLOTS["norms"])
         _plot_spectrum(result, out / PLOTS["spectrum"])
         if arrays["W"] is not None:
