@@ -138,8 +138,7 @@ def test_tensorboard_removes_only_its_own_event_files(tmp_path):
     (tb / "mine" / "events.out.tfevents.1.host.1.0").write_bytes(b"the user's own run")
     (tb / "notes.txt").write_bytes(MINE)
     (tb / "events.out.tfevents.2.host.2.0").write_bytes(b"another tool's event file")
-    (tb / "events.out.tfevents.3.host.3.0").write_bytes(b"\x00run/text_summary\x00")  # an earlier tiedlm's
-    users = {k: v for k, v in listing(tb).items() if not k.startswith("events.out.tfevents.3")}
+    users = listing(tb)
     for _ in range(2):
         r = invoke("tensorboard", run)
         assert r.exit_code == 0, r.output

@@ -13,8 +13,7 @@ so that a resumed run has each step once, and which turns itself off with one li
 write rather than fail the run. torch and tensorboard are imported inside functions only.
 
 Writing `tb/` afresh removes the event files tiedlm wrote there and nothing else: tiedlm names its
-event files with SUFFIX (those of a tiedlm that did not are known by the run's text header at
-their start); other files and folders in `tb/` are left alone, and said so.
+event files with SUFFIX; other files and folders in `tb/` are left alone, and said so.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ from .process import log
 TB = runs.TB  # the event files' folder inside a run folder
 SUFFIX = ".tiedlm"  # the end of the name of every event file tiedlm writes: how it knows its own
 _EVENTS = "events.out.tfevents."  # how every TensorBoard event file's name begins
-_HEADER_TAG = b"run/text_summary"  # the run's text (run_texts), the first thing tiedlm writes into one
 INSTALL_HINT = "pip install 'tiedlm[tensorboard]'"
 # metrics.jsonl record kind -> (tag prefix, the record's fields written as scalars)
 _SCALARS = {"train": ("train", ("loss", "lr", "grad_norm", "tokens_per_s")),
@@ -101,18 +99,10 @@ def run_texts(run_dir: Path, report: runs.RunReport) -> dict[str, str]:
 
 
 def is_own_event_file(path: Path) -> bool:
-    """An event file tiedlm wrote: its name ends with SUFFIX, or (written before tiedlm named them
-    so) the run's text header is in its first 64 KiB."""
+    """An event file tiedlm wrote: a plain file whose name ends with SUFFIX."""
     path = Path(path)
-    if not path.name.startswith(_EVENTS) or path.is_symlink() or not path.is_file():
-        return False
-    if path.name.endswith(SUFFIX):
-        return True
-    try:
-        with open(path, "rb") as f:
-            return _HEADER_TAG in f.read(1 << 16)
-    except OSError:
-        return False
+    return (path.name.startswith(_EVENTS) and path.name.endswith(SUFFIX) and not path.is_symlink()
+            and path.is_file())
 
 
 def clear_events(folder: Path) -> list[Path]:
