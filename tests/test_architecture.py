@@ -23,7 +23,7 @@ LAYERS = [
     ["checkpoints", "figures", "tensorboard", "runs", "report_md", "process"],
     ["model", "loss", "counting", "distributed", "device"],
     ["data", "corpora"],
-    ["naming", "config", "checks", "yamlsafe"],
+    ["naming", "config", "checks", "tie", "yamlsafe"],
     ["files", "formatting", "errors", "geometry", "nats"],
 ]
 RANK = {name: (i, j) for i, layer in enumerate(LAYERS) for j, name in enumerate(layer)}

@@ -63,7 +63,7 @@ def test_export_computes_tiedlms_logits_and_tokens(trained, tmp_path, name):
     assert result.hf_perplexity == pytest.approx(result.tiedlm_perplexity, rel=1e-6)
     model, tok = hf_load(tmp_path / "hf")
     rm = load_run_model(trained[name])
-    tied = rm.model.is_tied and rm.model.tie_mode is None  # a projection or lowrank run is written untied
+    tied = rm.model.is_tied and rm.model.built_tie.stored_mode is None  # a projection or lowrank run is written untied
     assert result.tied == tied == json.loads((tmp_path / "hf" / "config.json").read_text())["tie_word_embeddings"]
     same = model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
     assert same == tied  # one tensor exactly when the run was tied
@@ -72,8 +72,8 @@ def test_export_computes_tiedlms_logits_and_tokens(trained, tmp_path, name):
     with torch.inference_mode():
         diff = (model(input_ids=x).logits - rm.model.eval()(x)).abs().max().item()
     assert diff <= 1e-5, diff
-    if rm.model.tie_mode is not None:  # lm_head is the materialised W_out: E·P, or E + A·Bᵀ
-        assert result.mode == rm.model.tie_mode and "written untied" in summary(result)
+    if rm.model.built_tie.stored_mode is not None:  # lm_head is the materialised W_out: E·P, or E + A·Bᵀ
+        assert result.mode == rm.model.built_tie.stored_mode and "written untied" in summary(result)
         assert torch.allclose(model.lm_head.weight, rm.model.output_weight(), atol=1e-6)
         assert not torch.allclose(model.lm_head.weight, rm.model.transformer.wte.weight, atol=1e-4)  # it trained
     ours = rm.data.tokenizer.encode(TEXT)

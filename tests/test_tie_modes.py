@@ -243,7 +243,7 @@ def test_train_resume_analyze_and_report_use_the_effective_w_out(tiny, tmp_path)
 
     run = train_run(tiny("model.tie_mode=lowrank", "model.untie_rank=4"), out=tmp_path, name="lr", progress=False)
     rm = load_run_model(run)
-    assert rm.model.tie_mode == "lowrank" and rm.model.head_a.abs().sum() > 0  # A moved from zero
+    assert rm.model.built_tie.mode == "lowrank" and rm.model.head_a.abs().sum() > 0  # A moved from zero
     report = runs.read_report(run)
     assert report.params["lm_head"] == 4 * (rm.model.vocab_size + rm.cfg.model.n_embd)
     assert "Tying: **lowrank r=4**" in (run / runs.REPORT_MD).read_text()

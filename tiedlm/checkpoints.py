@@ -181,6 +181,22 @@ def stored_tied(manifest: dict) -> bool:
     return manifest.get("tied") in (True, "True")
 
 
+def load_weights(model, tensors: dict, manifest: dict) -> None:
+    """Load a checkpoint's weights into `model`: the one way a resume, an evaluation, an export and
+    the kept best weights all load them, whichever form each side has. Weights of two matrices
+    (the manifest says so) into a model built tied, a run untied part-way and rebuilt from its
+    config: the model is split first (a resume splits it beforehand, with its optimizer). Weights
+    of one matrix into a split model, kept before the split: E fills both. The tie is asserted."""
+    from .model import load_model_tensors
+
+    one = stored_tied(manifest)
+    if not one and model.is_tied:
+        model.untie()
+    elif one and not model.is_tied and "transformer.wte.weight" in tensors:
+        tensors = {**tensors, "lm_head.weight": tensors["transformer.wte.weight"].clone()}
+    load_model_tensors(model, tensors, tied=model.is_tied)
+
+
 def verify_checkpoint(ckpt: Path) -> dict:
     """Check every file against the manifest's SHA-256; return the manifest."""
     mpath = ckpt / MANIFEST

@@ -16,6 +16,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+from .tie import check_stored
 
 if TYPE_CHECKING:
     from .config import Config
@@ -167,28 +168,9 @@ def _validate_model(m: Any) -> None:
     _check(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
     if m.untie_at is not None:
         _check(0.0 < m.untie_at < 1.0, f"model.untie_at must be a fraction in (0, 1), got {m.untie_at}")
-        _check(m.tie_embeddings, "model.untie_at needs model.tie_embeddings: true (only a tied model can untie)")
+        _check(not m.tie.two_matrices, "model.untie_at needs model.tie_embeddings: true (only a tied model can untie)")
     _check(m.embed_scale in EMBED_SCALES, f"model.embed_scale must be 1 or sqrt_d, got {m.embed_scale!r}")
-    _validate_tie_mode(m)
-
-
-def _validate_tie_mode(m: Any) -> None:
-    """model.tie_mode projection / lowrank (tied and untied are stored as tie_embeddings) and its rank."""
-    mode = m.tie_mode
-    _check(mode in (None, "projection", "lowrank"),
-           f"model.tie_mode must be tied, untied, projection or lowrank, got {mode!r}")
-    if mode is not None:
-        _check(m.tie_embeddings, f"model.tie_mode {mode} builds W_out from E, so it needs model.tie_embeddings: "
-                                 "true — drop model.tie_embeddings")
-        _check(m.untie_at is None, f"model.untie_at splits a tied model in two; with model.tie_mode {mode} W_out "
-                                   "is built from E and cannot split — drop one of them")
-    _check(m.untie_rank >= 0, f"model.untie_rank must be 0 or more, got {m.untie_rank}")
-    if m.untie_rank:
-        _check(mode == "lowrank", f"model.untie_rank {m.untie_rank} applies to model.tie_mode: lowrank only — set "
-                                  "it, or drop model.untie_rank")
-        _check(m.untie_rank <= m.n_embd, f"model.untie_rank {m.untie_rank} is above model.n_embd ({m.n_embd}): "
-                                         f"A·Bᵀ has rank at most {m.n_embd}, so the rest adds parameters and no rank "
-                                         f"— use at most {m.n_embd}")
+    check_stored(m)
 
 
 def _validate_train(t: Any) -> None:

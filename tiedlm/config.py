@@ -22,6 +22,7 @@ from typing import Any, Union
 
 from .checks import flatten, validate
 from .errors import ConfigError
+from .tie import Tie
 from .yamlsafe import YAML_VALUES_LIMIT, load_yaml, read_yaml_text  # noqa: F401 (sweep, tuning import load_yaml here)
 
 
@@ -81,12 +82,22 @@ class ModelConfig:
     block_size: int = 128
     dropout: float = 0.0
     bias: bool = True  # biases in Linear layers and LayerNorms (GPT-2: true)
+    # The tie, in its stored form (tie.py): read it as `.tie`, build another with `.with_tie`.
     tie_embeddings: bool = True  # W_out = E, one Parameter used twice (Press & Wolf 2017)
     untie_at: float | None = None  # fraction of training after which a tied model splits in two
     tie_mode: str | None = None  # projection | lowrank: W_out built from E (None: tie_embeddings says tied/untied)
     untie_rank: int = 0  # lowrank: W_out = E + A·Bᵀ with A (V×r), B (d×r); 0 is exactly tied
     embed_scale: str = "1"  # "1" or "sqrt_d": multiply token embeddings by sqrt(n_embd) (Vaswani et al.)
     lm_head_bias: bool = False  # a bias on the output projection; never shared
+
+    @property
+    def tie(self) -> Tie:
+        """The tie between E and W_out, the one value every module asks."""
+        return Tie.stored(self.tie_embeddings, self.tie_mode, self.untie_rank)
+
+    def with_tie(self, tie: Tie) -> ModelConfig:
+        """This model config with another tie (untie_at kept: it is the schedule, not the tie)."""
+        return dataclasses.replace(self, **tie.fields())
 
 
 @dataclass
@@ -316,20 +327,6 @@ def _one_budget(merged: dict, layer: dict) -> dict:
             if other not in train:
                 merged["train"][other] = None
     return merged
-
-
-TIE_MODES = ("tied", "untied", "projection", "lowrank")  # model.tie_mode; tied and untied are tie_embeddings
-
-
-def tie_mode_of(m: ModelConfig) -> str:
-    """The model's tying mode in full: tied, untied, projection or lowrank."""
-    return m.tie_mode or ("tied" if m.tie_embeddings else "untied")
-
-
-def tie_label(m: ModelConfig) -> str:
-    """How reports name a model's tying: tied, untied, projection, or lowrank r=8."""
-    mode = tie_mode_of(m)
-    return f"lowrank r={m.untie_rank}" if mode == "lowrank" else mode
 
 
 def _one_tying(merged: dict, layer: dict) -> dict:

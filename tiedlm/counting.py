@@ -20,17 +20,15 @@ def count_params_config(model_cfg: ModelConfig, vocab_size: int) -> dict:
     attn = d * 3 * d + b * 3 * d + d * d + b * d  # c_attn, c_proj
     mlp = d * 4 * d + b * 4 * d + 4 * d * d + b * d  # c_fc, c_proj
     block = 2 * ln + attn + mlp
-    tied = model_cfg.tie_embeddings
-    mode = model_cfg.tie_mode or ("tied" if tied else "untied")
+    tie = model_cfg.tie
+    tied = not tie.two_matrices
     wte, wpe = V * d, model_cfg.block_size * d
-    # W_out's own parameters: none when it is E; P (d×d) for projection; A (V×r) and B (d×r) for lowrank
-    extra = {"projection": d * d, "lowrank": model_cfg.untie_rank * (V + d)}.get(mode, 0)
-    lm_head = extra if tied else V * d
+    lm_head = tie.head_params(V, d)  # W_out's own parameters: none when it is E, V·d untied, P or A and B
     lm_head_bias = V if model_cfg.lm_head_bias else 0
     total = wte + wpe + L * block + ln + lm_head + lm_head_bias
     return {"total": total, "wte": wte, "lm_head": lm_head, "lm_head_bias": lm_head_bias, "wpe": wpe,
-            "non_embedding": total - wte - lm_head - wpe, "saved_by_tying": wte - extra if tied else 0,
-            "tied": tied, "tie_mode": mode, "vocab_size": V}
+            "non_embedding": total - wte - lm_head - wpe, "saved_by_tying": wte - lm_head if tied else 0,
+            "tied": tied, "tie_mode": tie.mode, "vocab_size": V}
 
 
 # Bytes per parameter while training in fp32 with AdamW: the weight, its gradient, two moments.
@@ -77,10 +75,11 @@ def flops_per_token(model_cfg: ModelConfig, vocab_size: int, tokens_per_forward:
     d, L, T, V = model_cfg.n_embd, model_cfg.n_layer, model_cfg.block_size, vocab_size
     per_layer = 2 * (3 * d * d + d * d + 8 * d * d)  # qkv, attention output, MLP (d->4d->d)
     attention = 2 * 2 * T * d  # q@k^T and att@v, per layer
-    head = 2 * d * V + (2 * d * d if model_cfg.tie_mode == "projection" else 0)
+    head = model_cfg.tie.head_flops(V, d)
     formation: float = 0  # an int unless the lowrank formation is spread over a micro-batch
-    if model_cfg.tie_mode == "lowrank" and tokens_per_forward:
-        formation = 2 * V * d * model_cfg.untie_rank / tokens_per_forward
+    per_pass = model_cfg.tie.formation_flops(V, d)
+    if per_pass is not None and tokens_per_forward:
+        formation = per_pass / tokens_per_forward
     forward = L * (per_layer + attention) + head
     out = {"forward": forward + formation, "train": 3 * (forward + formation), "head": head,
            "non_head_matmul_params": L * 12 * d * d}

@@ -233,7 +233,7 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
     from . import checkpoints, runs
     from .data import data_identity, prepare_data
     from .errors import NotARunError, RunError
-    from .model import GPT, load_model_tensors
+    from .model import GPT
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -262,9 +262,7 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
         raise RunError(f"the checkpoint has a vocabulary of {vocab} but the data prepared from the run's config "
                        f"gives {data.model_vocab_size} — the tokenizer changed; re-train the run")
     model = GPT(cfg.model, vocab)
-    if not tied and model.is_tied:  # a run untied late (untie_at) is stored as two matrices
-        model.untie()
-    load_model_tensors(model, tensors, tied=tied)
+    checkpoints.load_weights(model, tensors, manifest)  # a run untied late (untie_at) is stored as two matrices
     return RunModel(run_dir, cfg, data, model, ckpt, tied, report)
 
 

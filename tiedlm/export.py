@@ -8,7 +8,7 @@ otherwise. `lm_head_bias` has no place in GPT2LMHeadModel and is refused. A tied
 once (`tie_word_embeddings: true`), and transformers ties it on load. The projection and lowrank
 modes (`model.tie_mode`) build W_out from E, which GPT-2 cannot express: they are written untied,
 `lm_head` being the materialised W_out (E·P, or E + A·Bᵀ), and checked against tiedlm's logits
-like any other export.
+like any other export. Lowrank at rank 0, whose W_out is E (tie.py), is written tied.
 
 The folder: config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json, special_tokens_map.json. With transformers installed, the export is loaded
@@ -36,7 +36,7 @@ CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_
 @dataclass
 class ExportResult:
     out: Path
-    tied: bool  # written tied (one matrix); a projection or lowrank run is written untied
+    tied: bool  # written tied (one matrix): W_out is E; a projection or lowrank run is written untied
     checkpoint: str
     verified: bool  # loaded back with transformers and compared
     max_abs_diff: float | None = None
@@ -48,8 +48,8 @@ class ExportResult:
 
 
 def writes_tied(model: Any) -> bool:
-    """Whether the export is one shared matrix: a tied model whose W_out is E itself."""
-    return model.is_tied and getattr(model, "tie_mode", None) is None
+    """Whether the export is one shared matrix: the model's W_out is E itself now."""
+    return model.current_tie.w_out_is_e
 
 
 def check_exportable(cfg: Any, tied: bool) -> None:
@@ -120,7 +120,8 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         _write_folder(tmp, rm, model)
-        result = ExportResult(out, writes_tied(model), rm.checkpoint.name, verified=False, mode=model.tie_mode)
+        result = ExportResult(out, writes_tied(model), rm.checkpoint.name, verified=False,
+                              mode=model.built_tie.stored_mode)
         if verify:
             _verify(tmp, rm, model, result, batch)
         if out.exists():
@@ -210,7 +211,8 @@ def _verify(folder: Path, rm: Any, model: Any, result: ExportResult, batch: int)
 def summary(r: ExportResult) -> str:
     form = "tied" if r.tied else "untied"
     if r.mode is not None:
-        form = f"{r.mode}, written untied: lm_head is the materialised W_out"
+        form = f"{r.mode}, written tied: its W_out is E" if r.tied else \
+            f"{r.mode}, written untied: lm_head is the materialised W_out"
     lines = [f"exported {r.checkpoint} ({form}) to {r.out}"]
     if r.verified:
         lines.append(f"checked with transformers on {r.tokens:,} validation tokens: max |logit difference| "

@@ -30,6 +30,7 @@ from .counting import (  # noqa: F401  (the arithmetic counts; re-exported: mode
     training_memory,
 )
 from .errors import RunError
+from .tie import UNTIED, Tie
 
 
 class CausalSelfAttention(nn.Module):
@@ -100,18 +101,18 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
-        if cfg.tie_embeddings:
+        self.built_tie = cfg.tie  # the config's tie; current_tie is the tie now (untie_at splits it)
+        if not self.built_tie.two_matrices:
             self.tie()
         # The modes' extra parameters come after every other initialisation, so that their weights
         # draw nothing from the random stream the tied model's weights are drawn from: at a seed, a
         # projection or lowrank model starts with the tied model's E and blocks exactly.
-        self.tie_mode = cfg.tie_mode
-        if cfg.tie_mode == "projection":
+        if self.built_tie.mode == "projection":
             self.head_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)  # P: (d, d), applied as P h
             with torch.no_grad():
                 self.head_proj.weight.copy_(torch.eye(cfg.n_embd))
-        elif cfg.tie_mode == "lowrank":
-            r = cfg.untie_rank
+        elif self.built_tie.mode == "lowrank":
+            r = self.built_tie.rank
             self.head_a = nn.Parameter(torch.zeros(vocab_size, r))  # A: (V, r)
             b = torch.empty(cfg.n_embd, r)
             if r:
@@ -133,9 +134,14 @@ class GPT(nn.Module):
         return self.lm_head.weight is self.transformer.wte.weight
 
     @property
+    def current_tie(self) -> Tie:
+        """The tie the model has now: its config's, or untied once a tied model has split (untie_at)."""
+        return self.built_tie if self.is_tied else UNTIED
+
+    @property
     def w_out_is_e(self) -> bool:
-        """Whether the effective W_out is E itself: tied, or lowrank at rank 0."""
-        return self.is_tied and (self.tie_mode is None or (self.tie_mode == "lowrank" and self.head_a.shape[1] == 0))
+        """Whether the effective W_out is E itself now (Tie.w_out_is_e: tied, or lowrank at rank 0)."""
+        return self.current_tie.w_out_is_e
 
     def tie(self) -> None:
         """Make W_out the same Parameter as E (E's init is kept, the head's discarded)."""
@@ -162,9 +168,10 @@ class GPT(nn.Module):
         """(the head's input, its weight (V, d), its bias): logits = input @ weightᵀ + bias. Tied and
         untied: (h, W_out, b); projection: (P h, E, b), which never forms E·P; lowrank: (h, E + A·Bᵀ,
         b), formed once per call (V·d·r multiply-adds, against V·d per token for the logits)."""
-        if self.tie_mode == "projection":
+        mode = self.built_tie.mode
+        if mode == "projection":
             return self.head_proj(h), self.transformer.wte.weight, self.lm_head.bias
-        if self.tie_mode == "lowrank":
+        if mode == "lowrank":
             return h, self.transformer.wte.weight + self.head_a @ self.head_b.T, self.lm_head.bias
         return h, self.lm_head.weight, self.lm_head.bias
 
@@ -172,17 +179,29 @@ class GPT(nn.Module):
         """The effective W_out (V, d), detached: logits = h @ W_outᵀ (+ bias) for every mode. For
         projection it is E·P (logits = (P h) Eᵀ = h (E P)ᵀ)."""
         with torch.no_grad():
-            if self.tie_mode == "projection":
+            if self.built_tie.mode == "projection":
                 return self.transformer.wte.weight @ self.head_proj.weight
-            if self.tie_mode == "lowrank":
+            if self.built_tie.mode == "lowrank":
                 return self.transformer.wte.weight + self.head_a @ self.head_b.T
             return self.lm_head.weight.detach()
 
     def head_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """The modes' own parameters (P, or A and B): W_out's extra parameters beside E."""
-        names = {"projection": ["head_proj.weight"], "lowrank": ["head_a", "head_b"]}.get(self.tie_mode, [])
+        names = {"projection": ["head_proj.weight"], "lowrank": ["head_a", "head_b"]}.get(self.built_tie.mode, [])
         params = dict(self.named_parameters())
         return [(n, params[n]) for n in names]
+
+    def embedding_parameters(self) -> list[nn.Parameter]:
+        """The embedding matrices, whose weight decay train.decay_embeddings sets: E, the position
+        embeddings, W_out when it is a matrix of its own, and lowrank's A and B (a part of W_out).
+        Projection's P is a d×d map like the blocks' and is not among them."""
+        t = self.transformer
+        out = [t.wte.weight, t.wpe.weight]
+        if not self.is_tied:
+            out.append(self.lm_head.weight)
+        if self.built_tie.mode == "lowrank":
+            out += [self.head_a, self.head_b]
+        return out
 
     # ---------------------------------------------------------------- forward
 
@@ -292,7 +311,7 @@ def count_params(model: GPT) -> dict:
         "wpe": wpe,
         "non_embedding": total - wte - lm_head - wpe,  # blocks, ln_f and the head's bias
         "saved_by_tying": wte - extra if tied else 0,  # V*d, less what a mode spends on W_out
-        "tie_mode": model.tie_mode or ("tied" if tied else "untied"),
+        "tie_mode": model.current_tie.mode,
         "tied": tied,
         "vocab_size": model.vocab_size,
     }

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .config import Config, tie_label
+from .config import Config
+from .tie import Tie
 from .formatting import params_text
 
 
@@ -43,15 +44,14 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
         V = 257 if tok.kind == "byte" else tok.vocab_size
         source = "tokenizer.vocab_size (the most the tokenizer may have; --data uses its real size)"
         V = -(-V // tok.pad_to_multiple) * tok.pad_to_multiple
-    forms = {label: count_params_config(dataclasses.replace(cfg.model, tie_embeddings=tie, untie_at=None,
-                                                            tie_mode=None, untie_rank=0), V)
-             for label, tie in (("tied", True), ("untied", False))}
+    forms = {label: count_params_config(dataclasses.replace(cfg.model.with_tie(Tie(label)), untie_at=None), V)
+             for label in ("tied", "untied")}
     m = cfg.model
-    mode_label = tie_label(m)  # tied, untied, projection, lowrank r=8
-    mode = count_params_config(m, V) if m.tie_mode is not None else None
+    mode_label = m.tie.label  # tied, untied, projection, lowrank r=8
+    mode = count_params_config(m, V) if m.tie.built_from_e else None
     if mode is not None:
         forms[mode_label] = mode
-    fpt = flops_per_token(dataclasses.replace(cfg.model, tie_mode=None, untie_rank=0), V)  # tied and untied alike
+    fpt = flops_per_token(m.with_tie(Tie("tied")), V)  # tied and untied alike
     tokens = cfg.train.batch_size * m.block_size
     fmode = flops_per_token(m, V, tokens) if mode is not None else None
     t, u = forms["tied"], forms["untied"]
@@ -66,7 +66,7 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
         f"tying saves {saved:,} parameters ({100 * saved / u['total']:.1f}% of the untied model), "
         f"{16 * saved / 2**20:,.1f} MiB of fp32 weights + gradients + AdamW moments", *spent,
         *([] if mode is None else [f"FLOPs per token (train, {mode_label}): {fmode['train']:,.0f} (with A·Bᵀ formed once per "
-                                   f"micro-batch of {tokens:,} tokens)" if m.tie_mode == "lowrank" else
+                                   f"micro-batch of {tokens:,} tokens)" if m.tie.mode == "lowrank" else
                                    f"FLOPs per token (train, {mode_label}): {fmode['train']:,.0f} (P h: 2d² more per token)"]),
         f"FLOPs per token (train, tied or untied): {fpt['train']:,} — tying never saves compute; "
         f"the output projection is {100 * fpt['head'] / fpt['forward']:.1f}% of the forward matmuls"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .config import tie_label
 from .formatting import fmt, markdown_table, params_markdown
 
 if TYPE_CHECKING:
@@ -20,7 +19,7 @@ def render_report_md(r: RunReport) -> str:
     """report.json for people."""
     m = r.config.model if r.config is not None else None
     untie = f", untied at {m.untie_at} of training (step {r.untied_at_step or r.untie_step})" if m and m.untie_at else ""
-    tying = (f"Tying: **{tie_label(m)}**{untie}; embed_scale {m.embed_scale}; lm_head_bias {m.lm_head_bias}; "
+    tying = (f"Tying: **{m.tie.label}**{untie}; embed_scale {m.embed_scale}; lm_head_bias {m.lm_head_bias}; "
              if m else "Tying: unknown (its config does not load); ")
     lines = [f"# {r.name}", "", f"Status: **{r.status}**" + (f" — {r.error}" if r.error else ""), "",
              f"{tying}decay_embeddings {r.decay_embeddings}", ""]

@@ -82,14 +82,12 @@ def final_scalars(report: runs.RunReport) -> list[tuple[str, float, int]]:
 
 def run_texts(run_dir: Path, report: runs.RunReport) -> dict[str, str]:
     """The run and its parameter breakdown as Markdown, by text tag."""
-    from .config import tie_label
-
     m = report.config.model if report.config is not None else None
     if m is None:
         tie = "input/output embeddings of an unknown tying (its config does not load)"
     else:
         untie = f", untied at {m.untie_at} of training" if m.untie_at is not None else ""
-        tie = f"{tie_label(m)} input/output embeddings{untie}"
+        tie = f"{m.tie.label} input/output embeddings{untie}"
     texts = {"run": f"**{Path(run_dir).name}** — {tie}; seed {report.seed}, variant {report.config_hash}"}
     if report.params:
         rows = [f"| {key} | {value:,} |" if isinstance(value, int) else f"| {key} | {value} |"

@@ -85,24 +85,22 @@ def check_target(target: Path, overwrite: bool = False, overwrite_option: str = 
 
 
 def _may_be_untied(run_dir: Path) -> bool:
-    """Whether the run's config makes two matrices: tie_embeddings false, or an untie_at (which
-    splits the tied matrix part-way, so its latest checkpoint may be either). False when the
-    config cannot be read: such a run is refused when it is loaded, and nothing is written for it."""
+    """Whether the run's config makes a W_out other than E: untied, projection or lowrank of a
+    rank above 0 (W_out built from E is a matrix of its own), or an untie_at (which splits the tied
+    matrix part-way, so its latest checkpoint may be either). False when the config cannot be
+    read: such a run is refused when it is loaded, and nothing is written for it."""
     from .. import runs
-    from ..config import tie_mode_of
     from ..errors import TiedlmError
 
     try:
         config = runs.read_config(Path(run_dir))
     except (TiedlmError, OSError):
         return False
-    # untied, projection and lowrank (W_out built from E is a matrix of its own), or untied part-way
-    return config is not None and (tie_mode_of(config.model) != "tied" or config.model.untie_at is not None)
+    return config is not None and (not config.model.tie.w_out_is_e or config.model.untie_at is not None)
 
 
 def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample: int, seed: int, max_pairs: int,
              pairs: int, overwrite: bool = False, overwrite_option: str = "--overwrite") -> dict:
-    from ..config import tie_label
     from ..errors import ConfigError
     from .report import write_analysis
 
@@ -127,7 +125,7 @@ def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample:
     result = {
         "format": FORMAT, "run": run_dir.name, "path": str(run_dir), "checkpoint": rm.checkpoint.name,
         "status": status, "still_training": status != "finished", "tied": model.w_out_is_e,
-        "tie_mode": model.tie_mode, "tie_label": tie_label(cfg.model),
+        "tie_mode": model.built_tie.stored_mode, "tie_label": cfg.model.tie.label,
         "untied_at_step": rm.report.untied_at_step if rm.report is not None else None,
         "vocab_size": V, "model_vocab_size": data.model_vocab_size, "n_embd": cfg.model.n_embd,
         "split": split, "seed": seed, "sample": min(sample, V), "anisotropy_pairs": pairs,

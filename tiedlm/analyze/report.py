@@ -48,7 +48,7 @@ def write_analysis(result: dict, arrays: dict, out: Path, overwrite: bool = Fals
 
 
 def tie_kind(r: dict) -> str:
-    """How the run's tie is named: its config's label (config.tie_label: tied, untied, projection,
+    """How the run's tie is named: its config's label (Tie.label: tied, untied, projection,
     lowrank r=8), or "untied at step N" once an untie_at run has split."""
     if r.get("untied_at_step"):
         return "untied at step " + fmt_int(r["untied_at_step"])

@@ -8,6 +8,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..tie import UNTIED, Tie
+
 
 @dataclass
 class ParamMatch:
@@ -38,8 +40,8 @@ def match_layers(model_cfg: Any, vocab_size: int, count: Callable[[Any, int], di
     model.count_params_config (the default) or a stand-in with its signature."""
     if count is None:
         from ..counting import count_params_config as count
-    tied = dataclasses.replace(model_cfg, tie_embeddings=True, untie_at=None)
-    untied_total = count(dataclasses.replace(model_cfg, tie_embeddings=False, untie_at=None), vocab_size)["total"]
+    tied = dataclasses.replace(model_cfg.with_tie(Tie("tied")), untie_at=None)
+    untied_total = count(dataclasses.replace(model_cfg.with_tie(UNTIED), untie_at=None), vocab_size)["total"]
     tied_total = count(tied, vocab_size)["total"]
     best_layers, best_total = tied.n_layer, tied_total
     layers = tied.n_layer

@@ -18,6 +18,7 @@ from ..config import Config
 from ..errors import ConfigError
 from ..nats import perplexity, relative
 from ..naming import scalar, short_keys
+from ..tie import STORED_KEYS
 from .collect import LoadedRun
 from .stats import (
     ALPHA,
@@ -35,8 +36,7 @@ from .stats import (
 )
 
 SPLITS = ("train", "validation", "test")  # in report order; only the splits the runs have appear
-TIE_KEY = "model.tie_embeddings"
-MODE_KEYS = (TIE_KEY, "model.tie_mode", "model.untie_rank")  # one label part: tied, untied, lowrank r=8 ...
+MODE_KEYS = STORED_KEYS  # the tie's stored keys make one label part: tied, untied, lowrank r=8 ...
 TYING_KEYS = (*MODE_KEYS, "model.untie_at")  # what a matched contrast may differ in
 COST_KEYS = ("tokens_per_s", "wall_time_s", "peak_memory_bytes", "tokens_seen", "steps")
 COMPUTE_MATCH = 0.01  # training FLOPs within 1% of the reference's: compute-matched
@@ -268,7 +268,7 @@ class Candidate:
 def label_variants(configs: list[Config], ignore: Sequence[str] = ()) -> tuple[list[str], list[str]]:
     """Labels for variants' configs (seed and name excluded) and the dotted keys that tell them apart.
     `ignore`: keys that differ by design and are reported elsewhere (the tuned settings)."""
-    from ..config import diff_keys, flat, tie_label
+    from ..config import diff_keys, flat
 
     if not configs:
         return [], []
@@ -282,14 +282,14 @@ def label_variants(configs: list[Config], ignore: Sequence[str] = ()) -> tuple[l
         # The values from the whole config, so that a key that is operational in one run (eval_every
         # without keep_best) and part of the variant in another shows its real value in both labels.
         values = flat(cfg)
-        parts = [tie_label(cfg.model) if key == mode else f"{short[key]}={scalar(values[key])}"
+        parts = [cfg.model.tie.label if key == mode else f"{short[key]}={scalar(values[key])}"
                  for key in ordered if key not in MODE_KEYS or key == mode]
-        labels.append(", ".join(parts) or ("tied" if cfg.model.tie_embeddings else "untied"))  # a single variant
+        labels.append(", ".join(parts) or ("untied" if cfg.model.tie.two_matrices else "tied"))  # a single variant
     return labels, ordered
 
 
 def _is_untied(variant: Candidate | Variant) -> bool:
-    return not variant.config.model.tie_embeddings
+    return variant.config.model.tie.two_matrices
 
 
 def _baseline_by_query(variants: Sequence[Any], query: str) -> tuple[Any, str]:
@@ -412,7 +412,7 @@ def aggregate(label: str, runs: list[LoadedRun], key: str = "") -> Variant:
     # a run untied part-way (model.untie_at) ends with both matrices: count what it ends with
     params = report.params_after_untie or first.params
     return Variant(
-        label=label, config_hash=first.config_hash, config=first.config, tied=first.config.model.tie_embeddings,
+        label=label, config_hash=first.config_hash, config=first.config, tied=not first.config.model.tie.two_matrices,
         seeds=[r.seed for r in runs], runs=[r.name for r in runs],
         metrics={s: _split_metrics(runs, s) for s in SPLITS if any(run_loss(r, s) is not None for r in runs)},
         params=params if isinstance(params, dict) else {},

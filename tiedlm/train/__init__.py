@@ -258,7 +258,7 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     the checkpoint's weights, optimizer, RNG and counters applied. Returns (model, optimizer, sampler)."""
     import torch
 
-    from ..model import GPT, flops_per_token, load_model_tensors
+    from ..model import GPT, flops_per_token
 
     main = pre.dist.main
     tok_dir = run_dir / runs.TOKENIZER
@@ -271,14 +271,14 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     random.seed(cfg.seed)
     sampler = np.random.default_rng(cfg.seed)
     model = GPT(cfg.model, pre.data.model_vocab_size).to(pre.device)
-    model.check_tie(cfg.model.tie_embeddings)
+    model.check_tie(not cfg.model.tie.two_matrices)
     params = _params(model, pre.data)
     optimizer = build_optimizer(model, cfg.train)
     if pre.loaded is not None:
-        tensors, st, _ = pre.loaded
-        if st["untied"]:
+        tensors, st, manifest = pre.loaded
+        if st["untied"]:  # before the optimizer's state is loaded: W_out has a place in it
             untie_with_optimizer(model, optimizer)
-        load_model_tensors(model, tensors, tied=not st["untied"] and cfg.model.tie_embeddings)
+        checkpoints.load_weights(model, tensors, manifest)
         optimizer.load_state_dict(st["optimizer"])
         set_rng_state(st["rng"], sampler)
         state.restore(st)

@@ -122,12 +122,8 @@ def evaluate_best(run_dir: Path, model, tracker: BestTracker, evaluate) -> dict:
     """Load the kept best weights into `model` (the trained model, no longer needed as it is) and
     return evaluate(model). Weights kept while an untie_at run was still tied load into both
     matrices of the untied model."""
-    from ..checkpoints import load_checkpoint, stored_tied
-    from ..model import load_model_tensors
+    from ..checkpoints import load_checkpoint, load_weights
 
     tensors, _, manifest = load_checkpoint(Path(run_dir) / "checkpoints" / tracker.weights, with_state=False)
-    was_tied = stored_tied(manifest)
-    if was_tied and not model.is_tied:
-        tensors = {**tensors, "lm_head.weight": tensors["transformer.wte.weight"].clone()}
-    load_model_tensors(model, tensors, tied=was_tied and model.is_tied)
+    load_weights(model, tensors, manifest)
     return evaluate(model)

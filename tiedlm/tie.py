@@ -1,0 +1,116 @@
+"""The tie between the input embedding E and the output projection W_out, as one value.
+
+`model.tie_mode` names it: tied, untied, projection or lowrank (with `model.untie_rank` r);
+`model.tie_embeddings: true/false` is its short form, read while a config is parsed (config.py's
+merge rules). A config stores it as it always has (`tie_embeddings`, `tie_mode` null for tied and
+untied, `untie_rank`), so config hashes and run folders written before stay valid. Only config.py,
+this module and runs.py read those three fields; every other module asks `ModelConfig.tie`, a Tie,
+for what it needs: the label, the run tag, whether W_out is E, whether there are two matrices,
+and what the head costs in parameters and FLOPs.
+
+One answer for lowrank at rank 0: A·Bᵀ has no columns and W_out = E exactly, so W_out *is* E
+there, everywhere (the model, analysis and export). It stays a lowrank model for its label and tag.
+
+No torch here: config.py, `tiedlm params` and the CLI use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+MODES = ("tied", "untied", "projection", "lowrank")
+BUILT_FROM_E = ("projection", "lowrank")  # W_out made from E by parameters of its own
+# The dotted keys a config stores the tie under: what a diff of two configs sees of it.
+STORED_KEYS = ("model.tie_embeddings", "model.tie_mode", "model.untie_rank")
+
+
+@dataclass(frozen=True)
+class Tie:
+    mode: str = "tied"  # one of MODES
+    rank: int = 0  # lowrank's r; 0 for every other mode
+
+    @classmethod
+    def stored(cls, tie_embeddings: bool, tie_mode: str | None, untie_rank: int) -> Tie:
+        """The tie of a config's stored fields."""
+        return cls(tie_mode or ("tied" if tie_embeddings else "untied"), untie_rank)
+
+    def fields(self) -> dict[str, Any]:
+        """The stored fields of this tie (what ModelConfig.with_tie writes)."""
+        return {"tie_embeddings": self.mode != "untied", "tie_mode": self.stored_mode, "untie_rank": self.rank}
+
+    @property
+    def stored_mode(self) -> str | None:
+        """`model.tie_mode` as stored: the mode when it builds W_out from E, else None."""
+        return self.mode if self.built_from_e else None
+
+    @property
+    def label(self) -> str:
+        """How reports name it: tied, untied, projection, or lowrank r=8."""
+        return f"lowrank r={self.rank}" if self.mode == "lowrank" else self.mode
+
+    @property
+    def tag(self) -> str:
+        """How run names spell it: tied, untied, projection, or lowrank-r8."""
+        return f"lowrank-r{self.rank}" if self.mode == "lowrank" else self.mode
+
+    @property
+    def two_matrices(self) -> bool:
+        """Whether W_out is a Parameter of its own beside E (untied); otherwise W_out is E or is
+        built from it, and `lm_head.weight` is E."""
+        return self.mode == "untied"
+
+    @property
+    def built_from_e(self) -> bool:
+        """Whether W_out is built from E by parameters of its own (projection's P, lowrank's A, B)."""
+        return self.mode in BUILT_FROM_E
+
+    @property
+    def w_out_is_e(self) -> bool:
+        """Whether the effective W_out is E itself: tied, or lowrank at rank 0 (see the docstring)."""
+        return self.mode == "tied" or (self.mode == "lowrank" and self.rank == 0)
+
+    def head_params(self, vocab_size: int, n_embd: int) -> int:
+        """W_out's parameters beside E (its bias aside): V·d untied, 0 tied, P's d² for projection,
+        A's and B's r·(V + d) for lowrank."""
+        V, d = vocab_size, n_embd
+        return {"untied": V * d, "projection": d * d, "lowrank": self.rank * (V + d)}.get(self.mode, 0)
+
+    def head_flops(self, vocab_size: int, n_embd: int) -> int:
+        """Matmul FLOPs of the head per token, forward: the logits (2·d·V, tied or not: tying saves
+        no compute), and projection's P h (2·d²)."""
+        d = n_embd
+        return 2 * d * vocab_size + (2 * d * d if self.mode == "projection" else 0)
+
+    def formation_flops(self, vocab_size: int, n_embd: int) -> int | None:
+        """FLOPs of forming W_out once per forward pass, shared by the pass' tokens: lowrank's
+        E + A·Bᵀ (2·V·d·r); None for the modes that form nothing."""
+        return 2 * vocab_size * n_embd * self.rank if self.mode == "lowrank" else None
+
+
+UNTIED = Tie("untied")
+
+
+def check_stored(m: Any) -> None:
+    """The stored fields of a ModelConfig `m` make one tie, and its rank fits (config validation)."""
+    mode = m.tie_mode
+    _check(mode in (None, *BUILT_FROM_E), f"model.tie_mode must be tied, untied, projection or lowrank, got {mode!r}")
+    if mode is not None:
+        _check(m.tie_embeddings, f"model.tie_mode {mode} builds W_out from E, so it needs model.tie_embeddings: "
+                                 "true — drop model.tie_embeddings")
+        _check(m.untie_at is None, f"model.untie_at splits a tied model in two; with model.tie_mode {mode} W_out "
+                                   "is built from E and cannot split — drop one of them")
+    _check(m.untie_rank >= 0, f"model.untie_rank must be 0 or more, got {m.untie_rank}")
+    if m.untie_rank:
+        _check(mode == "lowrank", f"model.untie_rank {m.untie_rank} applies to model.tie_mode: lowrank only — set "
+                                  "it, or drop model.untie_rank")
+        _check(m.untie_rank <= m.n_embd, f"model.untie_rank {m.untie_rank} is above model.n_embd ({m.n_embd}): "
+                                         f"A·Bᵀ has rank at most {m.n_embd}, so the rest adds parameters and no rank "
+                                         f"— use at most {m.n_embd}")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
