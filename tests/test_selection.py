@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tiedlm import checkpoints, runs
 from tiedlm.config import config_hash, load_config, to_dict
@@ -302,21 +301,6 @@ def test_the_new_keys_leave_older_runs_their_hash_and_resume():
     assert config_hash(from_dict(old)) == config_hash(cfg)
     assert config_hash(cfg) == "41ab7c1512ffb7ad"  # what tiedlm computed for this config before the keys existed
     assert config_hash(load_config(None, MEMORISE + ["train.keep_best=true"])) != config_hash(cfg)
-
-
-def test_an_older_config_yaml_without_the_new_keys_is_the_same_run(tmp_path):
-    cfg = load_config(None, MEMORISE)
-    old = to_dict(cfg)
-    for leaf in ("keep_best", "early_stop_patience", "early_stop_min_delta"):
-        del old["train"][leaf]
-    run = tmp_path / "old"
-    run.mkdir()
-    (run / runs.CONFIG).write_text(yaml.safe_dump(old))
-    assert runs.existing_state(run, cfg) == "resume"
-    from tiedlm.errors import ConfigMismatchError
-
-    with pytest.raises(ConfigMismatchError, match="train.keep_best"):
-        runs.existing_state(run, load_config(None, MEMORISE + ["train.keep_best=true"]))
 
 
 def test_with_selection_on_the_evaluation_interval_is_part_of_the_variant():
