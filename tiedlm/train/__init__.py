@@ -160,15 +160,16 @@ class TrainState:
     best: BestTracker = field(default_factory=BestTracker)  # the best validation evaluation, early stopping
 
     def to_checkpoint(self) -> dict:
-        # key names as tiedlm 0.1 wrote them, so that its checkpoints resume
+        # "untied" says, before the weights are loaded, whether they are two matrices
         return {"step": self.step, "tokens": self.tokens, "skipped": self.skipped, "train_time": self.train_time,
                 "untied_at": self.untied_at_step, "untied": self.untied_at_step is not None,
                 "best": self.best.to_state()}
 
     def restore(self, st: dict) -> None:
-        """Take the counters of a checkpoint's state (what to_checkpoint wrote, or tiedlm 0.1)."""
+        """Take the counters and the best evaluation of a checkpoint's state (what to_checkpoint wrote)."""
         self.step, self.tokens, self.skipped = st["step"], st["tokens"], st["skipped"]
         self.train_time, self.untied_at_step = st["train_time"], st["untied_at"]
+        self.best = BestTracker.from_state(st["best"])
 
 
 def _train(cfg: Config, run_dir: Path, device: Any, progress: bool, stop_after_step: int | None, fresh: bool,
@@ -282,9 +283,6 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
         optimizer.load_state_dict(st["optimizer"])
         set_rng_state(st["rng"], sampler)
         state.restore(st)
-        # a checkpoint written before the tracker existed: its evaluations are in metrics.jsonl
-        state.best = BestTracker.from_state(st["best"]) if "best" in st else \
-            BestTracker.from_metrics(runs.read_metrics(run_dir), state.step, cfg.train.early_stop_min_delta)
         if main:
             runs.trim_metrics(run_dir, state.step)
             # kept best weights newer than the checkpoint belong to steps this attempt trains again

@@ -65,18 +65,6 @@ class BestTracker:
         names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in (state or {}).items() if k in names})
 
-    @classmethod
-    def from_metrics(cls, records: list[dict], up_to_step: int, min_delta: float = 0.0) -> "BestTracker":
-        """Rebuilt from metrics.jsonl's validation evaluations (a checkpoint written before the
-        tracker existed has none in its state)."""
-        tracker = cls()
-        for rec in records:
-            step, loss = rec.get("step"), rec.get("loss")
-            if (rec.get("kind") == "eval" and rec.get("split", "validation") == "validation"
-                    and isinstance(step, int) and step <= up_to_step and isinstance(loss, (int, float))):
-                tracker.observe(step, int(rec.get("tokens") or 0), float(loss), min_delta)
-        return tracker
-
     def summary(self) -> dict | None:
         """What report.json's `best` says: the best and last evaluations and how far apart they are."""
         if self.loss is None or self.last_loss is None:
