@@ -329,8 +329,8 @@ def split_floor(lang: SyntheticLanguage, s: FloorStream, unk_words: np.ndarray |
 
 def synthetic_floor(scfg: SyntheticConfig, split_words: dict[str, int], split_bytes: dict[str, int],
                     streams: dict[str, FloorStream] | None = None, unk_words: np.ndarray | None = None) -> dict:
-    """The language's expected entropy rate, per word and per byte of each split (the 0.1 keys),
-    and, given the splits' streams, each split's own floor (split_floor) under "splits".
+    """The language's expected entropy rate, per word and per byte of each split (the top-level
+    keys), and, given the splits' streams, each split's own floor (split_floor) under "splits".
 
     split_words counts the words of each split without document separators; split_bytes is the
     split's UTF-8 size with one byte per separator (as bits per byte is reported everywhere)."""

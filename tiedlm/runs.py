@@ -302,7 +302,7 @@ def _read_owner(fd: int) -> dict | None:
 # ------------------------------------------------------------------------- report.json
 
 
-# Fields whose null says something ("no error", "never untied"): written even when null, as 0.1 did.
+# Fields whose null says something ("no error", "never untied"): written even when null.
 _ALWAYS_WRITTEN = {"status", "error", "git_commit", "data_identity", "floor", "untie_step", "untied_at_step",
                    "params_after_untie"}
 _NOT_WRITTEN = {"extra", "config_problem", "_stored"}  # fields of RunReport that are not keys of report.json
@@ -314,7 +314,7 @@ class RunReport:
     compare, sweep and eval read it through read_report. Keys a reader does not know (from another
     tiedlm version) are kept in `extra` and written back unchanged."""
 
-    # in the order tiedlm 0.1 wrote them
+    # in the order report.json holds them
     format: int = FORMAT
     tiedlm_version: str | None = None
     name: str = ""
@@ -374,7 +374,7 @@ class RunReport:
                    extra={k: v for k, v in data.items() if k not in names})
 
     def to_json(self) -> dict:
-        """The fields that have a value (as tiedlm 0.1 wrote only what it knew), then `extra`."""
+        """The fields that have a value (and _ALWAYS_WRITTEN), then `extra`."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_WRITTEN}
         read, stored = self._stored
         out["config"] = stored if self.config == read else None if self.config is None else to_dict(self.config)

@@ -30,7 +30,7 @@ MATCHED_PLOT = "tying_effect.png"  # written only when the comparison has matche
 
 def _floor_ppl(variants: list[Variant]) -> tuple[float, str] | None:
     """The validation split's own floor (per token, whatever the tokenizer) and its label; None
-    for runs that recorded none (tiedlm 0.1 recorded only the expected rate, which is no bound)."""
+    for runs that recorded none (the expected rate alone is no bound, so it is not drawn)."""
     for v in variants:
         split = ((v.floor or {}).get("splits") or {}).get("validation")
         if split and number(split.get("perplexity")) is not None:
