@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tiedlm"
 LAYERS = [
     ["cli"],
     ["compare", "sweep", "slurm", "tuning", "tuning_spec", "params"],
-    ["analyze", "export", "generate", "jobs", "parallel"],
+    ["analyze", "export", "generate", "jobs", "plan", "parallel"],
     ["train"],
     ["evaluate"],
     ["checkpoints", "figures", "tensorboard", "runs", "report_md", "process"],
@@ -309,3 +309,29 @@ by_split = {s: final["train"][s] for s in splits}
     found = [f"{path.relative_to(PACKAGE)}: {f}" for name, path in modules().items()
              if name not in ("tiedlm.runs", "tiedlm.config") for f in config_dict_reads(path.read_text())]
     assert found == []
+
+
+def callbacks_and_closures(source: str) -> list[str]:
+    """The parameters annotated as callables and the functions defined inside functions: the two
+    ways one layer calls back into another's code."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            found += [f"{node.name}({a.arg}: Callable)" for a in args
+                      if a.annotation is not None and "Callable" in ast.unparse(a.annotation)]
+            found += [f"{node.name} defines {inner.name}" for inner in ast.walk(node)
+                      if inner is not node and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return found
+
+
+def test_tuning_and_the_sequential_design_call_nothing_of_their_callers():
+    """Data down, not callbacks up: tuning (TuningSearch) and the sequential design (SeedDesign)
+    return the next stage of runs and are told what was trained; the comparison's plan hands each
+    stage to an executor. None of them takes a callable or builds a closure for another to call."""
+    assert callbacks_and_closures("def f(train: Callable[[int], bool]):\n    def g():\n        pass\n") == [
+        "f(train: Callable)", "f defines g"]
+    found = {path: callbacks_and_closures((PACKAGE / path).read_text())
+             for path in ("tuning.py", "tuning_spec.py", "plan.py", "compare/sequential.py", "compare/plan.py",
+                          "compare/__init__.py")}
+    assert {path: f for path, f in found.items() if f} == {}

@@ -258,7 +258,19 @@ def test_next_decision():
         S.next_decision(stopped)
 
 
-def test_drive_trains_one_seed_per_variant_per_look_until_decided():
+def drive(train, contrast_at, **design):
+    """Run a SeedDesign as compare does: train each span it gives, tell it what was seen."""
+    seq = S.SeedDesign("auto", **design)
+    span = seq.first()
+    while span is not None:
+        ok = train(*span)
+        span = seq.after(ok, contrast_at(seq.seeds))
+    return seq.record
+
+
+def test_the_design_trains_one_seed_per_variant_per_look_until_decided(monkeypatch):
+    import tiedlm.process
+
     ps = {3: 0.2, 4: 0.01, 5: 1e-4}  # thresholds: 0.00034, 0.0016, 0.0041
     trained, lines = [], []
 
@@ -270,7 +282,8 @@ def test_drive_trains_one_seed_per_variant_per_look_until_decided():
         return types.SimpleNamespace(difference=-0.03, relative=math.expm1(-0.03), p_value=ps[n], se=0.01,
                                      df=n - 1, test="paired", power=types.SimpleNamespace(mde_relative=0.05))
 
-    seq = S.drive(train, contrast_at, log=lines.append)
+    monkeypatch.setattr(tiedlm.process, "log", lines.append)
+    seq = drive(train, contrast_at, progress=True)
     assert trained == [(0, 3), (3, 4), (4, 5)]
     assert [x.decision for x in seq.looks] == ["continue", "continue", "efficacy"] and seq.stopped_because == "efficacy"
     assert [x.threshold for x in seq.looks] == [S.threshold(n, 10) for n in (3, 4, 5)]
@@ -279,7 +292,12 @@ def test_drive_trains_one_seed_per_variant_per_look_until_decided():
     from tiedlm.compare.stats import t_ppf
     half = t_ppf(1 - last.threshold / 2, 4) * 0.01
     assert (last.ci_low, last.ci_high) == pytest.approx((math.expm1(-0.03 - half), math.expm1(-0.03 + half)))
-    assert S.drive(lambda a, b: False, contrast_at).stopped_because == "failed"
+    assert drive(lambda a, b: False, contrast_at).stopped_because == "failed"
+
+
+def test_a_fixed_number_of_seeds_is_one_stage():
+    seq = S.SeedDesign(4)
+    assert seq.first() == (0, 4) and seq.after(True) is None and seq.seeds == 4 and seq.record is None
 
 
 def test_check_auto_refuses_what_auto_cannot_take():
@@ -322,7 +340,7 @@ def stand_in(monkeypatch):
     monkeypatch.setattr(tiedlm.model, "count_params_config", gpt2_params)
     monkeypatch.setattr(tiedlm.data, "prepare_data",
                         lambda cfg, progress=True: types.SimpleNamespace(model_vocab_size=V))
-    monkeypatch.setattr(C, "write_plots", lambda c, out: None)
+    monkeypatch.setattr("tiedlm.compare.outputs.write_plots", lambda c, out: None)
     state.train = train_run
     return state
 

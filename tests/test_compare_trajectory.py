@@ -300,7 +300,8 @@ def test_the_same_tokens_keep_the_per_token_sentence(tmp_path):
 
 
 def test_the_summary_line_gives_the_path_and_whether_it_settled():
-    from tiedlm.compare.trajectory import Trajectory, TrajectoryPoint, summary_sentence
+    from tiedlm.compare.sections import summary_sentence
+    from tiedlm.compare.trajectory import Trajectory, TrajectoryPoint
 
     def point(tokens, effect):
         return TrajectoryPoint(tokens=tokens, step=None, effect=effect, ci_low=effect - 0.02, ci_high=effect + 0.02,

@@ -217,16 +217,16 @@ def test_labels_name_the_mode():
 
 
 def test_compare_config_trains_a_modes_own_variant_against_untied():
-    from tiedlm.compare import _variants
+    from tiedlm.compare.plan import CompareRequest, variants_of
 
     base = load_config(None, ["model.tie_mode=lowrank", "model.untie_rank=8"])
-    variants, _ = _variants(None, ["model.tie_mode=lowrank", "model.untie_rank=8"], None, base)
+    variants, _ = variants_of(CompareRequest(overrides=["model.tie_mode=lowrank", "model.untie_rank=8"]), base)
     assert variants == [("lowrank-r8", ["model.tie_mode=lowrank"]),
                         ("untied", ["model.tie_embeddings=false", "model.untie_rank=0"])]
     untied = load_config(None, ["model.tie_mode=lowrank", "model.untie_rank=8", *variants[1][1]])
     assert untied.model.tie_mode is None and not untied.model.tie_embeddings
     with pytest.raises(ConfigError, match="--match params adds layers to the plain tied model"):
-        _variants(None, [], "params", base)
+        variants_of(CompareRequest(match="params"), base)
 
 
 # ------------------------------------------------------------------------------- trained runs

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from tiedlm.compare.grid import MatchedContrast
-from tiedlm.compare.tying_map import TyingMap, plot_tying_map, tying_map
+from tiedlm.compare.plots import plot_tying_map
+from tiedlm.compare.tying_map import TyingMap, tying_map
 from tiedlm.compare.variants import Contrast, SplitContrast
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -502,7 +502,7 @@ def compare(
 ) -> None:
     """Compare finished runs (tied vs untied), across seeds, with intervals and plots."""
 
-    def go():  # the values are checked by compare_config and compare_runs; here, which options go together
+    def go():  # the values are checked by CompareRequest.check; here, which options go together
         from .checks import check_folder_option
 
         out = check_folder_option(out_, "--out")
@@ -518,17 +518,18 @@ def compare(
         elif runs_:
             raise ConfigError("give either --config or run folders, not both — drop one of them")
         n_seeds = _seeds_option(seeds)
-        from .compare import compare_config, compare_runs, format_terminal_table
+        from .compare import CompareRequest, compare, format_terminal_table
 
         if config is not None:
-            result = compare_config(config, set_ or [], seeds=1 if n_seeds is None else n_seeds, match=match,
-                                    runs_dir=out, baseline=baseline, progress=not quiet, overwrite=overwrite,
-                                    primary=primary, select=select, analyze=analyze,
-                                    overwrite_output=overwrite_output, tune=tune, max_seeds=max_seeds,
-                                    min_effect=min_effect, jobs=jobs)
+            req = CompareRequest(config=config, overrides=set_ or [], seeds=1 if n_seeds is None else n_seeds,
+                                 match=match, runs_dir=out, baseline=baseline, progress=not quiet,
+                                 overwrite=overwrite, primary=primary, select=select, analyze=analyze,
+                                 overwrite_output=overwrite_output, tune=tune or [], max_seeds=max_seeds,
+                                 min_effect=min_effect, jobs=jobs)
         else:
-            result = compare_runs(runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select,
-                                  analyze=analyze, overwrite_output=overwrite_output)
+            req = CompareRequest(paths=runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select,
+                                 analyze=analyze, overwrite_output=overwrite_output)
+        result = compare(req)
         typer.echo(format_terminal_table(result))
         if tensorboard:
             from .tensorboard import backfill_many, left_alone_lines

@@ -19,7 +19,6 @@ beyond fp32 tolerance fails the export and removes the folder.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import tempfile
 from dataclasses import dataclass

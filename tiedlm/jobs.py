@@ -1,11 +1,13 @@
 """Many runs, one after another or several at once (parallel.py): what `tiedlm compare --config`
-and `tiedlm sweep` train."""
+and `tiedlm sweep` train. `Executor` is the seam a plan's stages go through (plan.py): its one
+method trains a stage and says what became of each run; how (in this process, in --jobs
+processes) is its own business, and a run's numbers never depend on it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from . import runs
 from .config import Config, config_hash
@@ -13,6 +15,9 @@ from .errors import ConfigMismatchError, Interrupted, TiedlmError
 from .files import check_writable, os_error_line
 from .process import log
 from .train import train_run
+
+if TYPE_CHECKING:
+    from .plan import Stage
 
 
 @dataclass
@@ -22,6 +27,29 @@ class JobResult:
     name: str
     status: str  # skipped (finished already) | finished | failed
     error: str | None = None
+
+
+@dataclass
+class Executor:
+    """Trains a plan's stages into `out`: finished runs are skipped, a failure is kept (in
+    `failures`, by run name) and passed over. `parallel` is --jobs (a number or "auto"); `train`
+    trains one run (train_run, or a stand-in with its signature)."""
+
+    out: Path
+    progress: bool = True
+    overwrite_other_config: bool = False
+    train: Callable[..., Path] = train_run
+    parallel: int | str = 1
+    failures: dict[str, str] = field(default_factory=dict)
+    results: dict[str, JobResult] = field(default_factory=dict)
+
+    def run(self, stage: Stage) -> bool:
+        """Train the stage's runs (each name once); True when none of them failed."""
+        done = train_jobs([(r.name, r.cfg) for r in stage.unique()], self.out, self.progress,
+                          self.overwrite_other_config, self.train or train_run, self.parallel)
+        self.results.update({r.name: r for r in done})
+        self.failures.update({r.name: r.error for r in done if r.status == "failed"})
+        return all(r.status != "failed" for r in done)
 
 
 def run_is_finished(run_dir: Path, cfg: Config) -> bool:

@@ -372,12 +372,13 @@ def _tuned_cannot_list(grid: Grid) -> ConfigError:
 
 
 def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, jobs: int | str = 1) -> SweepSummary:
-    """Each grid point a variant of its own tuning (tuning.run_tuning on the tuning seeds), then
-    every seed at each point's chosen values."""
+    """Each grid point a variant of its own tuning (tuning.TuningSearch on the tuning seeds, a stage
+    at a time), then every seed at each point's chosen values."""
     from .config import load_config
-    from .jobs import train_jobs
+    from .jobs import Executor
+    from .plan import RunSource, Stage
     from .train import train_run
-    from .tuning import check_record_target, point_label, point_overrides, run_tuning, write_record
+    from .tuning import TuningSearch, check_record_target, point_label, point_overrides, write_record
 
     check_record_target(grid.out)  # refused: nothing trained
     base = load_config(grid.config, grid.set)
@@ -387,38 +388,32 @@ def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, job
     variants = [(sanitize("-".join(f"{short[k]}={scalar(v)}" for k, v in p.items())) or "tuned",
                  [f"{k}={yaml_value(v)}" for k, v in p.items()]) for p in points]
     prefix = grid.name or base.name
-    results: dict[str, Any] = {}
-
-    def make_job(suffix: str, extra: list[str], seed: int):
-        try:
-            return sanitize(f"{prefix}-{suffix}-s{seed}"), load_config(grid.config, grid.set + extra, seed=seed)
-        except ConfigError as exc:
-            raise ConfigError(f"{grid.path}: {suffix}: {exc}") from None
-
-    def train_all(todo: list) -> None:
-        unique = list({name: (name, cfg) for name, cfg in todo}.values())
-        for res in train_jobs(unique, grid.out, progress, train=train or train_run, parallel=jobs):
-            results[res.name] = res
-
+    source = RunSource(grid.config, tuple(grid.set), prefix, where=str(grid.path))
+    executor = Executor(grid.out, progress, train=train or train_run, parallel=jobs)
     selection = "kept best weights" if base.train.keep_best else "final weights"
-    tuning = run_tuning(grid.tune, variants, make_job, train_all, grid.out, grid.seeds[0], selection, base)
+    search = TuningSearch(grid.tune, variants, source, grid.out, grid.seeds[0], selection, base)
+    stage = search.next_stage()
+    while stage is not None:
+        executor.run(stage)
+        stage = search.next_stage()
+    tuning = search.tuning
     tuned_short = short_keys(tuning.keys)
-    final = []  # (variant, grid point, seed, job)
+    final = []  # (variant, grid point, seed, run)
     for (tag, _), point, v in zip(variants, points, tuning.variants):
         if v.chosen is None:
             continue
         label = sanitize(point_label(v.chosen.point, tuned_short))
         for seed in grid.seeds:
-            final.append((v, point, seed, make_job(f"{tag}-{label}", v.overrides + point_overrides(
+            final.append((v, point, seed, source.run(f"{tag}-{label}", v.overrides + point_overrides(
                 v.chosen.point, tuning.schedule), seed)))
-    train_all([job for *_, job in final])
-    write_record(grid.out, tuning, [name for *_, (name, _) in final])
+    executor.run(Stage("every seed at each point's choice", [run for *_, run in final]))
+    write_record(grid.out, tuning, [run.name for *_, run in final])
     summary = SweepSummary(dry_run=False, out=str(grid.out), total=len(final), tuning=tuning)
-    for v, point, seed, (name, _) in final:
-        res = results.get(name)
-        summary.runs.append(SweepEntry(name=name, status=res.status if res else "skipped",
+    for v, point, seed, run in final:
+        res = executor.results.get(run.name)
+        summary.runs.append(SweepEntry(name=run.name, status=res.status if res else "skipped",
                                        error=res.error if res else None, seed=seed,
-                                       point={**point, **v.chosen.point}, path=str(grid.out / name)))
+                                       point={**point, **v.chosen.point}, path=str(grid.out / run.name)))
     for v in tuning.variants:
         if v.chosen is None:
             summary.runs.append(SweepEntry(name=f"{prefix}-{v.tag}", status="failed", seed=grid.seeds[0],

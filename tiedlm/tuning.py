@@ -30,14 +30,16 @@ The block and `--tune` are read and checked in tuning_spec.py.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .errors import ConfigError
 from .nats import perplexity
+from .plan import PlannedRun, RunSource, Stage
 from .naming import sanitize, scalar, short_keys
 from .tuning_spec import (EXTEND_LIMIT, SETTINGS, TuneSpec, _paired, read_tune_block,  # noqa: F401 (also tuning's)
                           spec_from_block, spec_from_options)
@@ -183,6 +185,15 @@ class Tuning:
         axis, which no edge can extend): nothing was compared, so nothing was chosen. Else None."""
         return single_point([[p.label for p in v.points] for v in self.variants])
 
+    def labels(self) -> list[str]:
+        """Every point any variant tried, in grid order (the first axis' values ascending)."""
+        seen: dict[str, dict] = {}
+        for v in self.variants:
+            for p in v.points:
+                seen.setdefault(p.label, p.point)
+        order = lambda x: (0, x) if isinstance(x, (int, float)) else (1, str(x))  # noqa: E731
+        return sorted(seen, key=lambda lab: tuple(order(x) for x in seen[lab].values()))
+
     def to_json(self) -> dict:
         return {"keys": self.keys, "seeds": self.seeds, "selected_on": "validation", "selection": self.selection,
                 "spec": self.spec.to_json(), "schedule": self.schedule,
@@ -273,74 +284,93 @@ def _edge_note(v: VariantTuning, edges: list[tuple[str, int]], why: dict[tuple[s
     return "; ".join(parts) + " — the best value may lie beyond"
 
 
-def run_tuning(spec: TuneSpec, variants: list[tuple[str, list[str]]], make_job: Callable[[str, list[str], int], Any],
-               train_all: Callable[[list], None], runs_dir: Path, first_seed: int, selection: str,
-               base: Any) -> Tuning:
-    """Train every variant at every point on the tuning seeds, extend at edges, choose on validation.
-    make_job(name_suffix, overrides, seed) -> (run name, Config) (a ConfigError for a point the
-    config refuses); train_all(jobs) trains what is not finished."""
-    seeds = spec.seeds if spec.seeds is not None else [first_seed]
-    short = short_keys(spec.keys)
-    schedule = schedule_overrides(spec, base)
-    tuning = Tuning(spec=spec, keys=spec.keys, seeds=seeds, selection=selection, variants=[], schedule=schedule)
-    for tag, extra in variants:
-        tuning.variants.append(VariantTuning(tag=tag, overrides=extra, axes={k: list(v) for k, v in spec.axes.items()}))
+class TuningSearch:
+    """Every variant's grid on the tuning seeds, extended past an edge where the choice lies, each
+    variant's point chosen on validation. A stage at a time: `next_stage` gives the runs to train
+    (a Stage), and, called again once they are trained, reads them (each point scored once) and
+    gives the next, or None when every choice is interior or its edge is final; `tuning` is then
+    complete. `variants` are (tag, overrides) pairs; `source` makes each run (a ConfigError for a
+    point the config refuses)."""
 
-    def add(v: VariantTuning, point: dict[str, Any]) -> tuple[TunedPoint | None, list]:
-        """A point new to the variant and its jobs ((None, []) when it has it already); a ConfigError
-        when the config refuses the point."""
-        label = point_label(point, short)
+    def __init__(self, spec: TuneSpec, variants: list[tuple[str, list[str]]], source: RunSource,
+                 runs_dir: Path, first_seed: int, selection: str, base: Any):
+        self.spec, self.source, self.runs_dir = spec, source, Path(runs_dir)
+        self.seeds = spec.seeds if spec.seeds is not None else [first_seed]
+        self.short = short_keys(spec.keys)
+        self.tuning = Tuning(spec=spec, keys=spec.keys, seeds=self.seeds, selection=selection, variants=[],
+                             schedule=schedule_overrides(spec, base))
+        self.why: dict[tuple[str, str, int], str] = {}  # why an edge was not extended
+        self.fresh: list[TunedPoint] = []  # points planned and not yet scored
+        runs: list[PlannedRun] = []
+        for tag, extra in variants:
+            v = VariantTuning(tag=tag, overrides=extra, axes={k: list(vals) for k, vals in spec.axes.items()})
+            self.tuning.variants.append(v)
+            for p in points(spec, v.axes):
+                runs += self._add(v, p)
+        self.pending: Stage | None = Stage("tuning grid", runs) if self.fresh else None
+        if self.pending is None:
+            self._finish()
+
+    def _add(self, v: VariantTuning, point: dict[str, Any]) -> list[PlannedRun]:
+        """The runs of a point new to the variant ([] when it has it already)."""
+        label = point_label(point, self.short)
         if v.point(label) is not None:
-            return None, []
-        jobs = [make_job(f"{v.tag}-{sanitize(label)}", v.overrides + point_overrides(point, schedule), s)
-                for s in seeds]
-        tp = TunedPoint(point=point, label=label, runs={s: j[0] for s, j in zip(seeds, jobs)})
+            return []
+        runs = [self.source.run(f"{v.tag}-{sanitize(label)}", v.overrides + point_overrides(point, self.tuning.schedule),
+                                s) for s in self.seeds]
+        tp = TunedPoint(point=point, label=label, runs={s: r.name for s, r in zip(self.seeds, runs)})
         v.points.append(tp)
-        return tp, jobs
+        self.fresh.append(tp)
+        return runs
 
-    why: dict[tuple[str, str, int], str] = {}
-    fresh: list[TunedPoint] = []  # points not trained and scored yet, and their jobs
-    jobs: list = []
-    for v in tuning.variants:
-        for p in points(spec, v.axes):
-            tp, todo = add(v, p)
-            fresh += [tp] if tp is not None else []
-            jobs += todo
-    while fresh:
-        train_all(jobs)
-        for tp in fresh:  # each point is scored once, when its runs are done
-            _score(tp, runs_dir)
-        fresh, jobs = [], []
-        for v in tuning.variants:
-            v.chosen = _choose(v)
-            for axis, d in _edges(v):
-                steps = v.extensions.get(f"{axis}:{d:+d}", 0)
-                if not spec.extend:
-                    why[(v.tag, axis, d)] = "tune.extend is off"
-                    continue
-                if steps >= spec.extend_limit:
-                    why[(v.tag, axis, d)] = f"extended {steps} time{'s' * (steps != 1)}, the limit (tune.extend_limit)"
-                    continue
-                new = extend_value(v.axes[axis], v.chosen.point[axis], d, whole_key(axis))
-                tp, todo = None, []
-                if new is not None:
-                    try:
-                        tp, todo = add(v, {**v.chosen.point, axis: new})
-                    except ConfigError:  # beyond what the config accepts (a negative rate, say)
-                        pass
-                if tp is None:
-                    why[(v.tag, axis, d)] = "no valid value beyond it"
-                    continue
-                v.axes[axis] = sorted(v.axes[axis] + [new])
-                v.extensions[f"{axis}:{d:+d}"] = steps + 1
-                fresh.append(tp)
-                jobs += todo
-    for v in tuning.variants:
-        edges = _edges(v)
-        v.edge = _edge_note(v, edges, {(a, d): why.get((v.tag, a, d), "") for a, d in edges})
-    tuning.runs = sum(len(p.runs) for v in tuning.variants for p in v.points)
-    tuning.tokens = sum(p.tokens for v in tuning.variants for p in v.points)
-    return tuning
+    def next_stage(self) -> Stage | None:
+        if self.pending is not None:
+            stage, self.pending = self.pending, None
+            return stage
+        if not self.fresh:
+            return None
+        for tp in self.fresh:  # each point is scored once, when its runs are done
+            _score(tp, self.runs_dir)
+        self.fresh = []
+        runs = [run for v in self.tuning.variants for run in self._extend(v)]
+        if not self.fresh:
+            self._finish()
+            return None
+        return Stage("steps past the grid's edges", runs)
+
+    def _extend(self, v: VariantTuning) -> list[PlannedRun]:
+        """Choose the variant's point and plan a step past each edge it lies on (within the limit)."""
+        spec, runs = self.spec, []
+        v.chosen = _choose(v)
+        for axis, d in _edges(v):
+            steps = v.extensions.get(f"{axis}:{d:+d}", 0)
+            if not spec.extend:
+                self.why[(v.tag, axis, d)] = "tune.extend is off"
+                continue
+            if steps >= spec.extend_limit:
+                self.why[(v.tag, axis, d)] = f"extended {steps} time{'s' * (steps != 1)}, the limit (tune.extend_limit)"
+                continue
+            new = extend_value(v.axes[axis], v.chosen.point[axis], d, whole_key(axis))
+            todo: list[PlannedRun] = []
+            if new is not None:
+                try:
+                    todo = self._add(v, {**v.chosen.point, axis: new})
+                except ConfigError:  # beyond what the config accepts (a negative rate, say)
+                    pass
+            if not todo:
+                self.why[(v.tag, axis, d)] = "no valid value beyond it"
+                continue
+            v.axes[axis] = sorted(v.axes[axis] + [new])
+            v.extensions[f"{axis}:{d:+d}"] = steps + 1
+            runs += todo
+        return runs
+
+    def _finish(self) -> None:
+        for v in self.tuning.variants:
+            edges = _edges(v)
+            v.edge = _edge_note(v, edges, {(a, d): self.why.get((v.tag, a, d), "") for a, d in edges})
+        self.tuning.runs = sum(len(p.runs) for v in self.tuning.variants for p in v.points)
+        self.tuning.tokens = sum(p.tokens for v in self.tuning.variants for p in v.points)
 
 
 def shared_point(tuning: Tuning, base: Any) -> dict[str, Any] | None:
@@ -449,23 +479,20 @@ def read_record(folder: Path, run_dirs: list[Path]) -> TuningRecord | None:
 
     folder = Path(folder)
     path = folder / RECORD
-
-    def ignored(why: str) -> TuningRecord:
-        return TuningRecord(folder, [], [], [], {}, ignored=why)
-
+    ignored = functools.partial(TuningRecord, folder, [], [], [], {})  # a record that says why it is not used
     if not path.exists():
-        return ignored(f"{path}, which a tuned sweep wrote, is missing") if written_here(folder, RECORD) else None
+        return ignored(ignored=f"{path}, which a tuned sweep wrote, is missing") if written_here(folder, RECORD) else None
     if foreign_files(folder, [RECORD]):
-        return ignored(f"{path} was not written by tiedlm, or was changed since")
+        return ignored(ignored=f"{path} was not written by tiedlm, or was changed since")
     data = read_json(path)
     keys, chosen, runs = (data.get(k) for k in ("keys", "chosen", "runs")) if isinstance(data, dict) else (None,) * 3
     if (not isinstance(data, dict) or data.get("format") != 1
             or not all(isinstance(x, list) and all(isinstance(i, str) for i in x) for x in (keys, chosen, runs))):
-        return ignored(f"{path} is not a tuning record this tiedlm reads")
+        return ignored(ignored=f"{path} is not a tuning record this tiedlm reads")
     strangers = sorted(Path(d).name for d in run_dirs
                        if Path(d).resolve().parent != folder.resolve() or Path(d).name not in set(runs))
     if strangers:
         more = ", …" if len(strangers) > 3 else ""
-        return ignored(f"{len(strangers)} run{'s' * (len(strangers) != 1)} here the sweep did not train "
+        return ignored(ignored=f"{len(strangers)} run{'s' * (len(strangers) != 1)} here the sweep did not train "
                        f"({', '.join(strangers[:3])}{more}: renamed, or added since)")
     return TuningRecord(folder, keys, chosen, runs, data.get("tuning") if isinstance(data.get("tuning"), dict) else {})

@@ -8,18 +8,17 @@ path (the bigram path softmax(W_out · LN_f(E[t]))) should cost little. Over the
 predicted signs of Spearman's ρ with the effect are: CKA −, rotated cosine −, the direct path's
 cost of W_out := E (the loss with E minus the loss with W_out) +. Each ρ is tested with the
 t approximation scipy.stats.spearmanr uses (t = ρ·√((n − 2)/(1 − ρ²)), n − 2 degrees of freedom), or
-exactly over every ordering up to EXACT_CELLS cells; with a dozen cells it is a weak test, and the
+exactly over every ordering up to stats.EXACT_CELLS cells; with a dozen cells it is a weak test, and the
 lines say how many cells it rests on.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from ..formatting import fmt_signed, percent
-from .stats import number, t_two_sided_p
+from .stats import number, spearman_test
 
 # (key in the variant's matrices or computed here, label, the sign of ρ the symmetry argument predicts)
 MEASURES = (("cka", "untied CKA", -1), ("aligned_cosine", "untied rotated cosine", -1),
@@ -59,38 +58,6 @@ def cell_measures(tmap: Any, variants: Sequence[Any]) -> dict:
             m["direct_path_cost"] = forced - own if own is not None and forced is not None else None
         out[at] = m
     return out
-
-
-EXACT_CELLS = 8  # up to this many cells the p-value is exact (every ordering, 8! = 40,320); above, the t approximation
-
-
-def spearman_test(x: Sequence[float], y: Sequence[float]) -> tuple[float | None, float | None]:
-    """(ρ, two-sided p): ρ as scipy.stats.spearmanr gives it (ties at average ranks); p exact for
-    n ≤ EXACT_CELLS (the share of the n! orderings of y whose |ρ| reaches the observed one: with few
-    cells the t approximation is far off, e.g. 4 cells in perfect order have p = 2/24, not 0), else
-    scipy's t approximation (t = ρ·√((n − 2)/(1 − ρ²)), n − 2 degrees of freedom). (None, None) when
-    ρ is undefined."""
-    from ..geometry import average_ranks, spearman
-
-    n = len(x)
-    rho = spearman(list(x), list(y)) if n >= 2 else math.nan
-    if not math.isfinite(rho):
-        return None, None
-    if n <= EXACT_CELLS:
-        import itertools
-
-        import numpy as np
-        import torch
-
-        rx, ry = (average_ranks(torch.tensor(v, dtype=torch.float64)).numpy() for v in (x, y))
-        rx, ry = rx - rx.mean(), ry - ry.mean()
-        perms = np.array(list(itertools.permutations(range(n))))
-        rhos = (ry[perms] @ rx) / math.sqrt(float(rx @ rx) * float(ry @ ry))
-        return rho, float(np.mean(np.abs(rhos) >= abs(rho) - 1e-12))
-    if abs(rho) >= 1.0:
-        return rho, 0.0
-    t = rho * math.sqrt((n - 2) / (1.0 - rho * rho))
-    return rho, t_two_sided_p(t, n - 2)
 
 
 def correlations(tmap: Any, measures: dict) -> list[MeasureCorrelation]:

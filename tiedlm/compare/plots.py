@@ -11,21 +11,30 @@ switch the caller's backend or leave figures in pyplot's registry.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..figures import empty_panel, figure, plain_ticks
+from ..formatting import percent
+from ..naming import scalar
 from .comparison import Comparison
 from .stats import number
-from .trajectory import TRAJECTORY_PLOT, plot_trajectory
+from .trajectory import ONE_SEED, SPLIT, Trajectory
 from .variants import Variant
 
+if TYPE_CHECKING:
+    from ..tuning import Tuning
+    from .tying_map import TyingMap
+
+TRAJECTORY_PLOT = "tying_effect_vs_tokens.png"  # each contrast's effect over training
 PLOTS = {
     "curve": "perplexity_vs_tokens.png",
     "params": "perplexity_vs_params.png",
     "buckets": "bucket_loss.png",
-    "trajectory": TRAJECTORY_PLOT,  # the effect of each contrast over training (trajectory.py)
+    "trajectory": TRAJECTORY_PLOT,  # the effect of each contrast over training (trajectory.py computes it)
 }
 MATCHED_PLOT = "tying_effect.png"  # written only when the comparison has matched contrasts
+TYING_MAP_PLOT = "tying_map.png"  # a two-key grid's map (tying_map.py)
+TUNE_PLOT = "tune_curves.png"  # a tuned comparison's validation perplexity against the tuned value
 
 
 def _floor_ppl(variants: list[Variant]) -> tuple[float, str] | None:
@@ -176,3 +185,170 @@ def write_plots(c: Comparison, out: Path) -> None:
     plot_trajectory(c, out / PLOTS["trajectory"])
     if c.matched:
         plot_tying_effect(c, out / MATCHED_PLOT)
+
+
+# ============================================================================ the effect over training
+
+
+def _is_tying(c: Comparison) -> bool:
+    """Every contrast is a tied variant against an untied one."""
+    by_label = {v.label: v for v in c.variants}
+    return bool(c.trajectories) and all(by_label[t.variant].tied and by_label[t.reference].tied is False
+                                        for t in c.trajectories.values() if t.variant in by_label
+                                        and t.reference in by_label)
+
+
+def _draw(ax: Any, t: Trajectory, color: str, label: str) -> None:
+    pts = [p for p in t.points if p.effect is not None]
+    xs = [p.tokens for p in pts]
+    ax.plot(xs, [p.effect * 100 for p in pts], color=color, marker="o", markersize=3, label=label)
+    band = [p for p in pts if p.ci_low is not None]
+    if band:
+        ax.fill_between([p.tokens for p in band], [p.ci_low * 100 for p in band], [p.ci_high * 100 for p in band],
+                        color=color, alpha=0.2, linewidth=0)
+    if t.crossover:
+        ax.scatter([t.crossover.tokens], [0.0], color=color, marker="X", s=70, zorder=4, edgecolors="black",
+                   linewidths=0.5)
+        ax.annotate(t.crossover.text, (t.crossover.tokens, 0.0), textcoords="offset points", xytext=(6, 8),
+                    fontsize=7, color="0.25")
+
+
+def plot_trajectory(c: Comparison, path: Path) -> None:
+    """tying_effect_vs_tokens.png: the effect (%) against tokens seen, a line and a 95% band per
+    contrast, the zero line, each crossover marked."""
+    what = "Tying effect" if _is_tying(c) else "Effect"
+    better = "tying" if what == "Tying effect" else "the variant"
+    title = f"{what} over training on validation: exp(Δloss) − 1 with 95% CI (negative: {better} is better)"
+    with figure(path, title) as ax:
+        shown = [(v, c.trajectories[v.label]) for v in c.variants if v.label in c.trajectories
+                 and c.trajectories[v.label].points]
+        if not shown:
+            empty_panel(ax, "no contrast with periodic validation evaluations shared by every run")
+            return
+        matched = {m.tied: m.label for m in c.matched}
+        for i, (v, t) in enumerate(shown):
+            _draw(ax, t, f"C{i % 10}", matched.get(v.label) or f"{t.variant} vs {t.reference}")
+        if any(t.crossover for _, t in shown):
+            ax.scatter([], [], color="0.6", marker="X", edgecolors="black", linewidths=0.5,
+                       label="crossover (the last change of sign)")
+        ax.axhline(0.0, color="0.3", linewidth=1, linestyle="--")
+        plain_ticks(ax, "x")
+        ax.set_xlabel("tokens seen")
+        ax.set_ylabel(f"{what.lower()} on validation perplexity (%)")
+        notes = [ONE_SEED] if all(p.ci_low is None for _, t in shown for p in t.points) else []
+        if c.select == "best" or c.primary != SPLIT:
+            notes.append(f"the verdict is on {c.primary}; only validation is evaluated during training")
+        if notes:
+            ax.text(0.01, 0.01, "; ".join(notes), transform=ax.transAxes, fontsize=7, color="0.35", va="bottom")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+
+
+# ============================================================================ the tying map
+
+
+def plot_tying_map(tmap: TyingMap, path: Path) -> None:
+    """tying_map.png: the effect per cell on a diverging colormap centred at 0 (red: tying hurts,
+    blue: tying helps), each cell annotated with its effect and 95% interval, significant cells
+    framed and starred, missing cells hatched grey, the crossover drawn along the cell edges
+    (solid where both sides are significant, dashed otherwise). Written atomically."""
+    title = f"Tying effect on {tmap.split} perplexity: tied / untied − 1 (negative: tying helps)"
+    with figure(path, title) as ax:
+        draw_tying_map(ax, tmap)
+
+
+def draw_tying_map(ax: Any, t: TyingMap) -> None:
+    """The map on the axes ax (cell (row i, column j) centred at x=j, y=i), with its colorbar and legend."""
+    import numpy as np
+    from matplotlib import patheffects
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.ticker import FuncFormatter
+
+    nr, nc = len(t.rows), len(t.cols)
+    data = np.full((nr, nc), np.nan)
+    for i, r in enumerate(t.rows):
+        for j, c in enumerate(t.cols):
+            cell = t.known(r, c)
+            if cell is not None:
+                data[i, j] = cell.effect
+    vmax = float(np.nanmax(np.abs(data))) or 0.01
+    im = ax.imshow(np.ma.masked_invalid(data), cmap="RdBu_r", vmin=-vmax, vmax=vmax, origin="lower", aspect="auto")
+    size = 8 if max(nr, nc) <= 4 else 6 if max(nr, nc) <= 7 else 4
+    for i, r in enumerate(t.rows):
+        for j, c in enumerate(t.cols):
+            cell = t.known(r, c)
+            if cell is None:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="0.85", edgecolor="0.6", hatch="//",
+                                       linewidth=0))
+                ax.text(j, i, "no result", ha="center", va="center", fontsize=size, color="0.35")
+                continue
+            ci = "no CI" if cell.ci_low is None else f"{percent(cell.ci_low, 1)} to {percent(cell.ci_high, 1)}"
+            star = "*" if cell.significant else ""
+            dark = abs(cell.effect) > 0.6 * vmax
+            ax.text(j, i, f"{percent(cell.effect, 1)}{star}\n{ci}", ha="center", va="center", fontsize=size,
+                    color="white" if dark else "black", fontweight="bold" if cell.significant else "normal")
+            if cell.significant:
+                ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, edgecolor="black", linewidth=2.5))
+    stroke = [patheffects.withStroke(linewidth=6, foreground="black")]
+    for a, b in t.crossover:
+        (i1, j1), (i2, j2) = [(t.rows.index(r), t.cols.index(c)) for r, c in (a, b)]
+        if i1 == i2:  # neighbours in a row: the vertical edge between them
+            xs, ys = [max(j1, j2) - 0.5] * 2, [i1 - 0.5, i1 + 0.5]
+        else:
+            xs, ys = [j1 - 0.5, j1 + 0.5], [max(i1, i2) - 0.5] * 2
+        ax.plot(xs, ys, color="gold", linewidth=4, solid_capstyle="butt", path_effects=stroke, zorder=5,
+                linestyle="-" if t.significant_sides((a, b)) == 2 else (0, (2, 1.2)))
+    ax.set_xlim(-0.5, nc - 0.5)
+    ax.set_ylim(-0.5, nr - 0.5)
+    ax.set_xticks(range(nc))
+    ax.set_xticklabels([scalar(c) for c in t.cols])
+    ax.set_yticks(range(nr))
+    ax.set_yticklabels([scalar(r) for r in t.rows])
+    ax.set_xlabel(t.col_short)
+    ax.set_ylabel(t.row_short)
+    bar = ax.figure.colorbar(im, ax=ax)
+    bar.set_label(f"tying effect on {t.split} perplexity")
+    bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda x, _: percent(x, 1) if abs(x) > 1e-12 else "0%"))
+    handles = [Patch(facecolor="white", edgecolor="black", linewidth=2.5, label="* 95% CI excludes 0"),
+               Patch(facecolor="0.85", edgecolor="0.6", hatch="//", label="no result"),
+               Line2D([], [], color="gold", linewidth=4, path_effects=stroke,
+                      label="sign change, both sides significant"),
+               Line2D([], [], color="gold", linewidth=4, linestyle=(0, (2, 1.2)), path_effects=stroke,
+                      label="sign change, not significant on both sides")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=7,
+              title="red: tying hurts, blue: tying helps; each cell: effect, then its 95% CI", title_fontsize=7)
+
+
+# ============================================================================ the tuning
+
+
+def plot_tuning(tuning: Tuning, path: Path) -> None:
+    """Validation perplexity against the tuned value, a line per variant, each choice ringed. One
+    numeric axis: against its value (log scale when all are positive); otherwise against the points."""
+    labels = tuning.labels()
+    axes = tuning.spec.axes
+    numeric = len(axes) == 1 and not any(isinstance(x, dict) for x in next(iter(axes.values())))
+    key = next(iter(axes)) if numeric else None
+    title = f"Tuning on validation ({tuning.selection}); ringed: each variant's choice"
+    with figure(path, title) as ax:
+        for v in tuning.variants:
+            pts = sorted(((p, labels.index(p.label)) for p in v.points if p.perplexity is not None), key=lambda t: t[1])
+            xs = [p.point[key] if numeric else i for p, i in pts]
+            ax.plot(xs, [p.perplexity for p, _ in pts], marker="o", label=v.tag)
+            if v.chosen is not None and v.chosen.perplexity is not None:
+                x = v.chosen.point[key] if numeric else labels.index(v.chosen.label)
+                ax.scatter([x], [v.chosen.perplexity], s=160, facecolors="none", edgecolors="black", zorder=3)
+        if numeric:
+            values = [p.point[key] for v in tuning.variants for p in v.points]
+            if values and all(x > 0 for x in values):
+                ax.set_xscale("log")
+            ax.set_xlabel(key)
+        else:
+            ax.set_xticks(range(len(labels)))
+            ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+            ax.set_xlabel("point of the tuning grid")
+        ax.set_ylabel("validation perplexity")
+        ax.set_yscale("log")
+        plain_ticks(ax, "y", log=True)
+        ax.legend()

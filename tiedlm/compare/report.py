@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from typing import Any
 
@@ -24,12 +23,10 @@ from ..formatting import (
     text_table,
 )
 from .comparison import Comparison, RunRow
-from .plots import MATCHED_PLOT, PLOTS
-from .sequential import markdown as sequential_markdown, terminal_lines as sequential_lines
+from .plots import MATCHED_PLOT, PLOTS, TYING_MAP_PLOT
 from .stats import GeometricSummary, Summary, TestResult
-from .trajectory import markdown as trajectory_markdown, terminal_lines as trajectory_lines
-from .tuning_report import markdown as tuning_markdown, terminal_lines as tuning_lines
-from .tying_map import TYING_MAP_PLOT
+from .sections import (sequential_lines, sequential_markdown, trajectory_lines, trajectory_markdown, tuning_lines,
+                       tuning_markdown)
 from .variants import SPLITS, SplitContrast, Variant
 from .verdicts import decay_line, fmt_flops, plural, roles, test_words
 

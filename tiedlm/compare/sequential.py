@@ -34,8 +34,8 @@ A group-sequential design on the primary endpoint's one contrast (tied vs untied
   difference: stats' convention, as SciPy's) is significant at any level. When a failed run breaks
   the pairing the design stops there (the t-test is then Welch's, held to the same threshold).
 
-Pure apart from `drive` and `settle_seeds` (which train through the callables they are given) and
-`contrast_of` (which reads the runs).
+Pure: SeedDesign says which seeds to train next from what it is told of the trained ones; it
+trains and reads nothing.
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
+from ..formatting import percent
 from ..nats import relative
-from .stats import ALPHA, norm_cdf, t_sf
+from .stats import ALPHA, norm_cdf, significant, t_sf
 
 FIRST_SEEDS = 3  # seeds per variant at the first look
 MAX_SEEDS = 10  # --max-seeds default
@@ -199,9 +200,8 @@ class Look:
 
 
 def efficacy(p_value: float | None, threshold_: float) -> bool:
-    """Significant at the look's adjusted level: p < threshold, or p = 0 (no spread between seeds
-    and a difference: significant at any level)."""
-    return p_value is not None and (p_value < threshold_ or p_value == 0.0)
+    """Significant at the look's adjusted level (stats.significant, at threshold_)."""
+    return bool(significant(p_value, threshold_))
 
 
 def next_decision(looks: Sequence[Look], max_seeds: int = MAX_SEEDS, alpha: float = ALPHA,
@@ -283,7 +283,7 @@ class Sequential:
         includes = "excludes" if last and efficacy(last.p_value, last.threshold) else "includes"
         if why == "futility":
             return (f"{head}; stopped {at} for futility: the seeds already detect effects down to "
-                    f"+{last.mde_relative * 100:.2f}% (80% power, α = 0.05), below --min-effect "
+                    f"{percent(last.mde_relative)} (80% power, α = 0.05), below --min-effect "
                     f"{self.min_effect * 100:g}%, and {level} {includes} 0.")
         if why == "max":
             return f"{head}; stopped at the maximum, {at}: {level} {includes} 0."
@@ -326,8 +326,6 @@ class Sequential:
         last = self.looks[-1] if self.looks else None
         interval = ""
         if last is not None and last.ci_low is not None:
-            from ..formatting import percent
-
             interval = (f"; its {(1 - self.threshold) * 100:.2f}% interval, {percent(last.ci_low)} to "
                         f"{percent(last.ci_high)}, {'excludes' if d.significant else 'includes'} 0%")
         p = fmt_p(d.p_value) + ", " if d.p_value is not None else None
@@ -392,99 +390,48 @@ def check_auto(seeds: Any, max_seeds: int | None, min_effect: float | None, matc
     return max_seeds, float(min_effect)
 
 
-def drive(train: Callable[[int, int], bool], contrast_at: Callable[[int], Any], max_seeds: int = MAX_SEEDS,
-          min_effect: float = MIN_EFFECT, alpha: float = ALPHA, log: Callable[[str], None] | None = None) -> Sequential:
-    """Run the design: train(first, stop) trains seed indices first .. stop − 1 of every variant
-    (True when none failed); contrast_at(n) is the primary contrast over the first n seeds (a
-    SplitContrast, or None). Looks after FIRST_SEEDS seeds, then after each further seed, until
-    next_decision stops it (or a run fails to train)."""
-    seq = Sequential(max_seeds=max_seeds, min_effect=min_effect, alpha=alpha)
-    rows = {b.seeds: b for b in design(max_seeds, alpha)}
-    n, trained = FIRST_SEEDS, 0
-    while True:
-        ok = train(trained, n)
-        trained = n
-        look = look_at(contrast_at(n), n, rows[n].threshold)
+class SeedDesign:
+    """How many seeds each variant trains: a fixed number, all at once, or the sequential design
+    (--seeds auto), which looks at the primary contrast after FIRST_SEEDS seeds per variant and
+    after each further one until next_decision stops it (or a run fails to train). A stage at a
+    time: `first` and then `after` give the seed indices to train next, (first, stop), or None;
+    `after` is told whether the stage trained and, for the design, the primary contrast over the
+    seeds trained so far (a SplitContrast, or None). `seeds` is then the number per variant and
+    `record` the design's record (None for a fixed number)."""
+
+    def __init__(self, seeds: Any, max_seeds: int = MAX_SEEDS, min_effect: float = MIN_EFFECT,
+                 alpha: float = ALPHA, progress: bool = False):
+        self.auto = seeds == "auto"
+        self.seeds = FIRST_SEEDS if self.auto else int(seeds)
+        self.progress = progress
+        self.record = Sequential(max_seeds=max_seeds, min_effect=min_effect, alpha=alpha) if self.auto else None
+        self._rows = {b.seeds: b for b in design(max_seeds, alpha)} if self.auto else {}
+
+    def first(self) -> tuple[int, int]:
+        return 0, self.seeds
+
+    def after(self, trained: bool, contrast: Any = None) -> tuple[int, int] | None:
+        seq = self.record
+        if seq is None:
+            return None
+        n = self.seeds
+        look = look_at(contrast, n, self._rows[n].threshold)
         seq.looks.append(look)
-        look.decision = "failed" if not ok else next_decision(seq.looks, max_seeds, alpha, min_effect)
-        if log is not None:
+        look.decision = "failed" if not trained else next_decision(seq.looks, seq.max_seeds, seq.alpha, seq.min_effect)
+        if self.progress:
+            from ..process import log
+
             log(f"sequential look {len(seq.looks)} ({n} seeds per variant): {look_words(look)}")
         if look.decision != "continue":
             seq.stopped_because = look.decision
-            return seq
-        n += 1
+            return None
+        self.seeds = n + 1
+        return n, n + 1
 
 
 def look_words(look: Look) -> str:
     """'−3.20%, p=0.210 (threshold p < 0.00035), smallest detectable +8.10%: continue'."""
-    from ..formatting import percent
-
     p = fmt_pvalue(look.p_value) if look.p_value is not None else "no p-value"
-    mde = f"+{look.mde_relative * 100:.2f}%" if look.mde_relative is not None else "–"
+    mde = percent(look.mde_relative)
     return (f"{percent(look.relative)}, {p} (threshold p < {fmt_threshold(look.threshold)}), "
             f"smallest detectable {mde}: {look.decision}")
-
-
-def settle_seeds(seeds: Any, max_seeds: int, min_effect: float, train: Callable[[int, int], bool],
-                 contrast_at: Callable[[int], Any], log: Callable[[str], None] | None) -> tuple[int, Sequential | None]:
-    """(seeds per variant, the design or None): train every seed at once for a number, or run the
-    sequential design for "auto"."""
-    if seeds != "auto":
-        train(0, seeds)
-        return seeds, None
-    seq = drive(train, contrast_at, max_seeds, min_effect, ALPHA, log)
-    return seq.seeds, seq
-
-
-def contrast_of(run_dirs: list[Any], failed: dict[str, str], baseline: str | None, primary: str | None,
-                select: str | None, tuned: Sequence[str] = ()) -> Any:
-    """The primary contrast of a comparison of run_dirs, built as the final one is but not written
-    (None when there is nothing to contrast)."""
-    from ..errors import TiedlmError
-    from .collect import choose_weights, load_runs
-    from .comparison import build_comparison
-
-    runs, skipped = load_runs(list(run_dirs), [], failed)
-    if not runs:
-        return None
-    try:
-        runs, left, _, _, primary = choose_weights(runs, select, primary)
-        c = build_comparison(runs, skipped + left, baseline, "", None, primary, tuned=list(tuned)) if runs else None
-    except TiedlmError:
-        return None  # the final comparison says why
-    found = primary_variant(c) if c is not None else None
-    return found[1] if found else None
-
-
-# ============================================================================ the report
-
-
-def markdown(c: Any) -> list[str]:
-    """comparison.md's section on the design: the sentence, how it works, and a table of the looks."""
-    seq = getattr(c, "sequential", None)
-    if seq is None:
-        return []
-    from ..formatting import markdown_table
-
-    rows = [[str(x.seeds), fmt_pvalue(x.p_value), f"p < {fmt_threshold(x.threshold)}",
-             f"+{x.mde_relative * 100:.2f}%" if x.mde_relative is not None else "–", x.decision] for x in seq.looks]
-    return ["", "## Sequential design", "", seq.summary(), "",
-            f"Seeds were added one per variant at a time (`--seeds auto`), looking at the primary contrast "
-            f"({seq.contrast or c.primary}) after {FIRST_SEEDS} seeds and after each further one. To keep the "
-            f"false-positive rate at α = {seq.alpha:g} across the looks, each look spends part of it: α(t) = 2 − "
-            "2Φ(z(1−α/2)/√t) by information fraction t = seeds / max seeds (Lan–DeMets, O'Brien–Fleming "
-            "type). "
-            "Each look's threshold for the paired t-test is calibrated on "
-            f"{mc_paths(seq.max_seeds):,} simulated comparisons with no effect (a fixed seed: the same thresholds "
-            "every time), so that the chance of a false positive by each look is α(t). The verdict above is judged "
-            "at the last look's threshold, not at 0.05. Futility (the smallest effect detectable with 80% power "
-            f"at α = 0.05 below --min-effect {seq.min_effect * 100:g}%) spends no alpha.", "",
-            markdown_table(["seeds per variant", "p", "adjusted threshold", "smallest detectable", "decision"], rows)]
-
-
-def terminal_lines(c: Any) -> list[str]:
-    """The design's sentence and one line per look."""
-    seq = getattr(c, "sequential", None)
-    if seq is None:
-        return []
-    return [seq.summary()] + [f"  {x.seeds} seeds: {look_words(x)}" for x in seq.looks]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from ..nats import perplexity, relative
 
@@ -343,6 +343,38 @@ def compare_by_seed(a: dict[int, Any], b: dict[int, Any], level: float = LEVEL) 
     return result
 
 
+EXACT_CELLS = 8  # up to this many cells the p-value is exact (every ordering, 8! = 40,320); above, the t approximation
+
+
+def spearman_test(x: Sequence[float], y: Sequence[float]) -> tuple[float | None, float | None]:
+    """(ρ, two-sided p): ρ as scipy.stats.spearmanr gives it (ties at average ranks); p exact for
+    n ≤ EXACT_CELLS (the share of the n! orderings of y whose |ρ| reaches the observed one: with few
+    cells the t approximation is far off, e.g. 4 cells in perfect order have p = 2/24, not 0), else
+    scipy's t approximation (t = ρ·√((n − 2)/(1 − ρ²)), n − 2 degrees of freedom). (None, None) when
+    ρ is undefined."""
+    from ..geometry import average_ranks, spearman
+
+    n = len(x)
+    rho = spearman(list(x), list(y)) if n >= 2 else math.nan
+    if not math.isfinite(rho):
+        return None, None
+    if n <= EXACT_CELLS:
+        import itertools
+
+        import numpy as np
+        import torch
+
+        rx, ry = (average_ranks(torch.tensor(v, dtype=torch.float64)).numpy() for v in (x, y))
+        rx, ry = rx - rx.mean(), ry - ry.mean()
+        perms = np.array(list(itertools.permutations(range(n))))
+        rhos = (ry[perms] @ rx) / math.sqrt(float(rx @ rx) * float(ry @ ry))
+        return rho, float(np.mean(np.abs(rhos) >= abs(rho) - 1e-12))
+    if abs(rho) >= 1.0:
+        return rho, 0.0
+    t = rho * math.sqrt((n - 2) / (1.0 - rho * rho))
+    return rho, t_two_sided_p(t, n - 2)
+
+
 def holm(p_values: list[float | None]) -> list[float | None]:
     """Holm's step-down adjusted p-values (None stays None and does not count towards the family):
     sorted ascending, p_(i) becomes max over k <= i of min(1, (m − k + 1)·p_(k))."""
@@ -354,6 +386,15 @@ def holm(p_values: list[float | None]) -> list[float | None]:
         running = max(running, min(1.0, (m - k) * p))
         out[i] = running
     return out
+
+
+def significant(p_value: float | None, level: float = ALPHA) -> bool | None:
+    """The one decision of significance: a two-sided p below `level` (ALPHA, or the sequential
+    design's adjusted threshold at its last look), or a p of exactly 0 (no spread between seeds and a
+    difference: significant at any level); None when there is no p-value."""
+    if p_value is None:
+        return None
+    return p_value < level or p_value == 0.0
 
 
 # ============================================================================ the noncentral t and power

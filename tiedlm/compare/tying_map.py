@@ -17,15 +17,13 @@ matplotlib is imported inside plot_tying_map (through figures.figure), never at 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..formatting import percent
 from ..naming import scalar, short_keys
 from .grid import MatchedContrast
-from .stats import ALPHA, holm, number
+from .stats import ALPHA, holm, number, significant
 
-TYING_MAP_PLOT = "tying_map.png"
 Cell = tuple[Any, Any]  # (row value, column value)
 Edge = tuple[Cell, Cell]
 
@@ -271,7 +269,7 @@ def _summary(t: TyingMap) -> list[str]:
                      + (": " + "; ".join(hit) + "." if hit else "."))
     tested = [(at, c) for at, c in known if c.p_holm is not None]
     if tested:
-        kept = [f"{t.name(at)} ({percent(c.effect)}, p_Holm={c.p_holm:.3f})" for at, c in tested if c.p_holm < ALPHA]
+        kept = [f"{t.name(at)} ({percent(c.effect)}, p_Holm={c.p_holm:.3f})" for at, c in tested if significant(c.p_holm)]
         lines.append(f"After Holm's correction over the {len(tested)} cells, {len(kept)} remain significant at "
                      f"{ALPHA:g}" + (": " + "; ".join(kept) + "." if kept else "."))
     unsure = [t.name(at) for at, c in known if not c.significant]
@@ -282,81 +280,3 @@ def _summary(t: TyingMap) -> list[str]:
     if missing:
         lines.append(f"No result on {t.split} at: " + "; ".join(missing) + ".")
     return lines + _crossover_lines(t)
-
-
-# ============================================================================ the plot
-
-
-def plot_tying_map(tmap: TyingMap, path: Path) -> None:
-    """tying_map.png: the effect per cell on a diverging colormap centred at 0 (red: tying hurts,
-    blue: tying helps), each cell annotated with its effect and 95% interval, significant cells
-    framed and starred, missing cells hatched grey, the crossover drawn along the cell edges
-    (solid where both sides are significant, dashed otherwise). Written atomically."""
-    from ..figures import figure
-
-    title = f"Tying effect on {tmap.split} perplexity: tied / untied − 1 (negative: tying helps)"
-    with figure(path, title) as ax:
-        draw_tying_map(ax, tmap)
-
-
-def draw_tying_map(ax: Any, t: TyingMap) -> None:
-    """The map on the axes ax (cell (row i, column j) centred at x=j, y=i), with its colorbar and legend."""
-    import numpy as np
-    from matplotlib import patheffects
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch, Rectangle
-    from matplotlib.ticker import FuncFormatter
-
-    nr, nc = len(t.rows), len(t.cols)
-    data = np.full((nr, nc), np.nan)
-    for i, r in enumerate(t.rows):
-        for j, c in enumerate(t.cols):
-            cell = t.known(r, c)
-            if cell is not None:
-                data[i, j] = cell.effect
-    vmax = float(np.nanmax(np.abs(data))) or 0.01
-    im = ax.imshow(np.ma.masked_invalid(data), cmap="RdBu_r", vmin=-vmax, vmax=vmax, origin="lower", aspect="auto")
-    size = 8 if max(nr, nc) <= 4 else 6 if max(nr, nc) <= 7 else 4
-    for i, r in enumerate(t.rows):
-        for j, c in enumerate(t.cols):
-            cell = t.known(r, c)
-            if cell is None:
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="0.85", edgecolor="0.6", hatch="//",
-                                       linewidth=0))
-                ax.text(j, i, "no result", ha="center", va="center", fontsize=size, color="0.35")
-                continue
-            ci = "no CI" if cell.ci_low is None else f"{percent(cell.ci_low, 1)} to {percent(cell.ci_high, 1)}"
-            star = "*" if cell.significant else ""
-            dark = abs(cell.effect) > 0.6 * vmax
-            ax.text(j, i, f"{percent(cell.effect, 1)}{star}\n{ci}", ha="center", va="center", fontsize=size,
-                    color="white" if dark else "black", fontweight="bold" if cell.significant else "normal")
-            if cell.significant:
-                ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, edgecolor="black", linewidth=2.5))
-    stroke = [patheffects.withStroke(linewidth=6, foreground="black")]
-    for a, b in t.crossover:
-        (i1, j1), (i2, j2) = [(t.rows.index(r), t.cols.index(c)) for r, c in (a, b)]
-        if i1 == i2:  # neighbours in a row: the vertical edge between them
-            xs, ys = [max(j1, j2) - 0.5] * 2, [i1 - 0.5, i1 + 0.5]
-        else:
-            xs, ys = [j1 - 0.5, j1 + 0.5], [max(i1, i2) - 0.5] * 2
-        ax.plot(xs, ys, color="gold", linewidth=4, solid_capstyle="butt", path_effects=stroke, zorder=5,
-                linestyle="-" if t.significant_sides((a, b)) == 2 else (0, (2, 1.2)))
-    ax.set_xlim(-0.5, nc - 0.5)
-    ax.set_ylim(-0.5, nr - 0.5)
-    ax.set_xticks(range(nc))
-    ax.set_xticklabels([scalar(c) for c in t.cols])
-    ax.set_yticks(range(nr))
-    ax.set_yticklabels([scalar(r) for r in t.rows])
-    ax.set_xlabel(t.col_short)
-    ax.set_ylabel(t.row_short)
-    bar = ax.figure.colorbar(im, ax=ax)
-    bar.set_label(f"tying effect on {t.split} perplexity")
-    bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda x, _: percent(x, 1) if abs(x) > 1e-12 else "0%"))
-    handles = [Patch(facecolor="white", edgecolor="black", linewidth=2.5, label="* 95% CI excludes 0"),
-               Patch(facecolor="0.85", edgecolor="0.6", hatch="//", label="no result"),
-               Line2D([], [], color="gold", linewidth=4, path_effects=stroke,
-                      label="sign change, both sides significant"),
-               Line2D([], [], color="gold", linewidth=4, linestyle=(0, (2, 1.2)), path_effects=stroke,
-                      label="sign change, not significant on both sides")]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=7,
-              title="red: tying hurts, blue: tying helps; each cell: effect, then its 95% CI", title_fontsize=7)

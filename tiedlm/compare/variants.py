@@ -21,7 +21,6 @@ from ..naming import scalar, short_keys
 from ..tie import STORED_KEYS
 from .collect import LoadedRun
 from .stats import (
-    ALPHA,
     GeometricSummary,
     Power,
     Summary,
@@ -29,6 +28,7 @@ from .stats import (
     compare_by_seed,
     geometric,
     holm,
+    significant,
     log_of,
     number,
     power_analysis,
@@ -443,7 +443,7 @@ def _split_contrast(mv: SplitMetrics, mb: SplitMetrics) -> SplitContrast:
     return SplitContrast(
         **vars(test), relative=relative(test.difference), relative_ci_low=relative(test.ci_low),
         relative_ci_high=relative(test.ci_high),
-        significant=(test.p_value < ALPHA) if test.p_value is not None else None,
+        significant=significant(test.p_value),
         variant_mean=vm, baseline_mean=bm, perplexity_difference=vm - bm if vm is not None and bm is not None else None,
         power=power_analysis(test) if test.test else None, buckets=_bucket_contrasts(mv, mb))
 

@@ -1,0 +1,291 @@
+"""The sections of a comparison's report that belong to one feature, as text: the effect over
+training (its sentences, table and caption), the sequential design (its sentence and looks) and
+the tuning (its table, choices, cost and the verdict at the shared value). report.py puts them in
+its one order, for the terminal and for comparison.md; the figures they point to are plots.py's.
+Pure functions of the Comparison; nothing here computes a statistic or reads a run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..formatting import MISSING, fmt_count, fmt_signed, markdown_table, percent
+from .plots import TRAJECTORY_PLOT, TUNE_PLOT
+from .sequential import FIRST_SEEDS, fmt_pvalue, fmt_threshold, look_words, mc_paths
+from .trajectory import SPLIT, Trajectory
+
+if TYPE_CHECKING:
+    from ..tuning import Tuning
+    from .comparison import Comparison
+
+
+# ============================================================================ the effect over training
+
+
+def _points(x: float) -> str:
+    """A change of the effect in percentage points: one decimal, more when that would show 0.0."""
+    return fmt_signed(x * 100, 1 if abs(x) * 100 >= 0.05 or x == 0 else 3)
+
+
+def crossover_sentence(t: Trajectory) -> str | None:
+    """'Over training, **tied** pulls ahead of **untied** after 1.1M tokens (…).'"""
+    x = t.crossover
+    if x is None:
+        return None
+    other = t.reference if x.leader == t.variant else t.variant
+    return (f"Over training, **{x.leader}** pulls ahead of **{other}** after {fmt_count(x.tokens)} tokens (the last "
+            f"change of sign of the effect on validation, between the evaluations at {fmt_count(x.between[0])} and "
+            f"{fmt_count(x.between[1])} tokens).")
+
+
+def still_moving_sentence(t: Trajectory) -> str | None:
+    """The one line when the effect is still moving; None otherwise."""
+    if not t.still_moving:
+        return None
+    half = t.final_half_width * 100
+    digits = 1 if half >= 0.05 or half == 0 else 3
+    return (f"The effect of **{t.variant}** vs **{t.reference}** is still moving: it changed by "
+            f"{_points(t.last_quarter_change)} points over the last quarter of training "
+            f"({fmt_count(t.last_quarter_from_tokens)} to {fmt_count(t.points[-1].tokens)} tokens), more than its "
+            f"interval's half-width (±{half:.{digits}f}) — train longer before trusting the verdict.")
+
+
+def summary_sentence(t: Trajectory) -> str | None:
+    """The effect at the first, middle and last evaluation, and whether it has settled: one line
+    for every comparison, so the verdict is always read with how it got there."""
+    pts = [p for p in t.points if p.effect is not None]
+    if len(pts) < 2:
+        return None
+    mid = min(pts, key=lambda p: abs(p.tokens - pts[-1].tokens / 2))
+    shown = [pts[0], mid, pts[-1]] if mid not in (pts[0], pts[-1]) else [pts[0], pts[-1]]
+    path = ", ".join(f"{percent(p.effect, 1)} at {fmt_count(p.tokens)}" for p in shown)
+    sign = "changes sign" if t.crossover is not None else "keeps its sign"
+    if t.still_moving is False:
+        settled = (f"; settled: {_points(t.last_quarter_change)} points over the last quarter, within its "
+                   f"interval's half-width (±{100 * t.final_half_width:.1f})")
+    elif t.still_moving is None:
+        settled = "; one seed: whether it has settled cannot be judged"
+    else:
+        settled = ""
+    return (f"The effect of **{t.variant}** vs **{t.reference}** over training (validation): {path} tokens; it "
+            f"{sign}{settled}.")
+
+
+def _sentences(c: Comparison) -> list[str]:
+    ordered = [c.trajectories[v.label] for v in c.variants if v.label in c.trajectories]
+    return [s for t in ordered for s in (summary_sentence(t), crossover_sentence(t), still_moving_sentence(t)) if s]
+
+
+def trajectory_lines(c: Comparison) -> list[str]:
+    """The crossover and still-moving lines, one line each, for the terminal."""
+    return [s.replace("**", "") for s in _sentences(c)]
+
+
+def caption(c: Comparison) -> str:
+    """What the trajectory plot shows, and on what."""
+    text = ("The effect over training: at each periodic evaluation that every run of both variants reached, "
+            "exp(mean Δloss) − 1 on the validation slice scored during training (`train.eval_tokens`), paired by "
+            "seed (Welch's test when the seeds differ), with its 95% interval as a band; negative: the variant is "
+            "better. The crossover is the last change of sign, interpolated in tokens; the effect is still moving "
+            "when its change over the last quarter of training exceeds its last interval's half-width.")
+    if c.select == "best" or c.primary != SPLIT:
+        text += (f" The verdict is on {c.primary}"
+                 + (" (the kept best weights)" if c.select == "best" else "")
+                 + "; this trajectory is on validation, the only split evaluated during training.")
+    ts = list(c.trajectories.values())
+    if ts and all(t.points and all(p.ci_low is None for p in t.points) for t in ts):
+        text += " With one seed per variant there is no interval: the plot shows point estimates only."
+    return text
+
+
+def _row(t: Trajectory) -> list[str]:
+    """contrast, evaluations, first effect, last effect with its interval, crossover, last-quarter
+    change against the half-width, still moving."""
+    if not t.points:
+        return [f"{t.variant} vs {t.reference}", "0"] + [MISSING] * 5
+    first, last = t.points[0], t.points[-1]
+    ci = f" ({percent(last.ci_low)} to {percent(last.ci_high)})" if last.ci_low is not None else ""
+    change = MISSING if t.last_quarter_change is None else (
+        f"{_points(t.last_quarter_change)} pts" + (f" (±{t.final_half_width * 100:.1f})"
+                                                   if t.final_half_width is not None else ""))
+    moving = {True: "yes", False: "no", None: MISSING}[t.still_moving]
+    return [f"{t.variant} vs {t.reference}", str(len(t.points)), f"{percent(first.effect)} at {fmt_count(first.tokens)}",
+            f"{percent(last.effect)}{ci} at {fmt_count(last.tokens)}", t.crossover.text if t.crossover else "none",
+            change, moving]
+
+
+def trajectory_markdown(c: Comparison) -> list[str]:
+    """comparison.md's section on the effect over training: the sentences, a row per contrast, the
+    plot and its caption."""
+    if not c.trajectories:
+        return []
+    ordered = [c.trajectories[v.label] for v in c.variants if v.label in c.trajectories]
+    lines = [f"- {s}" for s in _sentences(c)]
+    table = markdown_table(["contrast", "evaluations", "first effect", "last effect (95% CI)", "crossover",
+                            "last quarter (± half-width)", "still moving"], [_row(t) for t in ordered], "lrrrlrl")
+    notes = [f"- {t.variant} vs {t.reference}: {t.note}." for t in ordered if t.note]
+    return ["", "## The effect over training", "", *lines, *([""] if lines else []), table,
+            *([""] + notes if notes else []), "",
+            f"![the effect over training against tokens seen]({TRAJECTORY_PLOT})", "", caption(c)]
+
+
+# ============================================================================ the sequential design
+
+
+def sequential_markdown(c: Any) -> list[str]:
+    """comparison.md's section on the design: the sentence, how it works, and a table of the looks."""
+    seq = getattr(c, "sequential", None)
+    if seq is None:
+        return []
+    from ..formatting import markdown_table
+
+    rows = [[str(x.seeds), fmt_pvalue(x.p_value), f"p < {fmt_threshold(x.threshold)}",
+             percent(x.mde_relative), x.decision] for x in seq.looks]
+    return ["", "## Sequential design", "", seq.summary(), "",
+            f"Seeds were added one per variant at a time (`--seeds auto`), looking at the primary contrast "
+            f"({seq.contrast or c.primary}) after {FIRST_SEEDS} seeds and after each further one. To keep the "
+            f"false-positive rate at α = {seq.alpha:g} across the looks, each look spends part of it: α(t) = 2 − "
+            "2Φ(z(1−α/2)/√t) by information fraction t = seeds / max seeds (Lan–DeMets, O'Brien–Fleming "
+            "type). "
+            "Each look's threshold for the paired t-test is calibrated on "
+            f"{mc_paths(seq.max_seeds):,} simulated comparisons with no effect (a fixed seed: the same thresholds "
+            "every time), so that the chance of a false positive by each look is α(t). The verdict above is judged "
+            "at the last look's threshold, not at 0.05. Futility (the smallest effect detectable with 80% power "
+            f"at α = 0.05 below --min-effect {seq.min_effect * 100:g}%) spends no alpha.", "",
+            markdown_table(["seeds per variant", "p", "adjusted threshold", "smallest detectable", "decision"], rows)]
+
+
+def sequential_lines(c: Any) -> list[str]:
+    """The design's sentence and one line per look."""
+    seq = getattr(c, "sequential", None)
+    if seq is None:
+        return []
+    return [seq.summary()] + [f"  {x.seeds} seeds: {look_words(x)}" for x in seq.looks]
+
+
+# ============================================================================ the tuning
+
+
+def _ppl(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}"
+
+
+def _seeds(tuning: Tuning) -> str:
+    return f"tuning seed{'s' * (len(tuning.seeds) != 1)} {', '.join(str(s) for s in tuning.seeds)}"
+
+
+def tuning_note(tuning: Tuning, primary: str) -> str:
+    from ..tuning import not_compared
+
+    if tuning.only_point is not None:
+        return f"{not_compared(tuning.keys, tuning.only_point)}; the verdict is on {primary}"
+    return (f"each variant at its own {', '.join(tuning.keys)}, chosen on validation ({tuning.selection}, "
+            f"{_seeds(tuning)}); the verdict is on {primary}, which chose nothing")
+
+
+def _not_compared(tuning: Tuning) -> str:
+    from ..tuning import not_compared
+
+    return not_compared(tuning.keys, tuning.only_point)
+
+
+def table_rows(tuning: Tuning) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: one row per variant, one column per point (validation perplexity, the
+    chosen one starred), then the chosen point."""
+    labels = tuning.labels()
+    chose = tuning.only_point is None  # one point: no star and no chosen column, as nothing was compared
+    head = ["variant", *labels, *(["chosen"] if chose else [])]
+    rows = []
+    for v in tuning.variants:
+        cells = []
+        for lab in labels:
+            p = v.point(lab)
+            if p is None:
+                cells.append("")
+            elif p.perplexity is None:
+                cells.append("failed")
+            else:
+                cells.append(_ppl(p.perplexity) + ("*" if chose and v.chosen is p else ""))
+        rows.append([v.tag, *cells, *([v.chosen.label if v.chosen else "–"] if chose else [])])
+    return head, rows
+
+
+def _cost(tuning: Tuning) -> str:
+    return f"{tuning.runs} tuning runs, {fmt_count(tuning.tokens)} tokens"
+
+
+def _shared_sentence(c: Comparison, tuning: Tuning) -> str | None:
+    s = tuning.shared
+    if not s:
+        return None
+    if all(v.chosen is not None and v.chosen.label == s["label"] for v in tuning.variants):
+        return (f"Every variant chose the config's own {s['label']}: the verdict at that shared value is the tuned "
+                "verdict above.")
+    tuned = next((v for v in c.variants if v.vs_baseline is not None), None)
+    tuned_contrast = tuned.contrast(c.primary) if tuned is not None else None
+    seeds = s.get("seeds") or []
+    interval = (f" (95% CI {percent(s.get('ci_low'))} to {percent(s.get('ci_high'))}, over {len(seeds)} seeds)"
+                if len(seeds) > 1 and s.get("ci_low") is not None else
+                f" (seed {', '.join(str(x) for x in seeds)} only: no interval)")
+    where = f"At {s['label']} for both variants: {s['variant']} {percent(s.get('relative'))} on {s['split']}{interval}"
+    if tuned_contrast is None:
+        return where + "."
+    n = tuned_contrast.n or 0
+    ci = (f"95% CI {percent(tuned_contrast.relative_ci_low)} to {percent(tuned_contrast.relative_ci_high)}"
+          if tuned_contrast.relative_ci_low is not None else
+          "no interval (one seed)" if n <= 1 else "no interval")
+    best = f"; each at its own best: {tuned.label} {percent(tuned_contrast.relative)} ({ci})"
+    return where + best + "."
+
+
+def chosen_lines(tuning: Tuning) -> list[str]:
+    out = []
+    for v in tuning.variants:
+        if v.chosen is None:
+            continue
+        steps = sum(v.extensions.values())
+        grown = f", the grid extended {steps} step{'s' * (steps != 1)}" if steps else ""
+        line = f"{v.tag}: {v.chosen.label} (validation perplexity {_ppl(v.chosen.perplexity)}{grown})"
+        out.append(line + (f". Edge: {v.edge}" if v.edge else ""))
+    return out
+
+
+def tuning_lines(c: Comparison) -> list[str]:
+    tuning = c.tuning
+    if tuning is None:
+        return []
+    head, rows = table_rows(tuning)
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    fmt = lambda r: "  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(r, widths)))  # noqa: E731
+    if tuning.only_point is not None:
+        lines = [f"Not tuned: {_not_compared(tuning)} ({tuning.selection}; {_cost(tuning)}):"]
+        return lines + ["  " + fmt(head)] + ["  " + fmt(r) for r in rows]
+    lines = [f"Tuned on validation ({tuning.selection}; {', '.join(tuning.keys)}; {_cost(tuning)}):"]
+    lines += ["  " + fmt(head)] + ["  " + fmt(r) for r in rows]
+    lines += ["  chosen " + line for line in chosen_lines(tuning)]
+    shared = _shared_sentence(c, tuning)
+    if shared:
+        lines.append(shared)
+    return lines
+
+
+def tuning_markdown(c: Comparison) -> list[str]:
+    tuning = c.tuning
+    if tuning is None:
+        return []
+    head, rows = table_rows(tuning)
+    if tuning.only_point is not None:
+        return ["## Tuning: one point, nothing compared", "",
+                f"Not tuned: {_not_compared(tuning)}. Validation perplexity there "
+                f"({tuning.selection}, {_seeds(tuning)}); the verdict above is on {c.primary}. Tuning cost: "
+                f"{_cost(tuning)}.", "", markdown_table(head, rows), ""]
+    out = ["## Each variant at its own setting", "",
+           f"Validation perplexity of each point ({tuning.selection}, {_seeds(tuning)}); * marks each variant's "
+           f"choice. The verdict above is on {c.primary}, which chose nothing. Tuning cost: {_cost(tuning)}.", ""]
+    out += [markdown_table(head, rows), ""]
+    out += [f"- {line}" for line in chosen_lines(tuning)]
+    shared = _shared_sentence(c, tuning)
+    if shared:
+        out.append(f"- {shared}")
+    if tuning.schedule:
+        out.append(f"- The schedule keeps its shape: {', '.join(tuning.schedule)} (the config's min_lr / lr).")
+    return out + ["", f"![tuning curves]({TUNE_PLOT})", ""]
