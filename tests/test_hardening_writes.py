@@ -118,8 +118,9 @@ def test_compare_refuses_the_users_own_files_and_replaces_them_with_overwrite_ou
     assert (out / "comparison.md").read_text().startswith("# tiedlm comparison\n")
     r = invoke("compare", "--out", root)  # its own output: rewritten without a word
     assert r.exit_code == 0, r.output
-    (out / WRITTEN).unlink()  # as an earlier tiedlm left it: known by the headers
-    r = invoke("compare", "--out", root)
+    (out / WRITTEN).unlink()  # the record gone: nothing there is known to be tiedlm's any more
+    refused(invoke("compare", "--out", root), out / "comparison.md", "--overwrite-output")
+    r = invoke("compare", "--out", root, "--overwrite-output")
     assert r.exit_code == 0, r.output
     assert (out / WRITTEN).is_file()
     r = invoke("compare", "--out", root, "--overwrite")  # still only with --config

@@ -253,15 +253,12 @@ def _is_plain_file(path: Path) -> bool:
     return path.is_file() and not path.is_symlink()
 
 
-def _ours(path: Path, record: dict[str, str | None] | None, legacy: Callable[[Path], bool] | None) -> bool:
+def _ours(path: Path, record: dict[str, str | None] | None) -> bool:
     """Whether path is a file tiedlm wrote there and nobody changed since: in the folder's record
-    with its content (or as being written), or, in a folder with no record at all (an earlier
-    tiedlm kept none), recognised by `legacy` from its content."""
+    with its content (or as being written)."""
     if not _is_plain_file(path):  # a folder or a link is never one of tiedlm's files
         return False
-    if record is None:
-        return bool(legacy and legacy(path))
-    if path.name not in record:
+    if record is None or path.name not in record:
         return False
     return record[path.name] is None or sha256_file(path) == record[path.name]
 
@@ -271,20 +268,19 @@ def written_here(folder: Path, name: str) -> bool:
     return name in (_record(folder) or {})
 
 
-def foreign_files(folder: Path, names: Iterable[str], legacy: Callable[[Path], bool] | None = None) -> list[Path]:
+def foreign_files(folder: Path, names: Iterable[str]) -> list[Path]:
     """The files among folder/names that exist and that tiedlm did not write there (_ours)."""
     folder = Path(folder)
     record = _record(folder)
-    return [folder / n for n in names if os.path.lexists(folder / n) and not _ours(folder / n, record, legacy)]
+    return [folder / n for n in names if os.path.lexists(folder / n) and not _ours(folder / n, record)]
 
 
-def check_foreign(folder: Path, names: Iterable[str], option: str, overwrite: bool = False,
-                  legacy: Callable[[Path], bool] | None = None) -> None:
+def check_foreign(folder: Path, names: Iterable[str], option: str, overwrite: bool = False) -> None:
     """A ConfigError (exit 2) naming the first file among folder/names that tiedlm did not write
     and the option that replaces it, unless `overwrite`; nothing is written either way."""
     if overwrite:
         return
-    found = foreign_files(folder, names, legacy)
+    found = foreign_files(folder, names)
     if found:
         from .errors import ConfigError
 
@@ -325,22 +321,18 @@ def _settle(folder: Path, names: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def recording(folder: Path, names: Iterable[str], option: str, overwrite: bool = False,
-              legacy: Callable[[Path], bool] | None = None, known: Iterable[str] = ()) -> Iterator[None]:
+def recording(folder: Path, names: Iterable[str], option: str, overwrite: bool = False) -> Iterator[None]:
     """Write folder/names in the block, recorded as tiedlm's. First check_foreign (nothing is
     written if it refuses), then record the names as being written, then, after the block (also
-    when it fails), with the SHA-256 of what they hold, and without those it left unwritten.
-    `known`: the other names this writer may write there, adopted into a new record when an
-    earlier tiedlm's output of that name is recognised by `legacy`. Only a process killed inside
-    the block leaves names recorded as being written (their files, if any, are then tiedlm's)."""
+    when it fails), with the SHA-256 of what they hold, and without those it left unwritten. Only
+    a process killed inside the block leaves names recorded as being written (their files, if
+    any, are then tiedlm's)."""
     folder = Path(folder)
     names = list(dict.fromkeys(names))
-    check_foreign(folder, names, option, overwrite, legacy)
+    check_foreign(folder, names, option, overwrite)
     folder.mkdir(parents=True, exist_ok=True)
     with _record_lock(folder):
-        record = _record(folder)
-        if record is None:  # the first record here: keep what an earlier tiedlm wrote as its own
-            record = {n: sha256_file(folder / n) for n in known if n not in names and _ours(folder / n, None, legacy)}
+        record = _record(folder) or {}
         _write_record(folder, {**record, **{n: None for n in names}})
     failed = True
     try:
@@ -352,29 +344,3 @@ def recording(folder: Path, names: Iterable[str], option: str, overwrite: bool =
         except OSError:
             if not failed:  # a failure of the block itself is the one to report
                 raise
-
-
-def header_recogniser(headers: dict[str, Callable[[bytes], bool]],
-                      plots: Iterable[str] = ()) -> Callable[[Path], bool]:
-    """`legacy` for recording: a text file named in headers whose first 4 KiB the predicate accepts
-    (the header tiedlm writes there), or a PNG named in plots beside such a text file."""
-    plots = set(plots)
-
-    def head(path: Path, size: int = 4096) -> bytes:
-        try:
-            with open(path, "rb") as f:
-                return f.read(size)
-        except OSError:
-            return b""
-
-    def text_ok(path: Path) -> bool:
-        return path.name in headers and _is_plain_file(path) and headers[path.name](head(path))
-
-    def recognise(path: Path) -> bool:
-        if path.name in headers:
-            return text_ok(path)
-        if path.name in plots:
-            return head(path, 8) == b"\x89PNG\r\n\x1a\n" and any(text_ok(path.parent / n) for n in headers)
-        return False
-
-    return recognise

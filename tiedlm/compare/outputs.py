@@ -9,7 +9,7 @@ from typing import Iterable
 
 from .comparison import Comparison
 from .plots import MATCHED_PLOT, TUNE_PLOT, TYING_MAP_PLOT, plot_tuning, plot_tying_map, write_plots
-from .report import FILES, LEGACY, to_csv, to_json_text, to_markdown
+from .report import FILES, to_csv, to_json_text, to_markdown
 
 OVERWRITE_OPTION = "--overwrite-output"  # the CLI option that replaces files tiedlm did not write
 
@@ -31,8 +31,7 @@ def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
     if c.tuning is not None:
         c.files["plot_tuning"] = str(out / TUNE_PLOT)
     names = [Path(f).name for f in c.files.values()]
-    with recording(out, names, OVERWRITE_OPTION, overwrite, LEGACY,
-                   known=[*FILES.values(), MATCHED_PLOT, TUNE_PLOT, TYING_MAP_PLOT]):
+    with recording(out, names, OVERWRITE_OPTION, overwrite):
         write_plots(c, out)
         if c.tying_map is not None:
             plot_tying_map(c.tying_map.tmap, out / TYING_MAP_PLOT)
@@ -54,6 +53,6 @@ def check_outputs(out: Path, run_dirs: Iterable[Path] = (), analyze: bool = Fals
     from ..files import check_foreign
 
     check_outside_runs(out, "--out")
-    check_foreign(out, FILES.values(), OVERWRITE_OPTION, overwrite, LEGACY)
+    check_foreign(out, FILES.values(), OVERWRITE_OPTION, overwrite)
     for d in run_dirs if analyze else ():
         check_target(Path(d), overwrite, OVERWRITE_OPTION, is_out=False)

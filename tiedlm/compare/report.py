@@ -35,20 +35,6 @@ FILES = {"markdown": "comparison.md", "csv": "comparison.csv", "json": "comparis
 TITLE = "# tiedlm comparison"  # comparison.md's first line
 
 
-def _legacy() -> Any:
-    """A comparison written by a tiedlm that kept no record of its files (files.recording), known
-    by the beginnings every version wrote: comparison.md's title, the csv's first columns,
-    comparison.json's first two keys; and the plots beside them."""
-    from ..files import header_recogniser
-
-    return header_recogniser(
-        {FILES["markdown"]: lambda head: head.startswith(TITLE.encode() + b"\n"),
-         FILES["csv"]: lambda head: head.startswith(b"row_type,variant,run,"),
-         FILES["json"]: lambda head: head.startswith(b'{\n  "format": ') and b',\n  "tiedlm_version": ' in head[:40]},
-        [*PLOTS.values(), MATCHED_PLOT])
-
-
-LEGACY = _legacy()
 
 
 # ============================================================================ pieces
