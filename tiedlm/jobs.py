@@ -1,13 +1,16 @@
 """Many runs, one after another or several at once (parallel.py): what `tiedlm compare --config`
 and `tiedlm sweep` train. `Executor` is the seam a plan's stages go through (plan.py): its one
 method trains a stage and says what became of each run; how (in this process, in --jobs
-processes) is its own business, and a run's numbers never depend on it."""
+processes, kept from stage to stage while it is open as a context manager) is its own business,
+and a run's numbers never depend on it. `Tally` counts the comparison's runs for the line printed
+as each one ends: "run 3 of 10, about 4 min left"."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import runs
 from .config import Config, config_hash
@@ -29,24 +32,85 @@ class JobResult:
     error: str | None = None
 
 
+def _about(seconds: float) -> str:
+    s = max(1, round(seconds))
+    if s < 60:
+        return f"about {s} s"
+    m = max(1, round(s / 60))
+    return f"about {m} min" if m < 60 else f"about {m // 60} h {m % 60:02d} min"
+
+
+@dataclass
+class Tally:
+    """The runs of one comparison or sweep so far, over all its stages: how many have ended, of
+    how many known, and the time the rest takes at the mean wall time of the runs trained here
+    (a skipped or failed run says nothing of the speed). `may_grow`: later stages may add runs
+    (a tuning grid extended past its edge, the seeds after the tuning, --seeds auto), so the
+    count is of the runs known so far and the line says so."""
+
+    may_grow: bool = False
+    known: dict[str, None] = field(default_factory=dict)  # run names, each once, in order
+    ended: set[str] = field(default_factory=set)
+    seconds: list[float] = field(default_factory=list)
+
+    def expect(self, names: list[str]) -> None:
+        self.known.update(dict.fromkeys(names))
+
+    def end(self, name: str, seconds: float | None = None) -> None:
+        self.ended.add(name)
+        if seconds is not None:
+            self.seconds.append(seconds)
+
+    def line(self, workers: int = 1) -> str:
+        """ "run 3 of 10, about 4 min left", with `workers` runs trained at a time."""
+        done, known = len(self.ended & self.known.keys()), len(self.known)
+        text = f"run {done} of {known}" + (" known so far (more may follow)" if self.may_grow else "")
+        left = known - done
+        if left and self.seconds:
+            rounds = -(-left // max(1, workers))
+            text += f", {_about(sum(self.seconds) / len(self.seconds) * rounds)} left" + \
+                (" for those" if self.may_grow else "")
+        return text
+
+
 @dataclass
 class Executor:
     """Trains a plan's stages into `out`: finished runs are skipped, a failure is kept (in
     `failures`, by run name) and passed over. `parallel` is --jobs (a number or "auto"); `train`
-    trains one run (train_run, or a stand-in with its signature)."""
+    trains one run (train_run, or a stand-in with its signature); `may_grow`: later stages may add
+    runs (for the count of `tally`). Used as a context manager, its --jobs workers are started at
+    the first stage that needs them and kept until the end of the `with`; otherwise each stage
+    starts and ends its own."""
 
     out: Path
     progress: bool = True
     overwrite_other_config: bool = False
     train: Callable[..., Path] = train_run
     parallel: int | str = 1
+    may_grow: bool = False
     failures: dict[str, str] = field(default_factory=dict)
     results: dict[str, JobResult] = field(default_factory=dict)
+    tally: Tally = field(default_factory=Tally)
+    pool: Any = field(default=None, repr=False)  # a parallel.WorkerPool while open
+
+    def __enter__(self) -> "Executor":
+        if self.parallel != 1 and self.pool is None:
+            from .parallel import WorkerPool
+
+            self.pool = WorkerPool()  # no process yet: the first stage with more than one run starts them
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     def run(self, stage: Stage) -> bool:
         """Train the stage's runs (each name once); True when none of them failed."""
+        self.tally.may_grow = self.may_grow
         done = train_jobs([(r.name, r.cfg) for r in stage.unique()], self.out, self.progress,
-                          self.overwrite_other_config, self.train or train_run, self.parallel)
+                          self.overwrite_other_config, self.train or train_run, self.parallel,
+                          tally=self.tally, pool=self.pool)
         self.results.update({r.name: r for r in done})
         self.failures.update({r.name: r.error for r in done if r.status == "failed"})
         return all(r.status != "failed" for r in done)
@@ -64,7 +128,7 @@ def run_is_finished(run_dir: Path, cfg: Config) -> bool:
 
 def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
                overwrite_other_config: bool = False, train: Callable[..., Path] = train_run,
-               parallel: int | str = 1) -> list[JobResult]:
+               parallel: int | str = 1, tally: Tally | None = None, pool: Any = None) -> list[JobResult]:
     """Train (name, config) jobs one after another into `out`, as `tiedlm compare --config` and
     `tiedlm sweep` do: finished runs are skipped, a failure is noted and passed over (always shown,
     --quiet or not), an interrupt stops everything (the run resumes when the command is re-run).
@@ -72,7 +136,12 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
     an unfinished run of the same config is still resumed, never thrown away. `train` trains one
     job (train_run's signature); tests pass a fake. `parallel` (--jobs: a number or "auto"): with
     more than one process for the runs to train, each trains in a process of its own (parallel.py;
-    with train_run only, a fake trains in turn)."""
+    with train_run only, a fake trains in turn), on `pool`'s workers (a parallel.WorkerPool, kept by
+    the caller across calls) or on workers started for this call. `tally`: the runs of the whole
+    comparison, for the "run 3 of 10, about 4 min left" line after each run (these jobs alone when
+    None)."""
+    tally = tally if tally is not None else Tally()
+    tally.expect([name for name, _ in jobs])
     if any(not run_is_finished(Path(out) / name, cfg) for name, cfg in jobs):
         check_writable(Path(out))  # a read-only or full --out: said once, before any run is trained
     if parallel != 1 and train is train_run:
@@ -81,17 +150,19 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
         finished = {name for name, cfg in jobs if run_is_finished(Path(out) / name, cfg)}
         workers = resolve_workers(parallel, [cfg for name, cfg in jobs if name not in finished])
         if workers > 1:
-            return _train_parallel(jobs, out, progress, overwrite_other_config, workers, finished)
+            return _train_parallel(jobs, out, progress, overwrite_other_config, workers, finished, tally, pool)
     results = []
     for i, (name, cfg) in enumerate(jobs, 1):
         tag = f"[{i}/{len(jobs)}] {name}"
         if run_is_finished(Path(out) / name, cfg):
             results.append(JobResult(name, "skipped"))
+            tally.end(name)
             if progress:
                 log(f"{tag}: finished already, skipped")
             continue
         if progress:
             log(f"[{i}/{len(jobs)}] training {name}")
+        started = time.monotonic()
         try:
             try:
                 train(cfg, out=out, name=name, progress=progress)
@@ -111,13 +182,16 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
             results.append(JobResult(name, "failed", f"{type(exc).__name__}: {exc}"))
         else:
             results.append(JobResult(name, "finished"))
+        tally.end(name, time.monotonic() - started if results[-1].status == "finished" else None)
         if results[-1].status == "failed":
             log(f"{tag} failed: {results[-1].error}")
+        if progress:
+            log(f"{tag}: {tally.line()}")
     return results
 
 
 def _train_parallel(jobs: list[tuple[str, Config]], out: Path, progress: bool, overwrite_other_config: bool,
-                    workers: int, finished: set[str]) -> list[JobResult]:
+                    workers: int, finished: set[str], tally: Tally, pool: Any) -> list[JobResult]:
     """train_jobs with `workers` processes: the same skips, refusals and results, in the same order.
     `finished`: the jobs whose runs are finished already (train_jobs read their reports)."""
     from .parallel import train_parallel
@@ -128,6 +202,7 @@ def _train_parallel(jobs: list[tuple[str, Config]], out: Path, progress: bool, o
         run_dir = runs.run_dir_for(Path(out), name)
         if name in finished:
             results[name] = JobResult(name, "skipped")
+            tally.end(name)
             if progress:
                 log(f"[{i}/{len(jobs)}] {name}: finished already, skipped")
             continue
@@ -137,6 +212,7 @@ def _train_parallel(jobs: list[tuple[str, Config]], out: Path, progress: bool, o
         except ConfigMismatchError as exc:
             if not overwrite_other_config:
                 results[name] = JobResult(name, "failed", str(exc))
+                tally.end(name)
                 log(f"[{i}/{len(jobs)}] {name} failed: {exc}")
                 continue
             overwrite = True
@@ -145,7 +221,8 @@ def _train_parallel(jobs: list[tuple[str, Config]], out: Path, progress: bool, o
         except TiedlmError:
             pass  # the child meets it again and says it
         todo.append((name, cfg, overwrite))
-    outcome = train_parallel(todo, Path(out), workers, progress, total=len(jobs), done_before=len(results))
+    outcome = train_parallel(todo, Path(out), workers, progress, total=len(jobs), done_before=len(results),
+                             pool=pool, tally=tally)
     for name, error in outcome.items():
         results[name] = JobResult(name, "finished") if error is None else JobResult(name, "failed", error)
     return [results[name] for name, _ in jobs if name in results]

@@ -1,10 +1,14 @@
-"""Several runs at once, each in its own process: what `--jobs N` of `tiedlm compare --config` and
+"""Several runs at once, on worker processes: what `--jobs N` of `tiedlm compare --config` and
 `tiedlm sweep` does (jobs.train_jobs hands its unfinished runs here when N > 1).
 
-Each run is trained by a child `python -m tiedlm train -q` on the run's exact resolved config (written
-with config.to_yaml to a temporary file), into the same folder under the same name as the sequential
+A WorkerPool holds up to N long-lived workers (`serve`: a process that trains the runs it is sent,
+one after another, each by train_run on the run's exact resolved config, written with
+config.to_yaml to a temporary file), into the same folder under the same name as the sequential
 path, so its results do not depend on --jobs: with the same train.threads, a run trained here ends
-with the same weights and metrics, bit for bit, as the same run trained in-process.
+with the same weights and metrics, bit for bit, as the same run trained in-process. A worker pays
+its imports once and is kept from one stage of a comparison to the next (jobs.Executor); the data
+is prepared here, before any worker starts, and read by the workers from the token cache, whose
+token arrays are memory-mapped (one copy in the page cache for all of them).
 
 - Threads: N processes share the cores; a run whose train.threads is 0 (torch's default) gets
   max(1, cores // N). train.threads is an operational key (outside the config hash): the run's
@@ -13,16 +17,19 @@ with the same weights and metrics, bit for bit, as the same run trained in-proce
   on the CPU min(runs, cores) processes when every run's model is small (below SMALL_MODEL
   non-embedding parameters, where one process per core beats one process using every core), else 1.
 - Output: one line per event on stderr (started, finished with the time it took, failed with the
-  child's last `tiedlm: error:` line), with the counts of runs done, running and queued and an ETA
-  from the finished runs' durations. The children's own output goes to a log file per run.
-- Signals: SIGINT and SIGTERM are forwarded to every child (started in sessions of their own, so that
-  a terminal's Ctrl-C reaches them once, through here); each writes a checkpoint and exits 130/143,
-  and the command ends with Interrupted (130/143), so running it again continues. A second signal is
-  forwarded too: the children then stop at once (their previous checkpoints are intact)."""
+  run's `tiedlm: error:` line), with the counts of runs done, running and queued and the whole
+  comparison's count and time left (jobs.Tally). Each run's own output goes to a log file.
+- Signals: SIGINT and SIGTERM are forwarded to every worker (started in sessions of their own, so
+  that a terminal's Ctrl-C reaches them once, through here); a training one writes a checkpoint and
+  stops, an idle one ends, and the command ends with Interrupted (130/143), so running it again
+  continues. A second signal is forwarded too: the runs then stop at once (their previous
+  checkpoints are intact)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -33,6 +40,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .config import Config, to_yaml
 from .errors import ConfigError, Interrupted
@@ -106,16 +114,6 @@ def resolve_workers(spec: int | str, cfgs: list[Config]) -> int:
     return 1
 
 
-@dataclass
-class _Child:
-    name: str
-    index: int
-    proc: subprocess.Popen
-    log: Path
-    started: float
-    gpu: str | None
-
-
 def _last_error(log_path: Path, code: int) -> str:
     try:
         lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
@@ -127,19 +125,12 @@ def _last_error(log_path: Path, code: int) -> str:
     return f"{lines[-1]} (exit code {code})" if lines else f"exit code {code}"
 
 
-def _eta(durations: list[float], left: int, workers: int) -> str:
-    if not durations or not left:
-        return ""
-    s = int(round(sum(durations) / len(durations) * -(-left // workers)))
-    return f", ETA ~{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f", ETA ~{s // 60}m{s % 60:02d}s"
-
-
 class _Signals:
     """SIGINT/SIGTERM noted (and forwarded to the children) instead of raising, while installed."""
 
     def __init__(self):
         self.received: int | None = None
-        self.children: list[_Child] = []
+        self.children: list = []  # what has a .proc: the pool's workers
         self._old: dict = {}
 
     def _handler(self, signum, frame):
@@ -234,82 +225,284 @@ def _prepare_once(cfgs: list[Config], progress: bool) -> None:
                           exit_code=143 if isinstance(exc, Terminated) else 130) from None
 
 
+# ------------------------------------------------------------------------- the workers
+
+# What a worker runs: `-c` rather than `-m tiedlm.parallel`, so that this module is imported once,
+# under its own name, in the worker as everywhere else.
+_WORKER = "import sys; from tiedlm.parallel import serve; sys.exit(serve())"
+_WAIT_S = 10  # how long a closing pool waits for an idle worker to read its end of input
+
+
+@dataclass
+class _Job:
+    index: int  # in its stage, for the display
+    name: str
+    log: Path
+    started: float
+    gpu: str | None
+
+
+@dataclass
+class _Worker:
+    """One long-lived worker process; `job` is what it trains now (None: idle)."""
+
+    proc: subprocess.Popen
+    gpu: str | None
+    job: _Job | None = None
+    pending: bytes = b""  # a reply read in part
+
+
+class WorkerPool:
+    """Worker processes that each train runs one after another, as they are sent: started when a
+    stage first needs them and kept for the next stages, so that a comparison pays a process's
+    imports once per worker instead of once per run. Each worker trains in a fresh call of
+    train_run, as the one-after-another path does in its one process, so a run's numbers do not
+    depend on which worker trained it or what it trained before. `close()` (or the end of a `with`)
+    ends them; every one also ends with this process (process.die_with_parent)."""
+
+    def __init__(self) -> None:
+        self.workers: list[_Worker] = []  # mutated in place: _Signals holds this very list
+        self.starts = 0  # processes started, for the tests and the display
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._files = 0  # config and log files written, numbered across stages
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def folder(self) -> Path:
+        """The pool's temporary folder (the runs' configs and logs, the workers' own logs)."""
+        if self._tmp is None:
+            _clean_stale_folders()
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"{_TMP_PREFIX}{HOST}-{os.getpid()}-")
+        return Path(self._tmp.name)
+
+    def _start(self, gpu: str | None) -> _Worker:
+        with open(self.folder() / f"worker-{self.starts + 1}.log", "wb") as fh:
+            proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=fh, env=_child_env(gpu), start_new_session=True)
+        self.starts += 1
+        worker = _Worker(proc, gpu)
+        self.workers.append(worker)
+        return worker
+
+    def send(self, index: int, name: str, cfg: Config, overwrite: bool, out: Path, gpu: str | None) -> _Job:
+        """Hand a run to an idle worker on `gpu` (None: no GPU of its own), started if none is idle."""
+        self._files += 1
+        path = self.folder() / f"{self._files}.yaml"
+        path.write_text(to_yaml(cfg))
+        job = _Job(index, name, self.folder() / f"{self._files}.log", time.monotonic(), gpu)
+        line = json.dumps({"config": str(path), "name": name, "out": str(out), "overwrite": overwrite,
+                           "log": str(job.log)}) + "\n"
+        for worker in [w for w in self.workers if w.job is None and w.gpu == gpu] + [None]:
+            worker = worker or self._start(gpu)
+            try:
+                worker.proc.stdin.write(line.encode())
+                worker.proc.stdin.flush()
+            except OSError:  # it died while idle (killed from outside): the next one, or a new one
+                self._drop(worker)
+                continue
+            worker.job = job
+            return job
+        raise AssertionError("unreachable: a new worker takes the run or raises")
+
+    def _drop(self, worker: _Worker) -> None:
+        with contextlib.suppress(OSError):
+            worker.proc.stdin.close()
+        if worker.proc.poll() is None:
+            _send(worker.proc, signal.SIGTERM)
+        worker.proc.wait()
+        worker.proc.stdout.close()
+        self.workers.remove(worker)
+
+    def busy(self) -> list[_Worker]:
+        return [w for w in self.workers if w.job is not None]
+
+    def ended(self, timeout: float) -> list[tuple[_Job, int, str | None]]:
+        """The runs that ended within `timeout` seconds: (job, exit code, its error line or None
+        to read from its log). A worker that died in a run is dropped, its exit code the run's."""
+        import select
+
+        busy = self.busy()
+        if not busy:
+            return []
+        ready, _, _ = select.select([w.proc.stdout for w in busy], [], [], timeout)
+        done = []
+        for worker in busy:
+            if worker.proc.stdout not in ready:
+                continue
+            chunk = os.read(worker.proc.stdout.fileno(), 65536)
+            worker.pending += chunk
+            if b"\n" in worker.pending:
+                line, _, worker.pending = worker.pending.partition(b"\n")
+                reply = json.loads(line)
+                done.append((worker.job, reply["code"], reply["error"]))
+                worker.job = None
+            elif not chunk:  # end of its output: the worker is gone
+                job, code = worker.job, worker.proc.wait()
+                self._drop(worker)
+                done.append((job, code, None))
+        return done
+
+    def stop_busy(self) -> None:
+        """End the workers still in a run (SIGTERM: a checkpoint, then exit) and wait for them."""
+        for worker in self.busy():
+            _send(worker.proc, signal.SIGTERM)
+        for worker in self.busy():
+            self._drop(worker)
+
+    def close(self) -> None:
+        """End every worker (an idle one at the end of its input) and remove the temporary folder."""
+        for worker in self.workers:
+            with contextlib.suppress(OSError):
+                worker.proc.stdin.close()
+        for worker in list(self.workers):
+            try:
+                worker.proc.wait(_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
+            self._drop(worker)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def _train_in_worker(job: dict) -> tuple[int, str | None]:
+    """One run of a worker, its output into the run's log: (exit code, error line), what
+    `tiedlm train -q` would exit with and print (run_command's mapping)."""
+    import traceback
+
+    from .config import load_config
+    from .errors import TiedlmError
+    from .files import os_error_line
+    from .train import train_run
+
+    try:
+        cfg = load_config(job["config"])
+        train_run(cfg, out=Path(job["out"]), name=job["name"], overwrite=job["overwrite"], progress=False)
+        return 0, None
+    except TiedlmError as exc:
+        text = str(exc)
+        return exc.exit_code, text.splitlines()[0] if text else type(exc).__name__
+    except KeyboardInterrupt:
+        return 130, "interrupted"
+    except OSError as exc:
+        return 1, os_error_line(exc)
+    except Exception as exc:  # noqa: BLE001  (a bug in one run: said, in full in its log; the worker goes on)
+        traceback.print_exc()
+        return 1, f"{type(exc).__name__}: {exc}"
+
+
+def serve() -> int:
+    """A worker's life: read runs (one JSON line each) from stdin, train each, answer one JSON line
+    on stdout, until the end of stdin. A run that stops on a signal ends the worker with its exit
+    code, as it ends the whole command; one that fails does not: the next run is trained."""
+    from .process import die_with_parent
+
+    die_with_parent()
+    replies = os.fdopen(os.dup(1), "w")
+    own_err = os.dup(2)
+    # Idle, there is nothing to save: SIGTERM ends the worker at once (SIGINT raises, as always).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+    try:
+        for line in sys.stdin:
+            job = json.loads(line)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
+            code, error = _train_in_worker(job)
+            if error is not None:
+                print(f"tiedlm: error: {error}", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(own_err, 1)
+            os.dup2(own_err, 2)
+            replies.write(json.dumps({"code": code, "error": error}) + "\n")
+            replies.flush()
+            if code in (130, 143):
+                return code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # the parent is gone: so is the reason to go on
+        return 143
+    return 0
+
+
+# ------------------------------------------------------------------------- a stage over the workers
+
+
+def _gpu_for(cfg: Config, free: list[str]) -> str | None:
+    return free.pop(0) if free and cfg.train.device in ("auto", "cuda", "cuda:0") else None
+
+
 def train_parallel(jobs: list[tuple[str, Config, bool]], out: Path, workers: int, progress: bool = True,
-                   total: int | None = None, done_before: int = 0) -> dict[str, str | None]:
-    """Train (name, config, overwrite) jobs into `out`, at most `workers` at a time, each in its own
-    process. Returns {name: None (finished) or the failure's message}. A signal stops them all at a
-    checkpoint and raises Interrupted. `total`/`done_before`: the whole set's count and the runs
-    already finished (skipped), for the display."""
+                   total: int | None = None, done_before: int = 0, pool: WorkerPool | None = None,
+                   tally: Any = None) -> dict[str, str | None]:
+    """Train (name, config, overwrite) jobs into `out`, at most `workers` at a time, on the
+    workers of `pool` (one made and closed here when None). Returns {name: None (finished) or the
+    failure's message}. A signal stops them all at a checkpoint and raises Interrupted.
+    `total`/`done_before`: the stage's count and the runs already finished (skipped), for the
+    display; `tally` (a jobs.Tally): the whole comparison's count and time left."""
+    if pool is None:
+        with WorkerPool() as own:
+            return train_parallel(jobs, out, workers, progress, total, done_before, own, tally)
     total = total or len(jobs)
-    cores = available_cores()
     gpus = visible_gpus([cfg for _, cfg, _ in jobs])
-    threads = max(1, cores // workers)
+    threads = max(1, available_cores() // workers)
     outcome: dict[str, str | None] = {}
-    durations: list[float] = []
     queue = list(enumerate(jobs, 1))
-    running: list[_Child] = []
     free_gpus = list(gpus)
     if progress:
         log(f"training {len(jobs)} runs, {workers} at a time ({threads} CPU thread{'s' * (threads != 1)} each "
-            f"where train.threads is 0{', one GPU each' if gpus else ''})")
+            f"where train.threads is 0{', one GPU each' if gpus else ''}; {len(pool.workers)} worker process"
+            f"{'es' * (len(pool.workers) != 1)} started already)")
 
     def counts() -> str:
-        return f"{done_before + len(outcome)}/{total} done, {len(running)} running, {len(queue)} queued"
+        return f"{done_before + len(outcome)}/{total} done, {len(pool.busy())} running, {len(queue)} queued"
 
-    def launch(i: int, name: str, cfg: Config, overwrite: bool, tmp: Path) -> None:
-        if cfg.train.threads == 0:
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, threads=threads))
-        path = tmp / f"{i}.yaml"
-        path.write_text(to_yaml(cfg))
-        log_path = tmp / f"{i}.log"
-        gpu = free_gpus.pop(0) if free_gpus and cfg.train.device in ("auto", "cuda", "cuda:0") else None
-        cmd = [sys.executable, "-m", "tiedlm", "train", "--config", str(path), "--name", name, "--out", str(out), "-q"]
-        with open(log_path, "wb") as fh:
-            proc = subprocess.Popen(cmd + (["--overwrite"] if overwrite else []), stdout=fh, stderr=fh,
-                                    stdin=subprocess.DEVNULL, env=_child_env(gpu), start_new_session=True)
-        running.append(_Child(name, i, proc, log_path, time.monotonic(), gpu))
-        if progress:
-            log(f"[{i}/{len(jobs)}] started {name}{f' on GPU {gpu}' if gpu is not None else ''} ({counts()})")
-
-    def finished(c: _Child, code: int) -> None:
-        running.remove(c)
-        if c.gpu is not None:
-            free_gpus.append(c.gpu)
+    def finished(job: _Job, code: int, error: str | None) -> None:
+        if job.gpu is not None:
+            free_gpus.append(job.gpu)
+        seconds = time.monotonic() - job.started
         if code == 0:
-            outcome[c.name] = None
-            durations.append(time.monotonic() - c.started)
+            outcome[job.name] = None
+            if tally is not None:
+                tally.end(job.name, seconds)
             if progress:
-                log(f"[{c.index}/{len(jobs)}] {c.name} finished in {durations[-1]:.1f}s "
-                    f"({counts()}{_eta(durations, len(running) + len(queue), workers)})")
+                left = f"; {tally.line(workers)}" if tally is not None else ""
+                log(f"[{job.index}/{len(jobs)}] {job.name} finished in {seconds:.1f}s ({counts()}{left})")
         elif code not in (130, 143, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL):
-            outcome[c.name] = _last_error(c.log, code)
-            log(f"[{c.index}/{len(jobs)}] {c.name} failed: {outcome[c.name]}")
+            outcome[job.name] = error or _last_error(job.log, code)
+            if tally is not None:
+                tally.end(job.name)
+            log(f"[{job.index}/{len(jobs)}] {job.name} failed: {outcome[job.name]}")
 
-    _clean_stale_folders()
     _prepare_once([cfg for _, cfg, _ in jobs], progress)
-    with tempfile.TemporaryDirectory(prefix=f"{_TMP_PREFIX}{HOST}-{os.getpid()}-") as tmp, _Signals() as sig:
-        sig.children = running
+    with _Signals() as sig:
+        sig.children = pool.workers
         try:
-            while queue or running:
-                while sig.received is None and queue and len(running) < workers:
+            while queue or pool.busy():
+                while sig.received is None and queue and len(pool.busy()) < workers:
                     i, (name, cfg, overwrite) = queue.pop(0)
-                    launch(i, name, cfg, overwrite, Path(tmp))
-                for c in list(running):
-                    code = c.proc.poll()
-                    if code is None:
-                        continue
-                    if code in (130, 143) and sig.received is None:  # a child interrupted on its own:
+                    if cfg.train.threads == 0:
+                        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, threads=threads))
+                    job = pool.send(i, name, cfg, overwrite, out, _gpu_for(cfg, free_gpus))
+                    if progress:
+                        log(f"[{i}/{len(jobs)}] started {name}{f' on GPU {job.gpu}' if job.gpu is not None else ''} "
+                            f"({counts()})")
+                for job, code, error in pool.ended(_POLL_S):
+                    if code in (130, 143) and sig.received is None:  # a run interrupted on its own:
                         sig._handler(signal.SIGTERM if code == 143 else signal.SIGINT, None)  # stop them all
-                    finished(c, code)
+                    finished(job, code, error)
                 if sig.received is not None:
                     queue.clear()
-                if running:
-                    time.sleep(_POLL_S)
         finally:
-            for c in running:  # an exception here (not a signal): no child outlives the command
-                _send(c.proc, signal.SIGTERM)
-            for c in running:
-                c.proc.wait()
+            pool.stop_busy()  # an exception here (not a signal): no run goes on training unwatched
     if sig.received is not None:
         left = [name for name, _, _ in jobs if name not in outcome]
         raise Interrupted(f"{signal.Signals(sig.received).name}: {len(left)} run(s) stopped at a checkpoint or not "

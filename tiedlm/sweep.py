@@ -389,24 +389,26 @@ def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, job
                  [f"{k}={yaml_value(v)}" for k, v in p.items()]) for p in points]
     prefix = grid.name or base.name
     source = RunSource(grid.config, tuple(grid.set), prefix, where=str(grid.path))
-    executor = Executor(grid.out, progress, train=train or train_run, parallel=jobs)
-    selection = "kept best weights" if base.train.keep_best else "final weights"
-    search = TuningSearch(grid.tune, variants, source, grid.out, grid.seeds[0], selection, base)
-    stage = search.next_stage()
-    while stage is not None:
-        executor.run(stage)
+    executor = Executor(grid.out, progress, train=train or train_run, parallel=jobs, may_grow=True)
+    with executor:  # the --jobs workers serve every stage
+        selection = "kept best weights" if base.train.keep_best else "final weights"
+        search = TuningSearch(grid.tune, variants, source, grid.out, grid.seeds[0], selection, base)
         stage = search.next_stage()
-    tuning = search.tuning
-    tuned_short = short_keys(tuning.keys)
-    final = []  # (variant, grid point, seed, run)
-    for (tag, _), point, v in zip(variants, points, tuning.variants):
-        if v.chosen is None:
-            continue
-        label = sanitize(point_label(v.chosen.point, tuned_short))
-        for seed in grid.seeds:
-            final.append((v, point, seed, source.run(f"{tag}-{label}", v.overrides + point_overrides(
-                v.chosen.point, tuning.schedule), seed)))
-    executor.run(Stage("every seed at each point's choice", [run for *_, run in final]))
+        while stage is not None:
+            executor.run(stage)
+            stage = search.next_stage()
+        tuning = search.tuning
+        tuned_short = short_keys(tuning.keys)
+        final = []  # (variant, grid point, seed, run)
+        for (tag, _), point, v in zip(variants, points, tuning.variants):
+            if v.chosen is None:
+                continue
+            label = sanitize(point_label(v.chosen.point, tuned_short))
+            for seed in grid.seeds:
+                final.append((v, point, seed, source.run(f"{tag}-{label}", v.overrides + point_overrides(
+                    v.chosen.point, tuning.schedule), seed)))
+        executor.may_grow = False  # the last stage: every run is known
+        executor.run(Stage("every seed at each point's choice", [run for *_, run in final]))
     write_record(grid.out, tuning, [run.name for *_, run in final])
     summary = SweepSummary(dry_run=False, out=str(grid.out), total=len(final), tuning=tuning)
     for v, point, seed, run in final:

@@ -185,31 +185,34 @@ def train_for_comparison(req: CompareRequest, spec: Any) -> tuple[list[Path], Fo
     from ..train import train_run
     plan = plan_comparison(req)
     found = Found(match=plan.match)
-    executor = Executor(req.runs_dir, req.progress, req.overwrite, req.train or train_run, req.jobs)
-    found.failed = executor.failures
-    primary = req.primary
-    if spec is not None:
-        found.tuning = _tune(req, plan, spec, executor)
-        primary = primary or "test"
-    seeds = SeedDesign(req.seeds, *req.design, progress=req.progress)
-    span = seeds.first()
-    while span is not None:
-        runs = plan.runs(*span)
-        shared = _shared_point(found.tuning, plan)
-        if shared is not None and found.tuning.spec.shared_seeds:
-            runs += plan.runs(*span, point=shared)
-        new = [run_dir_for(req.runs_dir, r.name) for r in runs]
-        check_outputs(req.folder, [d for d in new if d.is_dir()], req.analyze, req.overwrite_output)
-        trained = executor.run(Stage(f"seeds {span[0] + 1} to {span[1]}", runs))
-        dirs = [run_dir_for(req.runs_dir, r.name) for r in plan.runs(0, seeds.seeds)]
-        span = seeds.after(trained, contrast_of(dirs, found.failed, req, primary, found.tuning) if seeds.auto else None)
-    found.sequential = seeds.record
-    if found.tuning is not None:
-        shared = _shared_point(found.tuning, plan)
-        if shared is not None:
-            dirs = [run_dir_for(req.runs_dir, r.name) for r in plan.runs(0, seeds.seeds, point=shared)]
-            found.tuning.shared = shared_verdict(found.tuning, shared, dirs, found.failed, req, primary)
-    return [run_dir_for(req.runs_dir, r.name) for r in plan.runs(0, seeds.seeds)], found
+    executor = Executor(req.runs_dir, req.progress, req.overwrite, req.train or train_run, req.jobs,
+                        may_grow=spec is not None)
+    with executor:  # the --jobs workers serve every stage, and end with the comparison
+        found.failed = executor.failures
+        primary = req.primary
+        if spec is not None:
+            found.tuning = _tune(req, plan, spec, executor)
+            primary = primary or "test"
+        seeds = SeedDesign(req.seeds, *req.design, progress=req.progress)
+        executor.may_grow = seeds.auto  # the tuning is done: only the sequential design adds runs now
+        span = seeds.first()
+        while span is not None:
+            runs = plan.runs(*span)
+            shared = _shared_point(found.tuning, plan)
+            if shared is not None and found.tuning.spec.shared_seeds:
+                runs += plan.runs(*span, point=shared)
+            new = [run_dir_for(req.runs_dir, r.name) for r in runs]
+            check_outputs(req.folder, [d for d in new if d.is_dir()], req.analyze, req.overwrite_output)
+            trained = executor.run(Stage(f"seeds {span[0] + 1} to {span[1]}", runs))
+            dirs = [run_dir_for(req.runs_dir, r.name) for r in plan.runs(0, seeds.seeds)]
+            span = seeds.after(trained, contrast_of(dirs, found.failed, req, primary, found.tuning) if seeds.auto else None)
+        found.sequential = seeds.record
+        if found.tuning is not None:
+            shared = _shared_point(found.tuning, plan)
+            if shared is not None:
+                dirs = [run_dir_for(req.runs_dir, r.name) for r in plan.runs(0, seeds.seeds, point=shared)]
+                found.tuning.shared = shared_verdict(found.tuning, shared, dirs, found.failed, req, primary)
+        return [run_dir_for(req.runs_dir, r.name) for r in plan.runs(0, seeds.seeds)], found
 
 
 def _tune(req: CompareRequest, plan: ComparisonPlan, spec: Any, executor: Any) -> Any:
