@@ -1,4 +1,8 @@
-from .process import die_with_parent
+from .device import set_thread_env
+
+set_thread_env()  # before anything imports torch: its OpenMP pool reads the variables once, at load
+
+from .process import die_with_parent  # noqa: E402
 
 die_with_parent()  # a --jobs child ends with the process that started it (parallel.py)
 

@@ -87,6 +87,15 @@ def _num(x: int | float) -> str:
     return f"{x:,}" if isinstance(x, int) else f"{x:g}"
 
 
+def _validate_threads(threads: int | str) -> None:
+    if isinstance(threads, str):
+        _check(threads == "auto", f"train.threads must be a number of threads, 0 (torch's default) or auto, "
+               f"got {threads!r} — set a count or auto")
+        return
+    check_not_negative(threads, "train.threads")
+    check_at_most(threads, THREADS_LIMIT, "train.threads", "more than any CPU has cores; 0 keeps torch's default")
+
+
 def check_at_most(value: int | float, limit: int | float, key: str, why: str) -> None:
     _check(value <= limit, f"{key} must be at most {_num(limit)}, got {_num(value)} ({why}) — lower it")
 
@@ -188,11 +197,11 @@ def _validate_train(t: Any) -> None:
     check_positive(t.lr, "train.lr")
     _validate_min_lr(t)
     for key in ("warmup_steps", "weight_decay", "grad_clip", "eval_every", "checkpoint_every",
-                "max_skipped", "threads", "early_stop_patience", "early_stop_min_delta"):
+                "max_skipped", "early_stop_patience", "early_stop_min_delta"):
         check_not_negative(getattr(t, key), f"train.{key}")
     _validate_selection(t)
     check_log_to(t.log_to)
-    check_at_most(t.threads, THREADS_LIMIT, "train.threads", "more than any CPU has cores; 0 keeps torch's default")
+    _validate_threads(t.threads)
     # AdamW multiplies each decayed weight by 1 - lr * weight_decay every step: at 1 or more that
     # zeroes or flips the weights, so the run can only diverge.
     _check(t.lr * t.weight_decay < 1,

@@ -9,9 +9,70 @@ import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping, MutableMapping
 
 from .errors import ConfigError
+
+
+# ------------------------------------------------------------------------- OpenMP and threads
+
+# torch's CPU build runs its thread pool on GNU OpenMP, whose threads spin this many times while
+# they wait for the next parallel region (300,000 by default, milliseconds on a modern core). When
+# another process holds a core, that spinning takes the time the other thread needs and a step
+# slows by several times; at this count a step under load stays within 2x its quiet time and the
+# quiet step costs at most a few percent (docs/benchmarks.md, `scripts/bench.py --under-load`).
+SPIN_COUNT = "10000"
+# A user's choice of OpenMP wait behaviour, which tiedlm never overrides.
+_WAIT_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def thread_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The OpenMP variables tiedlm adds to an environment that sets none of its own: a process
+    started with them (a `--jobs` worker, whatever its command) waits as tiedlm's CLI does. libgomp
+    reads them once, when torch is first imported, so they belong in a process's environment
+    before that."""
+    if any(key in environ for key in _WAIT_KEYS):
+        return {}
+    return {"GOMP_SPINCOUNT": SPIN_COUNT}
+
+
+def set_thread_env(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
+    """thread_env added to this process's environment, while torch is not imported yet (after, it
+    would change nothing but what the process's children inherit, so nothing is set); returns what
+    was added. The CLI calls it before anything imports torch."""
+    if "torch" in sys.modules:
+        return {}
+    added = thread_env(environ)
+    environ.update(added)
+    return added
+
+
+def auto_threads(cores: int, load: float) -> int:
+    """train.threads: auto, from the machine as a run starts: the cores this process may use less
+    the 1-minute load average (the processes already running or waiting for a core), rounded, at
+    least 1 and at most `cores`. On a quiet machine that is every core; beside a 2-thread job on 2
+    cores it is 1, which leaves the other job its core instead of taking turns with it."""
+    return max(1, min(cores, int(cores - load + 0.5)))
+
+
+def machine_threads() -> int:
+    """auto_threads of this machine now (Linux: the affinity mask, which a cgroup's cpuset or
+    taskset narrows; elsewhere every core)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows): every core
+        load = 0.0
+    return auto_threads(cores, load)
+
+
+def resolve_threads(threads: int | str) -> int:
+    """train.threads as a count for cpu_threads: "auto" by machine_threads, 0 (torch's default)
+    and a number as they are."""
+    return machine_threads() if threads == "auto" else int(threads)
 
 
 def resolve_device(name: str, key: str = "train.device", fix: str = "--set train.device=auto"):
@@ -59,11 +120,12 @@ def autocast_ctx(device, dtype: str):
 
 
 @contextlib.contextmanager
-def cpu_threads(n: int) -> Iterator[None]:
-    """torch's CPU thread count set to n (0: left as it is) for the duration, then restored: a
-    library call must not change a setting of the process that called it."""
+def cpu_threads(n: int | str) -> Iterator[None]:
+    """torch's CPU thread count set to n (0: left as it is; "auto": resolve_threads) for the
+    duration, then restored: a library call must not change a setting of the process that called it."""
     import torch
 
+    n = resolve_threads(n)
     before = torch.get_num_threads()
     if n:
         torch.set_num_threads(n)
