@@ -7,6 +7,7 @@ dimensions, tied and untied; against the machine's own fp32 matmul rate measured
     python scripts/bench.py --device cuda --dtype bf16
     python scripts/bench.py --steps 2 --rounds 3 --no-extra   # the four shapes' tables alone, shorter
     python scripts/bench.py --chunks      # the fused loss's chunk size, by the training step (base, wide vocab)
+    python scripts/bench.py --under-load --rounds 3   # each OpenMP policy quiet and beside a competing process
 
 Training throughput is a full step (forward, backward, clipping, AdamW) on random tokens after
 warm-up steps. The six models of a shape (tiedlm tied and untied with its fused cross-entropy,
@@ -443,6 +444,21 @@ def chunk_sizes(args) -> None:
                   f"{min(v):,.0f} – {max(v):,.0f} |")
 
 
+def load_table(args) -> None:
+    """--under-load: the policies' table, the matmul rate measured first, in the same run."""
+    import torch
+
+    import bench_load
+
+    ceiling = matmul_rate(torch.device("cpu"), torch.float32)
+    result = bench_load.under_load(rounds=args.rounds, steps=args.steps, warmup=args.warmup)
+    result.update(matmul_flops=ceiling, torch=torch.__version__, cores=os.cpu_count())
+    bench_load.print_table(result, ceiling)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+
+
 def print_shape(e: dict) -> None:
     L, H, d, T, B, V = e["shape"]
     print(f"\n{e['name']}: L={L} H={H} d={d} T={T} B={B} V={V:,}; evaluation {e['eval_tokens_per_s']:,.0f} tok/s "
@@ -473,6 +489,8 @@ def main() -> None:
     ap.add_argument("--no-extra", action="store_true", help="the shapes' tables only (no memory, cold commands, data)")
     ap.add_argument("--chunks", action="store_true", help="time the base shape's training step at several chunk "
                     "sizes of the fused loss (tiedlm.loss.CHUNK_BYTES), in turn, and stop")
+    ap.add_argument("--under-load", action="store_true", help="the main job's step quiet and beside a competing "
+                    "2-thread process, for each OpenMP wait policy (scripts/bench_load.py), and stop")
     ap.add_argument("--json", type=Path, default=None, help="where to write the results (default: bench.json "
                     "beside this script; --quick writes none unless asked)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -483,6 +501,8 @@ def main() -> None:
         args.steps, args.rounds, args.warmup = 1, 1, 1
     if args.chunks:
         return chunk_sizes(args)
+    if args.under_load:
+        return load_table(args)
     result = run(args)
     path = args.json or (None if args.quick else Path(__file__).with_name("bench.json"))
     if path:

@@ -3,6 +3,7 @@ its pool, a user's own settings win, `train.threads: auto` follows its rule, and
 competing process never outlives it. No timing is asserted here (scripts/bench.py --under-load
 measures)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -106,3 +107,22 @@ def test_train_threads_takes_a_count_or_auto():
     for bad in ("many", "-1"):
         with pytest.raises(ConfigError, match="train.threads"):
             validate(load_config(ROOT / "configs/base.yaml", [f"train.threads={bad}"]))
+
+
+def bench_load():
+    spec = importlib.util.spec_from_file_location("bench_load", ROOT / "scripts" / "bench_load.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_bench_s_competing_process_is_ended_by_pid():
+    mod = bench_load()
+    proc = mod.start_competitor(seconds=60)  # started, ready, and paused
+    try:
+        assert proc.poll() is None
+    finally:
+        mod.end(proc)
+    assert proc.returncode is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(proc.pid, 0)

@@ -1,0 +1,177 @@
+"""A training step quiet and under load, for each OpenMP policy: `python scripts/bench.py --under-load`.
+
+torch's CPU build runs its pool on GNU OpenMP, whose threads spin while they wait for work; when
+another process holds a core, the spinning burns the time the other thread needs, and a step
+slows by several times. The wait behaviour is read once, when torch loads libgomp, so each policy
+lives in its own process, started with its environment. All of them are started first and wait;
+then, round by round, each times its steps with the competing process stopped (quiet) and
+running (under load), in turn, so that the machine's drift falls on every cell alike.
+
+The competing process is one 2-thread torch process doing 1024³ matmuls with OpenMP's default
+wait, like another user's job. It is started once, paused with SIGSTOP between the loaded phases,
+bounded by its own deadline, and killed by pid at the end whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# The main job's shape (configs/shakespeare.yaml): name, n_layer, n_head, n_embd, block, batch, V
+MAIN_JOB = ("main job", 2, 4, 128, 64, 32, 2048)
+OPENMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def policies() -> list[tuple[str, dict]]:
+    """(label, the OpenMP variables of its process): today's default first (the others' quiet time
+    is given against it), the alternatives, and the wait that tiedlm's CLI sets when the user set
+    none (tiedlm.device.thread_env), with every core (the default) and with the one thread that
+    `train.threads: auto` takes beside a 2-thread job on 2 cores."""
+    sys.path.insert(0, str(ROOT))
+    from tiedlm.device import thread_env
+
+    cores, ours = str(os.cpu_count() or 1), thread_env({})
+    rows = [(cores, {}, ""), (cores, {"OMP_WAIT_POLICY": "PASSIVE"}, ""), (cores, {"GOMP_SPINCOUNT": "1000"}, ""),
+            ("1", {}, ""), (cores, ours, ": tiedlm's default"), ("1", ours, ": `train.threads: auto` when loaded")]
+    return [(label(n, wait) + note, {"OMP_NUM_THREADS": n, **wait}) for n, wait, note in rows]
+
+
+def label(threads: str, wait: dict) -> str:
+    how = ", ".join(f"`{k}={v}`" for k, v in wait.items()) or "default OpenMP wait"
+    return f"{threads} thread{'s' * (threads != '1')}, {how}"
+
+
+COMPETITOR = """
+import os, sys, time
+import torch
+deadline, parent = time.monotonic() + float(sys.argv[1]), os.getppid()
+a = torch.randn(1024, 1024)
+a @ a
+print("ready", flush=True)
+while time.monotonic() < deadline and os.getppid() == parent:
+    a @ a
+"""
+
+
+def start_competitor(seconds: float) -> subprocess.Popen:
+    """The competing process, ready and paused. It ends by itself after `seconds` or when its parent
+    is gone, so that not even a bench killed with -9 leaves it running for long."""
+    env = {k: v for k, v in os.environ.items() if k not in OPENMP_KEYS}
+    env["OMP_NUM_THREADS"] = "2"
+    proc = subprocess.Popen([sys.executable, "-c", COMPETITOR, str(seconds)], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    if proc.stdout.readline().strip() != "ready":
+        raise RuntimeError("the competing process did not start")
+    os.kill(proc.pid, signal.SIGSTOP)
+    return proc
+
+
+def end(proc: subprocess.Popen | None) -> None:
+    """Kill a process of ours by its pid and reap it; SIGCONT first, as a stopped one is paused."""
+    if proc is None or proc.poll() is not None:
+        return
+    for sig in (signal.SIGCONT, signal.SIGKILL):
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            return
+    proc.wait()
+
+
+def start_timer(env: dict) -> subprocess.Popen:
+    """A process timing the main job's step under `env`: it builds the model and waits for orders."""
+    full = {k: v for k, v in os.environ.items() if k not in OPENMP_KEYS}
+    full.update(env)
+    return subprocess.Popen([sys.executable, __file__, "--timer"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=full, cwd=ROOT)
+
+
+def ask(proc: subprocess.Popen, order: dict) -> dict:
+    proc.stdin.write(json.dumps(order) + "\n")
+    proc.stdin.flush()
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"a timing process ended early (exit {proc.wait()})")
+    return json.loads(line)
+
+
+def timer() -> None:
+    """--timer: one step builder; each order {"warmup", "steps"} is answered with the steps' times."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import torch
+
+    import bench
+
+    device = torch.device("cpu")
+    _, L, H, d, T, B, V = MAIN_JOB
+    model, opt = bench.tiedlm_model(MAIN_JOB, True, device)
+    x = torch.randint(0, V, (B, T + 1))
+    step = bench.step_fn("tiedlm", model, opt, x, contextlib.nullcontext())
+    print(json.dumps({"threads": torch.get_num_threads()}), flush=True)
+    for line in sys.stdin:
+        order = json.loads(line)
+        for _ in range(order["warmup"]):
+            step()
+        times = []
+        for _ in range(order["steps"]):
+            t = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t)
+        print(json.dumps({"times": times}), flush=True)
+
+
+def under_load(rounds: int = 3, steps: int = 5, warmup: int = 2, chosen: list | None = None) -> dict:
+    """Each policy's step times quiet and under load, `rounds` x `steps` each, interleaved."""
+    chosen = chosen or policies()
+    timers: list[subprocess.Popen] = []
+    competitor = None
+    try:
+        for _, env in chosen:
+            timers.append(start_timer(env))
+        threads = [json.loads(t.stdout.readline())["threads"] for t in timers]
+        competitor = start_competitor(seconds=120 + rounds * steps * len(chosen) * 4)
+        times = [{"quiet": [], "load": []} for _ in chosen]
+        for _ in range(rounds):
+            for i, proc in enumerate(timers):
+                for phase in ("quiet", "load"):
+                    os.kill(competitor.pid, signal.SIGCONT if phase == "load" else signal.SIGSTOP)
+                    times[i][phase] += ask(proc, {"warmup": warmup, "steps": steps})["times"]
+        os.kill(competitor.pid, signal.SIGSTOP)
+    finally:
+        end(competitor)
+        for proc in timers:
+            end(proc)
+    rows = []
+    for (label, env), n, t in zip(chosen, threads, times):
+        quiet, load = statistics.median(t["quiet"]), statistics.median(t["load"])
+        rows.append({"policy": label, "env": env, "threads": n, "quiet_s": quiet, "load_s": load,
+                     "steps": len(t["quiet"])})
+    base = rows[0]["quiet_s"]
+    for row in rows:
+        row["quiet_over_default"] = row["quiet_s"] / base
+        row["load_over_quiet"] = row["load_s"] / row["quiet_s"]
+    return {"shape": list(MAIN_JOB[1:]), "rounds": rounds, "steps": steps, "policies": rows}
+
+
+def print_table(result: dict, matmul_flops: float) -> None:
+    L, H, d, T, B, V = result["shape"]
+    n = result["policies"][0]["steps"]
+    print(f"\nthe main job's step (L={L} d={d} T={T} B={B} V={V:,}, tied, fused loss, AdamW), median of {n} "
+          f"steps; the 2048³ matmul ran at {matmul_flops / 1e9:.0f} GFLOP/s in this run")
+    print("| policy | quiet | one competing 2-thread process |")
+    print("| --- | ---: | ---: |")
+    for r in result["policies"]:
+        quiet = f"{r['quiet_s'] * 1e3:.0f} ms ({r['quiet_over_default'] - 1:+.0%})"
+        print(f"| {r['policy']} | {quiet} | {r['load_s'] * 1e3:.0f} ms ({r['load_over_quiet']:.1f}×) |")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--timer"]:
+    timer()
