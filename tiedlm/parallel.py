@@ -162,6 +162,8 @@ def _send(proc: subprocess.Popen, signum: int) -> None:
 
 
 def _child_env(gpu: str | None) -> dict:
+    """The one place a worker's environment is made: this process's (which carries what the CLI
+    set before torch was imported, such as OpenMP's waiting), plus what ties it to this process."""
     env = dict(os.environ)
     env[PARENT_ENV] = str(os.getpid())  # the child ends when this process does (process.die_with_parent)
     package_root = str(Path(__file__).resolve().parent.parent)  # the children run this very tiedlm
