@@ -7,9 +7,9 @@ lives in its own process, started with its environment. All of them are started 
 then, round by round, each times its steps with the competing process stopped (quiet) and
 running (under load), in turn, so that the machine's drift falls on every cell alike.
 
-The competing process is one 2-thread torch process doing 1024³ matmuls with OpenMP's default
-wait, like another user's job. It is started once, paused with SIGSTOP between the loaded phases,
-bounded by its own deadline, and killed by pid at the end whatever happens.
+The competing process is one 2-thread torch process with OpenMP's default wait doing the small
+ops of a training step, like another user's job. It is started once, paused with SIGSTOP between
+the loaded phases, bounded by its own deadline, and killed by pid at the end whatever happens.
 """
 
 from __future__ import annotations
@@ -49,15 +49,21 @@ def label(threads: str, wait: dict) -> str:
     return f"{threads} thread{'s' * (threads != '1')}, {how}"
 
 
+# Another small model's training, as far as OpenMP sees it: a matmul and elementwise ops of a
+# few hundred microseconds each, its threads spinning between them (a 1024³ matmul instead
+# keeps both cores computing, and spins too rarely to show the cliff).
 COMPETITOR = """
 import os, sys, time
 import torch
 deadline, parent = time.monotonic() + float(sys.argv[1]), os.getppid()
-a = torch.randn(1024, 1024)
-a @ a
+x, w = torch.randn(2048, 128), torch.randn(128, 512)
+def work():
+    h = torch.nn.functional.gelu(x @ w)
+    return (h * h).sum()
+work()
 print("ready", flush=True)
 while time.monotonic() < deadline and os.getppid() == parent:
-    a @ a
+    work()
 """
 
 
