@@ -19,8 +19,9 @@ from .errors import ConfigError
 # torch's CPU build runs its thread pool on GNU OpenMP, whose threads spin this many times while
 # they wait for the next parallel region (300,000 by default, milliseconds on a modern core). When
 # another process holds a core, that spinning takes the time the other thread needs and a step
-# slows by several times; at this count a step under load stays within 2x its quiet time and the
-# quiet step costs at most a few percent (docs/benchmarks.md, `scripts/bench.py --under-load`).
+# slows by several times. This count took a step beside a 2-thread job from 3.7x its quiet time
+# to 2.8x at no measured quiet cost, where PASSIVE (no spinning) cost 21% quiet
+# (docs/benchmarks.md, `scripts/bench.py --under-load`); train.threads: auto does the rest.
 SPIN_COUNT = "10000"
 # A user's choice of OpenMP wait behaviour, which tiedlm never overrides.
 _WAIT_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
