@@ -100,8 +100,14 @@ def start(d: Dist, device: Any) -> Any:
 
 def stop(d: Dist) -> None:
     if d.active:
+        import gc
+
         import torch.distributed as td
 
+        # A DistributedDataParallel wrapper left in a reference cycle still holds the group's gloo
+        # connections: freed at interpreter exit instead, after the group is gone, its threads can
+        # abort the process ("terminate called without an active exception"). Free it first.
+        gc.collect()
         if td.is_initialized():
             td.destroy_process_group()
 
