@@ -46,9 +46,13 @@ class RunSource:
     prefix: str = ""
     where: str | None = None
 
+    def name(self, tag: str, seed: int) -> str:
+        """The run's folder name, `<prefix>-<tag>-s<seed>`: known without resolving its config."""
+        return sanitize(f"{self.prefix}-{tag}-s{seed}")
+
     def run(self, tag: str, extra: list[str], seed: int) -> PlannedRun:
-        """`<prefix>-<tag>-s<seed>` with the overrides and `extra`; a ConfigError when the config
-        refuses them."""
+        """The run named `name(tag, seed)`, with the overrides and `extra`; a ConfigError when the
+        config refuses them."""
         from .config import load_config
 
         try:
@@ -57,4 +61,4 @@ class RunSource:
             if self.where is None:
                 raise
             raise ConfigError(f"{self.where}: {tag}: {exc}") from None
-        return PlannedRun(sanitize(f"{self.prefix}-{tag}-s{seed}"), cfg)
+        return PlannedRun(self.name(tag, seed), cfg)

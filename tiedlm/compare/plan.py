@@ -121,12 +121,22 @@ class ComparisonPlan:
     def runs(self, first: int, stop: int, point: dict | None = None) -> list[PlannedRun]:
         """Seed indices first .. stop − 1 of every variant, at its own tuned point (`points`), or
         at `point` for all of them."""
+        return [self.source.run(tag, extra, seed) for tag, extra, seed in self._each(first, stop, point)]
+
+    def dirs(self, runs_dir: Path, first: int, stop: int, point: dict | None = None) -> list[Path]:
+        """The folders of runs(first, stop, point), named without resolving a config."""
+        from ..runs import run_dir_for
+
+        return [run_dir_for(runs_dir, self.source.name(tag, seed)) for tag, _, seed in self._each(first, stop, point)]
+
+    def _each(self, first: int, stop: int, point: dict | None) -> list[tuple[str, list[str], int]]:
+        """(tag with its point's label, overrides, seed) of each run of runs()."""
         out = []
         for tag, extra in self.variants:
             at, more = (point, self._point_overrides(point)) if point is not None else self.points.get(tag, ({}, []))
             label = self._label(at)
-            for seed in range(self.base.seed + first, self.base.seed + stop):
-                out.append(self.source.run(f"{tag}-{label}" if label else tag, extra + more, seed))
+            out += [(f"{tag}-{label}" if label else tag, extra + more, seed)
+                    for seed in range(self.base.seed + first, self.base.seed + stop)]
         return out
 
     def _label(self, point: dict) -> str:
@@ -183,6 +193,7 @@ def train_for_comparison(req: CompareRequest, spec: Any) -> tuple[list[Path], Fo
     from ..jobs import Executor
     from ..runs import run_dir_for
     from ..train import train_run
+
     plan = plan_comparison(req)
     found = Found(match=plan.match)
     executor = Executor(req.runs_dir, req.progress, req.overwrite, req.train or train_run, req.jobs,
@@ -195,24 +206,23 @@ def train_for_comparison(req: CompareRequest, spec: Any) -> tuple[list[Path], Fo
             primary = primary or "test"
         seeds = SeedDesign(req.seeds, *req.design, progress=req.progress)
         executor.may_grow = seeds.auto  # the tuning is done: only the sequential design adds runs now
+        shared = _shared_point(found.tuning, plan)
         span = seeds.first()
         while span is not None:
             runs = plan.runs(*span)
-            shared = _shared_point(found.tuning, plan)
             if shared is not None and found.tuning.spec.shared_seeds:
                 runs += plan.runs(*span, point=shared)
             new = [run_dir_for(req.runs_dir, r.name) for r in runs]
             check_outputs(req.folder, [d for d in new if d.is_dir()], req.analyze, req.overwrite_output)
             trained = executor.run(Stage(f"seeds {span[0] + 1} to {span[1]}", runs))
-            dirs = [run_dir_for(req.runs_dir, r.name) for r in plan.runs(0, seeds.seeds)]
-            span = seeds.after(trained, contrast_of(dirs, found.failed, req, primary, found.tuning) if seeds.auto else None)
+            contrast = (contrast_of(plan.dirs(req.runs_dir, 0, seeds.seeds), found.failed, req, primary, found.tuning)
+                        if seeds.auto else None)
+            span = seeds.after(trained, contrast)
         found.sequential = seeds.record
-        if found.tuning is not None:
-            shared = _shared_point(found.tuning, plan)
-            if shared is not None:
-                dirs = [run_dir_for(req.runs_dir, r.name) for r in plan.runs(0, seeds.seeds, point=shared)]
-                found.tuning.shared = shared_verdict(found.tuning, shared, dirs, found.failed, req, primary)
-        return [run_dir_for(req.runs_dir, r.name) for r in plan.runs(0, seeds.seeds)], found
+        if shared is not None:
+            dirs = plan.dirs(req.runs_dir, 0, seeds.seeds, point=shared)
+            found.tuning.shared = shared_verdict(found.tuning, shared, dirs, found.failed, req, primary)
+        return plan.dirs(req.runs_dir, 0, seeds.seeds), found
 
 
 def _tune(req: CompareRequest, plan: ComparisonPlan, spec: Any, executor: Any) -> Any:
