@@ -142,12 +142,12 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
     None)."""
     tally = tally if tally is not None else Tally()
     tally.expect([name for name, _ in jobs])
-    if any(not run_is_finished(Path(out) / name, cfg) for name, cfg in jobs):
+    finished = {name for name, cfg in jobs if run_is_finished(Path(out) / name, cfg)}
+    if len(finished) < len({name for name, _ in jobs}):
         check_writable(Path(out))  # a read-only or full --out: said once, before any run is trained
     if parallel != 1 and train is train_run:
         from .parallel import resolve_workers
 
-        finished = {name for name, cfg in jobs if run_is_finished(Path(out) / name, cfg)}
         workers = resolve_workers(parallel, [cfg for name, cfg in jobs if name not in finished])
         if workers > 1:
             return _train_parallel(jobs, out, progress, overwrite_other_config, workers, finished, tally, pool)
