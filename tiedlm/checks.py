@@ -180,6 +180,32 @@ def _validate_model(m: Any) -> None:
         _check(not m.tie.two_matrices, "model.untie_at needs model.tie_embeddings: true (only a tied model can untie)")
     _check(m.embed_scale in EMBED_SCALES, f"model.embed_scale must be 1 or sqrt_d, got {m.embed_scale!r}")
     check_stored(m)
+    _validate_arch(m)
+
+
+ARCHS = ("gpt2", "llama")
+# Keys of the Llama-style block, with the value a gpt2 config must leave them at (they would change
+# the hash of a model they do not change).
+LLAMA_KEYS = {"n_kv_head": None, "intermediate_size": None, "multiple_of": 64, "rope_theta": 10000.0}
+
+
+def _validate_arch(m: Any) -> None:
+    _check(m.arch in ARCHS, f"model.arch must be gpt2 or llama, got {m.arch!r}")
+    check_positive(m.norm_eps, "model.norm_eps")
+    if m.arch != "llama":
+        for key, default in LLAMA_KEYS.items():
+            _check(getattr(m, key) == default, f"model.{key} applies to Llama-style blocks only — set model.arch: "
+                                               f"llama, or remove model.{key}")
+        return
+    for key in ("n_kv_head", "intermediate_size"):
+        if getattr(m, key) is not None:
+            check_positive(getattr(m, key), f"model.{key}")
+    check_positive(m.multiple_of, "model.multiple_of")
+    check_positive(m.rope_theta, "model.rope_theta")
+    _check(m.n_head % m.kv_heads == 0, f"model.n_kv_head ({m.kv_heads}) must divide model.n_head ({m.n_head}) "
+                                       "(each key/value head serves n_head / n_kv_head query heads)")
+    _check((m.n_embd // m.n_head) % 2 == 0, f"the head size n_embd / n_head ({m.n_embd // m.n_head}) must be even "
+                                            "for rotary embeddings (they rotate pairs of dimensions) — change model.n_head")
 
 
 def _validate_train(t: Any) -> None:

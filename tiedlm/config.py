@@ -89,6 +89,30 @@ class ModelConfig:
     untie_rank: int = 0  # lowrank: W_out = E + A·Bᵀ with A (V×r), B (d×r); 0 is exactly tied
     embed_scale: str = "1"  # "1" or "sqrt_d": multiply token embeddings by sqrt(n_embd) (Vaswani et al.)
     lm_head_bias: bool = False  # a bias on the output projection; never shared
+    # The block (model.py): gpt2 (LayerNorm, GELU MLP, learned positions) or llama (RMSNorm,
+    # SwiGLU, rotary positions, grouped-query attention; no biases unless model.bias says so).
+    arch: str = "gpt2"
+    norm_eps: float = 1e-5  # epsilon of every LayerNorm (gpt2) or RMSNorm (llama)
+    n_kv_head: int | None = None  # llama: key/value heads (grouped-query attention); None: n_head
+    intermediate_size: int | None = None  # llama: SwiGLU width; None: 8/3·n_embd rounded up to multiple_of
+    multiple_of: int = 64  # llama: the rounding of the default intermediate_size
+    rope_theta: float = 10000.0  # llama: base of the rotary embeddings' frequencies
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: model.n_kv_head, or one per query head."""
+        return self.n_kv_head if self.n_kv_head is not None else self.n_head
+
+    @property
+    def mlp_size(self) -> int:
+        """The MLP's hidden width: 4·n_embd (gpt2); for llama model.intermediate_size, or Llama's
+        rule, 8/3·n_embd rounded up to a multiple of model.multiple_of."""
+        if self.arch != "llama":
+            return 4 * self.n_embd
+        if self.intermediate_size is not None:
+            return self.intermediate_size
+        hidden = int(8 * self.n_embd / 3)
+        return self.multiple_of * -(-hidden // self.multiple_of)
 
     @property
     def tie(self) -> Tie:
@@ -349,16 +373,22 @@ def _one_tying(merged: dict, layer: dict) -> dict:
     chosen = mode if "tie_mode" in model else "tied/untied" if "tie_embeddings" in model else None
     if chosen is not None and chosen != "lowrank" and "untie_rank" not in model:
         merged["model"].pop("untie_rank", None)  # the rank is the lowrank mode's: another mode drops it
+    if "arch" in model and "bias" not in model:
+        merged["model"].pop("bias", None)  # biases follow the block a layer picks (_normalize_tying)
     return merged
 
 
 def _normalize_tying(data: dict) -> dict:
     """tie_mode tied/untied is stored as tie_embeddings true/false (tie_mode null), so that a config
-    that names the mode and one that uses the short form are one variant, with one hash."""
+    that names the mode and one that uses the short form are one variant, with one hash. And
+    model.bias defaults to false for arch llama (true, the dataclass default, for gpt2): a layer
+    that sets model.arch without model.bias drops a lower layer's bias (_one_tying)."""
     model = data.get("model")
     if isinstance(model, dict) and model.get("tie_mode") in ("tied", "untied"):
         _one_tying({"model": {}}, {"model": model})  # the disagreement check
         model["tie_embeddings"] = model.pop("tie_mode") == "tied"
+    if isinstance(model, dict) and model.get("arch") == "llama" and "bias" not in model:
+        model["bias"] = False  # Llama-style blocks have no biases unless model.bias asks for them
     return data
 
 
@@ -477,7 +507,9 @@ SELECTION_KEYS = ("train.eval_every", "train.eval_tokens")
 # so that a config hashes the same whether it sets the key to that value or leaves it out.
 ADDED_KEYS = {"train.keep_best": False, "train.early_stop_patience": 0, "train.early_stop_min_delta": 0.0,
               "train.log_to": [], "train.min_lr_ratio": None, "data.carve": "random", "data.test_from": "train",
-              "data.train_fraction": 1.0, "model.tie_mode": None, "model.untie_rank": 0}
+              "data.train_fraction": 1.0, "model.tie_mode": None, "model.untie_rank": 0,
+              "model.arch": "gpt2", "model.norm_eps": 1e-5, "model.n_kv_head": None, "model.intermediate_size": None,
+              "model.multiple_of": 64, "model.rope_theta": 10000.0}
 
 
 def effective_min_lr(t: TrainConfig) -> float:

@@ -16,19 +16,29 @@ def count_params_config(model_cfg: ModelConfig, vocab_size: int) -> dict:
     any size (nothing is built), so absurd configs can be refused before they are allocated.
     tests/test_model.py checks it against count_params on built models of every option."""
     d, L, V, b = model_cfg.n_embd, model_cfg.n_layer, vocab_size, int(model_cfg.bias)
-    ln = d * (1 + b)  # gain, and a bias when bias=True
-    attn = d * 3 * d + b * 3 * d + d * d + b * d  # c_attn, c_proj
-    mlp = d * 4 * d + b * 4 * d + 4 * d * d + b * d  # c_fc, c_proj
+    llama = model_cfg.arch == "llama"
+    ln = d if llama else d * (1 + b)  # gain, and a bias when bias=True (an RMSNorm has none)
+    qkv, hidden = _qkv_width(model_cfg), model_cfg.mlp_size
+    attn = d * qkv + b * qkv + d * d + b * d  # c_attn (q, k, v), c_proj
+    up = 2 * hidden if llama else hidden  # SwiGLU's c_fc is gate and up
+    mlp = d * up + b * up + hidden * d + b * d  # c_fc, c_proj
     block = 2 * ln + attn + mlp
     tie = model_cfg.tie
     tied = not tie.two_matrices
-    wte, wpe = V * d, model_cfg.block_size * d
+    wte, wpe = V * d, 0 if llama else model_cfg.block_size * d
     lm_head = tie.head_params(V, d)  # W_out's own parameters: none when it is E, V·d untied, P or A and B
     lm_head_bias = V if model_cfg.lm_head_bias else 0
     total = wte + wpe + L * block + ln + lm_head + lm_head_bias
     return {"total": total, "wte": wte, "lm_head": lm_head, "lm_head_bias": lm_head_bias, "wpe": wpe,
             "non_embedding": total - wte - lm_head - wpe, "saved_by_tying": wte - lm_head if tied else 0,
             "tied": tied, "tie_mode": tie.mode, "vocab_size": V}
+
+
+def _qkv_width(model_cfg: ModelConfig) -> int:
+    """The width of the fused q, k, v projection: 3·d, or (n_head + 2·n_kv_head)·head_size with
+    grouped-query attention (llama)."""
+    head_size = model_cfg.n_embd // model_cfg.n_head
+    return (model_cfg.n_head + 2 * model_cfg.kv_heads) * head_size
 
 
 # Bytes per parameter while training in fp32 with AdamW: the weight, its gradient, two moments.
@@ -67,13 +77,17 @@ def flops_per_token(model_cfg: ModelConfig, vocab_size: int, tokens_per_forward:
     """Matmul FLOPs per token (2 per multiply-add), the head counted whether or not it is tied:
     tying saves parameters, never compute. Attention scores count the full T x T product
     (as PaLM and nanoGPT's MFU estimate do). Backward = 2 x forward; train = 3 x forward.
-    Embedding lookups, LayerNorms, GELU and softmax are not matmuls and are left out. The projection
+    Embedding lookups, norms, GELU/SiLU, the gate's product, rotary embeddings and softmax are not
+    matmuls and are left out. A Llama-style layer's matmuls are q, k, v (n_head + 2·n_kv_head heads),
+    the attention output and the gated MLP's three d × intermediate_size matrices. The projection
     mode's P h is 2d² more per token. The lowrank mode forms E + A·Bᵀ once per forward pass (2·V·d·r,
     and twice that backward, for A and B), shared by the batch's tokens: with `tokens_per_forward`
     (a micro-batch: batch_size × block_size) it is spread over them as `head_formation`; without,
     it is left out (it is not a property of one token)."""
     d, L, T, V = model_cfg.n_embd, model_cfg.n_layer, model_cfg.block_size, vocab_size
-    per_layer = 2 * (3 * d * d + d * d + 8 * d * d)  # qkv, attention output, MLP (d->4d->d)
+    mlp = (3 if model_cfg.arch == "llama" else 2) * d * model_cfg.mlp_size  # d->4d->d, or gate, up, down
+    matmul_params = d * _qkv_width(model_cfg) + d * d + mlp  # a layer's weights: qkv, attention output, MLP
+    per_layer = 2 * matmul_params
     attention = 2 * 2 * T * d  # q@k^T and att@v, per layer
     head = model_cfg.tie.head_flops(V, d)
     formation: float = 0  # an int unless the lowrank formation is spread over a micro-batch
@@ -82,7 +96,7 @@ def flops_per_token(model_cfg: ModelConfig, vocab_size: int, tokens_per_forward:
         formation = per_pass / tokens_per_forward
     forward = L * (per_layer + attention) + head
     out = {"forward": forward + formation, "train": 3 * (forward + formation), "head": head,
-           "non_head_matmul_params": L * 12 * d * d}
+           "non_head_matmul_params": L * matmul_params}
     if formation:
         out["head_formation"] = formation  # per token, forward; train counts it 3 times
     return out

@@ -1,7 +1,12 @@
-"""A GPT-2-style decoder with weight-tying options, parameter counting and FLOPs per token.
+"""A decoder of GPT-2-style or Llama-style blocks, with weight-tying options, and its counting.
 
-Reads top to bottom: CausalSelfAttention, MLP, Block, GPT. Names follow GPT-2 / nanoGPT
-(wte, wpe, h, ln_f, lm_head, n_layer, n_embd) so that counts can be checked against them.
+Reads top to bottom: the GPT-2 block (CausalSelfAttention, MLP, Block), the Llama-style block
+(rotary embeddings, GroupedQueryAttention, SwiGLU, LlamaBlock), then GPT, which stacks either kind
+(`model.arch`). Names follow GPT-2 / nanoGPT (wte, wpe, h, ln_f, lm_head, n_layer, n_embd) on
+both, so that counts can be checked against them; export.py renames to each transformers class.
+A Llama-style block (Touvron et al. 2023; the blocks of Llama 3.2, Qwen2.5, SmolLM) is pre-norm
+RMSNorm, attention with rotary embeddings on q and k and n_kv_head key/value heads, and a gated MLP
+(SwiGLU); the model has no position matrix, so E is its only embedding, and a final RMSNorm.
 
 Tying (Press & Wolf 2017; Inan et al. 2017): `lm_head.weight` *is* `wte.weight`, one Parameter
 used twice, so its gradient is the sum of the gradients of both uses and AdamW keeps one state.
@@ -70,9 +75,9 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -80,18 +85,106 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+# -------------------------------------------------------------------- the Llama-style block
+
+
+def rotary_tables(head_size: int, length: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (length, head_size / 2) of the rotary embedding's angles, position · θ^(-2i/hs),
+    in float32, as transformers' Llama computes them."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_size, 2, dtype=torch.int64).float() / head_size))
+    angles = torch.outer(torch.arange(length, dtype=torch.int64).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of x (B, heads, T, hs): dimension i is paired with i + hs/2 (the
+    "rotate half" layout of transformers' Llama, so export needs no permutation of q and k)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class GroupedQueryAttention(nn.Module):
+    """Causal attention with n_kv_head key/value heads, each shared by n_head / n_kv_head query
+    heads (n_kv_head = n_head is multi-head attention), and rotary embeddings on q and k."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head = cfg.n_head, cfg.kv_heads
+        self.head_size = cfg.n_embd // cfg.n_head
+        # q, k and v in one matmul: n_head + 2·n_kv_head heads of head_size
+        self.c_attn = nn.Linear(cfg.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_size, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        hs, kv = self.head_size, self.n_kv_head * self.head_size
+        q, k, v = self.c_attn(x).split([C, kv, kv], dim=2)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # under autocast q is bf16, the tables float32
+        q = rotate(q.view(B, T, self.n_head, hs).transpose(1, 2), cos, sin)  # (B, nh, T, hs)
+        k = rotate(k.view(B, T, self.n_kv_head, hs).transpose(1, 2), cos, sin)  # (B, nkv, T, hs)
+        v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
+            enable_gqa=self.n_kv_head != self.n_head,  # query head j reads key/value head j // (nh / nkv)
+        )
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class SwiGLU(nn.Module):
+    """The gated MLP (Shazeer 2020): down(silu(gate x) * up x), gate and up in one matmul (c_fc's
+    first and second halves), of width model.intermediate_size (ModelConfig.mlp_size)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 2 * cfg.mlp_size, bias=cfg.bias)  # [gate; up]
+        self.c_proj = nn.Linear(cfg.mlp_size, cfg.n_embd, bias=cfg.bias)  # down
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.c_fc(x).chunk(2, dim=-1)
+        return self.dropout(self.c_proj(F.silu(gate) * up))
+
+
+class LlamaBlock(nn.Module):
+    """Pre-RMSNorm residual block (Llama)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln_1 = nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
+        self.attn = GroupedQueryAttention(cfg)
+        self.ln_2 = nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cos, sin)
+        return x + self.mlp(self.ln_2(x))
+
+
+# -------------------------------------------------------------------- the model
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         self.cfg = cfg
         self.vocab_size = vocab_size
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab_size, cfg.n_embd),  # E: (V, d)
-            wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
-            drop=nn.Dropout(cfg.dropout),
-            h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
-            ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
-        ))
+        self.llama = cfg.arch == "llama"
+        parts = dict(wte=nn.Embedding(vocab_size, cfg.n_embd))  # E: (V, d)
+        if not self.llama:  # learned positions (GPT-2); a Llama-style model rotates q and k instead
+            parts["wpe"] = nn.Embedding(cfg.block_size, cfg.n_embd)
+        block = LlamaBlock if self.llama else Block
+        parts["drop"] = nn.Dropout(cfg.dropout)
+        parts["h"] = nn.ModuleList([block(cfg) for _ in range(cfg.n_layer)])
+        parts["ln_f"] = (nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps) if self.llama
+                         else nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias))
+        self.transformer = nn.ModuleDict(parts)
+        if self.llama:  # not in the state dict: a function of the config
+            cos, sin = rotary_tables(cfg.n_embd // cfg.n_head, cfg.block_size, cfg.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
         self.lm_head = nn.Linear(cfg.n_embd, vocab_size, bias=cfg.lm_head_bias)  # W_out: (V, d)
         # sqrt(d) scaling of the input embedding (Vaswani et al. 2017, Gemma): with a tied matrix
         # the output side sees E unscaled, the input side sees sqrt(d)*E.
@@ -196,7 +289,7 @@ class GPT(nn.Module):
         embeddings, W_out when it is a matrix of its own, and lowrank's A and B (a part of W_out).
         Projection's P is a d×d map like the blocks' and is not among them."""
         t = self.transformer
-        out = [t.wte.weight, t.wpe.weight]
+        out = [t.wte.weight] + ([] if self.llama else [t.wpe.weight])
         if not self.is_tied:
             out.append(self.lm_head.weight)
         if self.built_tie.mode == "lowrank":
@@ -223,17 +316,22 @@ class GPT(nn.Module):
         return cross_entropy(h2, weight, bias, t)
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx (B, T) token ids -> the final LayerNorm's output (B, T, C), what the head reads."""
+        """idx (B, T) token ids -> the final norm's output (B, T, C), what the head reads."""
         B, T = idx.shape
         if T > self.cfg.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.cfg.block_size}")
-        pos = torch.arange(T, device=idx.device)
         tok = self.transformer.wte(idx)  # (B, T, C)
         if self.embed_scale != 1.0:
             tok = tok * self.embed_scale
-        x = self.transformer.drop(tok + self.transformer.wpe(pos))  # (B, T, C)
-        for block in self.transformer.h:
-            x = block(x)
+        if self.llama:
+            x = self.transformer.drop(tok)
+            cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+            for block in self.transformer.h:
+                x = block(x, cos, sin)
+        else:
+            x = self.transformer.drop(tok + self.transformer.wpe(torch.arange(T, device=idx.device)))
+            for block in self.transformer.h:
+                x = block(x)
         return self.transformer.ln_f(x)
 
 
@@ -298,7 +396,7 @@ def count_params(model: GPT) -> dict:
             seen.add(id(p))
             total += p.numel()
     wte = model.transformer.wte.weight.numel()
-    wpe = model.transformer.wpe.weight.numel()
+    wpe = 0 if model.llama else model.transformer.wpe.weight.numel()
     tied = model.is_tied
     extra = sum(p.numel() for _, p in model.head_parameters())  # P, or A and B
     lm_head = extra if tied else model.lm_head.weight.numel()
