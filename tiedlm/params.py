@@ -59,9 +59,13 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
     spent = [] if mode is None else [
         f"{mode_label} spends {mode['lm_head']:,} parameters on W_out beside E: "
         f"{100 * mode['lm_head'] / saved:.1f}% of what untying adds"]
+    # a Llama-style block's shape has more numbers (GQA's key/value heads, the SwiGLU width), and
+    # no position matrix: its wpe row is 0 because positions are rotary, not because it is missing
+    llama = (f" arch=llama n_kv_head={m.kv_heads} intermediate_size={m.mlp_size} (no position matrix: rotary)"
+             if m.arch == "llama" else "")
     text = "\n".join([
         f"{cfg.name}: n_layer={m.n_layer} n_head={m.n_head} n_embd={m.n_embd} block_size={m.block_size} "
-        f"bias={m.bias} V={V:,} (from {source})", "",
+        f"bias={m.bias}{llama} V={V:,} (from {source})", "",
         params_text(forms), "",
         f"tying saves {saved:,} parameters ({100 * saved / u['total']:.1f}% of the untied model), "
         f"{16 * saved / 2**20:,.1f} MiB of fp32 weights + gradients + AdamW moments", *spent,
