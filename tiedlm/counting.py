@@ -48,8 +48,8 @@ TRAIN_BYTES_PER_PARAM = 16
 def training_memory(model_cfg: ModelConfig, vocab_size: int, batch_size: int) -> dict:
     """A lower bound on the memory one fp32 training step needs, by arithmetic: weights, gradients
     and AdamW moments (16 bytes per parameter), plus what autograd must keep of one micro-batch:
-    at least 16 floats per token and layer (the block's inputs, q/k/v, the MLP's 4d hidden layer
-    and its GELU) and two (B, T, V) logit-sized tensors (the logits and their gradient). Real use
+    at least 16 floats per token and layer (the block's inputs, q/k/v, the MLP's hidden layer and
+    its activation: 4d and its GELU, or SwiGLU's gate and up) and two (B, T, V) logit-sized tensors (the logits and their gradient). Real use
     is higher (allocator slack, temporaries): this only refuses what can never fit."""
     P = count_params_config(model_cfg, vocab_size)["total"]
     tokens = batch_size * model_cfg.block_size

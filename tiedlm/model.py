@@ -387,8 +387,9 @@ def _version() -> str:
 
 def count_params(model: GPT) -> dict:
     """The one place parameters are counted. Every piece is reported so that no convention is
-    ambiguous: nanoGPT's count is `total`; HF's exclude_embeddings drops wte (and the head when
-    untied) and wpe; Pythia counts E and W_out separately (`wte` + `saved_by_tying` when tied)."""
+    ambiguous: nanoGPT's count is `total`; transformers' num_parameters(exclude_embeddings=True)
+    drops the nn.Embedding weights, wte and wpe, and keeps an untied lm_head (an nn.Linear): it is
+    total − wte − wpe; Pythia counts E and W_out separately (`wte` + `saved_by_tying` when tied)."""
     seen: set[int] = set()
     total = 0
     for p in model.parameters():  # parameters() yields a shared Parameter once; be explicit anyway
