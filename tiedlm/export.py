@@ -1,14 +1,16 @@
-"""`tiedlm export`: a run as a Hugging Face `GPT2LMHeadModel` folder, checked against tiedlm.
+"""`tiedlm export`: a run as a Hugging Face `GPT2LMHeadModel` folder (`model.arch: gpt2`) or a
+`LlamaForCausalLM` one (`model.arch: llama`, whose mapping is export_llama.py), checked against tiedlm.
 
-tiedlm's GPT uses GPT-2's names and layout, so the export is a renaming with three changes:
+tiedlm's GPT uses GPT-2's names and layout, so the GPT-2 export is a renaming with three changes:
 GPT-2's Conv1D stores (in, out) where nn.Linear stores (out, in), so those weights are transposed;
 a model without biases (`model.bias: false`) gets zero biases, which is exact; `embed_scale:
 sqrt_d` is folded into E when untied (tied, E is also the head, so it cannot be) and refused
-otherwise. `lm_head_bias` has no place in GPT2LMHeadModel and is refused. A tied matrix is stored
-once (`tie_word_embeddings: true`), and transformers ties it on load. The projection and lowrank
-modes (`model.tie_mode`) build W_out from E, which GPT-2 cannot express: they are written untied,
-`lm_head` being the materialised W_out (E·P, or E + A·Bᵀ), and checked against tiedlm's logits
-like any other export. Lowrank at rank 0, whose W_out is E (tie.py), is written tied.
+otherwise. `lm_head_bias` has no place in GPT2LMHeadModel (nor in LlamaForCausalLM) and is
+refused. A tied matrix is stored once (`tie_word_embeddings: true`), and transformers ties it on
+load. The projection and lowrank modes (`model.tie_mode`) build W_out from E, which neither class
+can express: they are written untied, `lm_head` being the materialised W_out (E·P, or E + A·Bᵀ),
+and checked against tiedlm's logits like any other export. Lowrank at rank 0, whose W_out is E
+(tie.py), is written tied.
 
 The folder: config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json, special_tokens_map.json. With transformers installed, the export is loaded
@@ -44,6 +46,7 @@ class ExportResult:
     tokens: int | None = None  # scored in the check
     note: str | None = None
     mode: str | None = None  # the run's model.tie_mode when it has one (projection, lowrank)
+    hf_class: str = "GPT2LMHeadModel"  # or LlamaForCausalLM (model.arch: llama)
 
 
 def writes_tied(model: Any) -> bool:
@@ -51,30 +54,40 @@ def writes_tied(model: Any) -> bool:
     return model.current_tie.w_out_is_e
 
 
+def hf_class(cfg: Any) -> str:
+    """The transformers class a run is exported as."""
+    return "LlamaForCausalLM" if cfg.model.arch == "llama" else "GPT2LMHeadModel"
+
+
 def check_exportable(cfg: Any, tied: bool) -> None:
-    """What GPT2LMHeadModel cannot express is refused (exit 2) before anything is written."""
+    """What the transformers class cannot express is refused (exit 2) before anything is written."""
     if cfg.model.lm_head_bias:
-        raise ConfigError("model.lm_head_bias: GPT2LMHeadModel has no bias on its head, so this run cannot be "
+        raise ConfigError(f"model.lm_head_bias: {hf_class(cfg)} has no bias on its head, so this run cannot be "
                           "exported exactly — export runs trained with model.lm_head_bias: false")
-    if cfg.model.embed_scale == "sqrt_d" and tied:
+    # A tied llama run folds √d into E and 1/√d into the final RMSNorm's gain (export_llama.py).
+    if cfg.model.arch != "llama" and cfg.model.embed_scale == "sqrt_d" and tied:
         raise ConfigError("model.embed_scale: sqrt_d with a tied matrix: GPT-2 scales no embedding, and folding "
                           "√d into the shared E would scale the head too — export an untied run, or one with "
                           "embed_scale: 1")
 
 
 def hf_config(cfg: Any, vocab: int, tied: bool, eot_id: int) -> dict:
-    """config.json of the GPT2LMHeadModel."""
+    """config.json of the GPT2LMHeadModel, or of the LlamaForCausalLM."""
+    if cfg.model.arch == "llama":
+        from .export_llama import llama_config
+
+        return llama_config(cfg, vocab, tied, eot_id)
     m = cfg.model
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab,
             "n_positions": m.block_size, "n_ctx": m.block_size, "n_embd": m.n_embd, "n_layer": m.n_layer,
             "n_head": m.n_head, "n_inner": 4 * m.n_embd, "activation_function": "gelu",  # exact GELU, as tiedlm
-            "layer_norm_epsilon": 1e-5, "resid_pdrop": m.dropout, "embd_pdrop": m.dropout, "attn_pdrop": m.dropout,
-            "initializer_range": 0.02, "scale_attn_weights": True, "use_cache": True,
+            "layer_norm_epsilon": m.norm_eps, "resid_pdrop": m.dropout, "embd_pdrop": m.dropout,
+            "attn_pdrop": m.dropout, "initializer_range": 0.02, "scale_attn_weights": True, "use_cache": True,
             "tie_word_embeddings": tied, "bos_token_id": eot_id, "eos_token_id": eot_id, "torch_dtype": "float32"}
 
 
 def hf_state_dict(model: Any) -> dict:
-    """tiedlm's tensors under GPT-2's names and layout (see the module docstring)."""
+    """tiedlm's tensors under GPT-2's names and layout (see the module docstring), or Llama's."""
     import torch
 
     sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -84,6 +97,10 @@ def hf_state_dict(model: Any) -> dict:
         sd.pop("lm_head.weight")
     else:  # untied, or a mode's effective W_out (taken before E is scaled below: the head sees E unscaled)
         sd["lm_head.weight"] = model.output_weight().float().cpu().contiguous()
+    if model.llama:
+        from .export_llama import llama_state_dict
+
+        return llama_state_dict(model, sd, writes_tied(model))
     if model.embed_scale != 1.0:  # written untied only (check_exportable): fold the scale into E
         sd["transformer.wte.weight"] = sd["transformer.wte.weight"] * model.embed_scale
     for name in list(sd):
@@ -120,7 +137,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
     try:
         _write_folder(tmp, rm, model)
         result = ExportResult(out, writes_tied(model), rm.checkpoint.name, verified=False,
-                              mode=model.built_tie.stored_mode)
+                              mode=model.built_tie.stored_mode, hf_class=hf_class(rm.cfg))
         if verify:
             _verify(tmp, rm, model, result, batch)
         if out.exists():
@@ -181,7 +198,8 @@ def _verify(folder: Path, rm: Any, model: Any, result: ExportResult, batch: int)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     hf = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).float().eval()
-    if writes_tied(model) and hf.lm_head.weight.data_ptr() != hf.transformer.wte.weight.data_ptr():
+    if writes_tied(model) and hf.get_output_embeddings().weight.data_ptr() != \
+            hf.get_input_embeddings().weight.data_ptr():
         raise RunError("the exported model loads untied in transformers although the run is tied — "
                        "this is a bug in tiedlm's export; please report it")
     x, y = _batch(rm, batch)
@@ -212,7 +230,7 @@ def summary(r: ExportResult) -> str:
     if r.mode is not None:
         form = f"{r.mode}, written tied: its W_out is E" if r.tied else \
             f"{r.mode}, written untied: lm_head is the materialised W_out"
-    lines = [f"exported {r.checkpoint} ({form}) to {r.out}"]
+    lines = [f"exported {r.checkpoint} ({form}) to {r.out} as a {r.hf_class}"]
     if r.verified:
         lines.append(f"checked with transformers on {r.tokens:,} validation tokens: max |logit difference| "
                      f"{r.max_abs_diff:.2e}; perplexity {r.tiedlm_perplexity:.4f} (tiedlm) vs {r.hf_perplexity:.4f} "
