@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tiedlm"
 LAYERS = [
     ["cli"],
     ["compare", "sweep", "slurm", "tuning", "tuning_spec", "params"],
-    ["analyze", "export", "generate", "jobs", "plan", "parallel"],
+    ["analyze", "export", "export_llama", "generate", "jobs", "plan", "parallel"],
     ["train"],
     ["evaluate"],
     ["checkpoints", "figures", "tensorboard", "runs", "report_md", "process"],

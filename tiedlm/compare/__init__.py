@@ -14,6 +14,7 @@ Computing
     trajectory    each contrast's effect at every periodic evaluation: crossover, still moving
     tying_map     a two-key grid's map of the effect, its crossover and the map's own sentences
     map_measures  the untied pairs' matrix measures beside each cell of the map
+    between       two comparisons' effects against each other (scripts/effect_difference.py)
 Statistics
     stats         every test, interval and correction: t and noncentral t, paired and Welch tests,
                   Holm, Spearman, power; `significant`, the one place significance is decided
