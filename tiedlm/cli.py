@@ -311,7 +311,7 @@ def export(
     checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="step-N or best-step-N (default: the "
                                              "latest checkpoint)."),
 ) -> None:
-    """Export a run as a Hugging Face transformers model: GPT2LMHeadModel, or LlamaForCausalLM for arch llama (checked against tiedlm's logits)."""
+    """Export a run as a transformers GPT2LMHeadModel or LlamaForCausalLM (checked against tiedlm's logits)."""
 
     def go():
         from .checks import check_folder_option
