@@ -209,4 +209,4 @@ def test_a_llama_run_resumes_bit_for_bit(tiny, tmp_path, stop):
     report = json.loads((run / "report.json").read_text())
     assert report["params"]["wpe"] == 0 and report["config"]["model"]["arch"] == "llama"
     md = (run / "report.md").read_text()
-    assert "Block: **Llama-style** (RMSNorm, SwiGLU of 48, rotary θ 10000, 1 key/value heads for 2 query heads" in md
+    assert "Block: **Llama-style** (RMSNorm, SwiGLU of 64, rotary θ 10000, 1 key/value heads for 2 query heads" in md
