@@ -9,7 +9,8 @@ functions of matrices, for comparing a tied model (W_out = E) with an untied one
   to a rotation (Schönemann 1966), up to a linear map (Kornblith et al. 2019), or by neighbours;
 - bilinear_symmetry: how symmetric the direct-path bigram form W · diag(gain) · Eᵀ is (it is
   exactly symmetric for a tied model);
-- direct_path_nll: the loss of that direct-path bigram model on (prev → next) token pairs;
+- final_norm, direct_path_nll: the model's final norm (LayerNorm, GPT-2; RMSNorm, Llama), and the
+  loss of the direct-path bigram model through it on (prev → next) token pairs;
 - spearman: rank correlation, e.g. of the row norms with token frequency.
 
 V x d products are computed in float32 (float64 inputs stay float64), small d x d matrices and
@@ -279,8 +280,9 @@ def knn_overlap(E: Any, W: Any, k: int = 10, sample: int = 2000, seed: int = 0) 
 
 
 def bilinear_symmetry(E: Any, W: Any, gain: Any = None) -> dict:
-    """How symmetric the direct-path bilinear form M = W · diag(gain) · Eᵀ (V x V; gain: the
-    LayerNorm weight, default ones) is, without forming M. With G = diag(gain), in float64:
+    """How symmetric the direct-path bilinear form M = W · diag(gain) · Eᵀ (V x V; gain: the final
+    norm's weight, LayerNorm's or RMSNorm's, default ones; the norm's per-token scale, and
+    LayerNorm's centring and bias, are left out) is, without forming M. With G = diag(gain), in float64:
     ‖M‖_F² = tr(WᵀW G EᵀE G) and ⟨M, Mᵀ⟩ = tr(M M) = tr(C C), C = Eᵀ W G. Returns
     symmetric_share = ‖(M + Mᵀ)/2‖_F² / ‖M‖_F² = (1 + ⟨M, Mᵀ⟩/‖M‖_F²) / 2 and
     antisymmetric_share = ‖(M − Mᵀ)/2‖_F² / ‖M‖_F² (they sum to 1; nan when M = 0).
@@ -333,17 +335,44 @@ def _tokens(t: Any, name: str, V: int, device: torch.device) -> torch.Tensor:
     return t
 
 
-def direct_path_nll(E: Any, W: Any, prev: Any, nxt: Any, ln_weight: Any, ln_bias: Any, eps: float = 1e-5,
-                    scale: float = 1.0, head_bias: Any = None, chunk: int = 2048) -> dict:
-    """The loss of the direct-path bigram model logits(t) = W · LN(scale · E[t]) (+ head_bias), LN the
-    layer norm over d (torch.nn.functional.layer_norm with ln_weight, ln_bias, eps), on the pairs
+NORMS = ("layernorm", "rmsnorm")  # the final norms direct_path_nll knows: GPT-2's, Llama's
+
+
+def final_norm(x: torch.Tensor, norm: str, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               eps: float | None) -> torch.Tensor:
+    """The final norm over the last dimension d of x, of the kind `norm`:
+    - layernorm (GPT-2): torch.nn.functional.layer_norm, (x − mean) / sqrt(var + eps) · weight + bias;
+    - rmsnorm (Llama): torch.nn.functional.rms_norm, x · rsqrt(mean(x²) + eps) · weight: no mean
+      subtracted and no bias (a bias is refused).
+    eps None is each module's default: 1e-5 (nn.LayerNorm), finfo(x.dtype).eps (nn.RMSNorm).
+    weight None is ones, bias None zeros. Both are what nn.LayerNorm and nn.RMSNorm compute."""
+    import torch.nn.functional as F
+
+    d = x.shape[-1]
+    if norm == "layernorm":
+        return F.layer_norm(x, (d,), weight, bias, 1e-5 if eps is None else eps)
+    if norm == "rmsnorm":
+        if bias is not None:
+            raise ValueError("an RMSNorm has no bias: give ln_bias None")
+        return F.rms_norm(x, (d,), weight, eps)
+    raise ValueError(f"norm must be one of {', '.join(NORMS)}, got {norm!r}")
+
+
+def direct_path_nll(E: Any, W: Any, prev: Any, nxt: Any, ln_weight: Any, ln_bias: Any, eps: float | None = 1e-5,
+                    scale: float = 1.0, head_bias: Any = None, chunk: int = 2048, norm: str = "layernorm") -> dict:
+    """The loss of the direct-path bigram model logits(t) = W · N(scale · E[t]) (+ head_bias), N the
+    model's final norm over d (final_norm of the kind `norm`, with ln_weight, ln_bias, eps):
+    layernorm (GPT-2, the default) or rmsnorm (Llama; ln_bias must be None), on the pairs
     prev[i] → nxt[i]: NLL = mean_i [logsumexp_v logits(prev[i])_v − logits(prev[i])_nxt[i]].
     Exact: the log-sum-exp is computed once per distinct prev token, `chunk` of them at a time
     (chunk x V logits), the target logit by a row-wise dot product. Returns nll (mean nats per
     pair), perplexity (exp nll), pairs (N), distinct_prev."""
     import torch
-    import torch.nn.functional as F
 
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {', '.join(NORMS)}, got {norm!r}")
+    if norm == "rmsnorm" and ln_bias is not None:
+        raise ValueError("an RMSNorm has no bias: give ln_bias None")
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1, got {chunk}")
     with torch.inference_mode():
@@ -360,7 +389,7 @@ def direct_path_nll(E: Any, W: Any, prev: Any, nxt: Any, ln_weight: Any, ln_bias
         hb = _vector(head_bias, V, "head_bias", E)
 
         distinct, inverse = prev.unique(return_inverse=True)
-        h = F.layer_norm(E[distinct] * scale, (d,), weight, bias, eps)
+        h = final_norm(E[distinct] * scale, norm, weight, bias, eps)
         lse = torch.empty(distinct.numel(), dtype=torch.float64, device=E.device)
         for start in range(0, distinct.numel(), chunk):
             logits = h[start:start + chunk] @ W.T

@@ -5,7 +5,7 @@ from it at any time).
 Scalars, at the training step: `train/loss`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`,
 `val/loss` and `val/perplexity` (the periodic evaluation), and at the end `final/<split>/...`
 (and `final_best/<split>/...` for the kept best weights); as text, the run (name, tied or
-untied, seed, variant) and its parameter breakdown. `tensorboard --logdir runs/` shows the runs
+untied, the architecture where it is not gpt2, seed, variant) and its parameter breakdown. `tensorboard --logdir runs/` shows the runs
 of a comparison side by side, told apart by their folder names.
 
 Training writes through `TrainingLog`, which opens `tb/` afresh from the (trimmed) metrics.jsonl,
@@ -87,10 +87,12 @@ def run_texts(run_dir: Path, report: runs.RunReport) -> dict[str, str]:
         tie = "input/output embeddings of an unknown tying (its config does not load)"
     else:
         untie = f", untied at {m.untie_at} of training" if m.untie_at is not None else ""
-        tie = f"{m.tie.label} input/output embeddings{untie}"
+        arch = "" if m.arch == "gpt2" else f"{m.arch} blocks, "  # gpt2, the default, unnamed as before
+        tie = f"{arch}{m.tie.label} input/output embeddings{untie}"
     texts = {"run": f"**{Path(run_dir).name}** — {tie}; seed {report.seed}, variant {report.config_hash}"}
     if report.params:
-        rows = [f"| {key} | {value:,} |" if isinstance(value, int) else f"| {key} | {value} |"
+        rows = [f"| {key} | {str(value).lower()} |" if isinstance(value, bool)  # not 0/1, as int would
+                else f"| {key} | {value:,} |" if isinstance(value, int) else f"| {key} | {value} |"
                 for key, value in report.params.items()]
         texts["params"] = "\n".join(["| parameters | count |", "| --- | ---: |", *rows])
     return texts

@@ -46,28 +46,48 @@ def pair_stats(E, W, bucket_of: np.ndarray, names: list[str], seed: int, sample:
             "relative_drift": g.relative_drift(E, W)}
 
 
+def final_norm_args(model) -> dict:
+    """The model's final norm (transformer.ln_f) as direct_path_nll's arguments: norm (its kind),
+    ln_weight, ln_bias and eps, in float32. GPT-2's nn.LayerNorm is "layernorm" (its bias, or zeros
+    when it has none); Llama's nn.RMSNorm is "rmsnorm" (a weight only: no mean subtracted, no
+    bias). Any other module is refused rather than scored as one of them."""
+    import torch
+    import torch.nn as nn
+
+    ln = model.transformer.ln_f
+    if isinstance(ln, nn.LayerNorm):
+        weight = ln.weight.detach().float() if ln.weight is not None else torch.ones(ln.normalized_shape)
+        bias = ln.bias.detach().float() if ln.bias is not None else torch.zeros_like(weight)
+        return {"norm": "layernorm", "ln_weight": weight, "ln_bias": bias, "eps": ln.eps}
+    if isinstance(ln, nn.RMSNorm):
+        weight = ln.weight.detach().float() if ln.weight is not None else None
+        return {"norm": "rmsnorm", "ln_weight": weight, "ln_bias": None, "eps": ln.eps}
+    raise TypeError(f"the direct path knows a final LayerNorm or RMSNorm, not {type(ln).__name__}")
+
+
 def direct_path(model, tokens: np.ndarray, vocab: int, max_pairs: int) -> dict:
-    """The direct path from the embedding to the head, softmax(W_out · LN_f(scale · E[t])), as a
-    bigram model scored on the first max_pairs consecutive pairs of `tokens`; for an untied model
-    also with E in W_out's place (W_out is the effective one: E·P or E + A·Bᵀ for the tying modes) (what tying would have imposed on this path); and the symmetric
-    share of its bilinear form W_out · diag(γ) · Eᵀ (exactly 1 when tied)."""
+    """The direct path from the embedding to the head, softmax(W_out · N_f(scale · E[t])), N_f the
+    model's final norm (LayerNorm for gpt2, RMSNorm for llama: final_norm_args), as a bigram model
+    scored on the first max_pairs consecutive pairs of `tokens`; for an untied model also with E in
+    W_out's place (W_out is the effective one: E·P or E + A·Bᵀ for the tying modes) (what tying
+    would have imposed on this path); and the symmetric share of its bilinear form
+    W_out · diag(γ) · Eᵀ, γ the final norm's weight (exactly 1 when tied). `final_norm` names the
+    norm's kind."""
     import torch
 
     t = model.transformer
     E = t.wte.weight.detach().float()
     W = model.output_weight().float()  # the effective W_out (E·P, E + A·Bᵀ for the tying modes)
-    ln = t.ln_f
-    ln_b = ln.bias.detach().float() if ln.bias is not None else torch.zeros_like(ln.weight)
+    norm = final_norm_args(model)
     head_bias = model.lm_head.bias.detach().float() if model.lm_head.bias is not None else None
     ids = torch.from_numpy(np.asarray(tokens[: max_pairs + 1], dtype=np.int64))
     prev, nxt = ids[:-1], ids[1:]
-    args = dict(ln_weight=ln.weight.detach().float(), ln_bias=ln_b, eps=ln.eps, scale=model.embed_scale,
-                head_bias=head_bias)
+    args = dict(**norm, scale=model.embed_scale, head_bias=head_bias)
     own = g.direct_path_nll(E, W, prev, nxt, **args)
     out = {"pairs": own["pairs"], "distinct_prev": own["distinct_prev"], "nll": own["nll"],
-           "perplexity": own["perplexity"],
+           "perplexity": own["perplexity"], "final_norm": norm["norm"],
            **{k: min(1.0, max(0.0, v)) for k, v in  # rounding can leave a tied model's 0 at -1e-8
-              g.bilinear_symmetry(E[:vocab], W[:vocab], gain=ln.weight.detach().float()).items()}}
+              g.bilinear_symmetry(E[:vocab], W[:vocab], gain=norm["ln_weight"]).items()}}
     if not model.w_out_is_e:
         tied = g.direct_path_nll(E, E, prev, nxt, **args)
         out["with_e_as_w_out"] = {"nll": tied["nll"], "perplexity": tied["perplexity"]}

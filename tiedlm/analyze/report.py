@@ -108,12 +108,17 @@ def _md_pair(r: dict) -> list[str]:
             "differently.", ""]
 
 
+# the direct path's final norm (measures.final_norm_args) as analysis.md writes it
+_NORM_NAMES = {"layernorm": "LN_f", "rmsnorm": "RMSNorm_f"}
+
+
 def _md_direct(r: dict) -> list[str]:
     d = r["direct_path"]
-    rows = [["W_out · LN_f(E[t]), this model's direct path", fmt(d["nll"], 4), fmt(d["perplexity"], 2)]]
+    n = _NORM_NAMES.get(d.get("final_norm"), "LN_f")  # an analysis.json from before final_norm: a LayerNorm
+    rows = [[f"W_out · {n}(E[t]), this model's direct path", fmt(d["nll"], 4), fmt(d["perplexity"], 2)]]
     if d.get("with_e_as_w_out"):
         w = d["with_e_as_w_out"]
-        rows.append(["E · LN_f(E[t]), the same path with W_out := E (what tying imposes)", fmt(w["nll"], 4),
+        rows.append([f"E · {n}(E[t]), the same path with W_out := E (what tying imposes)", fmt(w["nll"], 4),
                      fmt(w["perplexity"], 2)])
     if r.get("model_loss") is not None:
         rows.append(["the whole model (final evaluation, every layer)", fmt(r["model_loss"], 4),
@@ -127,7 +132,7 @@ def _md_direct(r: dict) -> list[str]:
           f"{fmt_int(d['pairs'])} consecutive token pairs of {d['split']} ({fmt_int(d['distinct_prev'])} distinct "
           "previous tokens).", "",
           markdown_table(["path", "loss (nats/token)", "perplexity"], rows, "lrr"), "",
-          f"Its bilinear form W_out · diag(γ_f) · Eᵀ (LN_f's gain folded in) is {100 * d['symmetric_share']:.1f}% "
+          f"Its bilinear form W_out · diag(γ_f) · Eᵀ ({n}'s gain folded in) is {100 * d['symmetric_share']:.1f}% "
           f"symmetric and {100 * d['antisymmetric_share']:.1f}% antisymmetric (shares of its squared Frobenius norm). "
           "Tied, it is exactly symmetric: the direct path cannot say \"b follows a\" without saying \"a follows b\"."]
     lang = r.get("language")
