@@ -3,7 +3,6 @@ written as a run trains hold exactly what metrics.jsonl and report.json hold; a 
 each step once; back-filling a run trained without TensorBoard writes the same; a missing
 package, an unknown logger and a failed write are handled; the new key leaves the hash alone."""
 
-import json
 import sys
 from pathlib import Path
 
@@ -208,7 +207,10 @@ def test_log_to_leaves_the_config_hash_and_older_runs_alone(tmp_path):
     assert config_hash(from_dict(old)) == HASH_BEFORE_LOG_TO
     run = tmp_path / "old"
     run.mkdir()
-    (run / runs.CONFIG).write_text(json.dumps(old))  # JSON is YAML
+    import yaml
+
+    # as tiedlm writes it (YAML 1.1 reads JSON's 1e-05, model.norm_eps, as a string; yaml writes 1.0e-05)
+    (run / runs.CONFIG).write_text(yaml.safe_dump(old))
     assert variant_dict(runs.read_config(run)) == variant_dict(cfg)  # read back as the same variant
     assert runs.existing_state(run, load_config(None, CFG + [TB_ON])) == "resume"
 
