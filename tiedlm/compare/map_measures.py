@@ -4,7 +4,7 @@ the cell's untied pair (compare --analyze), and whether those measures predict t
 The seed's symmetry argument: tying forces W_out = E, which costs least where the untied model
 learns an W_out close to E anyway. So where tying helps (a negative effect) the untied pair
 should be similar (a high CKA and rotated cosine), and forcing E into W_out's place on the direct
-path (the bigram path softmax(W_out · LN_f(E[t]))) should cost little. Over the map's cells the
+path (the bigram path softmax(W_out · LN_f(E[t])) (LN_f the final norm: LayerNorm, or RMSNorm for llama)) should cost little. Over the map's cells the
 predicted signs of Spearman's ρ with the effect are: CKA −, rotated cosine −, the direct path's
 cost of W_out := E (the loss with E minus the loss with W_out) +. Each ρ is tested with the
 t approximation scipy.stats.spearmanr uses (t = ρ·√((n − 2)/(1 − ρ²)), n − 2 degrees of freedom), or
@@ -126,7 +126,7 @@ class MapSection:
         bullets = [f"  {line}" if line.startswith("- ") else f"- {line}" for line in self.lines()]  # sub-points nest
         return ["", "### The tying map", "", f"![tying map]({plot})", "", *bullets, "",
                 "Beside each cell, what `tiedlm analyze` measured in the untied pair of its twin (mean over the "
-                "analysed seeds; blank without `--analyze`). The direct path is softmax(W_out · LN_f(E[t])), scored "
+                "analysed seeds; blank without `--analyze`). The direct path is softmax(W_out · LN_f(E[t])) (LN_f the final norm: LayerNorm, or RMSNorm for llama), scored "
                 "on validation; its cost of W_out := E is the loss with E in W_out's place minus its own.", "",
                 markdown_table(["cell", "effect", "95% CI", "CI excludes 0", *(label for _, label, _ in MEASURES)],
                                rows, "lrrl" + "r" * len(MEASURES))]

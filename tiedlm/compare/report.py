@@ -332,7 +332,7 @@ def _md_matrices(c: Comparison) -> list[str]:
     return ["", "## What the matrices show", "",
             "From `tiedlm analyze` of each run's final checkpoint (the last weights), mean ± SD over seeds. Tied runs "
             "have one matrix: cosine, CKA and symmetric share are 1 by construction. The direct path is "
-            "softmax(W_out · LN_f(E[t])), the model without its layers, a bigram model, scored on validation; "
+            "softmax(W_out · LN_f(E[t])) (LN_f the final norm: LayerNorm, or RMSNorm for llama), the model without its layers, a bigram model, scored on validation; "
             "\"with W_out := E\" is the same path forced to use E, what tying would have imposed on it. See each "
             "run's analysis.md.", "",
             markdown_table(["variant", "seeds", *(h for _, h, _ in MATRIX_COLUMNS)], rows, "lr" + "r" * len(MATRIX_COLUMNS))]
