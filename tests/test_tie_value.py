@@ -68,7 +68,8 @@ def test_a_config_stores_the_tie_in_its_old_fields():
     cfg = load_config(None, ["train.max_steps=10", "model.tie_mode=untied"])
     assert (cfg.model.tie_embeddings, cfg.model.tie_mode, cfg.model.untie_rank) == (False, None, 0)
     assert "tie_embeddings: false" in to_yaml(cfg) and "tie_mode: null" in to_yaml(cfg)
-    for tie in (Tie("tied"), UNTIED, Tie("projection"), Tie("lowrank", 8), Tie("lowrank", 0)):
+    for tie in (Tie("tied"), UNTIED, Tie("projection"), Tie("lowrank", 8), Tie("lowrank", 0),
+                Tie("soft", strength=0.5)):
         assert ModelConfig().with_tie(tie).tie == tie
 
 
@@ -81,11 +82,13 @@ def test_a_config_stores_the_tie_in_its_old_fields():
     (Tie("projection"), "projection", "projection", False, False, True, 16 * 16),
     (Tie("lowrank", 8), "lowrank r=8", "lowrank-r8", False, False, True, 8 * (97 + 16)),
     (Tie("lowrank", 0), "lowrank r=0", "lowrank-r0", True, False, True, 0),
+    (Tie("soft", strength=0.01), "soft λ=0.01", "soft-l0.01", False, True, False, 97 * 16),
+    (Tie("soft", strength=1e-5), "soft λ=1e-05", "soft-l1e-05", False, True, False, 97 * 16),
 ])
 def test_the_tie_answers_each_question(tie, label, tag, is_e, two, built, params):
     assert (tie.label, tie.tag, tie.w_out_is_e, tie.two_matrices, tie.built_from_e) == (label, tag, is_e, two, built)
     assert tie.head_params(97, 16) == params
-    assert tie.stored_mode == (tie.mode if built else None)
+    assert tie.stored_mode == (tie.mode if built or tie.mode == "soft" else None)
     assert Tie.stored(**tie.fields()) == tie
 
 
@@ -135,7 +138,7 @@ def test_the_current_tie_is_untied_once_split():
 # ---------------------------------------------------------------------------- weights and the optimizer
 
 
-@pytest.mark.parametrize("tie", [Tie("tied"), UNTIED, Tie("projection"), Tie("lowrank", 4)])
+@pytest.mark.parametrize("tie", [Tie("tied"), UNTIED, Tie("projection"), Tie("lowrank", 4), Tie("soft", strength=1.0)])
 def test_the_model_names_its_embedding_parameters(tie):
     model = build(tie)
     t = model.transformer
@@ -173,7 +176,8 @@ def test_one_function_loads_weights_in_every_form():
 
 # ---------------------------------------------------------------------------- nobody else decides
 
-STORED = {f.name for f in dataclasses.fields(ModelConfig) if f.name in ("tie_embeddings", "tie_mode", "untie_rank")}
+STORED = {f.name for f in dataclasses.fields(ModelConfig)
+          if f.name in ("tie_embeddings", "tie_mode", "untie_rank", "tie_strength")}
 OWNERS = {"config.py", "tie.py", "runs.py"}  # the parsing and storing rules, the value, old folders read back
 # Modules being rewritten beside this change, that still build their variants from the stored fields
 # (the run tag, the plain tied variant's overrides): they switch to Tie.tag and Tie.built_from_e.
@@ -193,7 +197,7 @@ def stored_field_reads(source: str) -> list[str]:
 
 
 def test_no_module_but_the_owners_reads_the_stored_tie():
-    assert STORED == {"tie_embeddings", "tie_mode", "untie_rank"}
+    assert STORED == {"tie_embeddings", "tie_mode", "untie_rank", "tie_strength"}
     assert stored_field_reads("a = cfg.model.tie_embeddings\nb = replace(m, tie_mode=None)\nc = m.tie.label\n") == [
         "cfg.model.tie_embeddings", "tie_mode=None"]
     package = ROOT / "tiedlm"

@@ -85,8 +85,9 @@ class ModelConfig:
     # The tie, in its stored form (tie.py): read it as `.tie`, build another with `.with_tie`.
     tie_embeddings: bool = True  # W_out = E, one Parameter used twice (Press & Wolf 2017)
     untie_at: float | None = None  # fraction of training after which a tied model splits in two
-    tie_mode: str | None = None  # projection | lowrank: W_out built from E (None: tie_embeddings says tied/untied)
+    tie_mode: str | None = None  # projection | lowrank | soft (None: tie_embeddings says tied/untied)
     untie_rank: int = 0  # lowrank: W_out = E + A·Bᵀ with A (V×r), B (d×r); 0 is exactly tied
+    tie_strength: float = 0.0  # soft: λ of the loss' λ/2·‖W_out − E‖² (0: untied from a tied start)
     embed_scale: str = "1"  # "1" or "sqrt_d": multiply token embeddings by sqrt(n_embd) (Vaswani et al.)
     lm_head_bias: bool = False  # a bias on the output projection; never shared
     # The block (model.py): gpt2 (LayerNorm, GELU MLP, learned positions) or llama (RMSNorm,
@@ -117,7 +118,7 @@ class ModelConfig:
     @property
     def tie(self) -> Tie:
         """The tie between E and W_out, the one value every module asks."""
-        return Tie.stored(self.tie_embeddings, self.tie_mode, self.untie_rank)
+        return Tie.stored(self.tie_embeddings, self.tie_mode, self.untie_rank, self.tie_strength)
 
     def with_tie(self, tie: Tie) -> ModelConfig:
         """This model config with another tie (untie_at kept: it is the schedule, not the tie)."""
@@ -356,37 +357,49 @@ def _one_budget(merged: dict, layer: dict) -> dict:
 def _one_tying(merged: dict, layer: dict) -> dict:
     """model.tie_embeddings is the short form of model.tie_mode tied/untied: a layer (a file, or
     one --set) that sets one of the two replaces what a lower layer set in the other, and a layer
-    that sets both must agree with itself. A layer that picks a mode other than lowrank drops a
-    lower layer's model.untie_rank (the rank belongs to lowrank)."""
+    that sets both must agree with itself (soft, two matrices, is tie_embeddings false). A layer
+    that picks a mode other than lowrank drops a lower layer's model.untie_rank (the rank belongs to
+    lowrank), and one that picks a mode other than soft its model.tie_strength."""
     model = layer.get("model")
     if not isinstance(model, dict) or not isinstance(merged.get("model"), dict):
         return merged
     mode, tie = model.get("tie_mode"), model.get("tie_embeddings")
     if "tie_mode" in model and "tie_embeddings" in model:
-        if isinstance(mode, str) and isinstance(tie, bool) and (mode != "untied") != tie:
+        if isinstance(mode, str) and isinstance(tie, bool) and _stored_tie_embeddings(mode) != tie:
             raise ConfigError(f"model.tie_mode {mode} and model.tie_embeddings {str(tie).lower()} disagree — "
                               "set one of them (tie_embeddings true/false is short for tie_mode tied/untied)")
     elif "tie_embeddings" in model:
         merged["model"].pop("tie_mode", None)
     elif "tie_mode" in model and isinstance(mode, str):
-        merged["model"]["tie_embeddings"] = mode != "untied"
+        merged["model"]["tie_embeddings"] = _stored_tie_embeddings(mode)
     chosen = mode if "tie_mode" in model else "tied/untied" if "tie_embeddings" in model else None
     if chosen is not None and chosen != "lowrank" and "untie_rank" not in model:
         merged["model"].pop("untie_rank", None)  # the rank is the lowrank mode's: another mode drops it
+    if chosen is not None and chosen != "soft" and "tie_strength" not in model:
+        merged["model"].pop("tie_strength", None)  # and the strength the soft mode's
     if "arch" in model and "bias" not in model:
         merged["model"].pop("bias", None)  # biases follow the block a layer picks (_normalize_tying)
     return merged
 
 
+def _stored_tie_embeddings(mode: str) -> bool:
+    """model.tie_embeddings as stored for a model.tie_mode: false for the modes of two matrices."""
+    return not Tie(mode).two_matrices
+
+
 def _normalize_tying(data: dict) -> dict:
     """tie_mode tied/untied is stored as tie_embeddings true/false (tie_mode null), so that a config
-    that names the mode and one that uses the short form are one variant, with one hash. And
+    that names the mode and one that uses the short form are one variant, with one hash; soft is
+    stored with tie_embeddings false (a file that says soft and true is refused). And
     model.bias defaults to false for arch llama (true, the dataclass default, for gpt2): a layer
     that sets model.arch without model.bias drops a lower layer's bias (_one_tying)."""
     model = data.get("model")
     if isinstance(model, dict) and model.get("tie_mode") in ("tied", "untied"):
         _one_tying({"model": {}}, {"model": model})  # the disagreement check
         model["tie_embeddings"] = model.pop("tie_mode") == "tied"
+    elif isinstance(model, dict) and model.get("tie_mode") == "soft":  # two matrices: tie_embeddings false
+        _one_tying({"model": {}}, {"model": model})
+        model["tie_embeddings"] = False
     if isinstance(model, dict) and model.get("arch") == "llama" and "bias" not in model:
         model["bias"] = False  # Llama-style blocks have no biases unless model.bias asks for them
     return data
@@ -478,9 +491,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 def _check_rank_given(cfg: Config, data: dict) -> None:
     """model.tie_mode lowrank must come with its model.untie_rank. The dataclass default, 0, is the
     tied model itself, so a missing rank would train a tied model under a lowrank label. A rank of 0
-    written out is kept: it is the check that lowrank at rank 0 is tied. Checked after validate, so
+    written out is kept: it is the check that lowrank at rank 0 is tied. Likewise soft with its
+    model.tie_strength (0, written out, is untied from a tied start). Checked after validate, so
     a config that is wrong in other ways gets that message first."""
     model = data.get("model")
+    if cfg.model.tie_mode == "soft" and not (isinstance(model, dict) and "tie_strength" in model):
+        raise ConfigError("model.tie_mode soft needs its strength — set model.tie_strength: λ, 0 or more (the loss "
+                          "adds λ/2·‖W_out − E‖²; 0 is untied from a tied start, a large λ trains as tied)")
     if cfg.model.tie_mode == "lowrank" and not (isinstance(model, dict) and "untie_rank" in model):
         raise ConfigError(f"model.tie_mode lowrank needs its rank — set model.untie_rank: r, from 1 to model.n_embd "
                           f"({cfg.model.n_embd}) (W_out = E + A·Bᵀ, A·Bᵀ of rank r; 0 is the tied model itself)")
@@ -509,7 +526,7 @@ ADDED_KEYS = {"train.keep_best": False, "train.early_stop_patience": 0, "train.e
               "train.log_to": [], "train.min_lr_ratio": None, "data.carve": "random", "data.test_from": "train",
               "data.train_fraction": 1.0, "model.tie_mode": None, "model.untie_rank": 0,
               "model.arch": "gpt2", "model.norm_eps": 1e-5, "model.n_kv_head": None, "model.intermediate_size": None,
-              "model.multiple_of": 64, "model.rope_theta": 10000.0}
+              "model.multiple_of": 64, "model.rope_theta": 10000.0, "model.tie_strength": 0.0}
 
 
 def effective_min_lr(t: TrainConfig) -> float:

@@ -73,7 +73,8 @@ def check_fits(model_cfg: ModelConfig, vocab_size: int | None, batch_size: int, 
             "model.block_size, tokenizer.vocab_size or train.batch_size")
 
 
-def flops_per_token(model_cfg: ModelConfig, vocab_size: int, tokens_per_forward: int | None = None) -> dict:
+def flops_per_token(model_cfg: ModelConfig, vocab_size: int, tokens_per_forward: int | None = None,
+                    tokens_per_step: int | None = None) -> dict:
     """Matmul FLOPs per token (2 per multiply-add), the head counted whether or not it is tied:
     tying saves parameters, never compute. Attention scores count the full T x T product
     (as PaLM and nanoGPT's MFU estimate do). Backward = 2 x forward; train = 3 x forward.
@@ -83,7 +84,10 @@ def flops_per_token(model_cfg: ModelConfig, vocab_size: int, tokens_per_forward:
     mode's P h is 2d² more per token. The lowrank mode forms E + A·Bᵀ once per forward pass (2·V·d·r,
     and twice that backward, for A and B), shared by the batch's tokens: with `tokens_per_forward`
     (a micro-batch: batch_size × block_size) it is spread over them as `head_formation`; without,
-    it is left out (it is not a property of one token)."""
+    it is left out (it is not a property of one token). The soft mode's penalty λ/2·‖W_out − E‖² is
+    computed once per optimizer step, forward and backward 6·V·d (Tie.penalty_flops; elementwise,
+    not a matmul): with `tokens_per_step` (batch_size × block_size × grad_accum) it is spread over
+    them as `tie_penalty` and added to `train` only (evaluation has no penalty); without, left out."""
     d, L, T, V = model_cfg.n_embd, model_cfg.n_layer, model_cfg.block_size, vocab_size
     mlp = (3 if model_cfg.arch == "llama" else 2) * d * model_cfg.mlp_size  # d->4d->d, or gate, up, down
     matmul_params = d * _qkv_width(model_cfg) + d * d + mlp  # a layer's weights: qkv, attention output, MLP
@@ -99,4 +103,8 @@ def flops_per_token(model_cfg: ModelConfig, vocab_size: int, tokens_per_forward:
            "non_head_matmul_params": L * matmul_params}
     if formation:
         out["head_formation"] = formation  # per token, forward; train counts it 3 times
+    per_step = model_cfg.tie.penalty_flops(V, d)
+    if per_step is not None and tokens_per_step:
+        out["tie_penalty"] = per_step / tokens_per_step  # per token, forward and backward together
+        out["train"] += out["tie_penalty"]
     return out

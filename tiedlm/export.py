@@ -10,7 +10,8 @@ refused. A tied matrix is stored once (`tie_word_embeddings: true`), and transfo
 load. The projection and lowrank modes (`model.tie_mode`) build W_out from E, which neither class
 can express: they are written untied, `lm_head` being the materialised W_out (E·P, or E + A·Bᵀ),
 and checked against tiedlm's logits like any other export. Lowrank at rank 0, whose W_out is E
-(tie.py), is written tied.
+(tie.py), is written tied. A soft run (`tie_mode: soft`) is two matrices, however close its λ has
+pulled them: it is written untied, `lm_head` its own W_out (the penalty is a training term only).
 
 The folder: config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json, special_tokens_map.json. With transformers installed, the export is loaded
@@ -45,7 +46,7 @@ class ExportResult:
     hf_perplexity: float | None = None
     tokens: int | None = None  # scored in the check
     note: str | None = None
-    mode: str | None = None  # the run's model.tie_mode when it has one (projection, lowrank)
+    mode: str | None = None  # the run's model.tie_mode when it has one (projection, lowrank, soft)
     hf_class: str = "GPT2LMHeadModel"  # or LlamaForCausalLM (model.arch: llama)
 
 
@@ -229,6 +230,7 @@ def summary(r: ExportResult) -> str:
     form = "tied" if r.tied else "untied"
     if r.mode is not None:
         form = f"{r.mode}, written tied: its W_out is E" if r.tied else \
+            f"{r.mode}, written untied: lm_head is its own W_out" if r.mode == "soft" else \
             f"{r.mode}, written untied: lm_head is the materialised W_out"
     lines = [f"exported {r.checkpoint} ({form}) to {r.out} as a {r.hf_class}"]
     if r.verified:

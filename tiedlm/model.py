@@ -15,7 +15,9 @@ Two modes build W_out from that shared E (`model.tie_mode`; `lm_head.weight` is 
 the identity, weight-decayed); and `lowrank`, W_out = E + A·Bᵀ with A (V×r, `head_a`, starting at
 zero) and B (d×r, `head_b`, orthonormal columns), a dial from tied (r = 0) towards untied. Both
 start as the tied model. `head()` gives what the output layer computes with; `output_weight()` the
-effective W_out (V×d), which analyze and export use.
+effective W_out (V×d), which analyze and export use. A third, `soft`, is two matrices, as untied,
+with W_out starting as a copy of E and the training loss adding λ/2·‖W_out − E‖² (`tie_penalty()`,
+added once per optimizer step by train/step.py, never to an evaluation's loss).
 """
 
 from __future__ import annotations
@@ -197,6 +199,9 @@ class GPT(nn.Module):
         self.built_tie = cfg.tie  # the config's tie; current_tie is the tie now (untie_at splits it)
         if not self.built_tie.two_matrices:
             self.tie()
+        elif self.built_tie.mode == "soft":  # W_out starts as E's copy (its own init drawn, then replaced,
+            with torch.no_grad():  # so that the random stream, and E and the blocks, are untied's at a seed)
+                self.lm_head.weight.copy_(self.transformer.wte.weight)
         # The modes' extra parameters come after every other initialisation, so that their weights
         # draw nothing from the random stream the tied model's weights are drawn from: at a seed, a
         # projection or lowrank model starts with the tied model's E and blocks exactly.
@@ -229,7 +234,7 @@ class GPT(nn.Module):
     @property
     def current_tie(self) -> Tie:
         """The tie the model has now: its config's, or untied once a tied model has split (untie_at)."""
-        return self.built_tie if self.is_tied else UNTIED
+        return self.built_tie if self.is_tied or self.built_tie.two_matrices else UNTIED
 
     @property
     def w_out_is_e(self) -> bool:
@@ -277,6 +282,24 @@ class GPT(nn.Module):
             if self.built_tie.mode == "lowrank":
                 return self.transformer.wte.weight + self.head_a @ self.head_b.T
             return self.lm_head.weight.detach()
+
+    def tie_distance(self) -> torch.Tensor | None:
+        """‖W_out − E‖_F (a 0-d tensor, no gradient) of a soft model, what its λ pulls to 0; None
+        for the other modes."""
+        if self.built_tie.mode != "soft":
+            return None
+        with torch.no_grad():
+            return torch.linalg.vector_norm(self.lm_head.weight - self.transformer.wte.weight)
+
+    def tie_penalty(self) -> torch.Tensor | None:
+        """Soft's λ/2·‖W_out − E‖²_F, with its gradient: λ(W_out − E) into W_out's and −λ(W_out − E)
+        into E's. None when there is none (not soft, or λ = 0: nothing is computed, so that λ = 0
+        is untied from a tied start to the bit). Computed in float32 whatever the autocast: it is
+        V·d elementwise work once per optimizer step."""
+        if not self.built_tie.penalised:
+            return None
+        diff = self.lm_head.weight.float() - self.transformer.wte.weight.float()  # (V, d)
+        return 0.5 * self.built_tie.strength * diff.square().sum()
 
     def head_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """The modes' own parameters (P, or A and B): W_out's extra parameters beside E."""

@@ -19,7 +19,7 @@ class ParamsReport:
     untied: dict  # ... and of the untied form
     flops_per_token: dict  # model.flops_per_token (the same for both forms)
     text: str  # the table `tiedlm params` prints
-    mode: dict | None = None  # ... and of the config's own model.tie_mode (projection, lowrank), when set
+    mode: dict | None = None  # ... and of the config's own model.tie_mode (projection, lowrank, soft), when set
 
     def to_json(self) -> dict:
         return {"vocab_size": self.vocab_size, "tied": self.tied, "untied": self.untied,
@@ -47,13 +47,13 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
     forms = {label: count_params_config(dataclasses.replace(cfg.model.with_tie(Tie(label)), untie_at=None), V)
              for label in ("tied", "untied")}
     m = cfg.model
-    mode_label = m.tie.label  # tied, untied, projection, lowrank r=8
-    mode = count_params_config(m, V) if m.tie.built_from_e else None
+    mode_label = m.tie.label  # tied, untied, projection, lowrank r=8, soft λ=0.01
+    mode = count_params_config(m, V) if m.tie.stored_mode is not None else None
     if mode is not None:
         forms[mode_label] = mode
     fpt = flops_per_token(m.with_tie(Tie("tied")), V)  # tied and untied alike
     tokens = cfg.train.batch_size * m.block_size
-    fmode = flops_per_token(m, V, tokens) if mode is not None else None
+    fmode = flops_per_token(m, V, tokens, tokens * cfg.train.grad_accum) if mode is not None else None
     t, u = forms["tied"], forms["untied"]
     saved = u["total"] - t["total"]
     spent = [] if mode is None else [
@@ -69,9 +69,17 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
         params_text(forms), "",
         f"tying saves {saved:,} parameters ({100 * saved / u['total']:.1f}% of the untied model), "
         f"{16 * saved / 2**20:,.1f} MiB of fp32 weights + gradients + AdamW moments", *spent,
-        *([] if mode is None else [f"FLOPs per token (train, {mode_label}): {fmode['train']:,.0f} (with A·Bᵀ formed once per "
-                                   f"micro-batch of {tokens:,} tokens)" if m.tie.mode == "lowrank" else
-                                   f"FLOPs per token (train, {mode_label}): {fmode['train']:,.0f} (P h: 2d² more per token)"]),
+        *([] if mode is None else [f"FLOPs per token (train, {mode_label}): {fmode['train']:,.0f} "
+                                   f"({_mode_cost(m.tie.mode, tokens, cfg.train.grad_accum)})"]),
         f"FLOPs per token (train, tied or untied): {fpt['train']:,} — tying never saves compute; "
         f"the output projection is {100 * fpt['head'] / fpt['forward']:.1f}% of the forward matmuls"])
     return ParamsReport(V, source, t, u, fpt, text, mode)
+
+
+def _mode_cost(mode: str, tokens: int, grad_accum: int) -> str:
+    """What a mode adds to the FLOPs of tied and untied, in words."""
+    if mode == "lowrank":
+        return f"with A·Bᵀ formed once per micro-batch of {tokens:,} tokens"
+    if mode == "soft":
+        return f"with λ/2·‖W_out − E‖², 6·V·d, once per optimizer step of {tokens * grad_accum:,} tokens"
+    return "P h: 2d² more per token"

@@ -1,12 +1,17 @@
 """The tie between the input embedding E and the output projection W_out, as one value.
 
-`model.tie_mode` names it: tied, untied, projection or lowrank (with `model.untie_rank` r);
-`model.tie_embeddings: true/false` is its short form, read while a config is parsed (config.py's
-merge rules). A config stores it as it always has (`tie_embeddings`, `tie_mode` null for tied and
-untied, `untie_rank`), so config hashes and run folders written before stay valid. Only config.py,
-this module and runs.py read those three fields; every other module asks `ModelConfig.tie`, a Tie,
-for what it needs: the label, the run tag, whether W_out is E, whether there are two matrices,
+`model.tie_mode` names it: tied, untied, projection, lowrank (with `model.untie_rank` r) or soft
+(with `model.tie_strength` λ); `model.tie_embeddings: true/false` is its short form, read while a
+config is parsed (config.py's merge rules). A config stores it as it always has (`tie_embeddings`,
+`tie_mode` null for tied and untied, `untie_rank`; soft is `tie_embeddings: false`, `tie_mode:
+soft` and `tie_strength`), so config hashes and run folders written before stay valid. Only
+config.py, this module and runs.py read those fields; every other module asks `ModelConfig.tie`, a
+Tie, for what it needs: the label, the run tag, whether W_out is E, whether there are two matrices,
 and what the head costs in parameters and FLOPs.
+
+Soft is a dial between the ends: W_out is a matrix of its own (two matrices, as untied), copied
+from E at the start, and the training loss adds λ/2·‖W_out − E‖²_F. λ = 0 is untied from a tied
+start; as λ grows the two are pulled together, and a large λ trains as tied.
 
 One answer for lowrank at rank 0: A·Bᵀ has no columns and W_out = E exactly, so W_out *is* E
 there, everywhere (the model, analysis and export). It stays a lowrank model for its label and tag.
@@ -16,51 +21,67 @@ No torch here: config.py, `tiedlm params` and the CLI use it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
 
-MODES = ("tied", "untied", "projection", "lowrank")
+MODES = ("tied", "untied", "projection", "lowrank", "soft")
 BUILT_FROM_E = ("projection", "lowrank")  # W_out made from E by parameters of its own
+TWO_MATRICES = ("untied", "soft")  # W_out a Parameter of its own beside E
+NAMED_MODES = (*BUILT_FROM_E, "soft")  # the modes stored under model.tie_mode (tied/untied: null)
 # The dotted keys a config stores the tie under: what a diff of two configs sees of it.
-STORED_KEYS = ("model.tie_embeddings", "model.tie_mode", "model.untie_rank")
+STORED_KEYS = ("model.tie_embeddings", "model.tie_mode", "model.untie_rank", "model.tie_strength")
 
 
 @dataclass(frozen=True)
 class Tie:
     mode: str = "tied"  # one of MODES
     rank: int = 0  # lowrank's r; 0 for every other mode
+    strength: float = 0.0  # soft's λ; 0 for every other mode
 
     @classmethod
-    def stored(cls, tie_embeddings: bool, tie_mode: str | None, untie_rank: int) -> Tie:
+    def stored(cls, tie_embeddings: bool, tie_mode: str | None, untie_rank: int, tie_strength: float = 0.0) -> Tie:
         """The tie of a config's stored fields."""
-        return cls(tie_mode or ("tied" if tie_embeddings else "untied"), untie_rank)
+        return cls(tie_mode or ("tied" if tie_embeddings else "untied"), untie_rank, tie_strength)
 
     def fields(self) -> dict[str, Any]:
         """The stored fields of this tie (what ModelConfig.with_tie writes)."""
-        return {"tie_embeddings": self.mode != "untied", "tie_mode": self.stored_mode, "untie_rank": self.rank}
+        return {"tie_embeddings": not self.two_matrices, "tie_mode": self.stored_mode, "untie_rank": self.rank,
+                "tie_strength": self.strength}
 
     @property
     def stored_mode(self) -> str | None:
-        """`model.tie_mode` as stored: the mode when it builds W_out from E, else None."""
-        return self.mode if self.built_from_e else None
+        """`model.tie_mode` as stored: the mode when it builds W_out from E or is soft, else None."""
+        return self.mode if self.mode in NAMED_MODES else None
 
     @property
     def label(self) -> str:
-        """How reports name it: tied, untied, projection, or lowrank r=8."""
+        """How reports name it: tied, untied, projection, lowrank r=8, or soft λ=0.01."""
+        if self.mode == "soft":
+            return f"soft λ={self.strength:g}"
         return f"lowrank r={self.rank}" if self.mode == "lowrank" else self.mode
 
     @property
     def tag(self) -> str:
-        """How run names spell it: tied, untied, projection, or lowrank-r8."""
+        """How run names spell it: tied, untied, projection, lowrank-r8, or soft-l0.01 (run names
+        allow letters, digits and - _ . = +: 1e-05 and 1e+03 are kept as they are)."""
+        if self.mode == "soft":
+            return f"soft-l{self.strength:g}"
         return f"lowrank-r{self.rank}" if self.mode == "lowrank" else self.mode
 
     @property
     def two_matrices(self) -> bool:
-        """Whether W_out is a Parameter of its own beside E (untied); otherwise W_out is E or is
-        built from it, and `lm_head.weight` is E."""
-        return self.mode == "untied"
+        """Whether W_out is a Parameter of its own beside E (untied, soft); otherwise W_out is E or
+        is built from it, and `lm_head.weight` is E."""
+        return self.mode in TWO_MATRICES
+
+    @property
+    def penalised(self) -> bool:
+        """Whether the training loss adds soft's λ/2·‖W_out − E‖² (soft with λ > 0; at λ = 0 the
+        term is not computed at all, so the run is untied from a tied start exactly)."""
+        return self.mode == "soft" and self.strength > 0
 
     @property
     def built_from_e(self) -> bool:
@@ -73,10 +94,10 @@ class Tie:
         return self.mode == "tied" or (self.mode == "lowrank" and self.rank == 0)
 
     def head_params(self, vocab_size: int, n_embd: int) -> int:
-        """W_out's parameters beside E (its bias aside): V·d untied, 0 tied, P's d² for projection,
-        A's and B's r·(V + d) for lowrank."""
+        """W_out's parameters beside E (its bias aside): V·d untied and soft, 0 tied, P's d² for
+        projection, A's and B's r·(V + d) for lowrank."""
         V, d = vocab_size, n_embd
-        return {"untied": V * d, "projection": d * d, "lowrank": self.rank * (V + d)}.get(self.mode, 0)
+        return {"untied": V * d, "soft": V * d, "projection": d * d, "lowrank": self.rank * (V + d)}.get(self.mode, 0)
 
     def head_flops(self, vocab_size: int, n_embd: int) -> int:
         """Matmul FLOPs of the head per token, forward: the logits (2·d·V, tied or not: tying saves
@@ -89,15 +110,29 @@ class Tie:
         E + A·Bᵀ (2·V·d·r); None for the modes that form nothing."""
         return 2 * vocab_size * n_embd * self.rank if self.mode == "lowrank" else None
 
+    def penalty_flops(self, vocab_size: int, n_embd: int) -> int | None:
+        """FLOPs of soft's penalty, once per optimizer step (not per token, nor per micro-batch),
+        forward and backward together: D = W_out − E and ΣD² (3·V·d), then λD added into W_out's
+        gradient and subtracted from E's (3·V·d): 6·V·d. Elementwise work, not matmuls, but the
+        one cost soft adds to untied. None when there is no penalty (not soft, or λ = 0)."""
+        return 6 * vocab_size * n_embd if self.penalised else None
+
 
 UNTIED = Tie("untied")
 
 
 def check_stored(m: Any) -> None:
-    """The stored fields of a ModelConfig `m` make one tie, and its rank fits (config validation)."""
+    """The stored fields of a ModelConfig `m` make one tie, and its rank or strength fits (config
+    validation)."""
     mode = m.tie_mode
-    _check(mode in (None, *BUILT_FROM_E), f"model.tie_mode must be tied, untied, projection or lowrank, got {mode!r}")
-    if mode is not None:
+    _check(mode in (None, *NAMED_MODES),
+           f"model.tie_mode must be tied, untied, projection, lowrank or soft, got {mode!r}")
+    if mode == "soft":
+        _check(not m.tie_embeddings, "model.tie_mode soft trains W_out as a matrix of its own, so it needs "
+                                     "model.tie_embeddings: false — drop model.tie_embeddings")
+        _check(m.untie_at is None, "model.untie_at splits a tied model in two; model.tie_mode soft starts as two "
+                                   "matrices already (W_out a copy of E) — drop one of them")
+    elif mode is not None:
         _check(m.tie_embeddings, f"model.tie_mode {mode} builds W_out from E, so it needs model.tie_embeddings: "
                                  "true — drop model.tie_embeddings")
         _check(m.untie_at is None, f"model.untie_at splits a tied model in two; with model.tie_mode {mode} W_out "
@@ -109,6 +144,12 @@ def check_stored(m: Any) -> None:
         _check(m.untie_rank <= m.n_embd, f"model.untie_rank {m.untie_rank} is above model.n_embd ({m.n_embd}): "
                                          f"A·Bᵀ has rank at most {m.n_embd}, so the rest adds parameters and no rank "
                                          f"— use at most {m.n_embd}")
+    strength = m.tie_strength
+    _check(math.isfinite(strength) and strength >= 0,
+           f"model.tie_strength must be a finite number, 0 or more, got {strength}")
+    if strength:
+        _check(mode == "soft", f"model.tie_strength {strength:g} applies to model.tie_mode: soft only — set it, "
+                               "or drop model.tie_strength")
 
 
 def _check(ok: bool, message: str) -> None:

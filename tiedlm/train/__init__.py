@@ -295,8 +295,9 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
             checkpoints.clear_checkpoints(run_dir)
     if pre.dist.active and pre.dist.rank:  # other dropout masks on each rank's slice (rank 0 keeps the run's stream)
         torch.manual_seed(int(torch.randint(2**62, (1,))) + pre.dist.rank)
-    record.write(params=params, flops_per_token=flops_per_token(cfg.model, pre.data.model_vocab_size,
-                                                                            cfg.train.batch_size * cfg.model.block_size),
+    per_forward = cfg.train.batch_size * cfg.model.block_size
+    record.write(params=params, flops_per_token=flops_per_token(cfg.model, pre.data.model_vocab_size, per_forward,
+                                                                per_forward * cfg.train.grad_accum),
                  total_steps=pre.total_steps, data=pre.data.info, floor=pre.data.floor,
                  untie_step=pre.untie_step, decay_embeddings=cfg.train.decay_embeddings)
     return model, optimizer, sampler
@@ -382,7 +383,8 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
         if step % tcfg.log_every == 0 or step == total:
             pending.append({"kind": "train", "step": step, "tokens": state.tokens, "loss": loss, "lr": lr,
                             "grad_norm": grad_norm, "time": round(state.train_time, 3),
-                            "tokens_per_s": state.tokens / state.train_time if state.train_time else None})
+                            "tokens_per_s": state.tokens / state.train_time if state.train_time else None,
+                            **_soft_metrics(model)})
         if tcfg.eval_every and (step % tcfg.eval_every == 0 or step == total):
             _periodic_eval(cfg, run_dir, pre, model, state, amp, pending, covered, quiet_bar=bar is None or bar.disable)
         if bar is not None:
@@ -401,6 +403,16 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
     _close(bar)
     _append_metrics(run_dir, pre.tb, pending)
     return model
+
+
+def _soft_metrics(model) -> dict:
+    """A soft run's train row adds ‖W_out − E‖_F (`w_out_minus_e`, what λ pulls to 0) and the
+    penalty λ/2·‖W_out − E‖² (`tie_penalty`, not in `loss`, which is the cross-entropy alone)."""
+    distance = model.tie_distance()
+    if distance is None:
+        return {}
+    dist = float(distance)
+    return {"w_out_minus_e": dist, "tie_penalty": 0.5 * model.built_tie.strength * dist * dist}
 
 
 def _close(bar) -> None:

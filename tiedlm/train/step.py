@@ -43,7 +43,12 @@ def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: Any, tcf
     when it says yes the partial step is abandoned (gradients dropped, no update) and None returned.
 
     The losses are summed as they come, into one detached float64 tensor on the device: memory does
-    not grow with train.grad_accum, and there is still one device-to-host copy per step."""
+    not grow with train.grad_accum, and there is still one device-to-host copy per step.
+
+    A soft tie's penalty λ/2·‖W_out − E‖² (model.tie_penalty) is a function of the weights alone, so
+    its gradient is added once per step, after the micro-batches (outside the DistributedDataParallel
+    backward: it is the same on every rank, and needs no all-reduce). The loss returned is the
+    cross-entropy alone, comparable with every other run's; the penalty is logged on its own."""
     import torch
 
     from ..model import lm_loss
@@ -64,6 +69,9 @@ def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: Any, tcf
         loss = loss.detach().double()
         loss_sum = loss if loss_sum is None else loss_sum + loss
         del loss, x, y
+    penalty = _model_of(fwd).tie_penalty()
+    if penalty is not None:
+        penalty.backward()
     norm = torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip if tcfg.grad_clip > 0 else float("inf"))
     # one device-to-host copy per step: the mean loss and the gradient norm together
     loss_val, grad_norm = torch.stack([loss_sum / tcfg.grad_accum, norm.double()]).tolist()
@@ -71,3 +79,9 @@ def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: Any, tcf
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss_val, grad_norm
+
+
+def _model_of(fwd):
+    """The GPT inside what the step calls: compiled (`_orig_mod`), in DistributedDataParallel (`module`)."""
+    inner = getattr(fwd, "_orig_mod", fwd)
+    return getattr(inner, "module", inner)
