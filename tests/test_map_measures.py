@@ -10,6 +10,7 @@ import pytest
 import tiedlm.compare as C
 from tests.test_compare import TIED, UNTIED, make_run
 from tiedlm.compare.map_measures import MEASURES, cell_measures, correlations, measure_lines, spearman_test
+from tiedlm.compare.plots import TYING_MAP_BUCKETS_PLOT
 from tiedlm.compare.stats import summarize
 
 scipy_stats = pytest.importorskip("scipy.stats")
@@ -70,6 +71,18 @@ def test_a_grid_of_runs_gets_its_map_and_the_matrices_beside_each_cell(tmp_path)
     assert "No correlation with the matrices" in data["tying_map"]["matrices_summary"][0]  # not analysed
     md = (out / "comparison.md").read_text()
     assert "### The tying map" in md and "![tying map](tying_map.png)" in md
+    # each cell's frequent and rare buckets beside it (make_run's buckets: "top 10%" … "rest"), and their figure
+    assert (out / TYING_MAP_BUCKETS_PLOT).read_bytes()[:4] == b"\x89PNG"
+    assert c.files["plot_tying_map_buckets"].endswith("tying_map_buckets.png")
+    assert "| top 10% (frequent) | rest (rare) |" in md and "![tying effect per frequency bucket](tying_map_buckets.png)" in md
+    cell = data["tying_map"]["cells"][0]
+    assert cell["frequent"]["name"] == "top 10%" and cell["rare"]["name"] == "rest"
+    assert any(line.startswith("By token frequency (on test,") for line in data["tying_map"]["buckets_summary"])
+    # the surface over 4 cells: a plane (no interaction), 1 residual degree of freedom, its tables in comparison.md
+    surface = data["tying_map"]["surface"]
+    assert surface["fitted"] is True and surface["dof"] == 1 and len(surface["coefficients"]) == 3
+    assert "#### The fitted surface" in md and "| term | estimate | SE | 95% CI | t | p |" in md
+    assert any(line.startswith("- Fitted surface (a plane, weighted by 1/se², 4 cells") for line in md.splitlines())
     assert any("Tying helps significantly" in line for line in C.format_terminal_table(c).splitlines())
 
 

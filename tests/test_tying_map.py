@@ -12,6 +12,7 @@ import pytest
 
 from tiedlm.compare.grid import MatchedContrast
 from tiedlm.compare.plots import plot_tying_map
+from tiedlm.compare.stats import t_ppf
 from tiedlm.compare.tying_map import TyingMap, tying_map
 from tiedlm.compare.variants import Contrast, SplitContrast
 
@@ -23,10 +24,11 @@ WIDTHS, FRACTIONS = (64, 128, 256), (0.25, 0.5, 1.0)
 def contrast(effect, half=0.01, seeds=3, ci=True, significant=None, split="validation"):
     """A SplitContrast with effect ± half on the ratio scale (and its log on the loss scale)."""
     lo, hi = (effect - half, effect + half) if ci else (None, None)
+    se = (math.log1p(hi) - math.log1p(lo)) / (2 * t_ppf(0.975, seeds - 1)) if ci else None  # what the interval says
     d = SplitContrast(test="paired", difference=math.log1p(effect), ci_low=math.log1p(lo) if ci else None,
                       ci_high=math.log1p(hi) if ci else None, p_value=0.01 if ci and (lo > 0 or hi < 0) else 0.4,
                       n=seeds, relative=effect, relative_ci_low=lo, relative_ci_high=hi,
-                      significant=significant)
+                      significant=significant, se=se, df=seeds - 1 if ci else None)
     return Contrast(baseline="untied", kind="matched", splits={split: d})
 
 
@@ -322,3 +324,88 @@ def test_importing_the_module_does_not_import_matplotlib():
     code = "import sys, tiedlm.compare.tying_map; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# ------------------------------------------------------------------ the frequent and rare buckets
+
+
+def with_buckets(m, top, rare, p_holm=(0.01, 0.3), split="validation"):
+    """m with the bucket differences (Δloss, nats) its contrast carries: top 10%, next 40%, rest 50%
+    (each ± 0.01), Holm-adjusted p-values for the frequent and the rare one."""
+    from tiedlm.compare.variants import BucketContrast
+
+    def b(diff, p):
+        return BucketContrast(test="paired", difference=diff, ci_low=diff - 0.01, ci_high=diff + 0.01, p_value=p / 3,
+                              p_holm=p, n=3)
+
+    m.split(split).buckets = {"top 10%": b(top, p_holm[0]), "next 40%": b(0.0, 0.9), "rest 50%": b(rare, p_holm[1])}
+    return m
+
+
+def bucket_grid(split="validation"):
+    """STAIRS with buckets: the frequent bucket's Δ is the cell's, the rare one's a third of it where
+    tying hurts and twice it where tying helps: always the lower, the larger only where tying helps."""
+    out = []
+    for m in grid(STAIRS):
+        d = m.split("validation").difference
+        out.append(with_buckets(m, top=d, rare=d / 3 if d > 0 else 2 * d, split=split))
+    return out
+
+
+def test_each_cell_carries_its_frequent_and_rare_buckets_effect_as_the_contrast_has_them():
+    t = tying_map(bucket_grid(), "validation")
+    assert t.bucket_split == "validation"
+    cell = t.cell(256, 0.25)
+    d = math.log1p(-0.04)
+    assert cell.frequent.name == "top 10%" and cell.rare.name == "rest 50%"
+    assert cell.rare.difference == pytest.approx(2 * d) and cell.rare.effect == pytest.approx(math.expm1(2 * d))
+    assert cell.rare.ci_low == pytest.approx(math.expm1(2 * d - 0.01)) and cell.rare.ci_high == pytest.approx(math.expm1(2 * d + 0.01))
+    assert (cell.frequent.p_holm, cell.rare.p_holm) == (0.01, 0.3)
+    assert cell.frequent.significant is True and cell.rare.significant is False
+    assert cell.difference == pytest.approx(d) and cell.se is not None
+    data = json.loads(json.dumps(t.to_json(), allow_nan=False))
+    row = next(c for c in data["cells"] if (c["row"], c["col"]) == (256, 0.25))
+    assert row["rare"]["name"] == "rest 50%" and row["rare"]["effect"] == pytest.approx(cell.rare.effect)
+    assert row["frequent"]["p_holm"] == 0.01 and data["bucket_split"] == "validation"
+
+
+def test_the_bucket_sentences_count_the_cells_where_the_effect_sits():
+    from tiedlm.compare.tying_map import bucket_lines
+
+    lines = bucket_lines(tying_map(bucket_grid(), "validation"))
+    assert lines[0].startswith("By token frequency (on validation, ")
+    assert ("the rare bucket's (rest 50%) effect is the larger in magnitude at 3 of 9 cells, and the lower "
+            "(the more in tying's favour) at 9 of 9; the update-rule argument predicts the gain on rare tokens.") in lines[0]
+    # Holm p: 0.01 for the frequent bucket (significant), 0.3 for the rare one
+    assert lines[1] == ("Tying helps the rare bucket significantly at 0 of 9 cells and hurts it at 0; the frequent "
+                        "bucket (top 10%): helps at 3, hurts at 6.")
+    same = [with_buckets(m, top=0.02, rare=0.02) for m in grid(STAIRS)]
+    assert "at 0 of 9 (9 with the same effect in both)" in bucket_lines(tying_map(same, "validation"))[0]
+
+
+def test_buckets_come_from_validation_when_the_maps_split_has_none_and_are_absent_without_any():
+    from tiedlm.compare.tying_map import bucket_lines
+
+    ms = bucket_grid()
+    for m in ms:  # the same contrasts on test too, without buckets there
+        m.contrast.splits["test"] = SplitContrast(**{**vars(m.split("validation")), "buckets": {}})
+    t = tying_map(ms, "test")
+    assert t.split == "test" and t.bucket_split == "validation" and t.cell(64, 0.25).rare is not None
+    plain = tying_map(grid(STAIRS), "validation")
+    assert plain.bucket_split is None and plain.cell(64, 0.25).rare is None and bucket_lines(plain) == []
+
+
+def test_the_bucket_png_shows_the_rare_bucket_blue_where_tying_helps_rare_tokens(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tiedlm.compare.plots import plot_tying_map_buckets
+
+    ms = [with_buckets(matched({N: n, F: f}, 0.01), top=0.04, rare=-0.04) for n in (64, 128) for f in (0.25, 0.5)]
+    path = tmp_path / "buckets.png"
+    plot_tying_map_buckets(tying_map(ms, "validation"), path)
+    px = _colours(path)
+    w = px.shape[1]
+    assert path.read_bytes().startswith(PNG) and not list(tmp_path.glob("*.tmp*"))
+    assert _blue_minus_red(px[:, : int(w * 0.4)]) < -2000 < 2000 < _blue_minus_red(px[:, int(w * 0.45): int(w * 0.8)])
+    empty = tmp_path / "empty.png"
+    plot_tying_map_buckets(tying_map(grid(STAIRS), "validation"), empty)  # no buckets: an empty panel, no crash
+    assert empty.read_bytes().startswith(PNG)

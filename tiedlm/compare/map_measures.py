@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from ..formatting import fmt_signed, percent
-from .stats import number, spearman_test
+from ..naming import scalar
+from .stats import ALPHA, number, spearman_test
 
 # (key in the variant's matrices or computed here, label, the sign of ρ the symmetry argument predicts)
 MEASURES = (("cka", "untied CKA", -1), ("aligned_cosine", "untied rotated cosine", -1),
@@ -107,29 +108,87 @@ class MapSection:
 
     def lines(self) -> list[str]:
         """What the terminal prints: the map's sentences, then the measures'."""
-        return self.tmap.summary_lines() + measure_lines(self.correlations)
+        from .tying_map import bucket_lines
 
-    def markdown(self, plot: str) -> list[str]:
-        """comparison.md's section: the heatmap, its sentences, each cell with its untied pair's measures."""
-        t = self.tmap
-        rows = []
-        for r in t.rows:
-            for col in t.cols:
-                cell = t.known(r, col)
-                if cell is None:
-                    continue
-                m = self.measures.get((r, col), {})
-                rows.append([t.name((r, col)), percent(cell.effect), f"{percent(cell.ci_low)} to {percent(cell.ci_high)}",
-                             "yes" if cell.significant else "no", *(_num(m.get(k)) for k, _, _ in MEASURES)])
+        surface = self.tmap.surface.lines() if self.tmap.surface is not None else []
+        return self.tmap.summary_lines() + bucket_lines(self.tmap) + surface + measure_lines(self.correlations)
+
+    def markdown(self, plot: str, buckets_plot: str | None = None) -> list[str]:
+        """comparison.md's section: the heatmap, its sentences, each cell with its frequent and rare
+        buckets' effects and its untied pair's measures, the bucket figure, the fitted surface."""
         from ..formatting import markdown_table
 
+        t = self.tmap
+        cells = [(r, col) for r in t.rows for col in t.cols if t.known(r, col) is not None]
+        top, rare = _bucket_names(t)
+        rows = []
+        for at in cells:
+            cell = t.cells[at]
+            m = self.measures.get(at, {})
+            ends = [_bucket_words(cell.frequent), _bucket_words(cell.rare)] if top else []
+            rows.append([t.name(at), percent(cell.effect), f"{percent(cell.ci_low)} to {percent(cell.ci_high)}",
+                         "yes" if cell.significant else "no", *ends, *(_num(m.get(k)) for k, _, _ in MEASURES)])
+        heads = [f"{top} (frequent)", f"{rare} (rare)"] if top else []
         bullets = [f"  {line}" if line.startswith("- ") else f"- {line}" for line in self.lines()]  # sub-points nest
-        return ["", "### The tying map", "", f"![tying map]({plot})", "", *bullets, "",
+        text = ("Beside each cell, its most frequent and its rare bucket's tying effect on "
+                f"{t.bucket_split} (exp(Δloss) − 1 in the bucket, its 95% CI, and p Holm-adjusted over the buckets "
+                f"of the cell's contrast; * where that p is below {ALPHA:g}), then what `tiedlm analyze` measured in the "
+                "untied pair of its twin (mean over the analysed seeds; blank without `--analyze`). " if top else
                 "Beside each cell, what `tiedlm analyze` measured in the untied pair of its twin (mean over the "
-                "analysed seeds; blank without `--analyze`). The direct path is softmax(W_out · LN_f(E[t])) (LN_f the final norm: LayerNorm, or RMSNorm for llama), scored "
-                "on validation; its cost of W_out := E is the loss with E in W_out's place minus its own.", "",
-                markdown_table(["cell", "effect", "95% CI", "CI excludes 0", *(label for _, label, _ in MEASURES)],
-                               rows, "lrrl" + "r" * len(MEASURES))]
+                "analysed seeds; blank without `--analyze`). ")
+        md = ["", "### The tying map", "", f"![tying map]({plot})", "", *bullets, "",
+              text + "The direct path is softmax(W_out · LN_f(E[t])) (LN_f the final norm: LayerNorm, or RMSNorm "
+              "for llama), scored on validation; its cost of W_out := E is the loss with E in W_out's place minus "
+              "its own.", "",
+              markdown_table(["cell", "effect", "95% CI", "CI excludes 0", *heads, *(label for _, label, _ in MEASURES)],
+                             rows, "lrrl" + "r" * (len(heads) + len(MEASURES)))]
+        if top and buckets_plot:
+            md += ["", f"![tying effect per frequency bucket]({buckets_plot})"]
+        return md + surface_markdown(t.surface)
+
+
+def _bucket_names(t: Any) -> tuple[str | None, str | None]:
+    """The frequent and rare buckets' names in the map's cells (None, None without buckets)."""
+    for c in t.cells.values():
+        if c.frequent is not None and c.rare is not None:
+            return c.frequent.name, c.rare.name
+    return None, None
+
+
+def _bucket_words(b: Any) -> str:
+    """'−3.10% (−5.0% to −1.2%), p_Holm 0.012*'."""
+    if b is None or b.effect is None:
+        return ""
+    ci = "" if b.ci_low is None else f" ({percent(b.ci_low, 1)} to {percent(b.ci_high, 1)})"
+    p = "" if b.p_holm is None else f", p_Holm {b.p_holm:.3f}" + ("*" if b.significant else "")
+    return f"{percent(b.effect)}{ci}{p}"
+
+
+def surface_markdown(s: Any) -> list[str]:
+    """The fitted surface's subsection: its coefficients, its residuals (its sentences are among the map's)."""
+    from ..formatting import markdown_table
+
+    if s is None or not s.fitted:
+        return []
+
+    def val(x: float | None, f: str = "+.4f") -> str:
+        return "" if x is None else format(x, f).replace("-", "−")
+
+    coefs = [[c.term, val(c.estimate), val(c.se, ".4f"), f"{val(c.ci_low)} to {val(c.ci_high)}" if c.ci_low is not None
+              else "", val(c.t, "+.2f"), "" if c.p_value is None else f"{c.p_value:.3g}"] for c in s.coefficients]
+    res = [[f"{s.row_short}={scalar(r.row)}, {s.col_short}={scalar(r.col)}", val(r.effect), val(r.se, ".4f"), val(r.fitted),
+            val(r.residual), val(r.standardized, "+.2f"), f"{r.weight_share:.1%}"] for r in s.residuals]
+    centre = f"{s.row_short}={s.centre[0]:.3g}, {s.col_short}={s.centre[1]:.3g}"
+    return ["", "#### The fitted surface", "",
+            "The cells' effects on the loss scale (Δloss in nats, the log of tied / untied perplexity) fitted by "
+            "weighted least squares on log2 of each key, weights 1/se²; log2 is centred at the middle of the measured "
+            f"range ({centre}), so the intercept is the predicted effect there and a slope is nats per doubling. "
+            "Intervals: Student t on the residual degrees of freedom, the covariance (XᵀWX)⁻¹ scaled by χ²/dof. "
+            "The zero contour and its 95% band (Fieller's: where the prediction's interval contains 0) are drawn "
+            "on the map.", "",
+            markdown_table(["term", "estimate", "SE", "95% CI", "t", "p"], coefs, "lrrrrr"), "",
+            "Residuals (standardized: residual / the cell's own se; weight: the cell's share of Σ 1/se²):", "",
+            markdown_table(["cell", "Δloss", "se", "fitted", "residual", "standardized", "weight"], res, "lrrrrrr")]
 
 
 def _num(x: float | None) -> str:

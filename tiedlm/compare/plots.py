@@ -10,6 +10,7 @@ switch the caller's backend or leave figures in pyplot's registry.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from ..figures import empty_panel, figure, plain_ticks
 from ..formatting import percent
 from ..naming import scalar
 from .comparison import Comparison
-from .stats import number
+from .stats import ALPHA, number
 from .trajectory import ONE_SEED, SPLIT, Trajectory
 from .variants import Variant
 
@@ -33,7 +34,8 @@ PLOTS = {
     "trajectory": TRAJECTORY_PLOT,  # the effect of each contrast over training (trajectory.py computes it)
 }
 MATCHED_PLOT = "tying_effect.png"  # written only when the comparison has matched contrasts
-TYING_MAP_PLOT = "tying_map.png"  # a two-key grid's map (tying_map.py)
+TYING_MAP_PLOT = "tying_map.png"  # a two-key grid's map (tying_map.py), with its fitted zero contour (surface.py)
+TYING_MAP_BUCKETS_PLOT = "tying_map_buckets.png"  # the map's frequent and rare buckets' effects, side by side
 TUNE_PLOT = "tune_curves.png"  # a tuned comparison's validation perplexity against the tuned value
 
 
@@ -316,8 +318,130 @@ def draw_tying_map(ax: Any, t: TyingMap) -> None:
                       label="sign change, both sides significant"),
                Line2D([], [], color="gold", linewidth=4, linestyle=(0, (2, 1.2)), path_effects=stroke,
                       label="sign change, not significant on both sides")]
+    if t.surface is not None and t.surface.fitted:
+        _draw_surface(ax, t, handles)
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=7,
               title="red: tying hurts, blue: tying helps; each cell: effect, then its 95% CI", title_fontsize=7)
+
+
+def _to_index(values: list[Any], logs: Any) -> Any:
+    """log2 axis values -> the map's index coordinate (cell k at k): piecewise linear between the
+    measured values, extended linearly past the ends."""
+    import numpy as np
+
+    m = np.log2(np.asarray(values, dtype=float))
+    x = np.asarray(logs, dtype=float)
+    k = np.arange(len(m), dtype=float)
+    out = np.interp(x, m, k)
+    out = np.where(x < m[0], (x - m[0]) / (m[1] - m[0]), out)
+    return np.where(x > m[-1], len(m) - 1 + (x - m[-1]) / (m[-1] - m[-2]), out)
+
+
+def _draw_surface(ax: Any, t: TyingMap, handles: list) -> None:
+    """The fitted zero contour (black, white-edged) and its 95% Fieller band (grey) on the map, in
+    index coordinates; a note at the bottom when the line lies outside the drawn cells."""
+    import numpy as np
+    from matplotlib import patheffects
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    s = t.surface
+    if not all(isinstance(v, (int, float)) and v > 0 for v in [*t.rows, *t.cols]) or min(len(t.rows), len(t.cols)) < 2:
+        return
+    solved_vals, free_vals = (t.cols, t.rows) if s.solved == "col" else (t.rows, t.cols)
+    pts = [p for p in s.contour if p.log_value is not None]
+    band = [p for p in s.contour if p.bounded]
+    stroke = [patheffects.withStroke(linewidth=3.5, foreground="white")]
+    n_solved = len(solved_vals)
+
+    def place(free: list[float], solved: list[float]) -> tuple[Any, Any]:
+        f, v = _to_index(free_vals, np.log2(free)), np.asarray(solved, dtype=float)
+        return (v, f) if s.solved == "col" else (f, v)  # (x, y): columns run along x
+
+    if band:
+        edge_lo, edge_hi = -0.5 - 1e3, n_solved - 0.5 + 1e3  # an unbounded side runs off the axes
+        lo = [edge_lo if p.low is None else float(_to_index(solved_vals, [math.log2(p.low)])[0]) for p in band]
+        hi = [edge_hi if p.high is None else float(_to_index(solved_vals, [math.log2(p.high)])[0]) for p in band]
+        f = _to_index(free_vals, np.log2([p.at for p in band]))
+        if s.solved == "col":
+            ax.fill_betweenx(f, lo, hi, color="0.2", alpha=0.18, linewidth=0, zorder=4)
+        else:
+            ax.fill_between(f, lo, hi, color="0.2", alpha=0.18, linewidth=0, zorder=4)
+    visible = False
+    if pts:
+        x, y = place([p.at for p in pts], list(_to_index(solved_vals, [p.log_value for p in pts])))
+        ax.plot(x, y, color="black", linewidth=2, linestyle=(0, (6, 2, 1, 2)), path_effects=stroke, zorder=6)
+        nx, ny = len(t.cols), len(t.rows)
+        visible = bool(np.any((x >= -0.5) & (x <= nx - 0.5) & (y >= -0.5) & (y <= ny - 0.5)))
+    if not visible:
+        from .surface import nearest
+
+        near = nearest(s)
+        solved, free = (t.col_short, t.row_short) if s.solved == "col" else (t.row_short, t.col_short)
+        where = (f": nearest {solved} ≈ {near.value:.3g} at {free}={scalar(near.at)}" if near is not None
+                 else ": no sign change near the map")
+        ax.text(0.01, 0.01, f"fitted zero contour outside the drawn cells{where}",
+                transform=ax.transAxes, fontsize=7, color="0.1", va="bottom",
+                bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0})
+    handles += [Line2D([], [], color="black", linewidth=2, linestyle=(0, (6, 2, 1, 2)), path_effects=stroke,
+                       label="fitted zero contour (WLS on log2 axes)"),
+                Patch(facecolor="0.2", alpha=0.18, label="its 95% band (Fieller; unshaded: unbounded)")]
+
+
+def plot_tying_map_buckets(tmap: TyingMap, path: Path) -> None:
+    """tying_map_buckets.png: the frequent and the rare bucket's effect per cell, side by side on one
+    diverging scale (blue: tying helps), * where the bucket's Holm-adjusted p is below ALPHA. Written
+    atomically; an empty panel says so when the cells carry no bucket effects."""
+    split = tmap.bucket_split or tmap.split
+    title = (f"Tying effect per frequency bucket on {split}: exp(Δloss) − 1 in the bucket "
+             f"(* Holm-adjusted over the contrast's buckets, p < {ALPHA:g})")
+    with figure(path, title, panels=2) as (left, right):
+        values = [getattr(c, b).effect for c in tmap.cells.values() for b in ("frequent", "rare")
+                  if getattr(c, b) is not None and getattr(c, b).effect is not None]
+        if not values:
+            empty_panel(left, "no per-bucket differences in the contrasts")
+            empty_panel(right, "no per-bucket differences in the contrasts")
+            return
+        vmax = max(abs(v) for v in values) or 0.01
+        for ax, which in ((left, "frequent"), (right, "rare")):
+            im = _bucket_panel(ax, tmap, which, vmax)
+        from matplotlib.ticker import FuncFormatter
+
+        bar = left.figure.colorbar(im, ax=[left, right])
+        bar.set_label("tying effect in the bucket")
+        bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda x, _: percent(x, 1) if abs(x) > 1e-12 else "0%"))
+
+
+def _bucket_panel(ax: Any, t: TyingMap, which: str, vmax: float) -> Any:
+    """One bucket's effects as a heatmap (cell (row i, column j) at x=j, y=i); returns the image."""
+    import numpy as np
+
+    nr, nc = len(t.rows), len(t.cols)
+    data = np.full((nr, nc), np.nan)
+    name = None
+    for i, r in enumerate(t.rows):
+        for j, c in enumerate(t.cols):
+            cell = t.known(r, c)
+            b = getattr(cell, which) if cell is not None else None
+            if b is None or b.effect is None:
+                ax.text(j, i, "no result", ha="center", va="center", fontsize=7, color="0.35")
+                continue
+            name = b.name
+            data[i, j] = b.effect
+            star = "*" if b.significant else ""
+            ax.text(j, i, f"{percent(b.effect, 1)}{star}", ha="center", va="center", fontsize=8,
+                    color="white" if abs(b.effect) > 0.6 * vmax else "black",
+                    fontweight="bold" if b.significant else "normal")
+    im = ax.imshow(np.ma.masked_invalid(data), cmap="RdBu_r", vmin=-vmax, vmax=vmax, origin="lower", aspect="auto")
+    ax.set_facecolor("0.85")
+    ax.set_xticks(range(nc))
+    ax.set_xticklabels([scalar(c) for c in t.cols])
+    ax.set_yticks(range(nr))
+    ax.set_yticklabels([scalar(r) for r in t.rows])
+    ax.set_xlabel(t.col_short)
+    ax.set_ylabel(t.row_short)
+    ax.set_title(f"{which}: {name}" if name else which, fontsize=9)
+    return im
 
 
 # ============================================================================ the tuning

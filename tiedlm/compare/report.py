@@ -23,7 +23,7 @@ from ..formatting import (
     text_table,
 )
 from .comparison import Comparison, RunRow
-from .plots import MATCHED_PLOT, PLOTS, TYING_MAP_PLOT
+from .plots import MATCHED_PLOT, PLOTS, TYING_MAP_BUCKETS_PLOT, TYING_MAP_PLOT
 from .stats import GeometricSummary, Summary, TestResult
 from .sections import (sequential_lines, sequential_markdown, trajectory_lines, trajectory_markdown, tuning_lines,
                        tuning_markdown)
@@ -150,7 +150,7 @@ def _md_matched(c: Comparison) -> list[str]:
                          rows, "lrrrrrrr"), "", f"![tying effect per setting]({MATCHED_PLOT})"]
     if unmatched:
         md += ["", "No untied variant with the same settings (not contrasted): " + "; ".join(unmatched) + "."]
-    return md + (c.tying_map.markdown(TYING_MAP_PLOT) if c.tying_map is not None else [])
+    return md + (c.tying_map.markdown(TYING_MAP_PLOT, TYING_MAP_BUCKETS_PLOT) if c.tying_map is not None else [])
 
 
 def _md_match(c: Comparison) -> list[str]:

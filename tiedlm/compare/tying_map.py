@@ -20,12 +20,32 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..formatting import percent
+from ..nats import relative
 from ..naming import scalar, short_keys
 from .grid import MatchedContrast
 from .stats import ALPHA, holm, number, significant
 
 Cell = tuple[Any, Any]  # (row value, column value)
 Edge = tuple[Cell, Cell]
+
+
+@dataclass
+class BucketEffect:
+    """One frequency bucket's tying effect at a cell, as the cell's contrast carries it: the loss
+    difference in that bucket as exp(Δ) − 1 with exp(CI) − 1 bounds, and its p-value Holm-adjusted
+    over the contrast's buckets."""
+
+    name: str  # the bucket's name in the reports: "top 10%", "rest 50%" ("... of tokens" by mass)
+    effect: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float | None
+    p_holm: float | None
+    difference: float | None  # Δloss in the bucket (nats)
+
+    @property
+    def significant(self) -> bool | None:
+        return significant(self.p_holm)
 
 
 @dataclass
@@ -43,6 +63,10 @@ class MapCell:
     tied: str  # the tied variant's label
     untied: str  # the untied variant's label
     p_holm: float | None = None  # p_value adjusted by Holm over the map's cells (a family of tests)
+    difference: float | None = None  # the effect on the loss scale: mean Δloss (nats), what the surface fits
+    se: float | None = None  # its standard error (None with one seed)
+    frequent: BucketEffect | None = None  # the most frequent bucket's effect ("top 10%"), on bucket_split
+    rare: BucketEffect | None = None  # the rarest ranked bucket's effect ("rest 50%")
 
     @property
     def sign(self) -> int:
@@ -66,6 +90,8 @@ class TyingMap:
     cols: list[Any]
     cells: dict[Cell, MapCell]
     crossover: list[Edge] = field(default_factory=list)
+    bucket_split: str | None = None  # the split the cells' bucket effects are on (None: no buckets)
+    surface: Any = None  # surface.Surface: the fitted surface over the cells
 
     def cell(self, row: Any, col: Any) -> MapCell | None:
         return self.cells.get((row, col))
@@ -92,7 +118,9 @@ class TyingMap:
                   "significant_sides": self.significant_sides((a, b))} for a, b in self.crossover]
         return {"split": self.split, "row_key": self.row_key, "col_key": self.col_key, "row_short": self.row_short,
                 "col_short": self.col_short, "rows": list(self.rows), "cols": list(self.cols), "cells": cells,
-                "crossover": edges, "summary": self.summary_lines()}
+                "crossover": edges, "bucket_split": self.bucket_split, "buckets_summary": bucket_lines(self),
+                "surface": self.surface.to_json() if self.surface is not None else None,
+                "summary": self.summary_lines()}
 
     def summary_lines(self) -> list[str]:
         """Plain sentences: where tying helps and hurts significantly, the cells without a result,
@@ -107,13 +135,43 @@ def _numeric(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and number(v) is not None
 
 
-def _map_cell(m: MatchedContrast, split: str) -> MapCell:
+def _bucket_effect(d: Any, name: str | None) -> BucketEffect | None:
+    b = d.buckets.get(name) if d is not None and name else None
+    if b is None:
+        return None
+    return BucketEffect(name=name, effect=relative(b.difference), ci_low=relative(b.ci_low), ci_high=relative(b.ci_high),
+                        p_value=number(b.p_value), p_holm=number(b.p_holm), difference=number(b.difference))
+
+
+def frequency_ends(names: list[str]) -> tuple[str | None, str | None]:
+    """The most frequent and the rarest ranked bucket among a contrast's bucket names: the first
+    named "top …" and the last named "rest …" (evaluate's names; "unseen" and "<unk>" are not ranked)."""
+    top = next((n for n in names if n.startswith("top ")), None)
+    rest = next((n for n in reversed(names) if n == "rest" or n.startswith("rest ")), None)
+    return top, rest
+
+
+def _map_cell(m: MatchedContrast, split: str, bucket_split: str | None) -> MapCell:
     d = m.split(split)
     effect = number(d.relative) if d else None
     lo, hi = (number(d.relative_ci_low), number(d.relative_ci_high)) if d and effect is not None else (None, None)
     significant = None if lo is None or hi is None else (lo > 0 or hi < 0)
+    b = m.split(bucket_split) if bucket_split else None
+    top, rest = frequency_ends(list(b.buckets) if b is not None else [])
     return MapCell(effect=effect, ci_low=lo, ci_high=hi, p_value=number(d.p_value) if d else None,
-                   significant=significant, seeds=d.seeds if d and d.test else None, tied=m.tied, untied=m.untied)
+                   significant=significant, seeds=d.seeds if d and d.test else None, tied=m.tied, untied=m.untied,
+                   difference=number(d.difference) if d and effect is not None else None,
+                   se=number(d.se) if d and effect is not None else None,
+                   frequent=_bucket_effect(b, top), rare=_bucket_effect(b, rest))
+
+
+def _bucket_split(matched: list[MatchedContrast], split: str) -> str | None:
+    """The map's split when its contrasts carry bucket differences there, else validation (as the
+    report's bucket table falls back), else None."""
+    for name in (split, "validation"):
+        if any((d := m.split(name)) is not None and d.buckets for m in matched):
+            return name
+    return None
 
 
 def tying_map(matched: list[MatchedContrast], primary: str) -> TyingMap | None:
@@ -129,22 +187,27 @@ def tying_map(matched: list[MatchedContrast], primary: str) -> TyingMap | None:
         return None
     row_key, col_key = keys
     cells: dict[Cell, MapCell] = {}
+    bucket_split = _bucket_split(matched, primary)
     for m in matched:
         at = (m.setting[row_key], m.setting[col_key])
         if at in cells:  # two tied variants at one setting (model.untie_at): no single effect per cell
             return None
-        cells[at] = _map_cell(m, primary)
+        cells[at] = _map_cell(m, primary, bucket_split)
     with_effect = [at for at, c in cells.items() if c.effect is not None]
     if len({r for r, _ in with_effect}) < 2 or len({c for _, c in with_effect}) < 2:
         return None
     short = short_keys(keys)
     tmap = TyingMap(split=primary, row_key=row_key, col_key=col_key, row_short=short[row_key],
                     col_short=short[col_key], rows=sorted({r for r, _ in cells}), cols=sorted({c for _, c in cells}),
-                    cells=cells)
+                    cells=cells, bucket_split=bucket_split)
     tmap.crossover = _crossover(tmap)
     order = list(cells)  # Holm over the cells: the map is one family of tests, read together
     for at, p in zip(order, holm([cells[at].p_value if cells[at].effect is not None else None for at in order])):
         cells[at].p_holm = p
+    from .surface import fit_surface
+
+    tmap.surface = fit_surface([(r, c, cell.difference, cell.se) for (r, c), cell in cells.items()
+                                if cell.effect is not None], tmap.row_short, tmap.col_short)
     return tmap
 
 
@@ -280,3 +343,32 @@ def _summary(t: TyingMap) -> list[str]:
     if missing:
         lines.append(f"No result on {t.split} at: " + "; ".join(missing) + ".")
     return lines + _crossover_lines(t)
+
+
+def bucket_lines(t: TyingMap) -> list[str]:
+    """Where the effect sits over the cells: how often the rare bucket's effect is the larger in
+    magnitude (on the loss scale), how often it is the more favourable to tying, and how many cells
+    each bucket's effect is significant at (Holm over the contrast's buckets)."""
+    known = [t.known(r, col) for r in t.rows for col in t.cols]
+    both = [(None, c) for c in known if c is not None and c.rare is not None and c.frequent is not None
+            and c.rare.difference is not None and c.frequent.difference is not None]
+    if not both:
+        return []
+    n = len(both)
+    rare, top = both[0][1].rare.name, both[0][1].frequent.name
+    tie = [abs(c.rare.difference - c.frequent.difference) <= 1e-12 * max(abs(c.rare.difference), 1e-300)
+           for _, c in both]  # the same effect in both buckets (to float rounding): neither is larger
+    larger = sum(abs(c.rare.difference) > abs(c.frequent.difference) and not same for (_, c), same in zip(both, tie))
+    lower = sum(c.rare.difference < c.frequent.difference and not same for (_, c), same in zip(both, tie))
+    ties = f" ({sum(tie)} with the same effect in both)" if any(tie) else ""
+
+    def count(b: str, sign: int) -> int:
+        return sum(bool(getattr(c, b).significant) and (getattr(c, b).difference > 0) == (sign > 0) for _, c in both)
+
+    return [f"By token frequency (on {t.bucket_split}, each bucket's effect with its own interval, p Holm-adjusted "
+            f"over the buckets of its contrast): the rare bucket's ({rare}) effect is the larger in magnitude at "
+            f"{larger} of {n} cells, and the lower (the more in tying's favour) at {lower} of {n}{ties}; the update-rule "
+            "argument predicts the gain on rare tokens.",
+            f"Tying helps the rare bucket significantly at {count('rare', -1)} of {n} cells and hurts it at "
+            f"{count('rare', 1)}; the frequent bucket ({top}): helps at {count('frequent', -1)}, hurts at "
+            f"{count('frequent', 1)}."]
