@@ -41,8 +41,8 @@ from .errors import ConfigError
 from .nats import perplexity
 from .plan import PlannedRun, RunSource, Stage
 from .naming import sanitize, scalar, short_keys
-from .tuning_spec import (EXTEND_LIMIT, SETTINGS, TuneSpec, _paired, read_tune_block,  # noqa: F401 (also tuning's)
-                          spec_from_block, spec_from_options)
+from .tuning_spec import (EXTEND_LIMIT, SETTINGS, TuneSpec, _paired, at_bound, bounds_of,  # noqa: F401 (also tuning's)
+                          extend_value, range_text, read_tune_block, spec_from_block, spec_from_options, whole_key)
 
 LR_KEY, MIN_LR_KEY, RATIO_KEY = "train.lr", "train.min_lr", "train.min_lr_ratio"
 
@@ -84,43 +84,6 @@ def schedule_overrides(spec: TuneSpec, base: Any) -> list[str]:
     return [f"{RATIO_KEY}={float(f'{ratio:.6g}')!r}", f"{MIN_LR_KEY}={TrainConfig.min_lr!r}"]
 
 
-def whole_key(key: str) -> bool | None:
-    """Whether a config key takes whole numbers (int), real ones (float), or None when neither
-    (an unknown key, a free type): the key's type decides, not how its values happen to be written."""
-    import typing
-
-    from .config import Config
-
-    tp: Any = Config
-    for part in key.split("."):
-        hints = typing.get_type_hints(tp) if isinstance(tp, type) else {}
-        if part not in hints:
-            return None
-        tp = hints[part]
-    kinds = set(typing.get_args(tp) or (tp,)) - {type(None)}
-    return True if kinds == {int} else False if kinds == {float} else None
-
-
-def extend_value(values: list, edge: Any, direction: int, whole: bool | None = None) -> Any | None:
-    """One step past `edge` (the smallest value when direction < 0, the largest when > 0): the
-    grid's own ratio between the two outermost values when both are positive, else their difference.
-    `whole` (whole_key: the key's type) keeps an integer setting whole and lets a real one, though
-    written 5 and 8, extend to 3.12; None: whole when every value is. None when the axis has fewer
-    than two values or the step repeats one."""
-    nums = sorted(set(values))
-    if len(nums) < 2:
-        return None
-    a, b = (nums[0], nums[1]) if direction < 0 else (nums[-1], nums[-2])
-    new = a * (a / b) if a > 0 and b > 0 else a + (a - b)
-    if whole is None:
-        whole = all(isinstance(v, int) for v in nums)
-    if whole:
-        new = int(round(new))
-    else:
-        new = float(f"{new:.3g}")
-    return None if new in nums else new
-
-
 # ============================================================================ the tuning itself
 
 
@@ -152,6 +115,7 @@ class VariantTuning:
     chosen: TunedPoint | None = None
     extensions: dict[str, int] = field(default_factory=dict)  # "axis:-1" / "axis:+1" -> steps added
     edge: str | None = None  # why the choice is still at an edge of the grid, if it is
+    bound: str | None = None  # where the choice is at the bound of a key's range (dropout 0): not an edge
 
     def point(self, label: str) -> TunedPoint | None:
         return next((p for p in self.points if p.label == label), None)
@@ -159,7 +123,7 @@ class VariantTuning:
     def to_json(self) -> dict:
         return {"variant": self.tag, "chosen": self.chosen.to_json() if self.chosen else None,
                 "points": [p.to_json() for p in self.points], "axes": self.axes,
-                "extensions": self.extensions, "edge": self.edge}
+                "extensions": self.extensions, "edge": self.edge, "bound": self.bound}
 
 
 @dataclass
@@ -175,6 +139,12 @@ class Tuning:
     shared: dict | None = None  # the verdict with both variants at the config's own point
     runs: int = 0  # distinct tuning runs (variant x point x tuning seed)
     tokens: float = 0.0  # the tokens they trained on
+    config: dict[str, Any] = field(default_factory=dict)  # the config's own value of each tuned key
+
+    @property
+    def joint(self) -> JointEffect | None:
+        """Which key moved the verdict, for a tune of train.lr and one other key (else None)."""
+        return joint_effect(self)
 
     def variant(self, tag: str) -> VariantTuning | None:
         return next((v for v in self.variants if v.tag == tag), None)
@@ -197,7 +167,8 @@ class Tuning:
     def to_json(self) -> dict:
         return {"keys": self.keys, "seeds": self.seeds, "selected_on": "validation", "selection": self.selection,
                 "spec": self.spec.to_json(), "schedule": self.schedule,
-                "variants": [v.to_json() for v in self.variants], "shared": self.shared,
+                "variants": [v.to_json() for v in self.variants], "shared": self.shared, "config": self.config,
+                "joint": self.joint.to_json() if self.joint is not None else None,
                 "cost": {"runs": self.runs, "tokens": self.tokens}}
 
 
@@ -260,17 +231,23 @@ def _choose(v: VariantTuning) -> TunedPoint | None:
     return min(scored, key=lambda p: p.loss) if scored else None
 
 
+def _line(v: VariantTuning, axis: str) -> list:
+    """The values of `axis` tried with every other key at the chosen point's: the line through the
+    choice along that axis (the whole axis in the grid; only part of it once the grid has grown
+    along another axis, as a step past an edge trains one point, not a whole row)."""
+    others = [k for k in v.chosen.point if k != axis]
+    return sorted({p.point[axis] for p in v.points if all(p.point.get(k) == v.chosen.point[k] for k in others)})
+
+
 def _edges(v: VariantTuning) -> list[tuple[str, int]]:
-    """(axis, direction) where the chosen point sits at the end of a numeric axis of this variant."""
+    """(axis, direction) where the chosen point has no tried neighbour along a numeric axis of this
+    variant: the end of the axis, or (past a step along another axis) of the values tried on its line."""
     out = []
     for axis, values in v.axes.items():
         if _paired(values) or len(values) < 2 or v.chosen is None:
             continue
-        value = v.chosen.point[axis]
-        if value == min(values):
-            out.append((axis, -1))
-        elif value == max(values):
-            out.append((axis, +1))
+        line, value = _line(v, axis), v.chosen.point[axis]
+        out += [(axis, d) for d, end in ((-1, line[0]), (+1, line[-1])) if value == end]
     return out
 
 
@@ -282,6 +259,14 @@ def _edge_note(v: VariantTuning, edges: list[tuple[str, int]], why: dict[tuple[s
         value = scalar(v.chosen.point[axis])
         parts.append(f"{axis} {value} is the {'smallest' if d < 0 else 'largest'} value tried ({why[(axis, d)]})")
     return "; ".join(parts) + " — the best value may lie beyond"
+
+
+def _bound_note(v: VariantTuning, edges: list[tuple[str, int]]) -> str | None:
+    """What a choice at the bound of a key's range says instead of an edge: nothing lies past it."""
+    if not edges or v.chosen is None:
+        return None
+    return "; ".join(f"{axis} {scalar(v.chosen.point[axis])} is the {'lowest' if d < 0 else 'highest'} value it can "
+                     f"take ({axis} is in {range_text(axis)})" for axis, d in edges) + ": the choice is final there"
 
 
 class TuningSearch:
@@ -297,8 +282,11 @@ class TuningSearch:
         self.spec, self.source, self.runs_dir = spec, source, Path(runs_dir)
         self.seeds = spec.seeds if spec.seeds is not None else [first_seed]
         self.short = short_keys(spec.keys)
+        from .config import flat
+
+        values = flat(base)
         self.tuning = Tuning(spec=spec, keys=spec.keys, seeds=self.seeds, selection=selection, variants=[],
-                             schedule=schedule_overrides(spec, base))
+                             schedule=schedule_overrides(spec, base), config={k: values.get(k) for k in spec.keys})
         self.why: dict[tuple[str, str, int], str] = {}  # why an edge was not extended
         self.fresh: list[TunedPoint] = []  # points planned and not yet scored
         runs: list[PlannedRun] = []
@@ -339,36 +327,47 @@ class TuningSearch:
         return Stage("steps past the grid's edges", runs)
 
     def _extend(self, v: VariantTuning) -> list[PlannedRun]:
-        """Choose the variant's point and plan a step past each edge it lies on (within the limit)."""
+        """Choose the variant's point and plan a step past each edge it lies on (within the limit):
+        the next value of the axis where another line of the grid has one, else a new value."""
         spec, runs = self.spec, []
         v.chosen = _choose(v)
         for axis, d in _edges(v):
-            steps = v.extensions.get(f"{axis}:{d:+d}", 0)
-            if not spec.extend:
+            value = v.chosen.point[axis]
+            beyond = [x for x in v.axes[axis] if (x - value) * d > 0]
+            if beyond:  # tried on another line: filled in here, the grid does not grow
+                new = min(beyond, key=lambda x: abs(x - value))
+            elif at_bound(axis, value, d):  # dropout 0: nothing lies past it (said as a bound, not an edge)
+                continue
+            elif not spec.extend:
                 self.why[(v.tag, axis, d)] = "tune.extend is off"
                 continue
-            if steps >= spec.extend_limit:
+            elif (steps := v.extensions.get(f"{axis}:{d:+d}", 0)) >= spec.extend_limit:
                 self.why[(v.tag, axis, d)] = f"extended {steps} time{'s' * (steps != 1)}, the limit (tune.extend_limit)"
                 continue
-            new = extend_value(v.axes[axis], v.chosen.point[axis], d, whole_key(axis))
+            else:
+                new = extend_value(v.axes[axis], value, d, whole_key(axis), bounds_of(axis))
             todo: list[PlannedRun] = []
+            self.why[(v.tag, axis, d)] = "no valid value beyond it"
             if new is not None:
                 try:
                     todo = self._add(v, {**v.chosen.point, axis: new})
-                except ConfigError:  # beyond what the config accepts (a negative rate, say)
-                    pass
+                except ConfigError as e:  # beyond what the config accepts (lr × weight_decay ≥ 1, say)
+                    self.why[(v.tag, axis, d)] = f"the config refuses {scalar(new)}: {e}"
             if not todo:
-                self.why[(v.tag, axis, d)] = "no valid value beyond it"
                 continue
-            v.axes[axis] = sorted(v.axes[axis] + [new])
-            v.extensions[f"{axis}:{d:+d}"] = steps + 1
+            if not beyond:
+                v.axes[axis] = sorted(v.axes[axis] + [new])
+                v.extensions[f"{axis}:{d:+d}"] = v.extensions.get(f"{axis}:{d:+d}", 0) + 1
             runs += todo
         return runs
 
     def _finish(self) -> None:
         for v in self.tuning.variants:
             edges = _edges(v)
+            bound = [(a, d) for a, d in edges if at_bound(a, v.chosen.point[a], d)]
+            edges = [e for e in edges if e not in bound]
             v.edge = _edge_note(v, edges, {(a, d): self.why.get((v.tag, a, d), "") for a, d in edges})
+            v.bound = _bound_note(v, bound)
         self.tuning.runs = sum(len(p.runs) for v in self.tuning.variants for p in v.points)
         self.tuning.tokens = sum(p.tokens for v in self.tuning.variants for p in v.points)
 
@@ -382,6 +381,101 @@ def shared_point(tuning: Tuning, base: Any) -> dict[str, Any] | None:
     point = {k: values.get(k) for k in tuning.keys}
     label = point_label(point, short_keys(tuning.keys))
     return point if all(v.point(label) is not None for v in tuning.variants) else None
+
+
+# ---------------------------------------------------------------------------- which key moved the verdict
+
+
+@dataclass
+class Reading:
+    """The tied/untied effect on validation with each variant at one kind of point, read from the
+    tuning runs (the mean over the tuning seeds of each point; one run per point with one seed)."""
+
+    points: dict[str, dict[str, Any]]  # variant tag -> its point
+    labels: dict[str, str]
+    perplexity: dict[str, float]  # variant tag -> validation perplexity there
+    effect: float | None  # exp(loss of the variant − loss of the reference) − 1
+    at_edge: list[str] = field(default_factory=list)  # variants whose best lr here is the end of the lr tried there
+
+    def to_json(self) -> dict:
+        return {"points": self.points, "labels": self.labels, "validation_perplexity": self.perplexity,
+                "relative": self.effect, "lr_at_edge": self.at_edge}
+
+
+@dataclass
+class JointEffect:
+    """A tune of train.lr and one other key, decomposed: the effect at the config's own point, at
+    each variant's best lr with the other key held at the config's value, and at the joint best;
+    all on validation (the split that chose), from the tuning runs, without an interval."""
+
+    variant: str
+    reference: str
+    other: str  # the key tuned beside train.lr
+    held: Any  # the config's value of it
+    seeds: list[int]  # the tuning seeds the readings average over
+    config: Reading | None  # both at the config's own point (None where not every variant tried it)
+    lr_alone: Reading | None  # None where the held value is not in every variant's grid
+    joint: Reading
+
+    @property
+    def moved_by(self) -> str | None:
+        """The key whose tuning changed the effect more: train.lr (config -> lr alone) or the other
+        key (lr alone -> joint); None when either step is unknown or they moved it equally."""
+        if self.config is None or self.lr_alone is None or None in (self.config.effect, self.lr_alone.effect,
+                                                                     self.joint.effect):
+            return None
+        by_lr, by_other = abs(self.lr_alone.effect - self.config.effect), abs(self.joint.effect - self.lr_alone.effect)
+        return None if by_lr == by_other else LR_KEY if by_lr > by_other else self.other
+
+    def to_json(self) -> dict:
+        return {"variant": self.variant, "reference": self.reference, "split": "validation", "other": self.other,
+                "held": self.held, "seeds": self.seeds, "interval": None, "moved_by": self.moved_by,
+                **{k: r.to_json() if r is not None else None
+                   for k, r in (("config", self.config), ("lr_alone", self.lr_alone), ("joint", self.joint))}}
+
+
+def _reading(tuning: Tuning, pick: dict[str, TunedPoint | None], variant: str, reference: str) -> Reading | None:
+    if any(p is None or p.loss is None for p in pick.values()):
+        return None
+    from .nats import relative
+
+    return Reading(points={t: p.point for t, p in pick.items()}, labels={t: p.label for t, p in pick.items()},
+                   perplexity={t: p.perplexity for t, p in pick.items()},
+                   effect=relative(pick[variant].loss - pick[reference].loss))
+
+
+def _best_at(v: VariantTuning, key: str, value: Any) -> TunedPoint | None:
+    """The variant's best scored point with `key` at `value` (its best lr there)."""
+    scored = [p for p in v.points if p.loss is not None and p.point.get(key) == value]
+    return min(scored, key=lambda p: p.loss) if scored else None
+
+
+def joint_effect(tuning: Tuning) -> JointEffect | None:
+    """The decomposition of a tune of exactly two plain axes, one of them train.lr, between an
+    untied variant and one other, each with a choice; else None."""
+    axes = tuning.spec.axes
+    if (len(axes) != 2 or LR_KEY not in axes or any(_paired(vals) for vals in axes.values())
+            or len(tuning.variants) != 2 or tuning.variant("untied") is None or tuning.only_point is not None
+            or any(v.chosen is None for v in tuning.variants)):
+        return None
+    reference = "untied"
+    variant = next(v.tag for v in tuning.variants if v.tag != reference)
+    other = next(k for k in axes if k != LR_KEY)
+    held = tuning.config.get(other)
+    joint = _reading(tuning, {v.tag: v.chosen for v in tuning.variants}, variant, reference)
+    if joint is None:
+        return None
+    at_config = {v.tag: v.point(point_label({k: tuning.config.get(k) for k in tuning.keys},
+                                            short_keys(tuning.keys))) for v in tuning.variants}
+    alone_pick = {v.tag: _best_at(v, other, held) for v in tuning.variants}
+    alone = _reading(tuning, alone_pick, variant, reference)
+    if alone is not None:
+        for v in tuning.variants:
+            line = sorted(p.point[LR_KEY] for p in v.points if p.point.get(other) == held)
+            if len(line) > 1 and alone_pick[v.tag].point[LR_KEY] in (line[0], line[-1]):
+                alone.at_edge.append(v.tag)
+    return JointEffect(variant=variant, reference=reference, other=other, held=held, seeds=list(tuning.seeds),
+                       config=_reading(tuning, at_config, variant, reference), lr_alone=alone, joint=joint)
 
 
 # ---------------------------------------------------------------------------- a tuned sweep's record

@@ -1,6 +1,7 @@
 """What to tune, as given: a `tune:` block (a config's or a grid file's) or `--tune KEY=V1,V2,...`,
-checked into a TuneSpec before anything trains. tuning.py runs it; see its docstring for the block
-and the protocol."""
+checked into a TuneSpec before anything trains; and the values a tuned key may take past the grid
+(its type, its range, the grid's own step). tuning.py runs it; see its docstring for the block and
+the protocol."""
 
 from __future__ import annotations
 
@@ -38,6 +39,107 @@ class TuneSpec:
     def to_json(self) -> dict:
         return {"axes": self.axes, "seeds": self.seeds, "extend": self.extend, "extend_limit": self.extend_limit,
                 "shared_seeds": self.shared_seeds}
+
+
+# The range of each bounded numeric key (checks.py refuses the rest): (low, low allowed, high, high
+# allowed), None where a side is open-ended. A step past the grid's edge never leaves it: it stops at
+# an allowed bound, or goes halfway to one that is not allowed (dropout 0.9 -> 0.95, never 1).
+POSITIVE_WHOLE = (1, True, None, False)
+BOUNDS: dict[str, tuple] = {
+    "model.dropout": (0.0, True, 1.0, False),
+    "model.untie_at": (0.0, False, 1.0, False),
+    "model.norm_eps": (0.0, False, None, False),
+    "model.rope_theta": (0.0, False, None, False),
+    "train.lr": (0.0, False, None, False),
+    "train.min_lr": (0.0, True, None, False),
+    "train.min_lr_ratio": (0.0, True, 1.0, True),
+    "train.weight_decay": (0.0, True, None, False),
+    "train.grad_clip": (0.0, True, None, False),
+    "train.warmup_steps": (0, True, None, False),
+    "train.beta1": (0.0, True, 1.0, False),
+    "train.beta2": (0.0, True, 1.0, False),
+    **{f"model.{k}": POSITIVE_WHOLE for k in ("n_layer", "n_head", "n_embd", "block_size", "n_kv_head",
+                                              "intermediate_size", "multiple_of")},
+    **{f"train.{k}": POSITIVE_WHOLE for k in ("batch_size", "grad_accum")},
+}
+
+
+def bounds_of(key: str) -> tuple | None:
+    return BOUNDS.get(key)
+
+
+def range_text(key: str) -> str:
+    """model.dropout -> '[0, 1)', train.weight_decay -> '[0, ∞)'."""
+    lo, lo_in, hi, hi_in = BOUNDS[key]
+    return (f"{'[' if lo_in else '('}{'−∞' if lo is None else f'{lo:g}'}, "
+            f"{'∞' if hi is None else f'{hi:g}'}{']' if hi_in and hi is not None else ')'}")
+
+
+def at_bound(key: str, value: float, direction: int) -> bool:
+    """Whether `value` is the allowed bound of the key's range on that side: nothing lies past it."""
+    b = BOUNDS.get(key)
+    if b is None:
+        return False
+    lo, lo_in, hi, hi_in = b
+    return (lo_in and lo is not None and value <= lo) if direction < 0 else (hi_in and hi is not None and value >= hi)
+
+
+def whole_key(key: str) -> bool | None:
+    """Whether a config key takes whole numbers (int), real ones (float), or None when neither
+    (an unknown key, a free type): the key's type decides, not how its values happen to be written."""
+    import typing
+
+    from .config import Config
+
+    tp: Any = Config
+    for part in key.split("."):
+        hints = typing.get_type_hints(tp) if isinstance(tp, type) else {}
+        if part not in hints:
+            return None
+        tp = hints[part]
+    kinds = set(typing.get_args(tp) or (tp,)) - {type(None)}
+    return True if kinds == {int} else False if kinds == {float} else None
+
+
+def extend_value(values: list, edge: Any, direction: int, whole: bool | None = None,
+                 bounds: tuple | None = None) -> Any | None:
+    """One step past `edge` (the smallest value when direction < 0, the largest when > 0): the
+    grid's own ratio between the two outermost values when both are positive, else their difference.
+    `whole` (whole_key: the key's type) keeps an integer setting whole and lets a real one, though
+    written 5 and 8, extend to 3.12; None: whole when every value is. `bounds` (tuning_spec.BOUNDS:
+    low, low allowed, high, high allowed) keeps the step in the key's range: a step past an allowed
+    bound stops at it, one past a bound that is not allowed goes halfway to it; down towards a range
+    that starts at 0 (dropout, weight decay), the step is the difference, so 0 itself is reached
+    (0.1, 0.2 -> 0; 0.01, 0.1 -> 0), where a ratio would never get there. None when the axis
+    has fewer than two values, the step repeats one, or no value of the range lies beyond."""
+    nums = sorted(set(values))
+    if len(nums) < 2:
+        return None
+    a, b = (nums[0], nums[1]) if direction < 0 else (nums[-1], nums[-2])
+    lo, lo_in, hi, hi_in = bounds if bounds is not None else (None, False, None, False)
+    down_to_zero = direction < 0 and lo == 0 and lo_in  # dropout, weight decay: ratios never reach 0, their end
+    new = a * (a / b) if a > 0 and b > 0 and not down_to_zero else a + (a - b)
+    if direction < 0 and lo is not None and (new < lo or (new == lo and not lo_in)):
+        new = lo if lo_in else (a + lo) / 2
+    if direction > 0 and hi is not None and (new > hi or (new == hi and not hi_in)):
+        new = hi if hi_in else (a + hi) / 2
+    if whole is None:
+        whole = all(isinstance(v, int) for v in nums)
+    if whole:
+        new = int(round(new))
+    else:  # 3 significant digits, more where 3 would round onto the bound or back onto the edge (0.9995)
+        new = next((x for x in (float(f"{new:.{n}g}") for n in (3, 6, 12)) if not _outside(x, bounds) and x != a),
+                   float(f"{new:.3g}"))
+    return None if new in nums or _outside(new, bounds) or (new - a) * direction <= 0 else new
+
+
+def _outside(x: Any, bounds: tuple | None) -> bool:
+    """Whether x is outside a key's range (tuning_spec.BOUNDS' form; None: no bounds)."""
+    if bounds is None:
+        return False
+    lo, lo_in, hi, hi_in = bounds
+    return bool((lo is not None and (x < lo or (x == lo and not lo_in)))
+                or (hi is not None and (x > hi or (x == hi and not hi_in))))
 
 
 def _paired(values: list) -> bool:

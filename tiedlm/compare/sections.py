@@ -245,8 +245,133 @@ def chosen_lines(tuning: Tuning) -> list[str]:
         steps = sum(v.extensions.values())
         grown = f", the grid extended {steps} step{'s' * (steps != 1)}" if steps else ""
         line = f"{v.tag}: {v.chosen.label} (validation perplexity {_ppl(v.chosen.perplexity)}{grown})"
-        out.append(line + (f". Edge: {v.edge}" if v.edge else ""))
+        out.append(line + (f". Edge: {v.edge}" if v.edge else "") + (f". Bound: {v.bound}" if v.bound else ""))
     return out
+
+
+def _two_axes(tuning: Tuning) -> list[str] | None:
+    """The two keys of a tune of two plain axes (lr × dropout), else None."""
+    from ..tuning import _paired
+
+    axes = tuning.spec.axes
+    return list(axes) if len(axes) == 2 and not any(_paired(x) for x in axes.values()) else None
+
+
+def grid_tables(tuning: Tuning) -> list[tuple[list[str], list[list[str]]]]:
+    """For two plain axes, one table per variant: a row per value of the first key, a column per
+    value of the second, validation perplexity in the cells (the choice starred, blank: not tried);
+    [] otherwise."""
+    from ..naming import scalar, short_keys
+
+    keys = _two_axes(tuning)
+    if keys is None or tuning.only_point is not None:
+        return []
+    short = short_keys(keys)
+    out = []
+    for v in tuning.variants:
+        rows_at, cols_at = (sorted({p.point[k] for p in v.points}) for k in keys)
+        head = [f"{v.tag} ({short[keys[0]]} ↓, {short[keys[1]]} →)", *(f"{short[keys[1]]}={scalar(x)}" for x in cols_at)]
+        rows = []
+        for r in rows_at:
+            cells = []
+            for col in cols_at:
+                p = next((p for p in v.points if p.point[keys[0]] == r and p.point[keys[1]] == col), None)
+                cells.append("" if p is None else "failed" if p.perplexity is None else
+                             _ppl(p.perplexity) + ("*" if v.chosen is p else ""))
+            rows.append([f"{short[keys[0]]}={scalar(r)}", *cells])
+        out.append((head, rows))
+    return out
+
+
+def _grid_lines(tuning: Tuning) -> list[str]:
+    out = []
+    for head, rows in grid_tables(tuning):
+        widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+        out += ["  " + "  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w)
+                                 for i, (x, w) in enumerate(zip(r, widths))) for r in [head, *rows]]
+    return out
+
+
+# ---------------------------------------------------------------------------- which key moved the verdict
+
+
+def _where(r: Any, tags: list[str]) -> str:
+    return ", ".join(f"{t} {r.labels[t]}" for t in tags)
+
+
+def _joint_basis(j: Any) -> str:
+    runs = ("one run per point, so each is a point estimate with no interval" if len(j.seeds) == 1 else
+            f"the mean of {len(j.seeds)} runs per point; no interval is computed for these readings")
+    return (f"These effects are on validation, the split that chose the tuned values, read from the tuning runs "
+            f"(tuning seed{'s' * (len(j.seeds) != 1)} {', '.join(str(x) for x in j.seeds)}: {runs}); a test verdict "
+            "with an interval at these points would need the remaining seeds trained there, which tuning does not "
+            "do: the test verdict above is at the joint best only.")
+
+
+def joint_sentence(tuning: Tuning) -> str | None:
+    """Which key moved the verdict: 'Tuning model.dropout moved the tied/untied effect from +9.1% to
+    +2.3%; lr alone: from +5.0% to +9.1%…', and what the effects are read on; None when the tune is
+    not train.lr and one other key."""
+    from ..naming import scalar
+
+    j = tuning.joint
+    if j is None:
+        return None
+    pair, held = f"{j.variant}/{j.reference}", f"{j.other} {scalar(j.held)}"
+    if j.lr_alone is None:
+        tried = sorted({p.point[j.other] for v in tuning.variants for p in v.points})
+        return (f"The config's {held} is not in every variant's grid ({', '.join(scalar(x) for x in tried)}), so the "
+                f"{pair} effect at each variant's best lr with {j.other} held at the config's value cannot be read "
+                f"from these runs — add {scalar(j.held)} to the grid to see what lr alone does; at the joint best it "
+                f"is {percent(j.joint.effect, 1)}. {_joint_basis(j)}")
+    e_alone, e_joint = j.lr_alone.effect, j.joint.effect
+    text = (f"Tuning {j.other} moved the {pair} effect from {percent(e_alone, 1)} (each at its best lr, {held}) to "
+            f"{percent(e_joint, 1)} (the joint best)")
+    if e_alone is not None and e_joint is not None and e_alone * e_joint < 0:
+        text += ", changing its sign"
+    if j.config is not None:
+        text += f"; lr alone: from {percent(j.config.effect, 1)} (both at the config's own point) to {percent(e_alone, 1)}"
+    else:
+        text += "; lr alone: not known, as the config's own point is not in every variant's grid"
+    moved = j.moved_by
+    text += (f". {moved} moved it more." if moved else ".")
+    if j.lr_alone.at_edge:
+        text += (f" At {held}, {' and '.join(j.lr_alone.at_edge)}'s best lr is the end of the lr values tried there "
+                 "(a step past an edge trains the joint choice's lines only), so lr alone may do more than this "
+                 "reading shows.")
+    return f"{text} {_joint_basis(j)}"
+
+
+def joint_table(tuning: Tuning) -> tuple[list[str], list[list[str]]] | None:
+    """A row per reading (the config's own point, best lr with the other key held, the joint best):
+    each variant's point and validation perplexity, and the effect."""
+    from ..naming import scalar
+
+    j = tuning.joint
+    if j is None:
+        return None
+    tags = [j.variant, j.reference]
+    head = ["each variant at", *(f"{t} point" for t in tags), *(f"{t} ppl" for t in tags),
+            f"{j.variant} vs {j.reference} (validation)"]
+    rows = []
+    for name, r in (("the config's own point", j.config), (f"its best lr, {j.other} at {scalar(j.held)}", j.lr_alone),
+                    ("its joint best", j.joint)):
+        if r is None:
+            rows.append([name, "not in every variant's grid", "", "", "", MISSING])
+        else:
+            rows.append([name, *(r.labels[t] for t in tags), *(_ppl(r.perplexity[t]) for t in tags),
+                         percent(r.effect)])
+    return head, rows
+
+
+def joint_lines(tuning: Tuning) -> list[str]:
+    """The terminal's lines: one per reading, then the sentence."""
+    j, sentence = tuning.joint, joint_sentence(tuning)
+    if j is None or sentence is None:
+        return []
+    _, rows = joint_table(tuning)
+    return [f"Which key moved the verdict ({j.variant} vs {j.reference} on validation, from the tuning runs), each "
+            "variant:"] + [f"  at {r[0]}: " + (f"{r[-1]} ({r[1]}; {r[2]})" if r[2] else r[1]) for r in rows] + [sentence]
 
 
 def tuning_lines(c: Comparison) -> list[str]:
@@ -260,12 +385,12 @@ def tuning_lines(c: Comparison) -> list[str]:
         lines = [f"Not tuned: {_not_compared(tuning)} ({tuning.selection}; {_cost(tuning)}):"]
         return lines + ["  " + fmt(head)] + ["  " + fmt(r) for r in rows]
     lines = [f"Tuned on validation ({tuning.selection}; {', '.join(tuning.keys)}; {_cost(tuning)}):"]
-    lines += ["  " + fmt(head)] + ["  " + fmt(r) for r in rows]
+    lines += _grid_lines(tuning) or ["  " + fmt(head)] + ["  " + fmt(r) for r in rows]
     lines += ["  chosen " + line for line in chosen_lines(tuning)]
     shared = _shared_sentence(c, tuning)
     if shared:
         lines.append(shared)
-    return lines
+    return lines + joint_lines(tuning)
 
 
 def tuning_markdown(c: Comparison) -> list[str]:
@@ -281,11 +406,19 @@ def tuning_markdown(c: Comparison) -> list[str]:
     out = ["## Each variant at its own setting", "",
            f"Validation perplexity of each point ({tuning.selection}, {_seeds(tuning)}); * marks each variant's "
            f"choice. The verdict above is on {c.primary}, which chose nothing. Tuning cost: {_cost(tuning)}.", ""]
-    out += [markdown_table(head, rows), ""]
+    grids = grid_tables(tuning)
+    out += [x for g in grids for x in (markdown_table(*g), "")] if grids else [markdown_table(head, rows), ""]
     out += [f"- {line}" for line in chosen_lines(tuning)]
     shared = _shared_sentence(c, tuning)
     if shared:
         out.append(f"- {shared}")
     if tuning.schedule:
         out.append(f"- The schedule keeps its shape: {', '.join(tuning.schedule)} (the config's min_lr / lr).")
-    return out + ["", f"![tuning curves]({TUNE_PLOT})", ""]
+    return out + _joint_markdown(tuning) + ["", f"![tuning curves]({TUNE_PLOT})", ""]
+
+
+def _joint_markdown(tuning: Tuning) -> list[str]:
+    table, sentence = joint_table(tuning), joint_sentence(tuning)
+    if table is None or sentence is None:
+        return []
+    return ["", "### Which key moved the verdict", "", sentence, "", markdown_table(*table)]
