@@ -160,6 +160,11 @@ def test_a_slope_that_is_not_significant_leaves_the_band_unbounded():
     assert any("95% band unbounded" in line for line in surface_lines(s))
 
 
+def test_cells_exactly_on_a_plane_have_a_band_of_no_width():
+    s = fit_surface(plane(0.01, -0.02, 0.03), "n_embd", "train_fraction")  # no noise: χ² is rounding
+    assert all(p.bounded and p.low == pytest.approx(p.value, rel=1e-6) == p.high for p in s.at_measured)
+
+
 # ------------------------------------------------------------------ degenerate maps
 
 

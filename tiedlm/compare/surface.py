@@ -317,8 +317,9 @@ def _point(s: Surface, beta: Any, cov: Any, g: float, centre: tuple[float, float
     tq2 = t_ppf(0.5 + LEVEL / 2, s.dof) ** 2
     A, B, D = float(x0 @ cov @ x0), float(x0 @ cov @ x1), float(x1 @ cov @ x1)
     alpha, beta2, gamma = b * b - tq2 * D, a * b - tq2 * B, a * a - tq2 * A
-    disc = beta2 * beta2 - alpha * gamma
-    if alpha > 0 and disc >= 0:  # a bounded interval: the slope along the solved axis is significant here
+    # ≥ 0 in exact arithmetic when alpha > 0 (the set holds the contour's own point): clamp the rounding
+    disc = max(0.0, beta2 * beta2 - alpha * gamma)
+    if alpha > 0:  # a bounded interval: the slope along the solved axis is significant here
         r1, r2 = (-beta2 - math.sqrt(disc)) / alpha, (-beta2 + math.sqrt(disc)) / alpha
         point.bounded = True
         point.low = float(2 ** (r1 + solved_centre)) if abs(r1) <= FAR else None
