@@ -366,12 +366,12 @@ def surface_lines(s: Surface) -> list[str]:
     names = {f"log2 {s.row_short}": f"log2({s.row_short}/{cr:.3g})", f"log2 {s.col_short}": f"log2({s.col_short}/{cc:.3g})"}
     names[f"log2 {s.row_short} × log2 {s.col_short}"] = " × ".join(names.values())
     body = " ".join(_coef_words(c, names.get(c.term), k == 0) for k, c in enumerate(s.coefficients))
-    out = [f"Fitted surface ({shape}, weighted by 1/se², {s.cells} cells, {s.dof} residual degrees of freedom), "
+    out = [f"Fitted surface ({shape}, weighted by 1/se², {s.cells} cells, {_dof(s.dof)} residual), "
            f"Δloss in nats with {LEVEL:.0%} intervals: Δloss = {body}."]
     if s.chi2_p is not None:
         verdict = ("the cells scatter about it more than their own intervals allow"
                    if s.chi2_p < 0.05 else "no more scatter than the cells' own intervals allow")
-        out.append(f"Residual χ² = {s.chi2:.2f} on {s.dof} degrees of freedom (p = {s.chi2_p:.3g}): {verdict}; "
+        out.append(f"Residual χ² = {s.chi2:.2f} on {_dof(s.dof)} (p = {s.chi2_p:.3g}): {verdict}; "
                    f"the intervals are scaled by χ²/dof = {s.scale:.3g}.")
     measured = s.measured["col" if s.solved == "col" else "row"]
     pts = [p for p in s.at_measured]
@@ -388,6 +388,10 @@ def surface_lines(s: Surface) -> list[str]:
                    f"{_band_words(p, measured)}.")
     out.append(_where(s, pts, measured, solved, free))
     return out + [f"Note: {n}." for n in s.notes]
+
+
+def _dof(n: int) -> str:
+    return f"{n} degree{'s' if n != 1 else ''} of freedom"
 
 
 def _coef_words(c: Coefficient, term: str | None, first: bool) -> str:
