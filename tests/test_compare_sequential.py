@@ -301,11 +301,11 @@ def test_a_fixed_number_of_seeds_is_one_stage():
 
 
 def test_check_auto_refuses_what_auto_cannot_take():
-    assert S.check_auto("auto", None, None, None) == (10, 0.02)
-    assert S.check_auto(3, None, None, None) == (10, 0.02)
-    for bad in [("auto", 2, None, None), ("auto", 1001, None, None), ("auto", None, 0.0, None),
-                ("auto", None, 1.0, None), ("auto", None, math.nan, None), ("auto", None, None, "params"),
-                (3, 5, None, None), (3, None, 0.1, None), ("three", None, None, None)]:
+    assert S.check_auto("auto", None, None) == (10, 0.02)
+    assert S.check_auto(3, None, None) == (10, 0.02)
+    for bad in [("auto", 2, None), ("auto", 1001, None), ("auto", None, 0.0),
+                ("auto", None, 1.0), ("auto", None, math.nan),
+                (3, 5, None), (3, None, 0.1), ("three", None, None)]:
         with pytest.raises(ConfigError):
             S.check_auto(*bad)
 
@@ -458,7 +458,7 @@ runner = CliRunner()
     (["--seeds", "auto", "--min-effect", "0"], "--min-effect must be a fraction between 0 and 1"),
     (["--seeds", "auto", "--min-effect", "1"], "--min-effect must be"),
     (["--seeds", "auto", "--min-effect", "nan"], "--min-effect must be"),
-    (["--seeds", "auto", "--match", "params"], "--seeds auto decides on one contrast"),
+    (["--seeds", "auto", "--match", "flops"], "--match 'flops' is not known"),
     (["--seeds", "three"], "--seeds must be a whole number or auto"),
     (["--seeds", "0"], "--seeds must be positive"),
     (["--seeds", "1001"], "--seeds must be at most 1,000"),

@@ -480,7 +480,9 @@ def compare(
                                                "this large are detectable (80% power), as a fraction (default "
                                                "0.02: 2%)."),
     match: Optional[str] = typer.Option(None, "--match", help="'params': add a tied variant with extra layers "
-                                        "matching the untied parameter count."),
+                                        "matching the untied parameter count; 'params:width': wider instead "
+                                        "(n_embd grown by the head size). Tuned like the others; the verdict "
+                                        "has both contrasts, Holm-adjusted."),
     tune: Optional[List[str]] = typer.Option(None, "--tune", help="With --config: tune each variant on validation "
                                              "first, e.g. --tune train.lr=3e-4,1e-3,3e-3 (repeatable: their grid; "
                                              "also seeds=0, extend=false); the verdict is then on test."),

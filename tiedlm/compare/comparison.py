@@ -15,7 +15,7 @@ from ..errors import ConfigError, RunError
 from .collect import LeftOut, LoadedRun
 from .datasets import DataSet, data_difference, data_sets, mixed_data_message
 from .grid import MatchedContrast, matched_contrasts
-from .matching import ParamMatch
+from .matching import MatchFamily, ParamMatch, match_family
 from .stats import ALPHA, LEVEL, POWER, number
 from .trajectory import Trajectory, contrast_trajectories, variant_json
 from .variants import (
@@ -106,7 +106,8 @@ class Comparison:
     notes: list[str]
     data_sets: int
     not_compared: list[NotCompared]
-    match: ParamMatch | None = None  # compare --config --match params
+    match: ParamMatch | None = None  # compare --config --match params (or params:width)
+    family: MatchFamily | None = None  # with the match: its two contrasts against untied, judged by Holm
     files: dict[str, str] = field(default_factory=dict)  # output kind -> path, once written
     train_failures: list[TrainFailure] = field(default_factory=list)
     tiedlm_version: str = ""
@@ -160,6 +161,7 @@ class Comparison:
             "variants": [variant_json(v, self.trajectories) for v in self.variants],  # with each contrast's trajectory
             "runs": [asdict(r) for r in self.runs], "skipped": [asdict(s) for s in self.skipped],
             "notes": self.notes, "match": self.match.to_json() if self.match else None,
+            "match_contrasts": self.family.to_json() if self.family is not None else None,
             "verdicts": self.verdicts, "data_sets": self.data_sets,
             "not_compared": [asdict(n) for n in self.not_compared],
             "matched": [m.to_json(self.primary) for m in self.matched], "files": self.files,
@@ -334,7 +336,10 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
     variants = [aggregate(lab, kept[h], h) for lab, h in zip(labels, kept)]
     _check_primary(variants, primary)
     base, reason, matched = _contrast(variants, keys, baseline, base_key, match, tuned)
+    family = match_family(match, variants, base, primary)
     order = {label: i for i, m in enumerate(matched) for label in (m.tied, m.untied)}  # settings in numeric order
+    if family is not None:  # the primary contrast (equal architecture) first, then the matched one
+        order = {m.label: i for i, m in enumerate(family.members)}
     variants.sort(key=lambda v: (v is not base, order.get(v.label, len(order)), v.label))
     rows = [_run_row(r, lab) for lab, h in zip(labels, kept) for r in kept[h]]
     from .map_measures import map_section, missing_map_note
@@ -347,6 +352,6 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
         variants=variants, runs=rows, skipped=skipped,
         notes=[n for r in groups[home].runs for n in r.notes] + _resolution_note(variants)
         + (missing_map_note(matched) if tmap is None else []), data_sets=len(groups),
-        not_compared=not_compared, match=match, tiedlm_version=__version__, primary=primary,
+        not_compared=not_compared, match=match, family=family, tiedlm_version=__version__, primary=primary,
         mode="matched" if matched else "baseline", matched=matched,
         trajectories=contrast_trajectories(variants, kept))  # on the runs: metrics.jsonl, read again

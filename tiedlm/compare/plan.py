@@ -2,7 +2,8 @@
 option of `tiedlm compare` and of compare_runs / compare_config, checked once by `check()`,
 naming the CLI's options, before anything is read, trained or written), and the runs it takes.
 The plan holds the variants of a config (tied or its tying mode, untied, and with --match params
-the tied model grown to the untied one's parameters), each at its tuning points and seeds; they
+or params:width the tied model grown, deeper or wider, to the untied one's parameters: a variant
+like the others, tuned on its own grid), each at its tuning points and seeds; they
 are trained a stage at a time through an executor (jobs.Executor): the tuning grid and its steps
 past the edges (tuning.TuningSearch), then the seeds at each variant's point (sequential.SeedDesign:
 a number, or one look at a time). `train_for_comparison` returns the run folders to compare and
@@ -18,7 +19,7 @@ from ..errors import ConfigError, RunError, TiedlmError
 from ..plan import PlannedRun, RunSource, Stage
 from .collect import COMPARE_DIR, SELECT, choose_weights, load_runs
 from .comparison import build_comparison
-from .matching import ParamMatch, match_layers
+from .matching import ParamMatch, match_by, match_params
 from .outputs import check_outputs
 from .sequential import SeedDesign, primary_variant
 
@@ -84,12 +85,11 @@ class CompareRequest:
         from ..checks import check_at_most, check_positive
         from .sequential import check_auto
 
-        if self.match not in (None, "params"):
-            raise ConfigError(f"--match {self.match!r} is not known — the one choice is --match params")
+        match_by(self.match)  # refuses an unknown --match
         if self.seeds != "auto" and isinstance(self.seeds, int) and not isinstance(self.seeds, bool):
             check_positive(self.seeds, "--seeds")
             check_at_most(self.seeds, SEEDS_LIMIT, "--seeds", "each seed trains every variant once more")
-        self.design = check_auto(self.seeds, self.max_seeds, self.min_effect, self.match)
+        self.design = check_auto(self.seeds, self.max_seeds, self.min_effect)
         self.overrides = list(self.overrides or [])
         self.tune = list(self.tune or [])
 
@@ -152,8 +152,9 @@ class ComparisonPlan:
 
 
 def variants_of(req: CompareRequest, base: Any) -> tuple[list[tuple[str, list[str]]], ParamMatch | None]:
-    """(tag, overrides) of each variant to train, and the parameter match with --match params. A
-    config with a model.tie_mode (projection, lowrank) is its own tied variant, against untied."""
+    """(tag, overrides) of each variant to train, and the parameter match with --match params (the
+    tied model deeper) or params:width (wider). A config with a model.tie_mode (projection, lowrank)
+    is its own tied variant, against untied."""
     from ..config import load_config
 
     m, tie = base.model, base.model.tie
@@ -162,18 +163,19 @@ def variants_of(req: CompareRequest, base: Any) -> tuple[list[tuple[str, list[st
     tied = ("tied", ["model.tie_embeddings=true"])
     if tie.built_from_e:
         tied = (tie.tag, [f"model.tie_mode={tie.mode}"])
-        if req.match == "params":
-            raise ConfigError(f"--match params adds layers to the plain tied model, and this config's model.tie_mode "
+        if req.match is not None:
+            raise ConfigError(f"--match {req.match} grows the plain tied model, and this config's model.tie_mode "
                               f"is {tie.mode} — drop --match, or compare with model.tie_mode tied")
     variants = [tied, ("untied", ["model.tie_embeddings=false", *untie])]
-    if req.match != "params":
+    by = match_by(req.match)
+    if by is None:
         return variants, None
     from ..data import prepare_data
 
     untied_cfg = load_config(req.config, req.overrides + variants[1][1])
-    matched = match_layers(untied_cfg.model, prepare_data(untied_cfg).model_vocab_size)
+    matched = match_params(untied_cfg.model, prepare_data(untied_cfg).model_vocab_size, by)
     if matched.adds_a_variant:
-        variants.append(("tied-matched", ["model.tie_embeddings=true", f"model.n_layer={matched.matched_n_layer}"]))
+        variants.append((matched.tag, matched.overrides()))
     return variants, matched
 
 
@@ -215,13 +217,13 @@ def train_for_comparison(req: CompareRequest, spec: Any) -> tuple[list[Path], Fo
             new = [run_dir_for(req.runs_dir, r.name) for r in runs]
             check_outputs(req.folder, [d for d in new if d.is_dir()], req.analyze, req.overwrite_output)
             trained = executor.run(Stage(f"seeds {span[0] + 1} to {span[1]}", runs))
-            contrast = (contrast_of(plan.dirs(req.runs_dir, 0, seeds.seeds), found.failed, req, primary, found.tuning)
-                        if seeds.auto else None)
+            contrast = (contrast_of(plan.dirs(req.runs_dir, 0, seeds.seeds), found.failed, req, primary, found.tuning,
+                                    plan.match) if seeds.auto else None)
             span = seeds.after(trained, contrast)
         found.sequential = seeds.record
         if shared is not None:
             dirs = plan.dirs(req.runs_dir, 0, seeds.seeds, point=shared)
-            found.tuning.shared = shared_verdict(found.tuning, shared, dirs, found.failed, req, primary)
+            found.tuning.shared = shared_verdict(found.tuning, shared, dirs, found.failed, req, primary, plan.match)
         return plan.dirs(req.runs_dir, 0, seeds.seeds), found
 
 
@@ -229,9 +231,8 @@ def _tune(req: CompareRequest, plan: ComparisonPlan, spec: Any, executor: Any) -
     """Each variant's tuning grid on the tuning seeds, stage by stage; the variants' points set."""
     from ..tuning import TuningSearch
 
-    if req.match is not None:
-        raise ConfigError("--match params with tuning is not supported — tune without --match, or match without "
-                          "--tune")
+    if plan.match is not None:
+        _check_match_tuning(req, plan, spec)
     if req.primary == "validation":
         raise ConfigError("with tuning, validation chose each variant's value, so the verdict is on test — drop "
                           "--primary validation")
@@ -252,6 +253,33 @@ def _tune(req: CompareRequest, plan: ComparisonPlan, spec: Any, executor: Any) -
     return tuning
 
 
+def _check_match_tuning(req: CompareRequest, plan: ComparisonPlan, spec: Any) -> None:
+    """Refuse a tuned key that changes a parameter count (model.n_layer, n_embd, ...): the match was
+    made at the config's architecture, and a tuned one would leave the matched variant unmatched,
+    or (a key the match sets) undo it."""
+    from ..config import load_config
+    from ..counting import count_params_config
+    from ..tuning import point_overrides, points
+
+    m = plan.match
+    grown = [k for k in spec.keys if k.split(".")[-1] in ("n_layer",) * (m.by == "depth")
+             + ("n_embd", "n_head", "n_kv_head") * (m.by == "width") and k.startswith("model.")]
+    if grown:
+        raise ConfigError(f"--match {m.option} sets {', '.join(grown)} for the matched variant, so it cannot be tuned "
+                          f"too — tune other keys, or drop --match")
+    for point in points(spec):
+        model = {k: v for k, v in point.items() if k.startswith("model.")}
+        if not model:
+            continue
+        cfg = load_config(req.config, req.overrides + plan.variants[1][1] + point_overrides(model, []))
+        if count_params_config(cfg.model, m.vocab_size)["total"] != m.untied_total:
+            keys = ", ".join(model)
+            raise ConfigError(f"--match {m.option} with {keys} tuned: the match grows the tied model to the untied "
+                              f"one's parameter count at the config's own architecture, and tuning {keys} changes "
+                              f"that count — tune other keys (train.lr, model.dropout), or vary {keys} with --set, "
+                              "one comparison per value")
+
+
 def _shared_point(tuning: Any, plan: ComparisonPlan) -> dict | None:
     from ..tuning import shared_point
 
@@ -259,9 +287,10 @@ def _shared_point(tuning: Any, plan: ComparisonPlan) -> dict | None:
 
 
 def contrast_of(run_dirs: list[Path], failed: dict[str, str], req: CompareRequest, primary: str | None,
-                tuning: Any = None) -> Any:
+                tuning: Any = None, match: ParamMatch | None = None) -> Any:
     """The primary contrast of a comparison of run_dirs, built as the final one is but not written
-    (None when there is nothing to contrast): what the sequential design looks at."""
+    (None when there is nothing to contrast): what the sequential design looks at. With --match, the
+    tied variant at equal architecture against untied (sequential.primary_variant)."""
     from ..tuning import tuned_keys
 
     runs, skipped = load_runs(list(run_dirs), [], failed)
@@ -269,7 +298,7 @@ def contrast_of(run_dirs: list[Path], failed: dict[str, str], req: CompareReques
         return None
     try:
         runs, left, _, _, primary = choose_weights(runs, req.select, primary)
-        c = build_comparison(runs, skipped + left, req.baseline, "", None, primary,
+        c = build_comparison(runs, skipped + left, req.baseline, "", match, primary,
                              tuned=tuned_keys(tuning)) if runs else None
     except TiedlmError:
         return None  # the final comparison says why
@@ -278,9 +307,10 @@ def contrast_of(run_dirs: list[Path], failed: dict[str, str], req: CompareReques
 
 
 def shared_verdict(tuning: Any, point: dict, run_dirs: list[Path], failures: dict[str, str], req: CompareRequest,
-                   primary: str | None) -> dict | None:
+                   primary: str | None, match: ParamMatch | None = None) -> dict | None:
     """The verdict with every variant at the config's own point, on the seeds trained there (the
-    tuning seeds, or every seed with tune.shared_seeds): what the untuned comparison says."""
+    tuning seeds, or every seed with tune.shared_seeds): what the untuned comparison says. With
+    --match, of the primary contrast (tied vs untied at equal architecture)."""
     from ..tuning import point_label, short_keys, tuned_keys
 
     runs, _ = load_runs([d for d in run_dirs if d.is_dir()], [], failures)
@@ -288,18 +318,18 @@ def shared_verdict(tuning: Any, point: dict, run_dirs: list[Path], failures: dic
     # the other only its tuning seeds): paired by seed, as the tuned verdict is
     by_variant: dict[Any, set[int]] = {}
     for r in runs:
-        by_variant.setdefault(r.config.model.tie.two_matrices, set()).add(r.seed)
+        by_variant.setdefault(r.config_hash, set()).add(r.seed)
     shared = set.intersection(*by_variant.values()) if len(by_variant) > 1 else set()
     runs = [r for r in runs if r.seed in shared]
     if not runs:
         return None
     runs, _, _, _, primary = choose_weights(runs, req.select, primary)
     try:
-        c = build_comparison(runs, [], None, str(req.folder), None, primary, tuned=tuned_keys(tuning))
+        c = build_comparison(runs, [], None, str(req.folder), match, primary, tuned=tuned_keys(tuning))
     except TiedlmError:
         return None
-    other = next((v for v in c.variants if v.vs_baseline is not None), None)
-    contrast = other.contrast(primary) if other is not None else None
+    found = primary_variant(c)
+    other, contrast = found if found is not None else (None, None)
     if contrast is None:
         return None
     return {"point": point, "label": point_label(point, short_keys(tuning.keys)), "variant": other.label,

@@ -28,7 +28,7 @@ from .stats import GeometricSummary, Summary, TestResult
 from .sections import (sequential_lines, sequential_markdown, trajectory_lines, trajectory_markdown, tuning_lines,
                        tuning_markdown)
 from .variants import SPLITS, SplitContrast, Variant
-from .verdicts import decay_line, fmt_flops, plural, roles, test_words
+from .verdicts import decay_line, family_markdown, fmt_flops, plural, roles, test_words
 
 FILES = {"markdown": "comparison.md", "csv": "comparison.csv", "json": "comparison.json",
          **{f"plot_{k}": v for k, v in PLOTS.items()}}
@@ -157,13 +157,15 @@ def _md_match(c: Comparison) -> list[str]:
     m = c.match
     if not m:
         return []
-    md = ["", "## Parameter matching (--match params)", "",
+    step = f"one layer holds {fmt_int(m.layer_params)}" if m.by == "depth" else \
+        f"one step of width, a head, adds {fmt_int(m.step_params)}"
+    md = ["", f"## Parameter matching (--match {m.option})", "",
           f"The untied model has {fmt_int(m.untied_total)} parameters and the tied one "
-          f"{fmt_int(m.tied_total)}. The matched variant is tied with n_layer={m.matched_n_layer} "
-          f"instead of {m.n_layer} (one layer holds {fmt_int(m.layer_params)}), for "
+          f"{fmt_int(m.tied_total)}. The matched variant is tied with {m.grown()} ({step}), for "
           f"{fmt_int(m.matched_total)} parameters: "
           f"{m.matched_total - m.untied_total:+,} against the untied model.".replace("-", "−")
-          + " Parameter-matched is not compute-matched: its extra layers cost FLOPs on every token."]
+          + f" Parameter-matched is not compute-matched: its extra {'layers' if m.by == 'depth' else 'width'} "
+            "cost FLOPs on every token."]
     if m.note:
         md += ["", m.note + "."]
     untied = next((v for v in c.variants if v.tied is False), None)
@@ -172,7 +174,7 @@ def _md_match(c: Comparison) -> list[str]:
              percent(v.train_flops / ref - 1.0, 0) if v.train_flops is not None and ref else MISSING]
             for v in c.variants]
     return md + ["", markdown_table(["variant", "parameters", "train FLOPs/token", "total train FLOPs",
-                                     "FLOPs vs untied"], rows, "lrrrr")]
+                                     "FLOPs vs untied"], rows, "lrrrr")] + family_markdown(c)
 
 
 def _present_splits(c: Comparison) -> list[str]:

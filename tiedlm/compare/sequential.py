@@ -313,11 +313,39 @@ class Sequential:
             return
         v, d = found
         self.contrast = f"{v.label} vs {v.vs_baseline.baseline} on {c.primary}"
+        family = c.family if getattr(c, "family", None) is not None and c.family.split == c.primary else None
+        if family is not None and len(family.members) > 1:
+            self.contrast = f"{family.primary.words}: {self.contrast}"
+            self._judge_family(c, family)
+            return
         if d.p_value is not None:
             d.significant = efficacy(d.p_value, self.threshold)
         v.verdicts = verdicts_for(v, c)
         if v.verdicts:
             v.verdicts[0] = self._verdict(v.verdicts[0], d)
+
+    def _judge_family(self, c: Any, family: Any) -> None:
+        """--match under the design: Holm over the two contrasts with the primary one's levels the
+        design's thresholds at the last look, at α and at α/2 (the design calibrated at α/2: crossing
+        its stricter boundaries at the look where this design stopped is an event of probability at
+        most α/2 under no effect, as that design would have crossed there or earlier). The matched
+        contrast keeps α and α/2. Holm's adjusted p-values are not given: the levels differ."""
+        from .matching import apply_family
+        from .verdicts import verdicts_for
+
+        family.sequential = True
+        for m in family.members:
+            m.p_holm = None
+            if m.role == "primary":
+                m.level = self.threshold
+                m.half = threshold(self.seeds, self.max_seeds, self.alpha / 2) if self.looks else 0.0
+            else:
+                m.level, m.half = self.alpha, self.alpha / 2
+        family.judge()
+        apply_family(family, c.variants)
+        for v in c.variants:
+            if family.member(v.label) is not None:
+                v.verdicts = verdicts_for(v, c)
 
     def _verdict(self, line: str, d: Any) -> str:
         from ..formatting import fmt_p
@@ -352,7 +380,14 @@ def fmt_threshold(p: float) -> str:
 
 
 def primary_variant(c: Any) -> tuple[Any, Any] | None:
-    """(the variant, its contrast on the primary split): the first variant with one."""
+    """(the variant, its contrast on the primary split): with --match the tied variant at equal
+    architecture (the family's primary contrast), else the first variant with one."""
+    family = getattr(c, "family", None)
+    if family is not None and family.split == c.primary:
+        v = c.variant(family.primary.label)
+        d = v.contrast(c.primary)
+        if d is not None and d.difference is not None:
+            return v, d
     for v in c.variants:
         d = v.contrast(c.primary)
         if d is not None and d.difference is not None:
@@ -363,9 +398,10 @@ def primary_variant(c: Any) -> tuple[Any, Any] | None:
 # ============================================================================ the driver
 
 
-def check_auto(seeds: Any, max_seeds: int | None, min_effect: float | None, match: str | None) -> tuple[int, float]:
+def check_auto(seeds: Any, max_seeds: int | None, min_effect: float | None) -> tuple[int, float]:
     """Refuse what --seeds auto cannot take (ConfigError) and return (max_seeds, min_effect) with
-    their defaults. --max-seeds and --min-effect need --seeds auto."""
+    their defaults. --max-seeds and --min-effect need --seeds auto. With --match the design decides
+    on the primary contrast, tied vs untied at equal architecture (primary_variant)."""
     from ..errors import ConfigError
 
     if seeds != "auto" and (isinstance(seeds, bool) or not isinstance(seeds, int)):
@@ -384,9 +420,6 @@ def check_auto(seeds: Any, max_seeds: int | None, min_effect: float | None, matc
                           f"first at {FIRST_SEEDS} seeds per variant)")
     if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) or not 0 < min_effect < 1:
         raise ConfigError(f"--min-effect must be a fraction between 0 and 1 (0.02 is 2%), got {min_effect}")
-    if match is not None:
-        raise ConfigError("--seeds auto decides on one contrast, and --match params makes two — give a number of "
-                          "seeds with --match params")
     return max_seeds, float(min_effect)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..formatting import fmt, fmt_count, fmt_int, fmt_p, percent
 from .comparison import Comparison
+from .matching import FamilyMember, MatchFamily
 from .stats import SEEDS_CAP, TestResult
 from .variants import COMPUTE_MATCH, PARAM_MATCH, Contrast, SplitContrast, Variant
 
@@ -54,8 +55,10 @@ def roles(c: Comparison) -> str:
     return ROLES.format(primary=c.primary, others=others) + chose
 
 
-def verdict(label: str, ref: str, d: SplitContrast | None, split: str) -> str | None:
-    """One sentence on the variant against its reference on the primary split."""
+def verdict(label: str, ref: str, d: SplitContrast | None, split: str, member: FamilyMember | None = None,
+            family: MatchFamily | None = None) -> str | None:
+    """One sentence on the variant against its reference on the primary split; with --match, named
+    as one of the two contrasts (`member`) and judged with Holm's procedure over them (`family`)."""
     if d is None or d.difference is None or d.relative is None:
         return None
     rel = d.relative
@@ -64,12 +67,44 @@ def verdict(label: str, ref: str, d: SplitContrast | None, split: str) -> str | 
     else:  # a tiny but consistent difference can be significant: never round it to "the same"
         shown = f"{abs(rel) * 100:.2f}" if abs(rel) >= 5e-5 else f"{abs(rel) * 100:.2g}"
         claim = f"has {shown}% {'lower' if rel < 0 else 'higher'} perplexity than **{ref}**"
+    holm = member is not None and family is not None and len(family.members) > 1
+    adjusted = _holm_words(member, family) if holm and d.ci_low is not None else ""
     head = (f"**{label}** {claim} on {split}, the primary endpoint (perplexity {fmt(d.variant_mean)} vs "
-            f"{fmt(d.baseline_mean)}; {interval_words(d)})")
+            f"{fmt(d.baseline_mean)}; {interval_words(d)}{adjusted})")
+    if member is not None:
+        primary = " (the primary contrast)" if member.role == "primary" and holm else ""
+        head = f"{member.words[0].upper()}{member.words[1:]}{primary}: {head}"
     if d.significant is None:
         return head + ("." if d.ci_low is None else ": no difference on any seed.")
+    if holm:
+        return head + _holm_judgement(d, member, family)
     return head + (": significant at 0.05." if d.significant else
                    ": not significant at 0.05 (the interval includes 0%).")
+
+
+def _holm_words(member: FamilyMember, family: MatchFamily) -> str:
+    """'; Holm-adjusted over the two contrasts p=0.020'; nothing under the sequential design, whose
+    levels the judgement names."""
+    return f"; Holm-adjusted over the two contrasts {fmt_p(member.p_holm)}" if member.p_holm is not None else ""
+
+
+def _holm_judgement(d: SplitContrast, member: FamilyMember, family: MatchFamily) -> str:
+    """The end of a --match verdict: significant or not with Holm's procedure over the two contrasts."""
+    from .sequential import fmt_threshold
+
+    other = next(m for m in family.members if m is not member)
+    if family.sequential:
+        level = (f"the sequential design's adjusted level (p < {fmt_threshold(member.level)})"
+                 if member.role == "primary" else f"{member.level:g}")
+        how = (f"with Holm over the two contrasts (one of them first at its half level: p < "
+               f"{fmt_threshold(member.half)} here or p < {fmt_threshold(other.half)} for the {other.words})")
+    else:
+        level, how = f"{member.level:g}", "after Holm's adjustment over the two contrasts"
+    if d.significant:
+        return f": significant at {level} {how}."
+    includes = d.relative_ci_low is not None and d.relative_ci_low <= 0 <= d.relative_ci_high
+    why = "the interval includes 0%" if includes else "its 95% interval, not adjusted, excludes 0%"
+    return f": not significant at {level} {how} ({why})."
 
 
 def confirmation(primary: SplitContrast | None, d: SplitContrast | None, split: str) -> str | None:
@@ -181,7 +216,8 @@ def verdicts_for(v: Variant, c: Comparison) -> list[str]:
     if vs is None:
         return []
     main = vs.split(c.primary)
-    first = verdict(v.label, vs.baseline, main, c.primary)
+    family = c.family if c.family is not None and c.family.split == c.primary else None
+    first = verdict(v.label, vs.baseline, main, c.primary, family.member(v.label) if family else None, family)
     if first is None:
         return []
     reference = next((x for x in c.variants if x.label == vs.baseline), None)
@@ -202,3 +238,41 @@ def decay_line(c: Comparison) -> str | None:
     return ("Embeddings are weight-decayed (`train.decay_embeddings: true`): decay shrinks the rows of an untied E "
             "that get no gradient (tokens absent from a batch: the rare ones), while tying gives those rows gradient "
             "from the output side, so tying also changes what decay does (`configs/decay-ablation.yaml` separates the two).")
+
+
+def family_markdown(c: Comparison) -> list[str]:
+    """comparison.md's table of the two --match contrasts against untied on the primary split: the
+    effect, its 95% interval, the p-value, Holm's adjusted one (or the levels under the sequential
+    design) and the judgement."""
+    from ..formatting import MISSING, markdown_table
+    from .sequential import fmt_threshold
+
+    family = c.family
+    if family is None or len(family.members) < 2:
+        return []
+    rows = []
+    for m in family.members:
+        d = c.variant(m.label).contrast(family.split)
+        ci = (f"{percent(d.relative_ci_low)} to {percent(d.relative_ci_high)}" if d.relative_ci_low is not None
+              else "no interval")
+        held = fmt_p(m.p_holm)[1:].lstrip("=") if m.p_holm is not None else \
+            f"p < {fmt_threshold(m.half)}, then p < {fmt_threshold(m.level)}"
+        rows.append([m.words + (" (primary)" if m.role == "primary" else ""), f"**{m.label}** vs **{family.reference}**",
+                     percent(d.relative), ci, fmt_p(d.p_value)[1:].lstrip("=") if d.p_value is not None else MISSING, held,
+                     "yes" if m.significant else "no" if m.significant is not None else MISSING])
+    if family.sequential:
+        how = ("The sequential design (`--seeds auto`) decided on the primary contrast, tied vs untied at equal "
+               "architecture, and its levels are the design's thresholds at the last look, at α = 0.05 and at α/2 "
+               "(the same design calibrated at 0.025); the matched contrast's are 0.05 and 0.025. Holm's procedure "
+               "over the two: one contrast must pass its half level before either is judged at its full one. The "
+               "matched contrast's seeds were chosen by the other contrast, which shares the untied runs, so its "
+               "test is the fixed-seeds one at a number of seeds chosen by the data.")
+        head = "levels (Holm)"
+    else:
+        how = ("Holm's procedure over the two (the smaller p-value doubled, the larger kept unless the first "
+               "exceeds it), each judged at 0.05; the 95% intervals are each contrast's own, not adjusted.")
+        head = "Holm p"
+    return ["", f"### The two contrasts ({family.split})", "",
+            "The untied model is contrasted twice: with the tied model at equal architecture (the primary "
+            "contrast) and with the parameter-matched tied model at equal parameters. " + how, "",
+            markdown_table(["contrast", "variants", "effect", "95% CI", "p", head, "significant"], rows, "llrrrrl")]
