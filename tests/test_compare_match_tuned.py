@@ -205,3 +205,25 @@ def test_a_bad_match_is_refused_in_one_line_before_training(tmp_path, stand_in, 
     with pytest.raises(ConfigError, match=re.escape(message)) as info:
         compare(tmp_path, stand_in, seeds=1, **options)
     assert "\n" not in str(info.value) and stand_in.calls == []
+
+
+def test_real_width_match_on_a_tiny_llama_with_grouped_query_attention(tmp_path):
+    """train.py for real (CPU, 2 steps): the grown model builds, and its own count is the match's."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("""\
+name: tiny
+data:
+  synthetic: {vocab_size: 120, n_classes: 6, successors: 2, train_tokens: 3000, validation_tokens: 600,
+              test_tokens: 600}
+model: {arch: llama, bias: false, n_layer: 1, n_head: 4, n_kv_head: 2, n_embd: 16, block_size: 16}
+train: {device: cpu, dtype: fp32, batch_size: 2, max_steps: 2, warmup_steps: 1, eval_every: 2,
+        eval_tokens: 64, checkpoint_every: 0, log_every: 2}
+""")
+    c = C.compare_config(cfg, [], seeds=1, match="params:width", runs_dir=tmp_path / "runs", progress=False)
+    m = c.match
+    assert (m.matched_n_embd, m.matched_n_head, m.matched_n_kv_head) == (24, 6, 3)  # 4 heads of 4, 2 per kv head
+    assert sorted(r.name for r in c.runs) == ["tiny-tied-matched-width-s0", "tiny-tied-s0", "tiny-untied-s0"]
+    wide = next(v for v in c.variants if v.config.model.n_embd == 24)
+    assert wide.params["total"] == m.matched_total and not c.train_failures
+    untied = next(v for v in c.variants if not v.tied)
+    assert untied.params["total"] == m.untied_total

@@ -4,7 +4,8 @@ What was asked, and the runs it takes
     plan          CompareRequest: every option, checked once; compare --config's variants × points ×
                   seeds, trained a stage at a time through jobs.Executor (tuning.TuningSearch, then
                   sequential.SeedDesign); Found: what training and tuning found
-    matching      --match params: the tied model with as many parameters as the untied one
+    matching      --match params / params:width: the tied model grown (deeper, or wider) to the untied
+                  one's parameters, and the two contrasts against untied judged by Holm (MatchFamily)
 Computing
     collect       find run folders and read finished runs (through runs.py); which weights are compared
     datasets      group runs by the tokens they were trained and evaluated on
@@ -82,7 +83,10 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, **o
     """Train the tied and untied variants of a config (seeds cfg.seed .. cfg.seed+seeds-1; finished
     runs are reused) and compare exactly those runs; `options` are CompareRequest's fields. match=
     "params" adds a tied variant with extra layers whose total is as close as possible to the untied
-    one's. Training failures do not stop the others; they are listed in the result's
+    one's, "params:width" one with n_embd grown by the head size instead; the matched variant is
+    tuned like the others, and the verdict has both contrasts against untied (tied at equal
+    architecture, the primary one, and matched at equal parameters), Holm-adjusted over the two.
+    Training failures do not stop the others; they are listed in the result's
     train_failures and among the runs left out. `train` trains one run (train.train_run, the
     default, or a stand-in with its signature). `overwrite` retrains runs whose folders hold another
     config; `overwrite_output` replaces files of the outputs' names that tiedlm did not write
