@@ -262,8 +262,8 @@ def _check_match_tuning(req: CompareRequest, plan: ComparisonPlan, spec: Any) ->
     from ..tuning import point_overrides, points
 
     m = plan.match
-    grown = [k for k in spec.keys if k.split(".")[-1] in ("n_layer",) * (m.by == "depth")
-             + ("n_embd", "n_head", "n_kv_head") * (m.by == "width") and k.startswith("model.")]
+    sets = ["model.n_layer"] if m.by == "depth" else ["model.n_embd", "model.n_head", "model.n_kv_head"]
+    grown = [k for k in spec.keys if k in sets]
     if grown:
         raise ConfigError(f"--match {m.option} sets {', '.join(grown)} for the matched variant, so it cannot be tuned "
                           f"too — tune other keys, or drop --match")
