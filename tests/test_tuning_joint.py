@@ -86,7 +86,8 @@ def test_two_keys_tune_their_product_and_the_choice_is_read_per_key(tmp_path, tr
     tied, untied = c.tuning.variant("tied"), c.tuning.variant("untied")
     assert tied.chosen.point == {"train.lr": 1e-3, "model.dropout": 0} and untied.chosen.point == {
         "train.lr": 3e-3, "model.dropout": 0.1}
-    assert tied.bound == "model.dropout 0 is the lowest value it can take (model.dropout is in [0, 1)): the choice is final there"
+    assert tied.bound == ("model.dropout 0 is the lowest value it can take (model.dropout is in [0, 1)): the choice is "
+                          "final there")
     assert all(cfg.model.dropout >= 0 for cfg in trainer.configs)
     j = c.tuning.joint
     assert (j.variant, j.reference, j.other, j.held, j.seeds) == ("tied", "untied", "model.dropout", 0.1, [0])
@@ -192,3 +193,35 @@ def test_extend_value_keeps_to_the_keys_range():
     assert extend_value([0.01, 0.1], 0.01, -1, False, BOUNDS["train.weight_decay"]) == 0.0
     assert extend_value([0.3, 0.4], 0.3, -1, False, dropout) == 0.2
     assert extend_value([3e-4, 1e-3], 3e-4, -1, False, BOUNDS["train.lr"]) == 9e-5  # lr > 0: still the ratio
+
+
+def test_a_step_the_config_refuses_is_said_with_its_reason(tmp_path, trainer, monkeypatch):
+    monkeypatch.setitem(OPTIMUM, False, {"lr": 4.0, "reg": 0.5})
+    trainer.reg = "train.weight_decay"
+    c = compare(tmp_path, trainer, ["train.lr=0.25,0.5", "extend_limit=2"], weight_decay=0.5)
+    untied = c.tuning.variant("untied")  # 0.5 -> 1.0 (1.0 x 0.5 < 1), then 2.0 would decay every weight to 0
+    assert untied.axes["train.lr"] == [0.25, 0.5, 1.0] and untied.chosen.point["train.lr"] == 1.0
+    assert "the config refuses 2.0: train.lr x train.weight_decay must be below 1" in untied.edge
+    assert max(cfg.train.lr for cfg in trainer.configs) == 1.0
+
+
+def test_with_a_matched_variant_the_reading_is_tied_against_untied():
+    from tiedlm.tuning import TunedPoint, Tuning, TuneSpec, VariantTuning
+
+    spec = TuneSpec(axes={"train.lr": [1e-3, 3e-3], "model.dropout": [0.0, 0.1]})
+
+    def variant(tag, best):  # validation loss 1 at its best point, 2 elsewhere; tied-matched best everywhere
+        pts = [TunedPoint(point={"train.lr": lr, "model.dropout": d}, label=f"lr={lr},dropout={d}", runs={0: "r"},
+                          loss=1.0 if (lr, d) == best else 2.0) for lr in (1e-3, 3e-3) for d in (0.0, 0.1)]
+        v = VariantTuning(tag=tag, overrides=[], axes=dict(spec.axes), points=pts)
+        v.chosen = min(pts, key=lambda p: p.loss)
+        return v
+
+    tuning = Tuning(spec=spec, keys=spec.keys, seeds=[0], selection="final weights", schedule=[],
+                    variants=[variant("tied", (1e-3, 0.0)), variant("untied", (3e-3, 0.1)),
+                              variant("tied-matched", (1e-3, 0.1))], config={"train.lr": 3e-3, "model.dropout": 0.1})
+    j = tuning.joint
+    assert (j.variant, j.reference) == ("tied", "untied")
+    assert j.joint.effect == 0.0 and j.config.effect == pytest.approx(math.e - 1)  # tied 2 vs untied 1 there
+    assert j.lr_alone.labels == {"tied": "lr=0.001,dropout=0.1", "untied": "lr=0.003,dropout=0.1"}
+    assert j.lr_alone.effect == pytest.approx(math.e - 1) and j.moved_by == "model.dropout"

@@ -18,7 +18,13 @@ of the kept best weights when train.keep_best is on, else the final validation l
 when a variant's choice is the smallest or largest value of a numeric axis, that axis is extended
 one step in that direction (the grid's own ratio, or its step when a value is not positive) for
 that variant, up to extend_limit steps, until the choice is interior; then the remaining seeds
-train at each variant's chosen point, and the verdict is on test. Tuning runs are ordinary runs,
+train at each variant's chosen point, and the verdict is on test. With two or more axes a step
+trains one point, the choice with that axis moved (the line through the choice, not a whole row),
+and a choice that moves is checked along each axis on its own line: a neighbour another line has
+is filled in (no step counted). A step stays in the key's range (tuning_spec.BOUNDS: dropout
+halfway to 1, never onto it; dropout or weight decay down to 0, where the choice is final, a
+bound rather than an edge). With train.lr and one other key, `Tuning.joint` reads from the tuning
+runs which of the two moved the tied/untied effect on validation. Tuning runs are ordinary runs,
 named by their point (`base-tied-lr=0.001-s0`), so an interrupted tuning resumes and a rerun
 trains nothing that is finished.
 
@@ -434,7 +440,7 @@ class JointEffect:
                    for k, r in (("config", self.config), ("lr_alone", self.lr_alone), ("joint", self.joint))}}
 
 
-def _reading(tuning: Tuning, pick: dict[str, TunedPoint | None], variant: str, reference: str) -> Reading | None:
+def _reading(pick: dict[str, TunedPoint | None], variant: str, reference: str) -> Reading | None:
     if any(p is None or p.loss is None for p in pick.values()):
         return None
     from .nats import relative
@@ -451,31 +457,29 @@ def _best_at(v: VariantTuning, key: str, value: Any) -> TunedPoint | None:
 
 
 def joint_effect(tuning: Tuning) -> JointEffect | None:
-    """The decomposition of a tune of exactly two plain axes, one of them train.lr, between an
-    untied variant and one other, each with a choice; else None."""
-    axes = tuning.spec.axes
-    if (len(axes) != 2 or LR_KEY not in axes or any(_paired(vals) for vals in axes.values())
-            or len(tuning.variants) != 2 or tuning.variant("untied") is None or tuning.only_point is not None
-            or any(v.chosen is None for v in tuning.variants)):
+    """The decomposition of a tune of exactly two plain axes, one of them train.lr, for the first
+    variant against untied (tied vs untied; with --match, the primary contrast); else None."""
+    axes, ref = tuning.spec.axes, tuning.variant("untied")
+    if (len(axes) != 2 or LR_KEY not in axes or any(_paired(vals) for vals in axes.values()) or ref is None
+            or len(tuning.variants) < 2 or tuning.only_point is not None):
         return None
-    reference = "untied"
-    variant = next(v.tag for v in tuning.variants if v.tag != reference)
+    pair = [next(v for v in tuning.variants if v is not ref), ref]
+    variant, reference = (v.tag for v in pair)
     other = next(k for k in axes if k != LR_KEY)
     held = tuning.config.get(other)
-    joint = _reading(tuning, {v.tag: v.chosen for v in tuning.variants}, variant, reference)
+    joint = _reading({v.tag: v.chosen for v in pair}, variant, reference)
     if joint is None:
         return None
-    at_config = {v.tag: v.point(point_label({k: tuning.config.get(k) for k in tuning.keys},
-                                            short_keys(tuning.keys))) for v in tuning.variants}
-    alone_pick = {v.tag: _best_at(v, other, held) for v in tuning.variants}
-    alone = _reading(tuning, alone_pick, variant, reference)
-    if alone is not None:
-        for v in tuning.variants:
-            line = sorted(p.point[LR_KEY] for p in v.points if p.point.get(other) == held)
-            if len(line) > 1 and alone_pick[v.tag].point[LR_KEY] in (line[0], line[-1]):
-                alone.at_edge.append(v.tag)
+    own = point_label({k: tuning.config.get(k) for k in tuning.keys}, short_keys(tuning.keys))
+    alone_pick = {v.tag: _best_at(v, other, held) for v in pair}
+    alone = _reading(alone_pick, variant, reference)
+    for v in pair if alone is not None else []:
+        line = sorted(p.point[LR_KEY] for p in v.points if p.point.get(other) == held)
+        if len(line) > 1 and alone_pick[v.tag].point[LR_KEY] in (line[0], line[-1]):
+            alone.at_edge.append(v.tag)
     return JointEffect(variant=variant, reference=reference, other=other, held=held, seeds=list(tuning.seeds),
-                       config=_reading(tuning, at_config, variant, reference), lr_alone=alone, joint=joint)
+                       config=_reading({v.tag: v.point(own) for v in pair}, variant, reference), lr_alone=alone,
+                       joint=joint)
 
 
 # ---------------------------------------------------------------------------- a tuned sweep's record
@@ -523,7 +527,9 @@ class TuningRecord:
             return [f"{not_compared(tuned, only)} (the sweep's {self.folder / RECORD}); each grid point is compared "
                     "at it, on test"]
         choices = [f"{v.get('variant')}: {(v.get('chosen') or {}).get('label', 'none')}"
-                   + (f" (edge: {v['edge']})" if v.get("edge") else "") for v in self.tuning.get("variants") or []]
+                   + (f" (edge: {v['edge']})" if v.get("edge") else "")
+                   + (f" (bound: {v['bound']})" if v.get("bound") else "")
+                   for v in self.tuning.get("variants") or []]
         return [f"{', '.join(tuned)} tuned per variant on validation by the sweep ({self.folder / RECORD}): each "
                 "variant is compared at its own choice, on test; labels and twins leave the tuned keys out",
                 *(["chosen: " + "; ".join(choices)] if choices else [])]
