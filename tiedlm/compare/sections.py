@@ -270,7 +270,8 @@ def grid_tables(tuning: Tuning) -> list[tuple[list[str], list[list[str]]]]:
     out = []
     for v in tuning.variants:
         rows_at, cols_at = (sorted({p.point[k] for p in v.points}) for k in keys)
-        head = [f"{v.tag} ({short[keys[0]]} ↓, {short[keys[1]]} →)", *(f"{short[keys[1]]}={scalar(x)}" for x in cols_at)]
+        head = [f"{v.tag} ({short[keys[0]]} ↓, {short[keys[1]]} →)",
+                *(f"{short[keys[1]]}={scalar(x)}" for x in cols_at)]
         rows = []
         for r in rows_at:
             cells = []
