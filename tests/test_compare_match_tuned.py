@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tiedlm.compare as C
-from tests.test_compare import V, gpt2_params, make_run
+from tests.test_compare import V, make_run
 from tiedlm import runs as run_folder
 from tiedlm.compare import sequential as S
 from tiedlm.compare.matching import match_params, match_width
@@ -52,11 +52,13 @@ def stand_in(monkeypatch):
         state.calls.append(name)
         shutil.rmtree(run_dir, ignore_errors=True)
         which = variant_of(cfg)
-        val = 50.0 * (1.0 + 0.5 * math.log(cfg.train.lr / BEST_LR) ** 2) + {"tied": 0, "matched": -1, "untied": 1}[which]
+        shift = {"tied": 0, "matched": -1, "untied": 1}[which]
+        val = 50.0 * (1.0 + 0.5 * math.log(cfg.train.lr / BEST_LR) ** 2) + shift
         test = math.exp(state.test[which][cfg.seed % len(state.test[which])])
         return make_run(Path(out), name, cfg.seed, val=val, test=test, cfg=cfg)
 
-    monkeypatch.setattr(tiedlm.data, "prepare_data", lambda cfg, progress=True: types.SimpleNamespace(model_vocab_size=V))
+    monkeypatch.setattr(tiedlm.data, "prepare_data",
+                        lambda cfg, progress=True: types.SimpleNamespace(model_vocab_size=V))
     state.train = train_run
     return state
 
@@ -81,13 +83,14 @@ def test_match_params_with_tuning_tunes_the_matched_variant_and_judges_both_cont
     assert [v.tag for v in c.tuning.variants] == ["tied", "untied", "tied-matched"]
     assert all(v.chosen.point["train.lr"] == BEST_LR and not v.extensions for v in c.tuning.variants)
     assert len(stand_in.calls) == 3 * 3 + 3 * 2 == len(set(stand_in.calls))
-    assert sorted(r.name for r in c.runs) == sorted(f"tiny-{t}-lr=0.002-s{s}" for t in ("tied", "untied", "tied-matched")
-                                                    for s in range(3))
+    tags = ("tied", "untied", "tied-matched")
+    assert sorted(r.name for r in c.runs) == sorted(f"tiny-{t}-lr=0.002-s{s}" for t in tags for s in range(3))
     assert c.primary == "test"
+    assert c.tuning.shared["variant"] == "tied, n_layer=2"  # the shared-value verdict is the primary contrast's
 
     # the two contrasts against untied, the primary one (equal architecture) first, Holm over the two
     fam = c.family
-    tied, matched, untied = (c.variant(f"tied, n_layer=2"), c.variant(f"tied, n_layer={m.matched_n_layer}"),
+    tied, matched, untied = (c.variant("tied, n_layer=2"), c.variant(f"tied, n_layer={m.matched_n_layer}"),
                              c.variant("untied, n_layer=2"))
     assert fam.reference == untied.label and [x.label for x in fam.members] == [tied.label, matched.label]
     assert [x.role for x in fam.members] == ["primary", "matched"]
@@ -133,7 +136,7 @@ def test_match_params_width_grows_n_embd_by_the_head_size_and_is_tuned_too(tmp_p
     wide = next(v for v in c.variants if v.config.model.n_embd == m.matched_n_embd)
     assert wide.tied and wide.config.model.n_head == m.matched_n_head and wide.params["total"] == m.matched_total
     md = (tmp_path / "runs" / "compare" / "comparison.md").read_text()
-    assert f"## Parameter matching (--match params:width)" in md
+    assert "## Parameter matching (--match params:width)" in md
     assert f"n_embd={m.matched_n_embd} ({m.matched_n_head} heads of 32) instead of 64 (2 heads)" in md
 
 
