@@ -449,17 +449,27 @@ def _bucket_panel(ax: Any, t: TyingMap, which: str, vmax: float) -> Any:
 
 def plot_tuning(tuning: Tuning, path: Path) -> None:
     """Validation perplexity against the tuned value, a line per variant, each choice ringed. One
-    numeric axis: against its value (log scale when all are positive); otherwise against the points."""
+    numeric axis: against its value (log scale when all are positive); train.lr and one other key:
+    against lr, a line per variant and value of the other key (the chosen value's drawn solid);
+    otherwise against the points."""
     labels = tuning.labels()
     axes = tuning.spec.axes
-    numeric = len(axes) == 1 and not any(isinstance(x, dict) for x in next(iter(axes.values())))
-    key = next(iter(axes)) if numeric else None
+    plain = not any(isinstance(x, dict) for vals in axes.values() for x in vals)
+    numeric = plain and (len(axes) == 1 or (len(axes) == 2 and "train.lr" in axes))
+    key = (next(iter(axes)) if len(axes) == 1 else "train.lr") if numeric else None
+    other = next((k for k in axes if k != key), None) if numeric else None  # two keys: a line per its value
     title = f"Tuning on validation ({tuning.selection}); ringed: each variant's choice"
     with figure(path, title) as ax:
-        for v in tuning.variants:
+        for i, v in enumerate(tuning.variants):
             pts = sorted(((p, labels.index(p.label)) for p in v.points if p.perplexity is not None), key=lambda t: t[1])
-            xs = [p.point[key] if numeric else i for p, i in pts]
-            ax.plot(xs, [p.perplexity for p, _ in pts], marker="o", label=v.tag)
+            chose = v.chosen.point.get(other) if v.chosen is not None and other else None
+            for k, at in enumerate(sorted({p.point[other] for p, _ in pts}) if other else [None]):
+                line = sorted(((p, j) for p, j in pts if other is None or p.point[other] == at),
+                              key=lambda t: t[0].point[key] if numeric else t[1])
+                xs = [p.point[key] if numeric else j for p, j in line]
+                ax.plot(xs, [p.perplexity for p, _ in line], marker="osv^D<>"[k % 7], color=f"C{i}",
+                        alpha=1.0 if other is None or at == chose else 0.45,
+                        label=v.tag if other is None else f"{v.tag}, {other.rsplit('.', 1)[-1]}={scalar(at)}")
             if v.chosen is not None and v.chosen.perplexity is not None:
                 x = v.chosen.point[key] if numeric else labels.index(v.chosen.label)
                 ax.scatter([x], [v.chosen.perplexity], s=160, facecolors="none", edgecolors="black", zorder=3)
@@ -475,4 +485,4 @@ def plot_tuning(tuning: Tuning, path: Path) -> None:
         ax.set_ylabel("validation perplexity")
         ax.set_yscale("log")
         plain_ticks(ax, "y", log=True)
-        ax.legend()
+        ax.legend(fontsize=7 if other else None)
