@@ -225,3 +225,15 @@ def test_with_a_matched_variant_the_reading_is_tied_against_untied():
     assert j.joint.effect == 0.0 and j.config.effect == pytest.approx(math.e - 1)  # tied 2 vs untied 1 there
     assert j.lr_alone.labels == {"tied": "lr=0.001,dropout=0.1", "untied": "lr=0.003,dropout=0.1"}
     assert j.lr_alone.effect == pytest.approx(math.e - 1) and j.moved_by == "model.dropout"
+
+
+def test_the_configs_own_point_is_found_by_value_not_by_label(tmp_path, trainer):
+    # the config's dropout 0.0 is the grid's 0: the shared-value verdict and the config's reading find it
+    c = compare(tmp_path, trainer, ["train.lr=3e-4,1e-3,3e-3,1e-2", "model.dropout=0,0.2"], dropout=0.0)
+    assert c.tuning.shared["point"] == {"train.lr": 3e-3, "model.dropout": 0}
+    assert c.tuning.shared["label"] == "lr=0.003,dropout=0"  # the grid's own runs, reused, not trained again
+    j = c.tuning.joint
+    assert j.config.labels == {"tied": "lr=0.003,dropout=0", "untied": "lr=0.003,dropout=0"}
+    assert j.config.effect == pytest.approx(ratio((3e-3, 0.0), (3e-3, 0.0)))
+    assert j.lr_alone.effect == pytest.approx(ratio((1e-3, 0.0), (3e-3, 0.0)))
+    assert len(trainer.calls) == len(set(trainer.calls)) == sum(len(v.points) for v in c.tuning.variants)

@@ -126,6 +126,9 @@ class VariantTuning:
     def point(self, label: str) -> TunedPoint | None:
         return next((p for p in self.points if p.label == label), None)
 
+    def at(self, values: dict[str, Any]) -> TunedPoint | None:  # by value, not label: 0 is 0.0
+        return next((p for p in self.points if all(p.point.get(k) == x for k, x in values.items())), None)
+
     def to_json(self) -> dict:
         return {"variant": self.tag, "chosen": self.chosen.to_json() if self.chosen else None,
                 "points": [p.to_json() for p in self.points], "axes": self.axes,
@@ -379,14 +382,14 @@ class TuningSearch:
 
 
 def shared_point(tuning: Tuning, base: Any) -> dict[str, Any] | None:
-    """The config's own value of every tuned key, when every variant tried that point: where the
-    untuned comparison would have put both variants."""
+    """The config's own value of every tuned key, as the grid spells it, when every variant tried
+    that point: where the untuned comparison would have put both variants. Values are compared,
+    not labels: a config's dropout 0.0 is the grid's 0."""
     from .config import flat
 
     values = flat(base)
-    point = {k: values.get(k) for k in tuning.keys}
-    label = point_label(point, short_keys(tuning.keys))
-    return point if all(v.point(label) is not None for v in tuning.variants) else None
+    tried = [v.at({k: values.get(k) for k in tuning.keys}) for v in tuning.variants]
+    return dict(tried[0].point) if tried and all(p is not None for p in tried) else None
 
 
 # ---------------------------------------------------------------------------- which key moved the verdict
@@ -394,8 +397,7 @@ def shared_point(tuning: Tuning, base: Any) -> dict[str, Any] | None:
 
 @dataclass
 class Reading:
-    """The tied/untied effect on validation with each variant at one kind of point, read from the
-    tuning runs (the mean over the tuning seeds of each point; one run per point with one seed)."""
+    """The tied/untied effect on validation with each variant at one kind of point (tuning runs)."""
 
     points: dict[str, dict[str, Any]]  # variant tag -> its point
     labels: dict[str, str]
@@ -470,7 +472,6 @@ def joint_effect(tuning: Tuning) -> JointEffect | None:
     joint = _reading({v.tag: v.chosen for v in pair}, variant, reference)
     if joint is None:
         return None
-    own = point_label({k: tuning.config.get(k) for k in tuning.keys}, short_keys(tuning.keys))
     alone_pick = {v.tag: _best_at(v, other, held) for v in pair}
     alone = _reading(alone_pick, variant, reference)
     for v in pair if alone is not None else []:
@@ -478,7 +479,7 @@ def joint_effect(tuning: Tuning) -> JointEffect | None:
         if len(line) > 1 and alone_pick[v.tag].point[LR_KEY] in (line[0], line[-1]):
             alone.at_edge.append(v.tag)
     return JointEffect(variant=variant, reference=reference, other=other, held=held, seeds=list(tuning.seeds),
-                       config=_reading({v.tag: v.point(own) for v in pair}, variant, reference), lr_alone=alone,
+                       config=_reading({v.tag: v.at(tuning.config) for v in pair}, variant, reference), lr_alone=alone,
                        joint=joint)
 
 
