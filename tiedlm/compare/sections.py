@@ -296,10 +296,6 @@ def _grid_lines(tuning: Tuning) -> list[str]:
 # ---------------------------------------------------------------------------- which key moved the verdict
 
 
-def _where(r: Any, tags: list[str]) -> str:
-    return ", ".join(f"{t} {r.labels[t]}" for t in tags)
-
-
 def _joint_basis(j: Any) -> str:
     runs = ("one run per point, so each is a point estimate with no interval" if len(j.seeds) == 1 else
             f"the mean of {len(j.seeds)} runs per point; no interval is computed for these readings")
