@@ -132,6 +132,23 @@ def test_the_tally_counts_the_runs_known_and_the_time_left():
     assert Tally(known=dict.fromkeys("ab"), seconds=[0.2]).line() == "run 0 of 2, about 1 s left"
 
 
+def test_runs_found_finished_already_take_no_time_in_the_estimate():
+    """A rerun that reuses most of its runs: only the runs still to train are timed."""
+    t = Tally()
+    t.expect(["a", "b", "c", "d", "e"], finished={"c", "d", "x"})  # x: not one of this stage's runs
+    t.end("a", 60.0)
+    assert t.line() == "run 1 of 5, about 2 min left"  # b and e, not c and d
+    t.end("b", 60.0)
+    t.end("c")
+    t.end("d")
+    assert t.line() == "run 4 of 5, about 1 min left"
+    t.end("e", 60.0)
+    assert t.line() == "run 5 of 5"
+    only_skips = Tally(seconds=[60.0])
+    only_skips.expect(["f", "g"], finished={"f", "g"})
+    assert only_skips.line() == "run 0 of 2"  # nothing left to train: no time
+
+
 def test_the_line_is_printed_as_each_run_ends_one_after_another(tiny, tmp_path, capsys):
     def fake(cfg, out, name, progress, overwrite=False):
         run = Path(out) / name

@@ -52,9 +52,11 @@ class Tally:
     known: dict[str, None] = field(default_factory=dict)  # run names, each once, in order
     ended: set[str] = field(default_factory=set)
     seconds: list[float] = field(default_factory=list)
+    finished: set[str] = field(default_factory=set)  # known runs found finished already: they take no time
 
-    def expect(self, names: list[str]) -> None:
+    def expect(self, names: list[str], finished: set[str] | frozenset[str] = frozenset()) -> None:
         self.known.update(dict.fromkeys(names))
+        self.finished |= set(finished) & set(names)
 
     def end(self, name: str, seconds: float | None = None) -> None:
         self.ended.add(name)
@@ -66,8 +68,9 @@ class Tally:
         done, known = len(self.ended & self.known.keys()), len(self.known)
         text = f"run {done} of {known}" + (" known so far (more may follow)" if self.may_grow else "")
         left = known - done
-        if left and self.seconds:
-            rounds = -(-left // max(1, workers))
+        to_train = len(self.known.keys() - self.ended - self.finished)  # the finished ones will be skipped
+        if left and to_train and self.seconds:
+            rounds = -(-to_train // max(1, workers))
             text += f", {_about(sum(self.seconds) / len(self.seconds) * rounds)} left" + \
                 (" for those" if self.may_grow else "")
         return text
@@ -141,8 +144,8 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
     comparison, for the "run 3 of 10, about 4 min left" line after each run (these jobs alone when
     None)."""
     tally = tally if tally is not None else Tally()
-    tally.expect([name for name, _ in jobs])
     finished = {name for name, cfg in jobs if run_is_finished(Path(out) / name, cfg)}
+    tally.expect([name for name, _ in jobs], finished)
     if len(finished) < len({name for name, _ in jobs}):
         check_writable(Path(out))  # a read-only or full --out: said once, before any run is trained
     if parallel != 1 and train is train_run:
