@@ -181,11 +181,11 @@ def test_a_file_that_sets_both_forms_must_agree(tmp_path):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["model.tie_mode=weird"], "model.tie_mode must be tied, untied, projection, lowrank or soft"),
+    (["model.tie_mode=weird"], "model.tie_mode must be tied, untied, projection, lowrank, split or soft"),
     (["model.tie_mode=lowrank", "model.untie_at=0.5"], "model.untie_at splits a tied model in two"),
     (["model.tie_mode=projection", "model.untie_at=0.5"], "cannot split — drop one of them"),
-    (["model.untie_rank=4"], "applies to model.tie_mode: lowrank only"),
-    (["model.tie_mode=projection", "model.untie_rank=4"], "applies to model.tie_mode: lowrank only"),
+    (["model.untie_rank=4"], "applies to model.tie_mode: lowrank or split only"),
+    (["model.tie_mode=projection", "model.untie_rank=4"], "applies to model.tie_mode: lowrank or split only"),
     (["model.tie_mode=lowrank", "model.untie_rank=-1"], "model.untie_rank must be 0 or more"),
     (["model.tie_mode=lowrank", "model.untie_rank=129"], "is above model.n_embd (128)"),
 ])
@@ -225,7 +225,7 @@ def test_compare_config_trains_a_modes_own_variant_against_untied():
                         ("untied", ["model.tie_embeddings=false", "model.untie_rank=0"])]
     untied = load_config(None, ["model.tie_mode=lowrank", "model.untie_rank=8", *variants[1][1]])
     assert untied.model.tie_mode is None and not untied.model.tie_embeddings
-    with pytest.raises(ConfigError, match="--match params adds layers to the plain tied model"):
+    with pytest.raises(ConfigError, match="--match params grows the plain tied model"):
         variants_of(CompareRequest(match="params"), base)
 
 
@@ -257,7 +257,7 @@ def test_train_resume_analyze_and_report_use_the_effective_w_out(tiny, tmp_path)
 
 @pytest.mark.parametrize("extra,message", [
     (["model.tie_mode=lowrank", "model.untie_rank=4", "model.untie_at=0.5"], "cannot split — drop one of them"),
-    (["model.tie_mode=projection", "model.untie_rank=2"], "applies to model.tie_mode: lowrank only"),
+    (["model.tie_mode=projection", "model.untie_rank=2"], "applies to model.tie_mode: lowrank or split only"),
 ])
 def test_the_cli_refuses_a_mode_in_one_line_and_writes_nothing(tiny_yaml, tmp_path, extra, message):
     from typer.testing import CliRunner

@@ -175,7 +175,7 @@ def test_a_config_stores_soft_and_names_it():
     ([*SOFT, "model.tie_strength=-1"], "model.tie_strength must be a finite number, 0 or more"),
     ([*SOFT, "model.tie_strength=.inf"], "model.tie_strength must be a finite number"),
     ([*SOFT, "model.tie_strength=1", "model.untie_at=0.5"], "model.tie_mode soft starts as two matrices already"),
-    ([*SOFT, "model.tie_strength=1", "model.untie_rank=4"], "applies to model.tie_mode: lowrank only"),
+    ([*SOFT, "model.tie_strength=1", "model.untie_rank=4"], "applies to model.tie_mode: lowrank or split only"),
 ])
 def test_what_soft_refuses(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -284,3 +284,70 @@ def test_a_soft_run_exports_untied_and_transformers_agrees(tmp_path, arch):
     x = torch.randint(0, rm.data.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         assert (hf(input_ids=x).logits - rm.model.eval()(x)).abs().max().item() <= 1e-5
+
+
+# ------------------------------------------------------------------------------ split: the rank dial's ends
+
+
+def split_cfg(rank, arch="gpt2"):
+    m = dataclasses.replace(BASE, arch=arch, bias=arch == "gpt2")
+    return m.with_tie(Tie("split", rank))
+
+
+@pytest.mark.parametrize("rank", [0, 5, 16])
+def test_split_counts_and_forward(rank):
+    torch.manual_seed(0)
+    model = GPT(split_cfg(rank), V)
+    assert count_params(model) == count_params_config(model.cfg, V)
+    assert count_params(model)["lm_head"] == V * rank and model.is_tied  # lm_head.weight is E
+    E = model.transformer.wte.weight
+    with torch.no_grad():
+        if rank:
+            model.head_own.add_(1.0)
+    W = model.output_weight()
+    assert torch.equal(W[:, rank:], E[:, rank:]) and (rank == 0 or torch.equal(W[:, :rank], model.head_own))
+    (x, _), = batches(1)
+    h = model.hidden(x)
+    assert torch.allclose(model(x), h @ W.T, atol=1e-6)
+    assert model.w_out_is_e is (rank == 0) and Tie("split", rank).label == f"split r={rank}"
+
+
+def test_split_at_rank_zero_is_tied_to_the_bit():
+    torch.manual_seed(0)
+    tied = GPT(dataclasses.replace(BASE), V)
+    torch.manual_seed(0)
+    zero = GPT(split_cfg(0), V)
+    data = batches(3)
+    assert steps(tied, data) == steps(zero, data)
+    theirs = dict(zero.named_parameters())
+    assert [n for n in theirs if n not in dict(tied.named_parameters())] == ["head_own"]  # (V, 0)
+    for name, a in tied.named_parameters():
+        assert torch.equal(a, theirs[name]), name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_split_at_full_rank_trains_as_untied_from_e(arch):
+    """At r = d W_out's columns are all its own: the run is soft at λ = 0, untied from a tied start,
+    the same weights after steps (to rounding: the optimizer sees the parameters in another order)."""
+    torch.manual_seed(0)
+    full = GPT(split_cfg(16, arch), V)
+    soft = build(arch, 0.0)
+    data = batches(5)
+    assert [round(loss, 5) for loss, _ in steps(full, data)] == [round(loss, 5) for loss, _ in steps(soft, data)]
+    assert torch.allclose(full.output_weight(), soft.lm_head.weight, atol=1e-6)
+    assert torch.allclose(full.transformer.wte.weight, soft.transformer.wte.weight, atol=1e-6)
+
+
+def test_split_runs_exports_and_refuses(tmp_path):
+    pytest.importorskip("transformers")
+    from tests.test_export import BASE as EXPORT
+    from tiedlm.export import export_run
+
+    run = train_run_quiet(load_config(None, EXPORT + ["model.tie_mode=split", "model.untie_rank=8"]), tmp_path, "s")
+    assert runs.read_report(run).params["lm_head"] == 8 * runs.read_report(run).params["vocab_size"]
+    result = export_run(run, tmp_path / "hf")
+    assert result.verified and not result.tied and result.mode == "split" and result.max_abs_diff <= 1e-5
+    with pytest.raises(ConfigError, match="model.tie_mode split needs its rank"):
+        load_config(None, ["model.tie_mode=split"])
+    with pytest.raises(ConfigError, match="W_out has 128 columns"):
+        load_config(None, ["model.tie_mode=split", "model.untie_rank=129"])

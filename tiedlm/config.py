@@ -22,7 +22,7 @@ from typing import Any, Union
 
 from .checks import flatten, validate
 from .errors import ConfigError
-from .tie import Tie
+from .tie import RANKED, Tie
 from .yamlsafe import YAML_VALUES_LIMIT, load_yaml, read_yaml_text  # noqa: F401 (sweep, tuning import load_yaml here)
 
 
@@ -85,8 +85,8 @@ class ModelConfig:
     # The tie, in its stored form (tie.py): read it as `.tie`, build another with `.with_tie`.
     tie_embeddings: bool = True  # W_out = E, one Parameter used twice (Press & Wolf 2017)
     untie_at: float | None = None  # fraction of training after which a tied model splits in two
-    tie_mode: str | None = None  # projection | lowrank | soft (None: tie_embeddings says tied/untied)
-    untie_rank: int = 0  # lowrank: W_out = E + A·Bᵀ with A (V×r), B (d×r); 0 is exactly tied
+    tie_mode: str | None = None  # projection | lowrank | split | soft (None: tie_embeddings says tied/untied)
+    untie_rank: int = 0  # lowrank: W_out = E + A·Bᵀ, A (V×r), B (d×r); split: r columns of its own; 0 is tied
     tie_strength: float = 0.0  # soft: λ of the loss' λ/2·‖W_out − E‖² (0: untied from a tied start)
     embed_scale: str = "1"  # "1" or "sqrt_d": multiply token embeddings by sqrt(n_embd) (Vaswani et al.)
     lm_head_bias: bool = False  # a bias on the output projection; never shared
@@ -358,8 +358,8 @@ def _one_tying(merged: dict, layer: dict) -> dict:
     """model.tie_embeddings is the short form of model.tie_mode tied/untied: a layer (a file, or
     one --set) that sets one of the two replaces what a lower layer set in the other, and a layer
     that sets both must agree with itself (soft, two matrices, is tie_embeddings false). A layer
-    that picks a mode other than lowrank drops a lower layer's model.untie_rank (the rank belongs to
-    lowrank), and one that picks a mode other than soft its model.tie_strength."""
+    that picks a mode other than lowrank or split drops a lower layer's model.untie_rank (the rank
+    belongs to them), and one that picks a mode other than soft its model.tie_strength."""
     model = layer.get("model")
     if not isinstance(model, dict) or not isinstance(merged.get("model"), dict):
         return merged
@@ -373,7 +373,7 @@ def _one_tying(merged: dict, layer: dict) -> dict:
     elif "tie_mode" in model and isinstance(mode, str):
         merged["model"]["tie_embeddings"] = _stored_tie_embeddings(mode)
     chosen = mode if "tie_mode" in model else "tied/untied" if "tie_embeddings" in model else None
-    if chosen is not None and chosen != "lowrank" and "untie_rank" not in model:
+    if chosen is not None and chosen not in RANKED and "untie_rank" not in model:
         merged["model"].pop("untie_rank", None)  # the rank is the lowrank mode's: another mode drops it
     if chosen is not None and chosen != "soft" and "tie_strength" not in model:
         merged["model"].pop("tie_strength", None)  # and the strength the soft mode's
@@ -495,7 +495,12 @@ def _check_rank_given(cfg: Config, data: dict) -> None:
     model.tie_strength (0, written out, is untied from a tied start). Checked after validate, so
     a config that is wrong in other ways gets that message first."""
     model = data.get("model")
-    if cfg.model.tie_mode == "soft" and not (isinstance(model, dict) and "tie_strength" in model):
+    mode = cfg.model.tie_mode
+    if mode == "split" and not (isinstance(model, dict) and "untie_rank" in model):
+        raise ConfigError(f"model.tie_mode split needs its rank — set model.untie_rank: r, from 1 to model.n_embd "
+                          f"({cfg.model.n_embd}) (W_out's first r columns its own; 0 is the tied model itself, "
+                          "n_embd untied from a tied start)")
+    if mode == "soft" and not (isinstance(model, dict) and "tie_strength" in model):
         raise ConfigError("model.tie_mode soft needs its strength — set model.tie_strength: λ, 0 or more (the loss "
                           "adds λ/2·‖W_out − E‖²; 0 is untied from a tied start, a large λ trains as tied)")
     if cfg.model.tie_mode == "lowrank" and not (isinstance(model, dict) and "untie_rank" in model):

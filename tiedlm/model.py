@@ -12,9 +12,11 @@ Tying (Press & Wolf 2017; Inan et al. 2017): `lm_head.weight` *is* `wte.weight`,
 used twice, so its gradient is the sum of the gradients of both uses and AdamW keeps one state.
 Two modes build W_out from that shared E (`model.tie_mode`; `lm_head.weight` is still E):
 `projection`, Press & Wolf's, logits = (P h) Eᵀ with a learned d×d map P (`head_proj`, starting at
-the identity, weight-decayed); and `lowrank`, W_out = E + A·Bᵀ with A (V×r, `head_a`, starting at
-zero) and B (d×r, `head_b`, orthonormal columns), a dial from tied (r = 0) towards untied. Both
-start as the tied model. `head()` gives what the output layer computes with; `output_weight()` the
+the identity, weight-decayed); `lowrank`, W_out = E + A·Bᵀ with A (V×r, `head_a`, starting at
+zero) and B (d×r, `head_b`, orthonormal columns), a dial from tied (r = 0) towards untied; and
+`split`, W_out = [W_r, E[:, r:]] with W_r (V×r, `head_own`, starting as E's first r columns) a
+matrix of its own: the dial that reaches both ends (r = 0 tied, r = d untied from a tied start).
+All three start as the tied model. `head()` gives what the output layer computes with; `output_weight()` the
 effective W_out (V×d), which analyze and export use. A third, `soft`, is two matrices, as untied,
 with W_out starting as a copy of E and the training loss adding λ/2·‖W_out − E‖² (`tie_penalty()`,
 added once per optimizer step by train/step.py, never to an evaluation's loss).
@@ -216,6 +218,8 @@ class GPT(nn.Module):
             if r:
                 nn.init.orthogonal_(b)  # orthonormal columns: at r = d, A·Bᵀ moves as an untied W_out would
             self.head_b = nn.Parameter(b)  # B: (d, r)
+        elif self.built_tie.mode == "split":  # W_out's first r columns its own, started as E's (no draw)
+            self.head_own = nn.Parameter(self.transformer.wte.weight[:, :self.built_tie.rank].detach().clone())
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -271,7 +275,16 @@ class GPT(nn.Module):
             return self.head_proj(h), self.transformer.wte.weight, self.lm_head.bias
         if mode == "lowrank":
             return h, self.transformer.wte.weight + self.head_a @ self.head_b.T, self.lm_head.bias
+        if mode == "split":
+            return h, self._split_weight(), self.lm_head.bias
         return h, self.lm_head.weight, self.lm_head.bias
+
+    def _split_weight(self) -> torch.Tensor:
+        """split's W_out (V, d): its own r columns, then E's last d − r (E itself at r = 0). The r
+        columns get the head's gradient alone, and E none of it there: E's gradient from the head
+        is in its last d − r columns only."""
+        E, r = self.transformer.wte.weight, self.built_tie.rank
+        return E if r == 0 else torch.cat([self.head_own, E[:, r:]], dim=1)
 
     def output_weight(self) -> torch.Tensor:
         """The effective W_out (V, d), detached: logits = h @ W_outᵀ (+ bias) for every mode. For
@@ -281,6 +294,8 @@ class GPT(nn.Module):
                 return self.transformer.wte.weight @ self.head_proj.weight
             if self.built_tie.mode == "lowrank":
                 return self.transformer.wte.weight + self.head_a @ self.head_b.T
+            if self.built_tie.mode == "split":
+                return self._split_weight().detach()
             return self.lm_head.weight.detach()
 
     def tie_distance(self) -> torch.Tensor | None:
@@ -302,14 +317,16 @@ class GPT(nn.Module):
         return 0.5 * self.built_tie.strength * diff.square().sum()
 
     def head_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        """The modes' own parameters (P, or A and B): W_out's extra parameters beside E."""
-        names = {"projection": ["head_proj.weight"], "lowrank": ["head_a", "head_b"]}.get(self.built_tie.mode, [])
+        """The modes' own parameters (P, A and B, or split's columns): W_out's extra parameters beside E."""
+        names = {"projection": ["head_proj.weight"], "lowrank": ["head_a", "head_b"],
+                 "split": ["head_own"]}.get(self.built_tie.mode, [])
         params = dict(self.named_parameters())
         return [(n, params[n]) for n in names]
 
     def embedding_parameters(self) -> list[nn.Parameter]:
         """The embedding matrices, whose weight decay train.decay_embeddings sets: E, the position
-        embeddings, W_out when it is a matrix of its own, and lowrank's A and B (a part of W_out).
+        embeddings, W_out when it is a matrix of its own, lowrank's A and B and split's own columns
+        (a part of W_out).
         Projection's P is a d×d map like the blocks' and is not among them."""
         t = self.transformer
         out = [t.wte.weight] + ([] if self.llama else [t.wpe.weight])
@@ -317,6 +334,8 @@ class GPT(nn.Module):
             out.append(self.lm_head.weight)
         if self.built_tie.mode == "lowrank":
             out += [self.head_a, self.head_b]
+        if self.built_tie.mode == "split":
+            out.append(self.head_own)
         return out
 
     # ---------------------------------------------------------------- forward

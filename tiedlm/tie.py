@@ -1,7 +1,7 @@
 """The tie between the input embedding E and the output projection W_out, as one value.
 
-`model.tie_mode` names it: tied, untied, projection, lowrank (with `model.untie_rank` r) or soft
-(with `model.tie_strength` λ); `model.tie_embeddings: true/false` is its short form, read while a
+`model.tie_mode` names it: tied, untied, projection, lowrank or split (with `model.untie_rank` r)
+or soft (with `model.tie_strength` λ); `model.tie_embeddings: true/false` is its short form, read while a
 config is parsed (config.py's merge rules). A config stores it as it always has (`tie_embeddings`,
 `tie_mode` null for tied and untied, `untie_rank`; soft is `tie_embeddings: false`, `tie_mode:
 soft` and `tie_strength`), so config hashes and run folders written before stay valid. Only
@@ -13,8 +13,15 @@ Soft is a dial between the ends: W_out is a matrix of its own (two matrices, as 
 from E at the start, and the training loss adds λ/2·‖W_out − E‖²_F. λ = 0 is untied from a tied
 start; as λ grows the two are pulled together, and a large λ trains as tied.
 
-One answer for lowrank at rank 0: A·Bᵀ has no columns and W_out = E exactly, so W_out *is* E
-there, everywhere (the model, analysis and export). It stays a lowrank model for its label and tag.
+Split is the rank dial that reaches both ends: W_out's first r columns are a matrix of its own
+(V×r, started as E's), the other d − r columns are E's. W_out − E has rank at most r, as lowrank's
+A·Bᵀ; but those r columns get no gradient into E and do not follow E's moves, so at r = d the
+model is untied from a tied start exactly (soft at λ = 0), where lowrank at r = d stays "E plus a
+correction" (docs/tying-map.md, the rank dial).
+
+One answer for lowrank and split at rank 0: A·Bᵀ (or W_out's own columns) has no columns and
+W_out = E exactly, so W_out *is* E there, everywhere (the model, analysis and export). It stays a
+lowrank (split) model for its label and tag.
 
 No torch here: config.py, `tiedlm params` and the CLI use it.
 """
@@ -27,8 +34,9 @@ from typing import Any
 
 from .errors import ConfigError
 
-MODES = ("tied", "untied", "projection", "lowrank", "soft")
-BUILT_FROM_E = ("projection", "lowrank")  # W_out made from E by parameters of its own
+MODES = ("tied", "untied", "projection", "lowrank", "split", "soft")
+BUILT_FROM_E = ("projection", "lowrank", "split")  # W_out made from E by parameters of its own
+RANKED = ("lowrank", "split")  # the modes of model.untie_rank r
 TWO_MATRICES = ("untied", "soft")  # W_out a Parameter of its own beside E
 NAMED_MODES = (*BUILT_FROM_E, "soft")  # the modes stored under model.tie_mode (tied/untied: null)
 # The dotted keys a config stores the tie under: what a diff of two configs sees of it.
@@ -58,18 +66,18 @@ class Tie:
 
     @property
     def label(self) -> str:
-        """How reports name it: tied, untied, projection, lowrank r=8, or soft λ=0.01."""
+        """How reports name it: tied, untied, projection, lowrank r=8, split r=8, or soft λ=0.01."""
         if self.mode == "soft":
             return f"soft λ={self.strength:g}"
-        return f"lowrank r={self.rank}" if self.mode == "lowrank" else self.mode
+        return f"{self.mode} r={self.rank}" if self.mode in RANKED else self.mode
 
     @property
     def tag(self) -> str:
-        """How run names spell it: tied, untied, projection, lowrank-r8, or soft-l0.01 (run names
-        allow letters, digits and - _ . = +: 1e-05 and 1e+03 are kept as they are)."""
+        """How run names spell it: tied, untied, projection, lowrank-r8, split-r8, or soft-l0.01 (run
+        names allow letters, digits and - _ . = +: 1e-05 and 1e+03 are kept as they are)."""
         if self.mode == "soft":
             return f"soft-l{self.strength:g}"
-        return f"lowrank-r{self.rank}" if self.mode == "lowrank" else self.mode
+        return f"{self.mode}-r{self.rank}" if self.mode in RANKED else self.mode
 
     @property
     def two_matrices(self) -> bool:
@@ -90,14 +98,15 @@ class Tie:
 
     @property
     def w_out_is_e(self) -> bool:
-        """Whether the effective W_out is E itself: tied, or lowrank at rank 0 (see the docstring)."""
-        return self.mode == "tied" or (self.mode == "lowrank" and self.rank == 0)
+        """Whether the effective W_out is E itself: tied, or lowrank or split at rank 0 (the docstring)."""
+        return self.mode == "tied" or (self.mode in RANKED and self.rank == 0)
 
     def head_params(self, vocab_size: int, n_embd: int) -> int:
         """W_out's parameters beside E (its bias aside): V·d untied and soft, 0 tied, P's d² for
-        projection, A's and B's r·(V + d) for lowrank."""
-        V, d = vocab_size, n_embd
-        return {"untied": V * d, "soft": V * d, "projection": d * d, "lowrank": self.rank * (V + d)}.get(self.mode, 0)
+        projection, A's and B's r·(V + d) for lowrank, its own columns' V·r for split."""
+        V, d, r = vocab_size, n_embd, self.rank
+        return {"untied": V * d, "soft": V * d, "projection": d * d, "lowrank": r * (V + d), "split": V * r}.get(
+            self.mode, 0)
 
     def head_flops(self, vocab_size: int, n_embd: int) -> int:
         """Matmul FLOPs of the head per token, forward: the logits (2·d·V, tied or not: tying saves
@@ -107,7 +116,8 @@ class Tie:
 
     def formation_flops(self, vocab_size: int, n_embd: int) -> int | None:
         """FLOPs of forming W_out once per forward pass, shared by the pass' tokens: lowrank's
-        E + A·Bᵀ (2·V·d·r); None for the modes that form nothing."""
+        E + A·Bᵀ (2·V·d·r); None for the modes that form nothing (split's W_out is its own columns
+        beside E's, put side by side: a copy, no arithmetic)."""
         return 2 * vocab_size * n_embd * self.rank if self.mode == "lowrank" else None
 
     def penalty_flops(self, vocab_size: int, n_embd: int) -> int | None:
@@ -126,7 +136,7 @@ def check_stored(m: Any) -> None:
     validation)."""
     mode = m.tie_mode
     _check(mode in (None, *NAMED_MODES),
-           f"model.tie_mode must be tied, untied, projection, lowrank or soft, got {mode!r}")
+           f"model.tie_mode must be tied, untied, projection, lowrank, split or soft, got {mode!r}")
     if mode == "soft":
         _check(not m.tie_embeddings, "model.tie_mode soft trains W_out as a matrix of its own, so it needs "
                                      "model.tie_embeddings: false — drop model.tie_embeddings")
@@ -139,11 +149,11 @@ def check_stored(m: Any) -> None:
                                    "is built from E and cannot split — drop one of them")
     _check(m.untie_rank >= 0, f"model.untie_rank must be 0 or more, got {m.untie_rank}")
     if m.untie_rank:
-        _check(mode == "lowrank", f"model.untie_rank {m.untie_rank} applies to model.tie_mode: lowrank only — set "
-                                  "it, or drop model.untie_rank")
+        _check(mode in RANKED, f"model.untie_rank {m.untie_rank} applies to model.tie_mode: lowrank or split only "
+                               "— set one, or drop model.untie_rank")
+        what = f"A·Bᵀ has rank at most {m.n_embd}" if mode == "lowrank" else f"W_out has {m.n_embd} columns"
         _check(m.untie_rank <= m.n_embd, f"model.untie_rank {m.untie_rank} is above model.n_embd ({m.n_embd}): "
-                                         f"A·Bᵀ has rank at most {m.n_embd}, so the rest adds parameters and no rank "
-                                         f"— use at most {m.n_embd}")
+                                         f"{what}, so the rest adds parameters and no rank — use at most {m.n_embd}")
     strength = m.tie_strength
     _check(math.isfinite(strength) and strength >= 0,
            f"model.tie_strength must be a finite number, 0 or more, got {strength}")
