@@ -181,7 +181,7 @@ def test_a_file_that_sets_both_forms_must_agree(tmp_path):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["model.tie_mode=weird"], "model.tie_mode must be tied, untied, projection, lowrank, split or soft"),
+    (["model.tie_mode=weird"], "model.tie_mode must be tied, untied, projection, lowrank, split, soft or pull"),
     (["model.tie_mode=lowrank", "model.untie_at=0.5"], "model.untie_at splits a tied model in two"),
     (["model.tie_mode=projection", "model.untie_at=0.5"], "cannot split — drop one of them"),
     (["model.untie_rank=4"], "applies to model.tie_mode: lowrank or split only"),

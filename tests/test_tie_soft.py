@@ -169,9 +169,9 @@ def test_a_config_stores_soft_and_names_it():
 
 @pytest.mark.parametrize("overrides,message", [
     (SOFT, "model.tie_mode soft needs its strength — set model.tie_strength"),
-    (["model.tie_strength=1"], "model.tie_strength 1 applies to model.tie_mode: soft only"),
+    (["model.tie_strength=1"], "model.tie_strength 1 applies to model.tie_mode: soft or pull only"),
     (["model.tie_mode=lowrank", "model.untie_rank=2", "model.tie_strength=0.5"],
-     "applies to model.tie_mode: soft only"),
+     "applies to model.tie_mode: soft or pull only"),
     ([*SOFT, "model.tie_strength=-1"], "model.tie_strength must be a finite number, 0 or more"),
     ([*SOFT, "model.tie_strength=.inf"], "model.tie_strength must be a finite number"),
     ([*SOFT, "model.tie_strength=1", "model.untie_at=0.5"], "model.tie_mode soft starts as two matrices already"),
@@ -351,3 +351,61 @@ def test_split_runs_exports_and_refuses(tmp_path):
         load_config(None, ["model.tie_mode=split"])
     with pytest.raises(ConfigError, match="W_out has 128 columns"):
         load_config(None, ["model.tie_mode=split", "model.untie_rank=129"])
+
+
+# ------------------------------------------------------------------------------ pull: soft, decoupled
+
+
+def pull_cfg(strength, arch="gpt2"):
+    m = dataclasses.replace(BASE, arch=arch, bias=arch == "gpt2")
+    return m.with_tie(Tie("pull", strength=strength))
+
+
+def test_pull_moves_both_towards_their_mean_after_the_step():
+    torch.manual_seed(0)
+    model = apart(GPT(pull_cfg(10.0), V))
+    assert count_params(model) == count_params_config(model.cfg, V) and count_params(model)["lm_head"] == V * 16
+    assert model.tie_penalty() is None  # no term in the loss
+    W, E = model.lm_head.weight, model.transformer.wte.weight
+    diff, mean = (W - E).detach().clone(), ((W + E) / 2).detach().clone()
+    model.pull_tie(0.01)  # c = lr·λ = 0.1 of D to each side
+    assert torch.allclose(W - E, 0.8 * diff, atol=1e-7) and torch.allclose((W + E) / 2, mean, atol=1e-7)
+    model.pull_tie(1.0)  # c capped at 1/2: the two meet at their mean
+    assert torch.allclose(W, E, atol=1e-7) and torch.allclose(W, mean, atol=1e-7)
+    f = flops_per_token(model.cfg, V, 24, 48)
+    assert f["tie_penalty"] == 5 * V * 16 / 48
+    assert Tie("pull", strength=100.0).label == "pull λ=100" and Tie("pull", strength=100.0).tag == "pull-l100"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_pull_at_zero_is_untied_from_e_and_a_strong_pull_keeps_one_matrix(arch):
+    """λ = 0 is soft at λ = 0 to the bit; lr·λ ≥ 1/2 averages W_out and E after every step, so
+    they stay one matrix (to rounding), moved by the mean of their two Adam steps. How close that is
+    to tied's loss is measured on the main job (docs/tying-map.md), not asserted here."""
+    torch.manual_seed(0)
+    zero = GPT(pull_cfg(0.0, arch), V)
+    soft = build(arch, 0.0)
+    data = batches(4)
+    assert steps(zero, data) == steps(soft, data)
+    assert all(torch.equal(a, b) for a, b in zip(zero.parameters(), soft.parameters()))
+    torch.manual_seed(0)
+    strong = GPT(pull_cfg(1e4, arch), V)
+    for batch in data:
+        steps(strong, [batch])
+        assert strong.tie_distance().item() < 1e-6
+    assert not torch.equal(strong.transformer.wte.weight, zero.transformer.wte.weight)  # and it trained
+
+
+def test_pull_runs_logs_its_distance_and_resumes(tiny, tmp_path):
+    cfg = tiny("model.tie_mode=pull", "model.tie_strength=50", "model.dropout=0.1")
+    ref = train_run_quiet(cfg, tmp_path / "a", "p")
+    with pytest.raises(Interrupted):
+        train_run_quiet(cfg, tmp_path / "b", "p", stop_after_step=5)
+    run = train_run_quiet(cfg, tmp_path / "b", "p")
+    rows = [r for r in runs.read_metrics(run) if r["kind"] == "train"]
+    assert len(rows) == 12 and all("w_out_minus_e" in r and "tie_penalty" not in r for r in rows)
+    assert rows == [{**r, "time": rows[i]["time"], "tokens_per_s": rows[i]["tokens_per_s"]}
+                    for i, r in enumerate(x for x in runs.read_metrics(ref) if x["kind"] == "train")]
+    assert runs.read_report(run).params["tie_mode"] == "pull"
+    with pytest.raises(ConfigError, match="model.tie_mode pull needs its strength"):
+        load_config(None, ["model.tie_mode=pull"])

@@ -22,7 +22,7 @@ from typing import Any, Union
 
 from .checks import flatten, validate
 from .errors import ConfigError
-from .tie import RANKED, Tie
+from .tie import RANKED, STRENGTHENED, Tie
 from .yamlsafe import YAML_VALUES_LIMIT, load_yaml, read_yaml_text  # noqa: F401 (sweep, tuning import load_yaml here)
 
 
@@ -85,9 +85,9 @@ class ModelConfig:
     # The tie, in its stored form (tie.py): read it as `.tie`, build another with `.with_tie`.
     tie_embeddings: bool = True  # W_out = E, one Parameter used twice (Press & Wolf 2017)
     untie_at: float | None = None  # fraction of training after which a tied model splits in two
-    tie_mode: str | None = None  # projection | lowrank | split | soft (None: tie_embeddings says tied/untied)
+    tie_mode: str | None = None  # projection | lowrank | split | soft | pull (None: tie_embeddings says)
     untie_rank: int = 0  # lowrank: W_out = E + A·Bᵀ, A (V×r), B (d×r); split: r columns of its own; 0 is tied
-    tie_strength: float = 0.0  # soft: λ of the loss' λ/2·‖W_out − E‖² (0: untied from a tied start)
+    tie_strength: float = 0.0  # soft: λ of the loss' λ/2·‖W_out − E‖²; pull: its decoupled step's λ
     embed_scale: str = "1"  # "1" or "sqrt_d": multiply token embeddings by sqrt(n_embd) (Vaswani et al.)
     lm_head_bias: bool = False  # a bias on the output projection; never shared
     # The block (model.py): gpt2 (LayerNorm, GELU MLP, learned positions) or llama (RMSNorm,
@@ -375,7 +375,7 @@ def _one_tying(merged: dict, layer: dict) -> dict:
     chosen = mode if "tie_mode" in model else "tied/untied" if "tie_embeddings" in model else None
     if chosen is not None and chosen not in RANKED and "untie_rank" not in model:
         merged["model"].pop("untie_rank", None)  # the rank is the lowrank mode's: another mode drops it
-    if chosen is not None and chosen != "soft" and "tie_strength" not in model:
+    if chosen is not None and chosen not in STRENGTHENED and "tie_strength" not in model:
         merged["model"].pop("tie_strength", None)  # and the strength the soft mode's
     if "arch" in model and "bias" not in model:
         merged["model"].pop("bias", None)  # biases follow the block a layer picks (_normalize_tying)
@@ -397,7 +397,7 @@ def _normalize_tying(data: dict) -> dict:
     if isinstance(model, dict) and model.get("tie_mode") in ("tied", "untied"):
         _one_tying({"model": {}}, {"model": model})  # the disagreement check
         model["tie_embeddings"] = model.pop("tie_mode") == "tied"
-    elif isinstance(model, dict) and model.get("tie_mode") == "soft":  # two matrices: tie_embeddings false
+    elif isinstance(model, dict) and model.get("tie_mode") in STRENGTHENED:  # two matrices: tie_embeddings false
         _one_tying({"model": {}}, {"model": model})
         model["tie_embeddings"] = False
     if isinstance(model, dict) and model.get("arch") == "llama" and "bias" not in model:
@@ -502,7 +502,11 @@ def _check_rank_given(cfg: Config, data: dict) -> None:
                           "n_embd untied from a tied start)")
     if mode == "soft" and not (isinstance(model, dict) and "tie_strength" in model):
         raise ConfigError("model.tie_mode soft needs its strength — set model.tie_strength: λ, 0 or more (the loss "
-                          "adds λ/2·‖W_out − E‖²; 0 is untied from a tied start, a large λ trains as tied)")
+                          "adds λ/2·‖W_out − E‖²; 0 is untied from a tied start, a large λ holds W_out at E)")
+    if mode == "pull" and not (isinstance(model, dict) and "tie_strength" in model):
+        raise ConfigError("model.tie_mode pull needs its strength — set model.tie_strength: λ, 0 or more (each step "
+                          "moves W_out and E towards their mean by min(1/2, lr·λ) of W_out − E; 0 is untied from a "
+                          "tied start, lr·λ ≥ 1/2 trains as tied)")
     if cfg.model.tie_mode == "lowrank" and not (isinstance(model, dict) and "untie_rank" in model):
         raise ConfigError(f"model.tie_mode lowrank needs its rank — set model.untie_rank: r, from 1 to model.n_embd "
                           f"({cfg.model.n_embd}) (W_out = E + A·Bᵀ, A·Bᵀ of rank r; 0 is the tied model itself)")

@@ -87,7 +87,8 @@ def flops_per_token(model_cfg: ModelConfig, vocab_size: int, tokens_per_forward:
     it is left out (it is not a property of one token). The soft mode's penalty λ/2·‖W_out − E‖² is
     computed once per optimizer step, forward and backward 6·V·d (Tie.penalty_flops; elementwise,
     not a matmul): with `tokens_per_step` (batch_size × block_size × grad_accum) it is spread over
-    them as `tie_penalty` and added to `train` only (evaluation has no penalty); without, left out."""
+    them as `tie_penalty` and added to `train` only (evaluation has no penalty); without, left out.
+    The pull mode's decoupled step (5·V·d per optimizer step) is counted the same way."""
     d, L, T, V = model_cfg.n_embd, model_cfg.n_layer, model_cfg.block_size, vocab_size
     mlp = (3 if model_cfg.arch == "llama" else 2) * d * model_cfg.mlp_size  # d->4d->d, or gate, up, down
     matmul_params = d * _qkv_width(model_cfg) + d * d + mlp  # a layer's weights: qkv, attention output, MLP

@@ -230,7 +230,7 @@ def summary(r: ExportResult) -> str:
     form = "tied" if r.tied else "untied"
     if r.mode is not None:
         form = f"{r.mode}, written tied: its W_out is E" if r.tied else \
-            f"{r.mode}, written untied: lm_head is its own W_out" if r.mode == "soft" else \
+            f"{r.mode}, written untied: lm_head is its own W_out" if r.mode in ("soft", "pull") else \
             f"{r.mode}, written untied: lm_head is the materialised W_out"
     lines = [f"exported {r.checkpoint} ({form}) to {r.out} as a {r.hf_class}"]
     if r.verified:

@@ -201,7 +201,7 @@ class GPT(nn.Module):
         self.built_tie = cfg.tie  # the config's tie; current_tie is the tie now (untie_at splits it)
         if not self.built_tie.two_matrices:
             self.tie()
-        elif self.built_tie.mode == "soft":  # W_out starts as E's copy (its own init drawn, then replaced,
+        elif self.built_tie.mode in ("soft", "pull"):  # W_out starts as E's copy (its own init drawn, then replaced,
             with torch.no_grad():  # so that the random stream, and E and the blocks, are untied's at a seed)
                 self.lm_head.weight.copy_(self.transformer.wte.weight)
         # The modes' extra parameters come after every other initialisation, so that their weights
@@ -301,7 +301,7 @@ class GPT(nn.Module):
     def tie_distance(self) -> torch.Tensor | None:
         """‖W_out − E‖_F (a 0-d tensor, no gradient) of a soft model, what its λ pulls to 0; None
         for the other modes."""
-        if self.built_tie.mode != "soft":
+        if self.built_tie.mode not in ("soft", "pull"):
             return None
         with torch.no_grad():
             return torch.linalg.vector_norm(self.lm_head.weight - self.transformer.wte.weight)
@@ -315,6 +315,19 @@ class GPT(nn.Module):
             return None
         diff = self.lm_head.weight.float() - self.transformer.wte.weight.float()  # (V, d)
         return 0.5 * self.built_tie.strength * diff.square().sum()
+
+    @torch.no_grad()
+    def pull_tie(self, lr: float) -> None:
+        """Pull's decoupled step, after the optimizer's: W_out and E each move c = min(1/2, lr·λ) of
+        D = W_out − E towards the other (their mean is kept; D shrinks by 1 − 2c), as AdamW's
+        decoupled weight decay is lr·wd. Nothing for other modes, or at λ = 0."""
+        if not self.built_tie.pulled:
+            return
+        W, E = self.lm_head.weight, self.transformer.wte.weight
+        c = min(0.5, lr * self.built_tie.strength)
+        diff = W - E  # (V, d)
+        W.sub_(diff, alpha=c)
+        E.add_(diff, alpha=c)
 
     def head_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """The modes' own parameters (P, A and B, or split's columns): W_out's extra parameters beside E."""

@@ -82,6 +82,8 @@ def _mode_cost(mode: str, tokens: int, grad_accum: int) -> str:
         return f"with A·Bᵀ formed once per micro-batch of {tokens:,} tokens"
     if mode == "soft":
         return f"with λ/2·‖W_out − E‖², 6·V·d, once per optimizer step of {tokens * grad_accum:,} tokens"
+    if mode == "pull":
+        return f"with the decoupled pull, 5·V·d, once per optimizer step of {tokens * grad_accum:,} tokens"
     if mode == "split":
         return "W_out's own columns beside E's: no FLOPs beyond the head's"
     return "P h: 2d² more per token"

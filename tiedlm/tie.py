@@ -11,7 +11,11 @@ and what the head costs in parameters and FLOPs.
 
 Soft is a dial between the ends: W_out is a matrix of its own (two matrices, as untied), copied
 from E at the start, and the training loss adds λ/2·‖W_out − E‖²_F. λ = 0 is untied from a tied
-start; as λ grows the two are pulled together, and a large λ trains as tied.
+start; as λ grows the two are pulled together. Under AdamW the penalty's gradient enters Adam's
+moments and drowns the cross-entropy's, so a large λ learns worse than tied; `pull` is its
+decoupled form (as AdamW decouples weight decay): after each optimizer step W_out and E move
+towards their mean, W_out − E shrinking by 1 − 2·min(1/2, lr·λ), outside Adam. λ = 0 is again
+untied from a tied start, and lr·λ ≥ 1/2 averages the two after every step: it trains as tied.
 
 Split is the rank dial that reaches both ends: W_out's first r columns are a matrix of its own
 (V×r, started as E's), the other d − r columns are E's. W_out − E has rank at most r, as lowrank's
@@ -34,11 +38,12 @@ from typing import Any
 
 from .errors import ConfigError
 
-MODES = ("tied", "untied", "projection", "lowrank", "split", "soft")
+MODES = ("tied", "untied", "projection", "lowrank", "split", "soft", "pull")
 BUILT_FROM_E = ("projection", "lowrank", "split")  # W_out made from E by parameters of its own
 RANKED = ("lowrank", "split")  # the modes of model.untie_rank r
-TWO_MATRICES = ("untied", "soft")  # W_out a Parameter of its own beside E
-NAMED_MODES = (*BUILT_FROM_E, "soft")  # the modes stored under model.tie_mode (tied/untied: null)
+TWO_MATRICES = ("untied", "soft", "pull")  # W_out a Parameter of its own beside E
+STRENGTHENED = ("soft", "pull")  # the modes of model.tie_strength λ
+NAMED_MODES = (*BUILT_FROM_E, *STRENGTHENED)  # the modes stored under model.tie_mode (tied/untied: null)
 # The dotted keys a config stores the tie under: what a diff of two configs sees of it.
 STORED_KEYS = ("model.tie_embeddings", "model.tie_mode", "model.untie_rank", "model.tie_strength")
 
@@ -66,17 +71,17 @@ class Tie:
 
     @property
     def label(self) -> str:
-        """How reports name it: tied, untied, projection, lowrank r=8, split r=8, or soft λ=0.01."""
-        if self.mode == "soft":
-            return f"soft λ={self.strength:g}"
+        """How reports name it: tied, untied, projection, lowrank r=8, split r=8, soft λ=0.01, pull λ=100."""
+        if self.mode in STRENGTHENED:
+            return f"{self.mode} λ={self.strength:g}"
         return f"{self.mode} r={self.rank}" if self.mode in RANKED else self.mode
 
     @property
     def tag(self) -> str:
         """How run names spell it: tied, untied, projection, lowrank-r8, split-r8, or soft-l0.01 (run
         names allow letters, digits and - _ . = +: 1e-05 and 1e+03 are kept as they are)."""
-        if self.mode == "soft":
-            return f"soft-l{self.strength:g}"
+        if self.mode in STRENGTHENED:
+            return f"{self.mode}-l{self.strength:g}"
         return f"{self.mode}-r{self.rank}" if self.mode in RANKED else self.mode
 
     @property
@@ -92,6 +97,12 @@ class Tie:
         return self.mode == "soft" and self.strength > 0
 
     @property
+    def pulled(self) -> bool:
+        """Whether each optimizer step ends with pull's decoupled step of W_out and E towards each
+        other (pull with λ > 0)."""
+        return self.mode == "pull" and self.strength > 0
+
+    @property
     def built_from_e(self) -> bool:
         """Whether W_out is built from E by parameters of its own (projection's P, lowrank's A, B)."""
         return self.mode in BUILT_FROM_E
@@ -105,8 +116,8 @@ class Tie:
         """W_out's parameters beside E (its bias aside): V·d untied and soft, 0 tied, P's d² for
         projection, A's and B's r·(V + d) for lowrank, its own columns' V·r for split."""
         V, d, r = vocab_size, n_embd, self.rank
-        return {"untied": V * d, "soft": V * d, "projection": d * d, "lowrank": r * (V + d), "split": V * r}.get(
-            self.mode, 0)
+        return {"untied": V * d, "soft": V * d, "pull": V * d, "projection": d * d, "lowrank": r * (V + d),
+                "split": V * r}.get(self.mode, 0)
 
     def head_flops(self, vocab_size: int, n_embd: int) -> int:
         """Matmul FLOPs of the head per token, forward: the logits (2·d·V, tied or not: tying saves
@@ -124,8 +135,9 @@ class Tie:
         """FLOPs of soft's penalty, once per optimizer step (not per token, nor per micro-batch),
         forward and backward together: D = W_out − E and ΣD² (3·V·d), then λD added into W_out's
         gradient and subtracted from E's (3·V·d): 6·V·d. Elementwise work, not matmuls, but the
-        one cost soft adds to untied. None when there is no penalty (not soft, or λ = 0)."""
-        return 6 * vocab_size * n_embd if self.penalised else None
+        one cost soft adds to untied. Pull's decoupled step, D = W_out − E and c·D taken from one and
+        added to the other: 5·V·d. None when there is neither (another mode, or λ = 0)."""
+        return 6 * vocab_size * n_embd if self.penalised else 5 * vocab_size * n_embd if self.pulled else None
 
 
 UNTIED = Tie("untied")
@@ -136,11 +148,11 @@ def check_stored(m: Any) -> None:
     validation)."""
     mode = m.tie_mode
     _check(mode in (None, *NAMED_MODES),
-           f"model.tie_mode must be tied, untied, projection, lowrank, split or soft, got {mode!r}")
-    if mode == "soft":
-        _check(not m.tie_embeddings, "model.tie_mode soft trains W_out as a matrix of its own, so it needs "
+           f"model.tie_mode must be tied, untied, projection, lowrank, split, soft or pull, got {mode!r}")
+    if mode in STRENGTHENED:
+        _check(not m.tie_embeddings, f"model.tie_mode {mode} trains W_out as a matrix of its own, so it needs "
                                      "model.tie_embeddings: false — drop model.tie_embeddings")
-        _check(m.untie_at is None, "model.untie_at splits a tied model in two; model.tie_mode soft starts as two "
+        _check(m.untie_at is None, f"model.untie_at splits a tied model in two; model.tie_mode {mode} starts as two "
                                    "matrices already (W_out a copy of E) — drop one of them")
     elif mode is not None:
         _check(m.tie_embeddings, f"model.tie_mode {mode} builds W_out from E, so it needs model.tie_embeddings: "
@@ -158,8 +170,8 @@ def check_stored(m: Any) -> None:
     _check(math.isfinite(strength) and strength >= 0,
            f"model.tie_strength must be a finite number, 0 or more, got {strength}")
     if strength:
-        _check(mode == "soft", f"model.tie_strength {strength:g} applies to model.tie_mode: soft only — set it, "
-                               "or drop model.tie_strength")
+        _check(mode in STRENGTHENED, f"model.tie_strength {strength:g} applies to model.tie_mode: soft or pull only "
+                                     "— set one, or drop model.tie_strength")
 
 
 def _check(ok: bool, message: str) -> None:

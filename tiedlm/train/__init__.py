@@ -406,12 +406,14 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
 
 
 def _soft_metrics(model) -> dict:
-    """A soft run's train row adds ‖W_out − E‖_F (`w_out_minus_e`, what λ pulls to 0) and the
-    penalty λ/2·‖W_out − E‖² (`tie_penalty`, not in `loss`, which is the cross-entropy alone)."""
+    """A soft or pull run's train row adds ‖W_out − E‖_F (`w_out_minus_e`, what λ pulls to 0), and
+    soft's the penalty λ/2·‖W_out − E‖² (`tie_penalty`, not in `loss`, the cross-entropy alone)."""
     distance = model.tie_distance()
     if distance is None:
         return {}
     dist = float(distance)
+    if model.built_tie.mode != "soft":  # pull: no term in any loss
+        return {"w_out_minus_e": dist}
     return {"w_out_minus_e": dist, "tie_penalty": 0.5 * model.built_tie.strength * dist * dist}
 
 

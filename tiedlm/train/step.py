@@ -48,7 +48,8 @@ def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: Any, tcf
     A soft tie's penalty λ/2·‖W_out − E‖² (model.tie_penalty) is a function of the weights alone, so
     its gradient is added once per step, after the micro-batches (outside the DistributedDataParallel
     backward: it is the same on every rank, and needs no all-reduce). The loss returned is the
-    cross-entropy alone, comparable with every other run's; the penalty is logged on its own."""
+    cross-entropy alone, comparable with every other run's; the penalty is logged on its own. A
+    pull tie's decoupled step (model.pull_tie) follows the optimizer's, when that is taken."""
     import torch
 
     from ..model import lm_loss
@@ -77,6 +78,7 @@ def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: Any, tcf
     loss_val, grad_norm = torch.stack([loss_sum / tcfg.grad_accum, norm.double()]).tolist()
     if representable(loss_val) and math.isfinite(grad_norm):  # a loss past exp()'s range is no step either
         optimizer.step()
+        _model_of(fwd).pull_tie(lr)  # pull's decoupled step (model.tie_mode pull), after Adam's
     optimizer.zero_grad(set_to_none=True)
     return loss_val, grad_norm
 
