@@ -19,7 +19,8 @@ matrix of its own: the dial that reaches both ends (r = 0 tied, r = d untied fro
 All three start as the tied model. `head()` gives what the output layer computes with; `output_weight()` the
 effective W_out (V×d), which analyze and export use. A third, `soft`, is two matrices, as untied,
 with W_out starting as a copy of E and the training loss adding λ/2·‖W_out − E‖² (`tie_penalty()`,
-added once per optimizer step by train/step.py, never to an evaluation's loss).
+added once per optimizer step by train/step.py, never to an evaluation's loss); `pull` is soft
+decoupled from Adam (`pull_tie()`, a step of W_out and E towards each other after the optimizer's).
 """
 
 from __future__ import annotations

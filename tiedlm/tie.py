@@ -1,11 +1,11 @@
 """The tie between the input embedding E and the output projection W_out, as one value.
 
-`model.tie_mode` names it: tied, untied, projection, lowrank or split (with `model.untie_rank` r)
-or soft (with `model.tie_strength` λ); `model.tie_embeddings: true/false` is its short form, read while a
-config is parsed (config.py's merge rules). A config stores it as it always has (`tie_embeddings`,
-`tie_mode` null for tied and untied, `untie_rank`; soft is `tie_embeddings: false`, `tie_mode:
-soft` and `tie_strength`), so config hashes and run folders written before stay valid. Only
-config.py, this module and runs.py read those fields; every other module asks `ModelConfig.tie`, a
+`model.tie_mode` names it: tied, untied, projection, lowrank or split (with `model.untie_rank` r),
+soft or pull (with `model.tie_strength` λ); `model.tie_embeddings: true/false` is its short form,
+read while a config is parsed (config.py's merge rules). A config stores it as it always has
+(`tie_embeddings`, `tie_mode` null for tied and untied, `untie_rank`; soft and pull are
+`tie_embeddings: false` with their `tie_mode` and `tie_strength`), so config hashes and run folders
+written before stay valid. Only config.py, this module and runs.py read those fields; every other module asks `ModelConfig.tie`, a
 Tie, for what it needs: the label, the run tag, whether W_out is E, whether there are two matrices,
 and what the head costs in parameters and FLOPs.
 
@@ -15,7 +15,7 @@ start; as λ grows the two are pulled together. Under AdamW the penalty's gradie
 moments and drowns the cross-entropy's, so a large λ learns worse than tied; `pull` is its
 decoupled form (as AdamW decouples weight decay): after each optimizer step W_out and E move
 towards their mean, W_out − E shrinking by 1 − 2·min(1/2, lr·λ), outside Adam. λ = 0 is again
-untied from a tied start, and lr·λ ≥ 1/2 averages the two after every step: it trains as tied.
+untied from a tied start, and lr·λ ≥ 1/2 averages the two after every step: one matrix again.
 
 Split is the rank dial that reaches both ends: W_out's first r columns are a matrix of its own
 (V×r, started as E's), the other d − r columns are E's. W_out − E has rank at most r, as lowrank's
