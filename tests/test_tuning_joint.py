@@ -227,8 +227,9 @@ def test_with_a_matched_variant_the_reading_is_tied_against_untied():
     assert j.lr_alone.effect == pytest.approx(math.e - 1) and j.moved_by == "model.dropout"
 
 
-def test_the_configs_own_point_is_found_by_value_not_by_label(tmp_path, trainer):
+def test_the_configs_own_point_is_found_by_value_not_by_label(tmp_path, trainer, monkeypatch):
     # the config's dropout 0.0 is the grid's 0: the shared-value verdict and the config's reading find it
+    monkeypatch.setitem(OPTIMUM, False, {"lr": 3e-3, "reg": 0.0})
     c = compare(tmp_path, trainer, ["train.lr=3e-4,1e-3,3e-3,1e-2", "model.dropout=0,0.2"], dropout=0.0)
     assert c.tuning.shared["point"] == {"train.lr": 3e-3, "model.dropout": 0}
     assert c.tuning.shared["label"] == "lr=0.003,dropout=0"  # the grid's own runs, reused, not trained again
@@ -237,3 +238,6 @@ def test_the_configs_own_point_is_found_by_value_not_by_label(tmp_path, trainer)
     assert j.config.effect == pytest.approx(ratio((3e-3, 0.0), (3e-3, 0.0)))
     assert j.lr_alone.effect == pytest.approx(ratio((1e-3, 0.0), (3e-3, 0.0)))
     assert len(trainer.calls) == len(set(trainer.calls)) == sum(len(v.points) for v in c.tuning.variants)
+    assert j.held == 0 and isinstance(j.held, int)  # as the grid spells it
+    assert ("Every variant chose the config's model.dropout 0, so tuning model.dropout moved nothing: the "
+            f"tied/untied effect is {j.joint.effect * 100:+.1f}% at the joint best".replace("-", "−")) in C.format_terminal_table(c)

@@ -468,7 +468,7 @@ def joint_effect(tuning: Tuning) -> JointEffect | None:
     pair = [next(v for v in tuning.variants if v is not ref), ref]
     variant, reference = (v.tag for v in pair)
     other = next(k for k in axes if k != LR_KEY)
-    held = tuning.config.get(other)
+    held = next((x for v in pair for x in v.axes[other] if x == tuning.config.get(other)), tuning.config.get(other))
     joint = _reading({v.tag: v.chosen for v in pair}, variant, reference)
     if joint is None:
         return None

@@ -322,8 +322,12 @@ def joint_sentence(tuning: Tuning) -> str | None:
                 f"from these runs — add {scalar(j.held)} to the grid to see what lr alone does; at the joint best it "
                 f"is {percent(j.joint.effect, 1)}. {_joint_basis(j)}")
     e_alone, e_joint = j.lr_alone.effect, j.joint.effect
-    text = (f"Tuning {j.other} moved the {pair} effect from {percent(e_alone, 1)} (each at its best lr, {held}) to "
-            f"{percent(e_joint, 1)} (the joint best)")
+    if all(p[j.other] == j.held for p in j.joint.points.values()):
+        text = (f"Every variant chose the config's {held}, so tuning {j.other} moved nothing: the {pair} effect is "
+                f"{percent(e_joint, 1)} at the joint best as at each variant's best lr")
+    else:
+        text = (f"Tuning {j.other} moved the {pair} effect from {percent(e_alone, 1)} (each at its best lr, {held}) "
+                f"to {percent(e_joint, 1)} (the joint best)")
     if e_alone is not None and e_joint is not None and e_alone * e_joint < 0:
         text += ", changing its sign"
     if j.config is not None:
