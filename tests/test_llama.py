@@ -115,7 +115,9 @@ def test_the_intermediate_size_rule():
 
 
 MODES = [dict(tie_embeddings=True), dict(tie_embeddings=False), dict(tie_mode="projection"),
-         dict(tie_mode="lowrank", untie_rank=3), dict(tie_embeddings=True, untie_at=0.5)]
+         dict(tie_mode="lowrank", untie_rank=3), dict(tie_embeddings=True, untie_at=0.5),
+         dict(tie_mode="split", untie_rank=8), dict(tie_mode="soft", tie_embeddings=False, tie_strength=0.1),
+         dict(tie_mode="pull", tie_embeddings=False, tie_strength=1.0)]
 SHAPES = [dict(), dict(n_kv_head=2), dict(n_kv_head=1, bias=True), dict(intermediate_size=40, embed_scale="sqrt_d"),
           dict(lm_head_bias=True, norm_eps=1e-6, rope_theta=500.0)]
 
@@ -138,13 +140,37 @@ def test_counts_match_the_arithmetic_and_every_mode_trains_a_step(mode, shape):
 
 
 def test_embed_scale_multiplies_the_input_only():
-    a, b = build(), build(embed_scale="sqrt_d")
+    """Gemma's √d: the blocks read √d·E[x], the tied head reads E itself."""
+    b = build(embed_scale="sqrt_d")
     x = ids()
     with torch.no_grad():
-        ref = b.transformer.h[0](a.transformer.wte(x) * math.sqrt(32), b.rope_cos[:12], b.rope_sin[:12])
-        assert torch.allclose(b.transformer.h[0](b.transformer.wte(x) * b.embed_scale, b.rope_cos[:12],
-                                                 b.rope_sin[:12]), ref)
-        assert not torch.allclose(a(x), b(x))
+        t = b.transformer
+        h = t.drop(t.wte(x) * math.sqrt(32))
+        for block in t.h:
+            h = block(h, b.rope_cos[:12], b.rope_sin[:12])
+        hidden = t.ln_f(h)
+        assert torch.allclose(b.hidden(x), hidden, atol=1e-6)
+        assert torch.allclose(b(x), hidden @ t.wte.weight.T, atol=1e-5)  # unscaled E on the output side
+        plain = build()  # the same weights (seed 0) without the scale compute something else
+        assert torch.equal(plain.transformer.wte.weight, t.wte.weight) and not torch.allclose(plain(x), b(x))
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2])
+def test_bf16_autocast_trains_and_stays_near_float32(n_kv_head):
+    """Under CPU autocast q, k and v are bf16 and the rotary tables float32: the block runs, and its
+    loss and gradients stay within bf16's rounding of the float32 ones."""
+    m = build(n_kv_head=n_kv_head, dropout=0.0)
+    x = ids()
+    ref = m(x[:, :-1], x[:, 1:])
+    ref.backward()
+    ref_grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = m(x[:, :-1], x[:, 1:])
+    loss.backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=2e-2)
+    for p, g in zip(m.parameters(), ref_grads):
+        assert torch.allclose(p.grad, g, rtol=0.1, atol=0.05 * g.abs().max().item() + 1e-6)
 
 
 # ------------------------------------------------------------------ the config
@@ -164,6 +190,29 @@ def test_biases_follow_the_block_unless_asked(tmp_path):
     assert _load(child).model.bias is False  # a layer that picks the block picks its biases
     child.write_text("base: base.yaml\nmodel: {arch: llama, bias: true}\n")
     assert _load(child).model.bias is True
+    # the --set options are one layer: their order does not matter
+    assert load("model.bias=true", "model.arch=llama").model.bias is True
+    # naming the block a lower layer has already changes nothing
+    assert load("model.bias=false", "model.arch=gpt2").model.bias is False
+    base.write_text("model: {bias: false, n_embd: 32, n_head: 4}\ntrain: {max_steps: 1}\n")
+    child.write_text("base: base.yaml\nmodel: {arch: gpt2}\n")
+    assert _load(child).model.bias is False
+    assert config_hash(_load(child)) == config_hash(_load(base))
+
+
+def test_one_llama_model_has_one_hash():
+    """n_kv_head equal to n_head, and an intermediate_size or multiple_of that the rule at its
+    default gives, are the default model, written one way."""
+    base = ["model.arch=llama", "model.n_embd=128", "model.n_head=4"]
+    plain = load(*base)
+    for extra in (["model.n_kv_head=4"], ["model.intermediate_size=384"], ["model.multiple_of=128"],
+                  ["model.intermediate_size=384", "model.multiple_of=32"]):
+        same = load(*base, *extra)
+        assert config_hash(same) == config_hash(plain) and same.model == plain.model, extra
+    wide = load(*base, "model.multiple_of=256")
+    assert (wide.model.intermediate_size, wide.model.multiple_of, wide.model.mlp_size) == (512, 64, 512)
+    assert config_hash(wide) == config_hash(load(*base, "model.intermediate_size=512")) != config_hash(plain)
+    assert load(*base, "model.n_kv_head=2").model.n_kv_head == 2
 
 
 def test_gpt2_configs_hash_as_before_when_the_new_keys_are_written_at_their_defaults():

@@ -303,7 +303,22 @@ def to_dict(cfg: Any) -> dict:
 def from_dict(data: dict) -> Config:
     cfg = _build(Config, _normalize_tying(copy.deepcopy(data)) if isinstance(data, dict) else data)
     validate(cfg)
-    return cfg
+    return _one_block_form(cfg)
+
+
+def _one_block_form(cfg: Config) -> Config:
+    """A Llama-style model written in one form, so that one model has one hash: n_kv_head equal to
+    n_head is stored as null (multi-head attention), and the MLP's width as intermediate_size
+    null when Llama's rule at the default multiple_of gives it, else as the width itself, with
+    multiple_of back at its default (it only serves the rule)."""
+    m = cfg.model
+    if m.arch != "llama":
+        return cfg
+    by_rule = dataclasses.replace(m, intermediate_size=None, multiple_of=ModelConfig.multiple_of).mlp_size
+    one = dataclasses.replace(m, n_kv_head=None if m.kv_heads == m.n_head else m.n_kv_head,
+                              intermediate_size=None if m.mlp_size == by_rule else m.mlp_size,
+                              multiple_of=ModelConfig.multiple_of)
+    return dataclasses.replace(cfg, model=one)
 
 
 # --------------------------------------------------------------------------------------------
@@ -377,8 +392,6 @@ def _one_tying(merged: dict, layer: dict) -> dict:
         merged["model"].pop("untie_rank", None)  # the rank is the lowrank mode's: another mode drops it
     if chosen is not None and chosen not in STRENGTHENED and "tie_strength" not in model:
         merged["model"].pop("tie_strength", None)  # and the strength the soft mode's
-    if "arch" in model and "bias" not in model:
-        merged["model"].pop("bias", None)  # biases follow the block a layer picks (_normalize_tying)
     return merged
 
 
@@ -392,7 +405,7 @@ def _normalize_tying(data: dict) -> dict:
     that names the mode and one that uses the short form are one variant, with one hash; soft is
     stored with tie_embeddings false (a file that says soft and true is refused). And
     model.bias defaults to false for arch llama (true, the dataclass default, for gpt2): a layer
-    that sets model.arch without model.bias drops a lower layer's bias (_one_tying)."""
+    that changes model.arch without setting model.bias drops a lower layer's bias (_arch_layer)."""
     model = data.get("model")
     if isinstance(model, dict) and model.get("tie_mode") in ("tied", "untied"):
         _one_tying({"model": {}}, {"model": model})  # the disagreement check
@@ -403,6 +416,22 @@ def _normalize_tying(data: dict) -> dict:
     if isinstance(model, dict) and model.get("arch") == "llama" and "bias" not in model:
         model["bias"] = False  # Llama-style blocks have no biases unless model.bias asks for them
     return data
+
+
+def _arch_of(data: dict) -> Any:
+    model = data.get("model")
+    return model.get("arch", "gpt2") if isinstance(model, dict) else "gpt2"
+
+
+def _arch_layer(before: Any, merged: dict, layer_keys: set[str]) -> dict:
+    """Biases follow the block: a layer (a file, or every --set of a command line together) that
+    changes model.arch from `before` (the lower layers' block) without setting model.bias drops a
+    lower layer's bias, so the new block gets its own default (_normalize_tying). A layer that
+    names the block it already has, or sets the bias too, keeps it."""
+    model = merged.get("model")
+    if "arch" in layer_keys and "bias" not in layer_keys and isinstance(model, dict) and model.get("arch") != before:
+        model.pop("bias", None)
+    return merged
 
 
 # Real configs have a base: chain two or three files deep. Each level is a few frames of recursion,
@@ -436,8 +465,15 @@ def _load_with_bases(path: Path, stack: tuple[Path, ...] = (), read: list[int] |
     merged: dict = {}
     for base in bases:
         layer = _load_with_bases(path.parent / base, (*stack, path), read)
-        merged = _one_tying(_one_budget(deep_merge(merged, layer), layer), layer)
-    return _one_tying(_one_budget(deep_merge(merged, data), data), data)
+        before = _arch_of(merged)
+        merged = _arch_layer(before, _one_tying(_one_budget(deep_merge(merged, layer), layer), layer), _model_keys(layer))
+    before = _arch_of(merged)
+    return _arch_layer(before, _one_tying(_one_budget(deep_merge(merged, data), data), data), _model_keys(data))
+
+
+def _model_keys(layer: dict) -> set[str]:
+    model = layer.get("model")
+    return set(model) if isinstance(model, dict) else set()
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -458,6 +494,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
     data = json.loads(json.dumps(data, default=str))  # a deep copy
+    before, model_keys = _arch_of(data), set()
     for item in overrides or []:
         parts, value = parse_override(item)
         node = data
@@ -472,7 +509,8 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
             _one_budget(data, {"train": {parts[1]: value}})
         if parts[0] == "model" and len(parts) == 2:
             _one_tying(data, {"model": {parts[1]: value}})
-    return data
+            model_keys.add(parts[1])
+    return _arch_layer(before, data, model_keys)  # the --set options are one layer for the block's biases
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,

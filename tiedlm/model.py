@@ -126,9 +126,9 @@ class GroupedQueryAttention(nn.Module):
         B, T, C = x.shape
         hs, kv = self.head_size, self.n_kv_head * self.head_size
         q, k, v = self.c_attn(x).split([C, kv, kv], dim=2)
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # under autocast q is bf16, the tables float32
-        q = rotate(q.view(B, T, self.n_head, hs).transpose(1, 2), cos, sin)  # (B, nh, T, hs)
-        k = rotate(k.view(B, T, self.n_kv_head, hs).transpose(1, 2), cos, sin)  # (B, nkv, T, hs)
+        # rotated in float32 (the tables' dtype) and rounded once: under autocast q and k are bf16
+        q = rotate(q.view(B, T, self.n_head, hs).transpose(1, 2).float(), cos, sin).to(v.dtype)  # (B, nh, T, hs)
+        k = rotate(k.view(B, T, self.n_kv_head, hs).transpose(1, 2).float(), cos, sin).to(v.dtype)  # (B, nkv, T, hs)
         v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
