@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
-"""tiedlm's speed on this machine, beside Hugging Face transformers' GPT2LMHeadModel of the same
-dimensions, tied and untied; against the machine's own fp32 matmul rate measured in the same run.
+"""tiedlm's speed on this machine, beside Hugging Face transformers' GPT2LMHeadModel (and, for the
+llama shapes, LlamaForCausalLM) of the same dimensions, tied and untied; against the machine's own
+fp32 matmul rate measured in the same run.
 
     python scripts/bench.py                  # the README's tables, and bench.json beside this script
     python scripts/bench.py --quick          # tiny shapes, one step each (what the test runs)
     python scripts/bench.py --device cuda --dtype bf16
-    python scripts/bench.py --steps 2 --rounds 3 --no-extra   # the four shapes' tables alone, shorter
+    python scripts/bench.py --steps 2 --rounds 3 --no-extra   # the shapes' tables alone, shorter
+    python scripts/bench.py --shapes "base.yaml,llama base,llama wide vocab" --no-extra   # some shapes
     python scripts/bench.py --chunks      # the fused loss's chunk size, by the training step (base, wide vocab)
     python scripts/bench.py --under-load --rounds 3   # each OpenMP policy quiet and beside a competing process
 
 Training throughput is a full step (forward, backward, clipping, AdamW) on random tokens after
 warm-up steps. The six models of a shape (tiedlm tied and untied with its fused cross-entropy,
-the same with the plain loss - logits and F.cross_entropy, plain_loss below - and transformers
-tied and untied) are timed in turn, A B C D E F A B ..., so that the machine's
+the same with the plain loss - logits and F.cross_entropy, plain_loss in bench_models.py - and
+transformers tied and untied) are timed in turn, A B C D E F A B ..., so that the machine's
 noise falls on all of them alike; the tables give the median over rounds and the spread.
+The llama shapes are tiedlm's `model.arch: llama` (grouped-query attention with n_head / 2
+key/value heads, SwiGLU of tiedlm's default width, rotary embeddings, RMSNorm, no biases) beside
+LlamaForCausalLM with the same numbers and SDPA attention; both sides' parameter counts are
+asserted equal (bench_models.py holds the models and their steps).
 Evaluation (evaluate.score_tokens) is timed the same way, fused and plain in turn (the plain one
 through a module that gives only logits, which score_tokens scores by F.cross_entropy). FLOP/s use
 tiedlm.counting.flops_per_token (the head counted whether tied or not), so tied and untied models
@@ -34,14 +40,29 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_models, bench_load (also when imported by path)
+
+from bench_models import (  # noqa: E402,F401  (re-exported: bench_load and the tests use bench.step_fn ...)
+    CHUNK_LOGITS_BYTES,
+    dims,
+    hf_model,
+    logits_only,
+    model_config,
+    plain_loss,
+    step_fn,
+    tiedlm_model,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = [  # (name, n_layer, n_head, n_embd, block_size, batch_size, vocab)
+SHAPES = [  # (name, n_layer, n_head, n_embd, block_size, batch_size, vocab[, arch]: gpt2 unless named)
     ("base.yaml", 2, 4, 128, 64, 32, 4096),
     ("wide vocab", 2, 4, 128, 64, 32, 16384),
     ("deeper", 6, 6, 384, 128, 8, 4096),
     ("reference", 4, 4, 256, 256, 16, 8192),
+    ("llama base", 2, 4, 128, 64, 32, 4096, "llama"),  # base.yaml's numbers, n_kv_head 2, SwiGLU 384
+    ("llama wide vocab", 2, 4, 128, 64, 32, 16384, "llama"),
 ]
-QUICK_SHAPES = [("tiny", 1, 2, 32, 16, 4, 300)]
+QUICK_SHAPES = [("tiny", 1, 2, 32, 16, 4, 300), ("tiny llama", 1, 2, 32, 16, 4, 300, "llama")]
 
 
 def sync(device) -> None:
@@ -69,133 +90,13 @@ def matmul_rate(device, dtype, n=2048, reps=5) -> float:
     return best
 
 
-# ------------------------------------------------------------------------- the models
-
-
-def tiedlm_model(shape, tied: bool, device):
-    import torch
-
-    from tiedlm.config import ModelConfig, TrainConfig
-    from tiedlm.model import GPT
-    from tiedlm.train.optim import build_optimizer
-
-    _, L, H, d, T, B, V = shape
-    torch.manual_seed(0)
-    model = GPT(ModelConfig(n_layer=L, n_head=H, n_embd=d, block_size=T, tie_embeddings=tied), V).to(device)
-    return model, build_optimizer(model, TrainConfig(max_steps=1))
-
-
-def hf_model(shape, tied: bool, device):
-    """GPT2LMHeadModel with the same dimensions (SDPA attention, exact GELU, biases), AdamW over
-    the same groups (matrices decayed), or None when transformers is not installed."""
-    try:
-        from transformers import GPT2Config, GPT2LMHeadModel
-    except ImportError:
-        return None
-    import torch
-
-    _, L, H, d, T, B, V = shape
-    torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=V, n_positions=T, n_embd=d, n_layer=L, n_head=H, activation_function="gelu",
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tied,
-                     bos_token_id=None, eos_token_id=None)
-    cfg._attn_implementation = "sdpa"
-    model = GPT2LMHeadModel(cfg).to(device)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
-    return model, opt
-
-
-CHUNK_LOGITS_BYTES = 256 * 2**20  # plain_loss: above this, a batch's fp32 logits are never held whole
-
-
-def plain_loss(model, x, y, amp=None, chunk_bytes: int = CHUNK_LOGITS_BYTES):
-    """The loss tiedlm had before its fused cross-entropy, kept here to time against it: the logits
-    and F.cross_entropy. When a batch's fp32 logits would exceed chunk_bytes (GPT-2's 50,257 tokens
-    at block 1024: 206 MB per sequence, and as much again for their gradient), the head and the loss
-    run over chunks of tokens under activation checkpointing: no more than one chunk's logits exist
-    at a time, forward or backward, for one extra head matmul in the backward pass. The sum of the
-    chunks' losses equals the whole batch's."""
-    import contextlib
-
-    from torch.nn import functional as F
-    from torch.utils.checkpoint import checkpoint
-
-    amp = amp if amp is not None else contextlib.nullcontext()
-    V, n = model.vocab_size, y.numel()
-    if n * V * 4 <= chunk_bytes:
-        with amp:
-            logits = model(x)
-        return F.cross_entropy(logits.float().view(-1, V), y.reshape(-1))
-    with amp:
-        h, weight, bias = model.head(model.hidden(x))
-        h = h.reshape(n, -1)
-    rows = max(1, chunk_bytes // (4 * V))
-    targets = y.reshape(-1)
-
-    def chunk_loss(h_chunk, y_chunk):
-        with amp:
-            logits = F.linear(h_chunk, weight, bias)
-        return F.cross_entropy(logits.float(), y_chunk, reduction="sum")
-
-    total = sum(checkpoint(chunk_loss, h[i:i + rows], targets[i:i + rows], use_reentrant=False)
-                for i in range(0, n, rows))
-    return total / n
-
-
-def logits_only(model):
-    """The model as a module that gives only logits, which evaluate.score_tokens scores by
-    F.cross_entropy (the plain path) instead of the fused loss."""
-    import torch
-
-    class LogitsOnly(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, idx):
-            return self.inner(idx)
-
-    return LogitsOnly(model)
-
-
-def step_fn(kind: str, model, opt, x, amp, chunk_bytes: int | None = None):
-    """kind: "tiedlm" (the fused loss), "plain" (tiedlm with the plain loss) or "transformers"."""
-    import torch
-
-    from tiedlm.model import lm_loss
-
-    chunk_bytes = chunk_bytes or CHUNK_LOGITS_BYTES
-
-    params = list(model.parameters())
-
-    def step():
-        if kind == "tiedlm":
-            loss = lm_loss(model, x[:, :-1], x[:, 1:], amp)
-        elif kind == "plain":
-            loss = plain_loss(model, x[:, :-1], x[:, 1:], amp, chunk_bytes)
-        else:
-            with amp:
-                logits = model(input_ids=x[:, :-1]).logits
-            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
-                                                     x[:, 1:].reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
-
-
 def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int) -> dict:
     """tokens/s of each implementation and tying, timed in turn over rounds."""
     import torch
 
     from tiedlm.device import autocast_ctx
 
-    _, L, H, d, T, B, V = shape
+    L, H, d, T, B, V = dims(shape)
     amp = autocast_ctx(device, dtype)
     x = torch.randint(0, V, (B, T + 1), device=device, generator=None)
     steps_of = {}
@@ -230,7 +131,7 @@ def eval_rates(shape, device, dtype: str, batches: int, rounds: int) -> dict:
     from tiedlm.device import autocast_ctx
     from tiedlm.evaluate import score_tokens
 
-    _, L, H, d, T, B, V = shape
+    L, H, d, T, B, V = dims(shape)
     model, _ = tiedlm_model(shape, True, device)
     scored = {"fused": model, "plain": logits_only(model)}
     tokens = np.random.default_rng(0).integers(0, V, size=T * B * batches + 1)
@@ -329,11 +230,23 @@ def summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def chosen_shapes(args) -> list[tuple]:
+    """The shapes --shapes names (comma-separated; all of them by default), the quick ones with --quick."""
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    if not args.shapes:
+        return shapes
+    names = [n.strip() for n in args.shapes.split(",") if n.strip()]
+    known = {s[0]: s for s in shapes}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown shape(s) {unknown}; the shapes are {list(known)}")
+    return [known[n] for n in names]
+
+
 def run(args) -> dict:
     import torch
 
     from tiedlm.counting import flops_per_token
-    from tiedlm.config import ModelConfig
     from tiedlm.device import resolve_device, resolve_dtype
 
     device = resolve_device(args.device)
@@ -341,12 +254,14 @@ def run(args) -> dict:
     ceiling = matmul_rate(device, torch.bfloat16 if dtype == "bf16" else torch.float32, n=256 if args.quick else 2048)
     result = {"device": str(device), "dtype": dtype, "threads": torch.get_num_threads(), "torch": torch.__version__,
               "matmul_flops": ceiling, "shapes": []}
-    for shape in QUICK_SHAPES if args.quick else SHAPES:
-        name, L, H, d, T, B, V = shape
+    for shape in chosen_shapes(args):
+        name, V = shape[0], dims(shape)[5]
         rates = train_rates(shape, device, dtype, args.steps, args.rounds, args.warmup)
-        fpt = flops_per_token(ModelConfig(n_layer=L, n_head=H, n_embd=d, block_size=T), V)["train"]
+        fpt = flops_per_token(model_config(shape), V)["train"]
         ev = eval_rates(shape, device, dtype, 2 if args.quick else args.eval_batches, args.rounds)
-        entry = {"name": name, "shape": list(shape[1:]), "train_flops_per_token": fpt,
+        cfg = model_config(shape)
+        entry = {"name": name, "arch": cfg.arch, "shape": list(dims(shape)), "n_kv_head": cfg.kv_heads,
+                 "mlp_size": cfg.mlp_size, "train_flops_per_token": fpt,
                  "train": {k: summary(v) for k, v in rates.items()},
                  "eval_tokens_per_s": statistics.median(ev["fused"]),
                  "eval_plain_tokens_per_s": statistics.median(ev["plain"])}
@@ -398,8 +313,9 @@ def extra(result: dict, device, dtype: str, args) -> None:
     print("| --- | ---: | ---: |")
     for d in result["data"]:
         print(f"| {d['data']} | {d['cold_s']:.2f} | {d['warm_s']:.3f} |")
-    if "real_train_tokens_per_s" in result:
-        b = result["shapes"][0]["train"]["tiedlm tied"]["median"]
+    base = next((e for e in result["shapes"] if e["name"] == "base.yaml"), None)
+    if "real_train_tokens_per_s" in result and base:
+        b = base["train"]["tiedlm tied"]["median"]
         print(f"\nreal `tiedlm train` of base.yaml ({args.real_steps} steps): "
               f"{result['real_train_tokens_per_s']:,.0f} tok/s, {result['real_train_tokens_per_s'] / b:.0%} of the bench")
 
@@ -417,7 +333,7 @@ def chunk_sizes(args) -> None:
     sizes = [2**19, 2**20, 2**21, 2**22, 2**23, 2**24, 2**26]
     default, min_rows = loss.CHUNK_BYTES, loss.MIN_ROWS
     for shape in SHAPES[:2] if not args.quick else QUICK_SHAPES:
-        _, L, H, d, T, B, V = shape
+        L, H, d, T, B, V = dims(shape)
         x = torch.randint(0, V, (B, T + 1), device=device)
         step = step_fn("tiedlm", *tiedlm_model(shape, True, device), x, autocast_ctx(device, dtype))
         times: dict = {s: [] for s in sizes}
@@ -461,7 +377,9 @@ def load_table(args) -> None:
 
 def print_shape(e: dict) -> None:
     L, H, d, T, B, V = e["shape"]
-    print(f"\n{e['name']}: L={L} H={H} d={d} T={T} B={B} V={V:,}; evaluation {e['eval_tokens_per_s']:,.0f} tok/s "
+    block = f" ({e['arch']}: {e['n_kv_head']} key/value heads, MLP {e['mlp_size']})" if e.get("arch") == "llama" else ""
+    print(f"\n{e['name']}{block}: L={L} H={H} d={d} T={T} B={B} V={V:,}; "
+          f"evaluation {e['eval_tokens_per_s']:,.0f} tok/s "
           f"({e['eval_over_train']:.2f}× training), plain loss {e['eval_plain_tokens_per_s']:,.0f} tok/s "
           f"({e['eval_plain_over_train_plain']:.2f}× its training)")
     print("| implementation | tokens/s (median) | min – max | % of matmul rate | tiedlm / transformers "
@@ -486,6 +404,8 @@ def main() -> None:
     ap.add_argument("--real-steps", type=int, default=300)
     ap.add_argument("--eval-batches", type=int, default=20, help="batches per evaluation timing")
     ap.add_argument("--quick", action="store_true", help="tiny shapes, one step: a smoke test")
+    ap.add_argument("--shapes", default="", help="comma-separated names of the shapes to time, in that order "
+                    f"(default: all: {', '.join(s[0] for s in SHAPES)})")
     ap.add_argument("--no-extra", action="store_true", help="the shapes' tables only (no memory, cold commands, data)")
     ap.add_argument("--chunks", action="store_true", help="time the base shape's training step at several chunk "
                     "sizes of the fused loss (tiedlm.loss.CHUNK_BYTES), in turn, and stop")
