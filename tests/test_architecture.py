@@ -23,7 +23,7 @@ LAYERS = [
     ["checkpoints", "figures", "tensorboard", "runs", "report_md", "process"],
     ["model", "loss", "counting", "distributed", "device"],
     ["data", "corpora"],
-    ["naming", "config", "checks", "tie", "yamlsafe"],
+    ["naming", "config", "config_layers", "variant", "checks", "tie", "yamlsafe"],
     ["files", "formatting", "errors", "geometry", "nats"],
 ]
 RANK = {name: (i, j) for i, layer in enumerate(LAYERS) for j, name in enumerate(layer)}
@@ -285,7 +285,7 @@ def config_dict_reads(source: str) -> list[str]:
 
 def test_no_module_but_runs_and_config_reads_a_config_as_a_dict():
     """A config is a Config from the command line to the report: runs.py rebuilds stored ones
-    (read_report, read_config) and config.py owns the dict forms; every other module reads
+    (read_report, read_config) and config.py and config_layers.py own the dict forms; every other module reads
     attributes, so a setting has one type and a label can never show null for a key that is set."""
     old_forms = """
 TIE_KEY = "model.tie_embeddings"
@@ -307,7 +307,7 @@ by_split = {s: final["train"][s] for s in splits}
 """
     assert config_dict_reads(others) == []
     found = [f"{path.relative_to(PACKAGE)}: {f}" for name, path in modules().items()
-             if name not in ("tiedlm.runs", "tiedlm.config") for f in config_dict_reads(path.read_text())]
+             if name not in ("tiedlm.runs", "tiedlm.config", "tiedlm.config_layers") for f in config_dict_reads(path.read_text())]
     assert found == []
 
 

@@ -178,7 +178,7 @@ def test_one_function_loads_weights_in_every_form():
 
 STORED = {f.name for f in dataclasses.fields(ModelConfig)
           if f.name in ("tie_embeddings", "tie_mode", "untie_rank", "tie_strength")}
-OWNERS = {"config.py", "tie.py", "runs.py"}  # the parsing and storing rules, the value, old folders read back
+OWNERS = {"config.py", "config_layers.py", "tie.py", "runs.py"}  # the parsing, layering and storing rules, the value, old folders
 # Modules being rewritten beside this change, that still build their variants from the stored fields
 # (the run tag, the plain tied variant's overrides): they switch to Tie.tag and Tie.built_from_e.
 SWITCHING: set[str] = set()

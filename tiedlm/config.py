@@ -11,18 +11,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-import hashlib
 import json
-import os
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from .checks import flatten, validate
+from .checks import validate
 from .errors import ConfigError
-from .tie import RANKED, STRENGTHENED, Tie
+from .tie import Tie
 from .yamlsafe import YAML_VALUES_LIMIT, load_yaml, read_yaml_text  # noqa: F401 (sweep, tuning import load_yaml here)
 
 
@@ -325,155 +323,19 @@ def _one_block_form(cfg: Config) -> Config:
 # YAML files, `base:` inheritance, overrides
 
 
-def _read_yaml(path: Path) -> dict:
-    import yaml
-
-    text = read_yaml_text(path, "config file")  # a regular file of bounded size, or one line that says why not
-    try:
-        data = load_yaml(text, str(path))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"{path}{where}: {problem} — fix the YAML syntax") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping of keys (name:, model:, train:, ...)")
-    return data
-
-
-def deep_merge(low: dict, high: dict) -> dict:
-    out = dict(low)
-    for key, value in high.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-_BUDGETS = ("max_tokens", "max_steps")
-
-
-def _one_budget(merged: dict, layer: dict) -> dict:
-    """A layer that sets one training budget replaces the other one set by a lower layer, so that
-    `--set train.max_steps=200` on a config with `max_tokens` means what it says."""
-    train = layer.get("train")
-    if isinstance(train, dict) and isinstance(merged.get("train"), dict):
-        given = [b for b in _BUDGETS if train.get(b) is not None]
-        if len(given) == 1:
-            other = _BUDGETS[1 - _BUDGETS.index(given[0])]
-            if other not in train:
-                merged["train"][other] = None
-    return merged
-
-
-def _one_tying(merged: dict, layer: dict) -> dict:
-    """model.tie_embeddings is the short form of model.tie_mode tied/untied: a layer (a file, or
-    one --set) that sets one of the two replaces what a lower layer set in the other, and a layer
-    that sets both must agree with itself (soft, two matrices, is tie_embeddings false). A layer
-    that picks a mode other than lowrank or split drops a lower layer's model.untie_rank (the rank
-    belongs to them), and one that picks a mode other than soft its model.tie_strength."""
-    model = layer.get("model")
-    if not isinstance(model, dict) or not isinstance(merged.get("model"), dict):
-        return merged
-    mode, tie = model.get("tie_mode"), model.get("tie_embeddings")
-    if "tie_mode" in model and "tie_embeddings" in model:
-        if isinstance(mode, str) and isinstance(tie, bool) and _stored_tie_embeddings(mode) != tie:
-            raise ConfigError(f"model.tie_mode {mode} and model.tie_embeddings {str(tie).lower()} disagree — "
-                              "set one of them (tie_embeddings true/false is short for tie_mode tied/untied)")
-    elif "tie_embeddings" in model:
-        merged["model"].pop("tie_mode", None)
-    elif "tie_mode" in model and isinstance(mode, str):
-        merged["model"]["tie_embeddings"] = _stored_tie_embeddings(mode)
-    chosen = mode if "tie_mode" in model else "tied/untied" if "tie_embeddings" in model else None
-    if chosen is not None and chosen not in RANKED and "untie_rank" not in model:
-        merged["model"].pop("untie_rank", None)  # the rank is the lowrank mode's: another mode drops it
-    if chosen is not None and chosen not in STRENGTHENED and "tie_strength" not in model:
-        merged["model"].pop("tie_strength", None)  # and the strength the soft mode's
-    return merged
-
-
-def _stored_tie_embeddings(mode: str) -> bool:
-    """model.tie_embeddings as stored for a model.tie_mode: false for the modes of two matrices."""
-    return not Tie(mode).two_matrices
-
-
-def _normalize_tying(data: dict) -> dict:
-    """tie_mode tied/untied is stored as tie_embeddings true/false (tie_mode null), so that a config
-    that names the mode and one that uses the short form are one variant, with one hash; soft is
-    stored with tie_embeddings false (a file that says soft and true is refused). And
-    model.bias defaults to false for arch llama (true, the dataclass default, for gpt2): a layer
-    that changes model.arch without setting model.bias drops a lower layer's bias (_arch_layer)."""
-    model = data.get("model")
-    if isinstance(model, dict) and model.get("tie_mode") in ("tied", "untied"):
-        _one_tying({"model": {}}, {"model": model})  # the disagreement check
-        model["tie_embeddings"] = model.pop("tie_mode") == "tied"
-    elif isinstance(model, dict) and model.get("tie_mode") in STRENGTHENED:  # two matrices: tie_embeddings false
-        _one_tying({"model": {}}, {"model": model})
-        model["tie_embeddings"] = False
-    if isinstance(model, dict) and model.get("arch") == "llama" and "bias" not in model:
-        model["bias"] = False  # Llama-style blocks have no biases unless model.bias asks for them
-    return data
-
-
-def _arch_of(data: dict) -> Any:
-    model = data.get("model")
-    return model.get("arch", "gpt2") if isinstance(model, dict) else "gpt2"
-
-
-def _arch_layer(before: Any, merged: dict, layer_keys: set[str]) -> dict:
-    """Biases follow the block: a layer (a file, or every --set of a command line together) that
-    changes model.arch from `before` (the lower layers' block) without setting model.bias drops a
-    lower layer's bias, so the new block gets its own default (_normalize_tying). A layer that
-    names the block it already has, or sets the bias too, keeps it."""
-    model = merged.get("model")
-    if "arch" in layer_keys and "bias" not in layer_keys and isinstance(model, dict) and model.get("arch") != before:
-        model.pop("bias", None)
-    return merged
-
-
-# Real configs have a base: chain two or three files deep. Each level is a few frames of recursion,
-# so a chain of a thousand files would end in a RecursionError; and files that each name one base
-# twice read 2^depth files, so the files read for one config are bounded as well.
-BASE_DEPTH_LIMIT = 16
-BASE_FILES_LIMIT = 100
-
-
-def _load_with_bases(path: Path, stack: tuple[Path, ...] = (), read: list[int] | None = None) -> dict:
-    path = Path(os.path.realpath(path))  # not resolve(): on a loop of links it raises; reading it says so in a line
-    if path in stack:
-        chain = " -> ".join(p.name for p in (*stack, path))
-        raise ConfigError(f"base: cycle in config files ({chain}) — remove one of the base: references")
-    if len(stack) >= BASE_DEPTH_LIMIT:
-        raise ConfigError(f"{stack[0].name}: its base: files nest more than {BASE_DEPTH_LIMIT} deep "
-                          f"({stack[0].name} -> ... -> {path.name}) — merge some of them")
-    read = [0] if read is None else read
-    read[0] += 1
-    if read[0] > BASE_FILES_LIMIT:
-        raise ConfigError(f"{stack[0].name}: it and its base: files are more than {BASE_FILES_LIMIT} files "
-                          "(a file named twice is read twice) — name each base once")
-    data = _read_yaml(path)
-    bases = data.pop("base", None)
-    if bases is None:
-        return data
-    if isinstance(bases, str):
-        bases = [bases]
-    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
-        raise ConfigError(f"{path.name}: base must be a file path or a list of file paths")
-    merged: dict = {}
-    for base in bases:
-        layer = _load_with_bases(path.parent / base, (*stack, path), read)
-        before = _arch_of(merged)
-        merged = _arch_layer(before, _one_tying(_one_budget(deep_merge(merged, layer), layer), layer), _model_keys(layer))
-    before = _arch_of(merged)
-    return _arch_layer(before, _one_tying(_one_budget(deep_merge(merged, data), data), data), _model_keys(data))
-
-
-def _model_keys(layer: dict) -> set[str]:
-    model = layer.get("model")
-    return set(model) if isinstance(model, dict) else set()
+# The layers (base files, a file, the --set options) and how each one's tie, budget and block
+# replace a lower one's are config_layers.py's.
+from .config_layers import (  # noqa: E402,F401  (BASE_*_LIMIT, deep_merge: tests and sweep read them here)
+    BASE_DEPTH_LIMIT,
+    BASE_FILES_LIMIT,
+    _arch_layer,
+    _arch_of,
+    _load_with_bases,
+    _normalize_tying,
+    _one_budget,
+    _one_tying,
+    deep_merge,
+)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -556,69 +418,22 @@ def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)
 
 
-# Keys that change how a run is carried out but not what it trains: a run may resume with other
-# values (another machine's thread count, a different checkpoint interval), and runs that differ
-# only in them are seeds of one variant. Device, dtype and everything in the model, data and
-# optimizer do change results, and are not here.
-OPERATIONAL_KEYS = ("train.threads", "train.compile", "train.checkpoint_every", "train.log_every",
-                    "train.eval_every", "train.eval_tokens", "eval.batch_size", "train.log_to")
-# The periodic evaluation decides when early stopping ends a run and which weights keep_best keeps:
-# with either on, its interval and slice are part of what a run is.
-SELECTION_KEYS = ("train.eval_every", "train.eval_tokens")
-
-# Keys added after the config hash was first defined, with the value that means "as before". At
-# that value a key is left out of the config hash (and of the data's cache key, data/__init__.py),
-# so that a config hashes the same whether it sets the key to that value or leaves it out.
-ADDED_KEYS = {"train.keep_best": False, "train.early_stop_patience": 0, "train.early_stop_min_delta": 0.0,
-              "train.log_to": [], "train.min_lr_ratio": None, "data.carve": "random", "data.test_from": "train",
-              "data.train_fraction": 1.0, "model.tie_mode": None, "model.untie_rank": 0,
-              "model.arch": "gpt2", "model.norm_eps": 1e-5, "model.n_kv_head": None, "model.intermediate_size": None,
-              "model.multiple_of": 64, "model.rope_theta": 10000.0, "model.tie_strength": 0.0}
-
-
 def effective_min_lr(t: TrainConfig) -> float:
     """Where the cosine decay ends: train.lr x train.min_lr_ratio when the ratio is set (so the
     schedule keeps its shape when lr changes), else the absolute train.min_lr."""
     return t.lr * t.min_lr_ratio if t.min_lr_ratio is not None else t.min_lr
 
 
-def selects_checkpoints(cfg: Config) -> bool:
-    """True when a config keeps its best weights or stops early (see SELECTION_KEYS)."""
-    return bool(cfg.train.keep_best) or bool(cfg.train.early_stop_patience)
-
-
-def operational_keys(cfg: Config) -> tuple[str, ...]:
-    """OPERATIONAL_KEYS of this config: without SELECTION_KEYS when it selects checkpoints."""
-    if selects_checkpoints(cfg):
-        return tuple(k for k in OPERATIONAL_KEYS if k not in SELECTION_KEYS)
-    return OPERATIONAL_KEYS
-
-
-def variant_dict(cfg: Config) -> dict:
-    """The resolved config without seed, name, the operational keys and ADDED_KEYS at their "as
-    before" values: what identifies a variant."""
-    out = json.loads(json.dumps(to_dict(cfg), default=str))
-    del out["seed"], out["name"]
-    values = flat(cfg)
-    for key in (*operational_keys(cfg), *(k for k, v in ADDED_KEYS.items() if values[k] == v)):
-        section, leaf = key.split(".")
-        out[section].pop(leaf, None)
-    return out
-
-
-def flat(cfg: Config, variant: bool = False) -> dict[str, Any]:
-    """The config as dotted keys -> values (`model.n_embd`: 128), the view in which labels, matched
-    twins and data sets compare configs; with `variant`, only the keys of variant_dict."""
-    return flatten(variant_dict(cfg) if variant else to_dict(cfg))
-
-
-def config_hash(cfg: Config) -> str:
-    """Identifies a variant: the hash of the resolved config, seed, name and OPERATIONAL_KEYS excluded."""
-    blob = json.dumps(variant_dict(cfg), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def diff_keys(a: dict, b: dict) -> list[str]:
-    """Dotted keys whose values differ between two (nested) config dicts."""
-    fa, fb = flatten(a), flatten(b)
-    return sorted(k for k in set(fa) | set(fb) if fa.get(k, _NO) != fb.get(k, _NO))
+# What identifies a variant (its hash, the keys that do not count) is variant.py's; its names are
+# here as well, where the rest of tiedlm has always imported them.
+from .variant import (  # noqa: E402,F401
+    ADDED_KEYS,
+    OPERATIONAL_KEYS,
+    SELECTION_KEYS,
+    config_hash,
+    diff_keys,
+    flat,
+    operational_keys,
+    selects_checkpoints,
+    variant_dict,
+)

@@ -47,7 +47,7 @@ from typing import Any, Sequence
 
 from ..formatting import percent
 from ..nats import relative
-from .stats import ALPHA, norm_cdf, significant, t_sf
+from .stats import ALPHA, fmt_threshold, norm_cdf, significant, t_sf
 
 FIRST_SEEDS = 3  # seeds per variant at the first look
 MAX_SEEDS = 10  # --max-seeds default
@@ -372,11 +372,6 @@ def fmt_pvalue(p: float | None) -> str:
     if p is None:
         return MISSING
     return f"p={p:.2g}" if p < 0.001 else fmt_p(p)
-
-
-def fmt_threshold(p: float) -> str:
-    """A nominal threshold with 3 significant digits: 0.0122, 0.000346; 0 when no stop was possible."""
-    return f"{p:.3g}" if p > 0 else "0"
 
 
 def primary_variant(c: Any) -> tuple[Any, Any] | None:

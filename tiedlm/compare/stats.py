@@ -543,3 +543,8 @@ def power_analysis(test: TestResult, power: float = POWER, alpha: float = ALPHA)
     if out.seeds_needed is None:
         out.note = f"the observed effect needs more than {SEEDS_CAP:,} seeds"
     return out
+
+
+def fmt_threshold(p: float) -> str:
+    """A nominal threshold with 3 significant digits: 0.0122, 0.000346; 0 when no stop was possible."""
+    return f"{p:.3g}" if p > 0 else "0"
