@@ -418,3 +418,18 @@ def test_pull_runs_logs_its_distance_and_resumes(tiny, tmp_path):
     assert runs.read_report(run).params["tie_mode"] == "pull"
     with pytest.raises(ConfigError, match="model.tie_mode pull needs its strength"):
         load_config(None, ["model.tie_mode=pull"])
+
+
+@pytest.mark.parametrize("mode", ["soft", "pull"])
+def test_compare_config_sets_the_mode_against_untied(mode):
+    """compare --config on a soft or pull config compares that mode, at its strength, with untied
+    (the untied variant has no strength), as it does the modes built from E."""
+    from tiedlm.compare.plan import CompareRequest, variants_of
+
+    sets = [f"model.tie_mode={mode}", "model.tie_strength=0.5"]
+    variants, _ = variants_of(CompareRequest(overrides=sets), load_config(None, sets))
+    assert [tag for tag, _ in variants] == [f"{mode}-l0.5", "untied"]
+    own = load_config(None, [*sets, *variants[0][1]]).model
+    untied = load_config(None, [*sets, *variants[1][1]]).model
+    assert (own.tie_mode, own.tie_strength, own.tie_embeddings) == (mode, 0.5, False)
+    assert (untied.tie_mode, untied.tie_strength, untied.tie_embeddings) == (None, 0.0, False)

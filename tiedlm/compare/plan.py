@@ -153,15 +153,15 @@ class ComparisonPlan:
 
 def variants_of(req: CompareRequest, base: Any) -> tuple[list[tuple[str, list[str]]], ParamMatch | None]:
     """(tag, overrides) of each variant to train, and the parameter match with --match params (the
-    tied model deeper) or params:width (wider). A config with a model.tie_mode (projection, lowrank)
-    is its own tied variant, against untied."""
+    tied model deeper) or params:width (wider). A config with a model.tie_mode (projection, lowrank,
+    split, soft, pull) is its own variant, against untied: the mode with its rank or strength."""
     from ..config import load_config
 
     m, tie = base.model, base.model.tie
     untie = ["model.untie_at=null"] if m.untie_at is not None else []  # an untie_at is for tied models
     untie += ["model.untie_rank=0"] if tie.rank else []  # and a rank for the lowrank mode
     tied = ("tied", ["model.tie_embeddings=true"])
-    if tie.built_from_e:
+    if tie.stored_mode is not None:  # a named mode: it is the variant set against untied
         tied = (tie.tag, [f"model.tie_mode={tie.mode}"])
         if req.match is not None:
             raise ConfigError(f"--match {req.match} grows the plain tied model, and this config's model.tie_mode "
