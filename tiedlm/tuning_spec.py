@@ -48,6 +48,7 @@ POSITIVE_WHOLE = (1, True, None, False)
 BOUNDS: dict[str, tuple] = {
     "model.dropout": (0.0, True, 1.0, False),
     "model.untie_at": (0.0, False, 1.0, False),
+    "model.tie_strength": (0.0, True, None, False),  # soft, pull: 0 is the untied end of the dial
     "model.norm_eps": (0.0, False, None, False),
     "model.rope_theta": (0.0, False, None, False),
     "train.lr": (0.0, False, None, False),
