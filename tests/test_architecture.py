@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tiedlm"
 # layer below; the order inside a layer is the order of the allowed imports.
 LAYERS = [
     ["cli"],
-    ["compare", "sweep", "slurm", "tuning", "tuning_spec", "params"],
+    ["compare", "sweep", "slurm", "tuning_record", "tuning", "tuning_spec", "params"],
     ["analyze", "export", "export_llama", "generate", "jobs", "plan", "parallel"],
     ["train"],
     ["evaluate"],

@@ -378,7 +378,8 @@ def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, job
     from .jobs import Executor
     from .plan import RunSource, Stage
     from .train import train_run
-    from .tuning import TuningSearch, check_record_target, point_label, point_overrides, write_record
+    from .tuning import TuningSearch, point_label, point_overrides
+    from .tuning_record import check_record_target, write_record
 
     check_record_target(grid.out)  # refused: nothing trained
     base = load_config(grid.config, grid.set)

@@ -128,7 +128,7 @@ def _compare_existing(req: CompareRequest) -> Comparison:
     """compare_runs: the runs found, a tuned sweep's folder compared at each point's chosen values."""
     import dataclasses
 
-    from ..tuning import read_record
+    from ..tuning_record import read_record
 
     run_dirs, missing = discover(req.paths, req.runs_dir, req.folder)
     paths = req.paths
