@@ -238,3 +238,14 @@ def test_cli_train_compare_and_backfill_write_event_files(tmp_path):
     assert r.exit_code == 0 and r.stdout.count("wrote ") == 2 and f"--logdir {root}" in r.stdout
     r = CliRunner().invoke(app, ["tensorboard", str(tmp_path)])
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_soft_modes_distance_is_a_scalar_where_it_is_logged():
+    from tiedlm.tensorboard import record_scalars
+
+    row = {"kind": "train", "step": 7, "loss": 3.0, "lr": 1e-3, "grad_norm": 0.5, "tokens_per_s": 10.0,
+           "w_out_minus_e": 0.25, "tie_penalty": 0.01}
+    tags = {tag: value for tag, value, _ in record_scalars(row)}
+    assert tags["train/w_out_minus_e"] == 0.25 and tags["train/tie_penalty"] == 0.01
+    del row["w_out_minus_e"], row["tie_penalty"]  # a tied or untied run: no such scalar
+    assert not any("w_out" in tag or "penalty" in tag for tag, _, _ in record_scalars(row))

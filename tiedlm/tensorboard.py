@@ -2,7 +2,8 @@
 never the record itself (metrics.jsonl stays the source of truth, and `backfill` rebuilds `tb/`
 from it at any time).
 
-Scalars, at the training step: `train/loss`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`,
+Scalars, at the training step: `train/loss`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`
+(and `train/w_out_minus_e`, `train/tie_penalty` for the soft and pull modes),
 `val/loss` and `val/perplexity` (the periodic evaluation), and at the end `final/<split>/...`
 (and `final_best/<split>/...` for the kept best weights); as text, the run (name, tied or
 untied, the architecture where it is not gpt2, seed, variant) and its parameter breakdown. `tensorboard --logdir runs/` shows the runs
@@ -32,7 +33,8 @@ SUFFIX = ".tiedlm"  # the end of the name of every event file tiedlm writes: how
 _EVENTS = "events.out.tfevents."  # how every TensorBoard event file's name begins
 INSTALL_HINT = "pip install 'tiedlm[tensorboard]'"
 # metrics.jsonl record kind -> (tag prefix, the record's fields written as scalars)
-_SCALARS = {"train": ("train", ("loss", "lr", "grad_norm", "tokens_per_s")),
+# w_out_minus_e and tie_penalty: soft and pull runs only (‖W_out − E‖ and the penalty); absent elsewhere
+_SCALARS = {"train": ("train", ("loss", "lr", "grad_norm", "tokens_per_s", "w_out_minus_e", "tie_penalty")),
             "eval": ("val", ("loss", "perplexity"))}
 _FINAL_FIELDS = ("loss", "perplexity", "bits_per_byte", "word_perplexity")
 
