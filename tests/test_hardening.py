@@ -65,6 +65,7 @@ VALID = {
     "model.tie_embeddings": ("bool",),
     "model.lm_head_bias": ("bool",),
     "model.untie_rank": ("zero",),  # rank 0: exactly tied (a rank needs model.tie_mode: lowrank)
+    "model.tie_strength": ("zero",),  # 0: no strength, the default (a strength needs model.tie_mode: soft or pull)
     "train.compile": ("bool",),
     "train.decay_embeddings": ("bool",),
     "train.threads": ("zero",),  # 0 keeps torch's default

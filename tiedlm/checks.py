@@ -194,6 +194,8 @@ LLAMA_KEYS = {"n_kv_head": None, "intermediate_size": None, "multiple_of": 64, "
 def _validate_arch(m: Any) -> None:
     _check(m.arch in ARCHS, f"model.arch must be gpt2 or llama, got {m.arch!r}")
     check_positive(m.norm_eps, "model.norm_eps")
+    check_at_most(m.norm_eps, 1.0, "model.norm_eps", "it sits beside activations' mean square, of order 1; "
+                  "norms use 1e-5 or 1e-6")
     if m.arch != "llama":
         for key, default in LLAMA_KEYS.items():
             _check(getattr(m, key) == default, f"model.{key} applies to Llama-style blocks only — set model.arch: "

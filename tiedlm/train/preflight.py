@@ -1,0 +1,74 @@
+"""Everything that can refuse a run, found before anything is written to its folder: the
+device and its rank, the budget, a verified checkpoint to resume from, the data and its identity,
+the splits to score, and whether the model fits (train_run calls `preflight` first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import checkpoints, runs
+from ..config import Config
+from ..errors import ConfigError, RunError
+from ..tensorboard import TrainingLog, require
+from .optim import budget_steps, untie_step
+
+
+@dataclass
+class Preflight:
+    """Everything that can refuse a run, found before anything is written to its folder."""
+
+    device: Any
+    dtype: str  # fp32 | bf16
+    total_steps: int
+    untie_step: int | None  # the step at which an untie_at run splits in two
+    data: Any  # data.PreparedData
+    checkpoint: Path | None = None  # the checkpoint to resume from
+    checkpoint_note: str | None = None  # how it was found, when not through LATEST
+    loaded: tuple | None = None  # checkpoints.load_checkpoint(checkpoint): verified, not yet applied
+    old_report: runs.RunReport | None = None
+    tb: TrainingLog | None = None  # train.log_to: tensorboard, opened by the loop once the model is built
+    dist: Any = None  # distributed.Dist: this process's rank among the run's processes (one by default)
+
+
+def preflight(cfg: Config, run_dir: Path, device: Any, fresh: bool, progress: bool, d: Any = None) -> Preflight:
+    """The device this process uses (`device`, train.device resolved, or its rank's GPU), the
+    budget, a verified checkpoint (resuming), the data and its identity, and whether the model
+    fits: any of them refuses the run while its folder is still untouched."""
+    from ..counting import check_fits
+    from ..data import data_identity, prepare_data
+    from ..device import resolve_dtype
+    from ..distributed import Dist, check_batch, main_first, start
+
+    if "tensorboard" in cfg.train.log_to:
+        require()
+    d = d or Dist()
+    check_batch(cfg.train.batch_size, d)
+    if d.active and cfg.model.untie_at is not None and cfg.train.compile:
+        raise ConfigError("model.untie_at with train.compile under torchrun is not supported — drop one of them")
+    device = start(d, device)
+    total = budget_steps(cfg)
+    if cfg.model.untie_at is not None and total < 2:
+        raise ConfigError(f"model.untie_at needs at least 2 training steps, the budget gives {total} — "
+                          "raise train.max_steps / train.max_tokens or drop model.untie_at")
+    ckpt, note = (None, None) if fresh else checkpoints.resolve_checkpoint(run_dir)
+    loaded = checkpoints.load_checkpoint(ckpt) if ckpt is not None else None
+    best = ((loaded[1] or {}).get("best") or {}).get("weights") if loaded is not None else None
+    if best and cfg.train.keep_best:  # the kept best weights the checkpoint names must be intact
+        checkpoints.verify_checkpoint(run_dir / runs.CHECKPOINTS / best)
+    old = None if fresh else runs.read_report(run_dir)
+    data = main_first(d, lambda: prepare_data(cfg, progress=progress))  # rank 0 fills the token cache
+    missing = [s for s in cfg.eval.splits if s not in data.splits]
+    if missing:
+        raise ConfigError(f"eval.splits names {missing[0]!r} but the data has no such split (it has "
+                          f"{', '.join(data.splits)}) — set eval.splits to the splits there are, "
+                          "or give the data that split")
+    if loaded is not None and old and old.data_identity not in (None, data_identity(data)):
+        raise RunError(f"the data or tokenizer of {run_dir} changed since the run started (source fingerprint "
+                       "or tokenizer key differ), so its checkpoint no longer fits the tokens — restore the "
+                       "data, or start afresh with --overwrite")
+    check_fits(cfg.model, data.model_vocab_size, max(cfg.train.batch_size, cfg.eval.batch_size), device)
+    return Preflight(device, resolve_dtype(cfg.train.dtype, device), total, untie_step(cfg, total), data,
+                     ckpt, note, loaded, old, dist=d)
