@@ -60,8 +60,8 @@ def shape_from_config(path: Path) -> Shape:
     cfg = load_config(path)
     m = cfg.model
     assert m.arch == "llama" and cfg.tokenizer.pad_to_multiple == 1
-    return Shape(cfg.name, d=m.n_embd, L=m.n_layer, H=m.n_head, KV=m.n_kv_head, V=cfg.tokenizer.vocab_size,
-                 hf_intermediate=m.intermediate_size, intermediate=m.intermediate_size, multiple_of=m.multiple_of,
+    return Shape(cfg.name, d=m.n_embd, L=m.n_layer, H=m.n_head, KV=m.kv_heads, V=cfg.tokenizer.vocab_size,
+                 hf_intermediate=m.mlp_size, intermediate=m.intermediate_size, multiple_of=m.multiple_of,
                  bias=m.bias, T=m.block_size)
 
 

@@ -548,3 +548,24 @@ def power_analysis(test: TestResult, power: float = POWER, alpha: float = ALPHA)
 def fmt_threshold(p: float) -> str:
     """A nominal threshold with 3 significant digits: 0.0122, 0.000346; 0 when no stop was possible."""
     return f"{p:.3g}" if p > 0 else "0"
+
+
+def chi2_sf(x: float, k: int) -> float:
+    """P(χ²_k > x) for an integer k ≥ 1, in closed form: for even k, e^(−x/2)·Σ_{i<k/2} (x/2)^i/i!;
+    for odd k, erfc(√(x/2)) + e^(−x/2)·Σ_{i=1}^{(k−1)/2} (x/2)^(i−1/2)/Γ(i+1/2)."""
+    if k < 1 or int(k) != k:
+        raise ValueError(f"chi2_sf needs an integer k >= 1, got {k}")
+    if x <= 0:
+        return 1.0
+    h = x / 2.0
+    if k % 2 == 0:
+        term, total = 1.0, 1.0
+        for i in range(1, k // 2):
+            term *= h / i
+            total += term
+        return min(1.0, math.exp(-h) * total)
+    total, term = math.erfc(math.sqrt(h)), math.sqrt(2.0 * x / math.pi)  # term: (x/2)^(1/2)/Γ(3/2)
+    for i in range(1, (k - 1) // 2 + 1):
+        total += math.exp(-h) * term
+        term *= h / (i + 0.5)
+    return min(1.0, total)

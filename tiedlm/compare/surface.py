@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from ..naming import scalar
-from .stats import LEVEL, number, t_ppf, t_two_sided_p
+from .stats import LEVEL, chi2_sf, number, t_ppf, t_two_sided_p
 
 INTERACTION_CELLS = 6  # fit u·v from this many cells on (4 parameters, ≥ 2 residual degrees of freedom)
 GRID = 41  # points of the contour along the free axis
@@ -120,27 +120,6 @@ class Surface:
 
 
 # ============================================================================ the numbers
-
-
-def chi2_sf(x: float, k: int) -> float:
-    """P(χ²_k > x) for an integer k ≥ 1, in closed form: for even k, e^(−x/2)·Σ_{i<k/2} (x/2)^i/i!;
-    for odd k, erfc(√(x/2)) + e^(−x/2)·Σ_{i=1}^{(k−1)/2} (x/2)^(i−1/2)/Γ(i+1/2)."""
-    if k < 1 or int(k) != k:
-        raise ValueError(f"chi2_sf needs an integer k >= 1, got {k}")
-    if x <= 0:
-        return 1.0
-    h = x / 2.0
-    if k % 2 == 0:
-        term, total = 1.0, 1.0
-        for i in range(1, k // 2):
-            term *= h / i
-            total += term
-        return min(1.0, math.exp(-h) * total)
-    total, term = math.erfc(math.sqrt(h)), math.sqrt(2.0 * x / math.pi)  # term: (x/2)^(1/2)/Γ(3/2)
-    for i in range(1, (k - 1) // 2 + 1):
-        total += math.exp(-h) * term
-        term *= h / (i + 0.5)
-    return min(1.0, total)
 
 
 @dataclass
