@@ -303,12 +303,7 @@ def draw_tying_map(ax: Any, t: TyingMap) -> None:
                 linestyle="-" if t.significant_sides((a, b)) == 2 else (0, (2, 1.2)))
     ax.set_xlim(-0.5, nc - 0.5)
     ax.set_ylim(-0.5, nr - 0.5)
-    ax.set_xticks(range(nc))
-    ax.set_xticklabels([scalar(c) for c in t.cols])
-    ax.set_yticks(range(nr))
-    ax.set_yticklabels([scalar(r) for r in t.rows])
-    ax.set_xlabel(t.col_short)
-    ax.set_ylabel(t.row_short)
+    _label_map_axes(ax, t)
     bar = ax.figure.colorbar(im, ax=ax)
     bar.set_label(f"tying effect on {t.split} perplexity")
     bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda x, _: percent(x, 1) if abs(x) > 1e-12 else "0%"))
@@ -434,12 +429,7 @@ def _bucket_panel(ax: Any, t: TyingMap, which: str, vmax: float) -> Any:
                     fontweight="bold" if b.significant else "normal")
     im = ax.imshow(np.ma.masked_invalid(data), cmap="RdBu_r", vmin=-vmax, vmax=vmax, origin="lower", aspect="auto")
     ax.set_facecolor("0.85")
-    ax.set_xticks(range(nc))
-    ax.set_xticklabels([scalar(c) for c in t.cols])
-    ax.set_yticks(range(nr))
-    ax.set_yticklabels([scalar(r) for r in t.rows])
-    ax.set_xlabel(t.col_short)
-    ax.set_ylabel(t.row_short)
+    _label_map_axes(ax, t)
     ax.set_title(f"{which}: {name}" if name else which, fontsize=9)
     return im
 
@@ -486,3 +476,13 @@ def plot_tuning(tuning: Tuning, path: Path) -> None:
         ax.set_yscale("log")
         plain_ticks(ax, "y", log=True)
         ax.legend(fontsize=7 if other else None)
+
+
+def _label_map_axes(ax: Any, t: Any) -> None:
+    """A map's cells on integer positions, labelled by the two keys' values."""
+    ax.set_xticks(range(len(t.cols)))
+    ax.set_xticklabels([scalar(c) for c in t.cols])
+    ax.set_yticks(range(len(t.rows)))
+    ax.set_yticklabels([scalar(r) for r in t.rows])
+    ax.set_xlabel(t.col_short)
+    ax.set_ylabel(t.row_short)
