@@ -433,3 +433,16 @@ def test_compare_config_sets_the_mode_against_untied(mode):
     untied = load_config(None, [*sets, *variants[1][1]]).model
     assert (own.tie_mode, own.tie_strength, own.tie_embeddings) == (mode, 0.5, False)
     assert (untied.tie_mode, untied.tie_strength, untied.tie_embeddings) == (None, 0.0, False)
+
+
+def test_untied_is_the_baseline_of_a_dial_not_the_dial_itself(tiny, tmp_path):
+    """soft and pull have two matrices, as untied has; the comparison still sets them against the
+    plain untied model (it was the first of the two-matrix variants, alphabetically, before)."""
+    from tiedlm.compare import compare_runs
+
+    for name, sets in (("pull", ["model.tie_mode=pull", "model.tie_strength=1"]),
+                       ("soft", [*SOFT, "model.tie_strength=1"]), ("untied", ["model.tie_embeddings=false"])):
+        train_run_quiet(tiny(*sets, "train.max_steps=4"), tmp_path, name)
+    c = compare_runs(runs_dir=tmp_path, out=tmp_path / "cmp")
+    assert c.baseline_label == "untied" and c.baseline_reason == "the untied variant"
+    assert {v.label: v.tied for v in c.variants} == {"untied": False, "pull λ=1": True, "soft λ=1": True}

@@ -284,12 +284,14 @@ def label_variants(configs: list[Config], ignore: Sequence[str] = ()) -> tuple[l
         values = flat(cfg)
         parts = [cfg.model.tie.label if key == mode else f"{short[key]}={scalar(values[key])}"
                  for key in ordered if key not in MODE_KEYS or key == mode]
-        labels.append(", ".join(parts) or ("untied" if cfg.model.tie.two_matrices else "tied"))  # a single variant
+        labels.append(", ".join(parts) or ("untied" if cfg.model.tie.mode == "untied" else "tied"))  # a single variant
     return labels, ordered
 
 
 def _is_untied(variant: Candidate | Variant) -> bool:
-    return variant.config.model.tie.two_matrices
+    """The plain untied model, the default baseline: soft and pull have two matrices too, but they
+    are dials set against it."""
+    return variant.config.model.tie.mode == "untied"
 
 
 def _baseline_by_query(variants: Sequence[Any], query: str) -> tuple[Any, str]:
@@ -412,7 +414,7 @@ def aggregate(label: str, runs: list[LoadedRun], key: str = "") -> Variant:
     # a run untied part-way (model.untie_at) ends with both matrices: count what it ends with
     params = report.params_after_untie or first.params
     return Variant(
-        label=label, config_hash=first.config_hash, config=first.config, tied=not first.config.model.tie.two_matrices,
+        label=label, config_hash=first.config_hash, config=first.config, tied=first.config.model.tie.mode != "untied",
         seeds=[r.seed for r in runs], runs=[r.name for r in runs],
         metrics={s: _split_metrics(runs, s) for s in SPLITS if any(run_loss(r, s) is not None for r in runs)},
         params=params if isinstance(params, dict) else {},
