@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..formatting import fmt_p, percent
 from ..nats import relative
-from .stats import TestResult, paired_test, welch_test
+from .stats import TestResult, paired_test, significant, welch_test
 
 
 class NotComparable(ValueError):
@@ -71,7 +72,8 @@ def effect_difference(a: dict, b: dict, variant: str = "tied", reference: str = 
 
 
 def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{relative(x) * 100:+.2f}%"
+    """A loss difference as the ratio it makes, as every comparison shows one: +9.88%."""
+    return percent(relative(x))
 
 
 def describe(result: EffectDifference, name_a: str, name_b: str) -> str:
@@ -81,9 +83,8 @@ def describe(result: EffectDifference, name_a: str, name_b: str) -> str:
                 f"(95% CI {_pct(t.ci_low)} to {_pct(t.ci_high)}, {t.n} seeds)")
 
     d = result.difference
-    p = "p n/a" if d.p_value is None else f"p={d.p_value:.3g}"
-    beyond = (d.ci_low is not None and (d.ci_low > 0 or d.ci_high < 0))
-    verdict = "the effects differ beyond the noise between seeds" if beyond else \
+    p = fmt_p(d.p_value)
+    verdict = "the effects differ beyond the noise between seeds" if significant(d.p_value) else \
         "the interval holds 0: no difference between the effects is shown"
     return "\n".join([effect(name_a, result.effect_a), effect(name_b, result.effect_b),
                       f"difference ({name_a} over {name_b}, as a ratio of the perplexity ratios): {_pct(d.difference)} "
