@@ -177,7 +177,7 @@ def _validate_model(m: Any) -> None:
     _check(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
     if m.untie_at is not None:
         _check(0.0 < m.untie_at < 1.0, f"model.untie_at must be a fraction in (0, 1), got {m.untie_at}")
-        if m.tie.mode not in ("soft", "pull"):  # their own message is tie.check_stored's
+        if not m.tie.strengthened:  # soft and pull: their own message is tie.check_stored's
             _check(not m.tie.two_matrices,
                    "model.untie_at needs model.tie_embeddings: true (only a tied model can untie)")
     _check(m.embed_scale in EMBED_SCALES, f"model.embed_scale must be 1 or sqrt_d, got {m.embed_scale!r}")

@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, RunError
+from .export_llama import CLASS as LLAMA_CLASS
 from .nats import perplexity
+from .tie import STRENGTHENED
 
 TOLERANCE = 1e-4  # largest |logit difference| accepted between tiedlm and transformers (fp32)
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -57,7 +59,7 @@ def writes_tied(model: Any) -> bool:
 
 def hf_class(cfg: Any) -> str:
     """The transformers class a run is exported as."""
-    return "LlamaForCausalLM" if cfg.model.arch == "llama" else "GPT2LMHeadModel"
+    return LLAMA_CLASS if cfg.model.arch == "llama" else "GPT2LMHeadModel"
 
 
 def check_exportable(cfg: Any, tied: bool) -> None:
@@ -230,7 +232,7 @@ def summary(r: ExportResult) -> str:
     form = "tied" if r.tied else "untied"
     if r.mode is not None:
         form = f"{r.mode}, written tied: its W_out is E" if r.tied else \
-            f"{r.mode}, written untied: lm_head is its own W_out" if r.mode in ("soft", "pull") else \
+            f"{r.mode}, written untied: lm_head is its own W_out" if r.mode in STRENGTHENED else \
             f"{r.mode}, written untied: lm_head is the materialised W_out"
     lines = [f"exported {r.checkpoint} ({form}) to {r.out} as a {r.hf_class}"]
     if r.verified:

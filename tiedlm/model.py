@@ -202,7 +202,7 @@ class GPT(nn.Module):
         self.built_tie = cfg.tie  # the config's tie; current_tie is the tie now (untie_at splits it)
         if not self.built_tie.two_matrices:
             self.tie()
-        elif self.built_tie.mode in ("soft", "pull"):  # W_out starts as E's copy (its own init drawn, then replaced,
+        elif self.built_tie.strengthened:  # W_out starts as E's copy (its own init drawn, then replaced,
             with torch.no_grad():  # so that the random stream, and E and the blocks, are untied's at a seed)
                 self.lm_head.weight.copy_(self.transformer.wte.weight)
         # The modes' extra parameters come after every other initialisation, so that their weights
@@ -302,7 +302,7 @@ class GPT(nn.Module):
     def tie_distance(self) -> torch.Tensor | None:
         """‖W_out − E‖_F (a 0-d tensor, no gradient) of a soft model, what its λ pulls to 0; None
         for the other modes."""
-        if self.built_tie.mode not in ("soft", "pull"):
+        if not self.built_tie.strengthened:
             return None
         with torch.no_grad():
             return torch.linalg.vector_norm(self.lm_head.weight - self.transformer.wte.weight)

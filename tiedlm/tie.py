@@ -72,7 +72,7 @@ class Tie:
     @property
     def label(self) -> str:
         """How reports name it: tied, untied, projection, lowrank r=8, split r=8, soft λ=0.01, pull λ=100."""
-        if self.mode in STRENGTHENED:
+        if self.strengthened:
             return f"{self.mode} λ={self.strength:g}"
         return f"{self.mode} r={self.rank}" if self.mode in RANKED else self.mode
 
@@ -80,7 +80,7 @@ class Tie:
     def tag(self) -> str:
         """How run names spell it: tied, untied, projection, lowrank-r8, split-r8, or soft-l0.01 (run
         names allow letters, digits and - _ . = +: 1e-05 and 1e+03 are kept as they are)."""
-        if self.mode in STRENGTHENED:
+        if self.strengthened:
             return f"{self.mode}-l{self.strength:g}"
         return f"{self.mode}-r{self.rank}" if self.mode in RANKED else self.mode
 
@@ -89,6 +89,11 @@ class Tie:
         """Whether W_out is a Parameter of its own beside E (untied, soft); otherwise W_out is E or
         is built from it, and `lm_head.weight` is E."""
         return self.mode in TWO_MATRICES
+
+    @property
+    def strengthened(self) -> bool:
+        """Whether the mode has a strength λ (soft, pull): two matrices that λ draws together."""
+        return self.mode in STRENGTHENED
 
     @property
     def penalised(self) -> bool:
