@@ -4,21 +4,21 @@ Reads top to bottom: the GPT-2 block (CausalSelfAttention, MLP, Block), the Llam
 (rotary embeddings, GroupedQueryAttention, SwiGLU, LlamaBlock), then GPT, which stacks either kind
 (`model.arch`). Names follow GPT-2 / nanoGPT (wte, wpe, h, ln_f, lm_head, n_layer, n_embd) on
 both, so that counts can be checked against them; export.py renames to each transformers class.
-A Llama-style block (Touvron et al. 2023; the blocks of Llama 3.2, Qwen2.5, SmolLM) is pre-norm
+A Llama-style block (Touvron et al. 2023; the blocks of Llama 3.2 and SmolLM2) is pre-norm
 RMSNorm, attention with rotary embeddings on q and k and n_kv_head key/value heads, and a gated MLP
 (SwiGLU); the model has no position matrix, so E is its only embedding, and a final RMSNorm.
 
 Tying (Press & Wolf 2017; Inan et al. 2017): `lm_head.weight` *is* `wte.weight`, one Parameter
 used twice, so its gradient is the sum of the gradients of both uses and AdamW keeps one state.
-Two modes build W_out from that shared E (`model.tie_mode`; `lm_head.weight` is still E):
+Three modes build W_out from that shared E (`model.tie_mode`; `lm_head.weight` is still E):
 `projection`, Press & Wolf's, logits = (P h) Eᵀ with a learned d×d map P (`head_proj`, starting at
 the identity, weight-decayed); `lowrank`, W_out = E + A·Bᵀ with A (V×r, `head_a`, starting at
 zero) and B (d×r, `head_b`, orthonormal columns), a dial from tied (r = 0) towards untied; and
 `split`, W_out = [W_r, E[:, r:]] with W_r (V×r, `head_own`, starting as E's first r columns) a
 matrix of its own: the dial that reaches both ends (r = 0 tied, r = d untied from a tied start).
 All three start as the tied model. `head()` gives what the output layer computes with; `output_weight()` the
-effective W_out (V×d), which analyze and export use. A third, `soft`, is two matrices, as untied,
-with W_out starting as a copy of E and the training loss adding λ/2·‖W_out − E‖² (`tie_penalty()`,
+effective W_out (V×d), which analyze and export use. Two more, `soft` and `pull`, are two matrices, as
+untied: W_out starts as a copy of E, and soft's training loss adds λ/2·‖W_out − E‖² (`tie_penalty()`,
 added once per optimizer step by train/step.py, never to an evaluation's loss); `pull` is soft
 decoupled from Adam (`pull_tie()`, a step of W_out and E towards each other after the optimizer's).
 """
