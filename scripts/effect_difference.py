@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tiedlm.compare.between import describe, effect_difference  # noqa: E402
-from tiedlm.files import json_text  # noqa: E402
+from tiedlm.files import json_text, os_error_line  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         a, b = (json.loads(p.read_text()) for p in (args.a, args.b))
         result = effect_difference(a, b, args.variant, args.reference, args.split)
-    except (OSError, ValueError) as exc:  # NotComparable is a ValueError, as is a bad JSON file
+    except OSError as exc:  # a missing or unreadable file: tiedlm's own line for it
+        print(f"effect_difference: {os_error_line(exc)}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # NotComparable is a ValueError, as is a bad JSON file
         print(f"effect_difference: {exc}", file=sys.stderr)
         return 2
     print(describe(result, args.name_a, args.name_b))
