@@ -4,7 +4,9 @@ by Holm over the two, --seeds auto deciding on the primary one, the width match 
 force count, and the refusals. A stand-in trainer (tests/test_compare_tuning.py's kind): no model
 is trained, the losses are given per variant and seed."""
 
+import csv
 import dataclasses
+import io
 import json
 import math
 import re
@@ -112,6 +114,58 @@ def test_match_params_with_tuning_tunes_the_matched_variant_and_judges_both_cont
     data = json.loads((tmp_path / "runs" / "compare" / "comparison.json").read_text())
     got = {x["role"]: x for x in data["match_contrasts"]["contrasts"]}
     assert got["primary"]["p_holm"] == pytest.approx(max(p1, 2 * p2)) and got["matched"]["significant"] is True
+
+
+@pytest.mark.parametrize("match", ["params", "params:width"])
+def test_compare_folder_finds_the_match_and_judges_the_same_family(tmp_path, stand_in, match):
+    """`tiedlm compare FOLDER` on a --match comparison's runs: the match recognised from the
+    variants, the two contrasts Holm-adjusted as compare --config did, in .json and .csv."""
+    c = compare(tmp_path, stand_in, match=match)
+    again = C.compare_runs([tmp_path / "runs"], runs_dir=tmp_path / "runs", out=tmp_path / "again")
+    assert again.match is not None and again.match.by == c.match.by
+    assert (again.match.matched_n_layer, again.match.matched_n_embd) == (c.match.matched_n_layer,
+                                                                          c.match.matched_n_embd)
+    assert [(m.role, m.label) for m in again.family.members] == [(m.role, m.label) for m in c.family.members]
+    assert [m.p_holm for m in again.family.members] == pytest.approx([m.p_holm for m in c.family.members])
+    assert [m.significant for m in again.family.members] == [m.significant for m in c.family.members]
+    assert any("--match " + match + " comparison's" in n for n in again.notes)
+    data = json.loads((tmp_path / "again" / "comparison.json").read_text())
+    assert [x["role"] for x in data["match_contrasts"]["contrasts"]] == ["primary", "matched"]
+    rows = {r["variant"]: r for r in csv.DictReader(io.StringIO((tmp_path / "again" / "comparison.csv").read_text()))
+            if r["row_type"] == "variant"}
+    for m in again.family.members:
+        assert float(rows[m.label]["test_p_holm"]) == pytest.approx(m.p_holm)
+        assert rows[m.label]["match_role"] == m.role and rows[m.label]["test_significant"] == str(m.significant)
+
+
+def test_a_tuned_compare_refuses_a_tuning_record_it_did_not_write_before_training(tmp_path, stand_in):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "tuning.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"tuning.json was not written by tiedlm, or was changed since — move it "
+                                          r"away, or train into another folder \(out: in a grid file, --out"):
+        compare(tmp_path, stand_in)
+    assert stand_in.calls == [] and (tmp_path / "runs" / "tuning.json").read_text() == "{}"
+
+
+def test_only_the_depth_or_width_a_match_would_choose_is_taken_for_one(tmp_path, stand_in):
+    """found_match on a --match comparison's variants, then with the grown one a layer deeper, with
+    another block size (a key that is neither grown nor tuned), and without the untied one."""
+    from tiedlm.compare.matching import found_match
+
+    c = compare(tmp_path, stand_in, match="params", tune=["train.lr=2e-3"], seeds=1)
+    variants = c.variants
+    assert found_match(variants, ["train.lr"]).matched_n_layer == c.match.matched_n_layer
+
+    def changed(v, **model):
+        cfg = dataclasses.replace(v.config, model=dataclasses.replace(v.config.model, **model))
+        return dataclasses.replace(v, config=cfg)
+
+    grown = c.variant(c.family.members[1].label)
+    deeper = [changed(v, n_layer=v.config.model.n_layer + 1) if v is grown else v for v in variants]
+    assert found_match(deeper, ["train.lr"]) is None
+    other = [changed(v, block_size=32) if v is grown else v for v in variants]
+    assert found_match(other, ["train.lr"]) is None
+    assert found_match([v for v in variants if v.tied], ["train.lr"]) is None
 
 
 def test_holm_can_take_back_a_raw_significance(tmp_path, stand_in):

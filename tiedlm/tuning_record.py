@@ -41,7 +41,8 @@ class TuningRecord:
         on = (f"the verdict is on {primary}, the split that chose the tuned values, so it favours each variant's "
               "chosen point — use --primary test" if primary == "validation" else f"the verdict is on {primary}")
         return [f"the tuning record was ignored: {self.ignored}. Every grid point is compared as a variant of its "
-                f"own, not each variant at its chosen value; {on}. Rerun the sweep to write the record again"]
+                f"own, not each variant at its chosen value; {on}. Rerun the sweep (or compare --config) that trained "
+                "them to write the record again"]
 
     def notes(self) -> list[str]:
         """The comparison's notes: what was tuned, and each variant's choice."""
@@ -52,19 +53,19 @@ class TuningRecord:
         only = single_point([[p.get("label") for p in v.get("points") or [] if isinstance(p, dict)]
                              for v in variants])
         if only is not None:
-            return [f"{not_compared(tuned, only)} (the sweep's {self.folder / RECORD}); each grid point is compared "
+            return [f"{not_compared(tuned, only)} ({self.folder / RECORD}); each grid point is compared "
                     "at it, on test"]
         choices = [f"{v.get('variant')}: {(v.get('chosen') or {}).get('label', 'none')}"
                    + (f" (edge: {v['edge']})" if v.get("edge") else "")
                    + (f" (bound: {v['bound']})" if v.get("bound") else "")
                    for v in self.tuning.get("variants") or []]
-        return [f"{', '.join(tuned)} tuned per variant on validation by the sweep ({self.folder / RECORD}): each "
+        return [f"{', '.join(tuned)} tuned per variant on validation ({self.folder / RECORD}): each "
                 "variant is compared at its own choice, on test; labels and twins leave the tuned keys out",
                 *(["chosen: " + "; ".join(choices)] if choices else [])]
 
 
 def check_record_target(folder: Path) -> None:
-    """Before a tuned sweep trains: refuse a tuning.json in its runs folder that tiedlm did not
+    """Before a tuned sweep or a tuned compare --config trains: refuse a tuning.json in its runs folder that tiedlm did not
     write, and remove tiedlm's own (an earlier sweep's, perhaps of another grid): the new one is
     written when this sweep's runs are done, so an interrupted sweep leaves no stale record."""
     from .files import foreign_files
@@ -72,23 +73,25 @@ def check_record_target(folder: Path) -> None:
     folder = Path(folder)
     found = foreign_files(folder, [RECORD])
     if found:
-        raise ConfigError(f"{found[0]} was not written by tiedlm, or was changed since — move it away, or set another "
-                          "out: in the grid file")
+        raise ConfigError(f"{found[0]} was not written by tiedlm, or was changed since — move it away, or train into "
+                          "another folder (out: in a grid file, --out for compare --config)")
     (folder / RECORD).unlink(missing_ok=True)
 
 
-def _sweep_runs(tuning: Tuning, chosen: list[str]) -> list[str]:
-    return sorted({*chosen, *(name for v in tuning.variants for p in v.points for name in p.runs.values())})
+def _sweep_runs(tuning: Tuning, chosen: list[str], others: list[str]) -> list[str]:
+    return sorted({*chosen, *others, *(name for v in tuning.variants for p in v.points for name in p.runs.values())})
 
 
-def write_record(folder: Path, tuning: Tuning, chosen: list[str]) -> Path:
-    """tuning.json into a tuned sweep's runs folder (atomically, recorded as tiedlm's)."""
+def write_record(folder: Path, tuning: Tuning, chosen: list[str], others: list[str] = ()) -> Path:
+    """tuning.json into a tuned sweep's (or a tuned `compare --config`'s) runs folder, atomically,
+    recorded as tiedlm's. `others` are runs it trained that are neither tuning runs nor compared
+    (--seeds auto's shared-value runs)."""
     from .files import atomic_write_json, recording
 
     folder = Path(folder)
     with recording(folder, [RECORD], "out:", overwrite=True):
         atomic_write_json(folder / RECORD, {"format": 1, "keys": tuned_keys(tuning), "chosen": sorted(chosen),
-                                            "runs": _sweep_runs(tuning, chosen), "tuning": tuning.to_json()})
+                                            "runs": _sweep_runs(tuning, chosen, list(others)), "tuning": tuning.to_json()})
     return folder / RECORD
 
 

@@ -15,7 +15,7 @@ from ..errors import ConfigError, RunError
 from .collect import LeftOut, LoadedRun
 from .datasets import DataSet, data_difference, data_sets, mixed_data_message
 from .grid import MatchedContrast, matched_contrasts
-from .matching import MatchFamily, ParamMatch, match_family
+from .matching import MatchFamily, ParamMatch, found_match, match_family
 from .stats import ALPHA, LEVEL, POWER, number
 from .trajectory import Trajectory, contrast_trajectories, variant_json
 from .variants import (
@@ -313,6 +313,15 @@ def _contrast(variants: list[Variant], keys: list[str], baseline: str | None, ba
     return base, why, []
 
 
+def _found_match_note(match: ParamMatch | None) -> list[str]:
+    """The note of a parameter match recognised in the runs (matching.found_match)."""
+    if match is None:
+        return []
+    return [f"These runs are a --match {match.option} comparison's (the tied model with {match.grown()} is the one "
+            "closest to the untied parameter count), so its two contrasts against untied are judged together by "
+            "Holm, as compare --config --match judges them."]
+
+
 def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: str | None, out: str,
                      match: ParamMatch | None = None, primary: str = PRIMARY, tuned: list[str] = ()) -> Comparison:
     """Group runs into data sets and variants, aggregate, and contrast: in a grid without --baseline,
@@ -335,6 +344,9 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
     labels, keys = _labels(kept, tuned)  # within the data set, so that labels name only what differs there
     variants = [aggregate(lab, kept[h], h) for lab, h in zip(labels, kept)]
     _check_primary(variants, primary)
+    found = None
+    if match is None and not baseline and base_key is None:  # a --match comparison's runs, compared as a folder
+        match = found = found_match(variants, tuned)
     base, reason, matched = _contrast(variants, keys, baseline, base_key, match, tuned)
     family = match_family(match, variants, base, primary)
     order = {label: i for i, m in enumerate(matched) for label in (m.tied, m.untied)}  # settings in numeric order
@@ -351,7 +363,7 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
         baseline_label=base.label if base else None, baseline_reason=why or reason, differing_keys=keys,
         variants=variants, runs=rows, skipped=skipped,
         notes=[n for r in groups[home].runs for n in r.notes] + _resolution_note(variants)
-        + (missing_map_note(matched) if tmap is None else []), data_sets=len(groups),
+        + (missing_map_note(matched) if tmap is None else []) + _found_match_note(found), data_sets=len(groups),
         not_compared=not_compared, match=match, family=family, tiedlm_version=__version__, primary=primary,
         mode="matched" if matched else "baseline", matched=matched,
         trajectories=contrast_trajectories(variants, kept))  # on the runs: metrics.jsonl, read again

@@ -221,10 +221,16 @@ def train_for_comparison(req: CompareRequest, spec: Any) -> tuple[list[Path], Fo
                                     plan.match) if seeds.auto else None)
             span = seeds.after(trained, contrast)
         found.sequential = seeds.record
+        extra: list[Path] = []
         if shared is not None:
-            dirs = plan.dirs(req.runs_dir, 0, seeds.seeds, point=shared)
+            extra = dirs = plan.dirs(req.runs_dir, 0, seeds.seeds, point=shared)
             found.tuning.shared = shared_verdict(found.tuning, shared, dirs, found.failed, req, primary, plan.match)
-        return plan.dirs(req.runs_dir, 0, seeds.seeds), found
+        chosen = plan.dirs(req.runs_dir, 0, seeds.seeds)
+        if found.tuning is not None:  # so that `tiedlm compare FOLDER` compares these runs as this command does
+            from ..tuning_record import write_record
+
+            write_record(req.runs_dir, found.tuning, [d.name for d in chosen], [d.name for d in extra])
+        return chosen, found
 
 
 def _tune(req: CompareRequest, plan: ComparisonPlan, spec: Any, executor: Any) -> Any:
@@ -237,6 +243,9 @@ def _tune(req: CompareRequest, plan: ComparisonPlan, spec: Any, executor: Any) -
         raise ConfigError("with tuning, validation chose each variant's value, so the verdict is on test — drop "
                           "--primary validation")
     check_outputs(req.folder, [], req.analyze, req.overwrite_output)  # refused: nothing trained
+    from ..tuning_record import check_record_target
+
+    check_record_target(req.runs_dir)
     selection = "kept best weights" if plan.base.train.keep_best else "final weights"
     search = TuningSearch(spec, plan.variants, plan.source, req.runs_dir, plan.base.seed, selection, plan.base)
     stage = search.next_stage()

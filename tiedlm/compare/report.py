@@ -393,7 +393,9 @@ def to_markdown(c: Comparison) -> str:
 # ============================================================================ comparison.csv
 
 
-def _csv_columns(splits: list[str], bucket_names: list[str]) -> list[str]:
+def _csv_columns(splits: list[str], bucket_names: list[str], primary: str) -> list[str]:
+    """The columns; `match_role` and PRIMARY_p_holm are a --match comparison's (its two contrasts, Holm
+    over the two on the primary split), empty in the other rows."""
     cols = ["row_type", "variant", "run", "seeds", "n_seeds", "config_hash"]
     for s in splits:
         cols += [f"{s}_perplexity", f"{s}_perplexity_ci_low", f"{s}_perplexity_ci_high", f"{s}_loss",
@@ -405,8 +407,9 @@ def _csv_columns(splits: list[str], bucket_names: list[str]) -> list[str]:
     for s in splits:
         cols += [f"{s}_effect", f"{s}_effect_ci_low", f"{s}_effect_ci_high", f"{s}_loss_diff",
                  f"{s}_loss_diff_ci_low", f"{s}_loss_diff_ci_high", f"{s}_p_value", f"{s}_test",
-                 f"{s}_perplexity_diff", f"{s}_detectable_effect", f"{s}_seeds_needed"]
-    return cols + ["params_relative_change", "train_flops_relative_change", "weights", "best_step",
+                 f"{s}_significant", f"{s}_perplexity_diff", f"{s}_detectable_effect", f"{s}_detectable_decrease",
+                 f"{s}_seeds_needed"]
+    return cols + ["match_role", f"{primary}_p_holm", "params_relative_change", "train_flops_relative_change", "weights", "best_step",
                    "last_above_best", "reason", "path"]
 
 
@@ -414,7 +417,7 @@ def _csv_contrast(s: str, d: SplitContrast) -> dict[str, Any]:
     return {f"{s}_effect": d.relative, f"{s}_effect_ci_low": d.relative_ci_low,
             f"{s}_effect_ci_high": d.relative_ci_high, f"{s}_loss_diff": d.difference,
             f"{s}_loss_diff_ci_low": d.ci_low, f"{s}_loss_diff_ci_high": d.ci_high, f"{s}_p_value": d.p_value,
-            f"{s}_test": d.test, f"{s}_perplexity_diff": d.perplexity_difference,
+            f"{s}_test": d.test, f"{s}_significant": d.significant, f"{s}_perplexity_diff": d.perplexity_difference,
             f"{s}_detectable_effect": d.power.mde_relative if d.power else None,
             f"{s}_detectable_decrease": d.power.mde_relative_down if d.power else None,
             f"{s}_seeds_needed": d.power.seeds_needed if d.power else None}
@@ -464,8 +467,11 @@ def _cell(x: Any) -> Any:
 def to_csv(c: Comparison) -> str:
     """One row per variant, one per run, one per run not compared (other data) and one per run left
     out; the row_type column tells them apart."""
-    cols = _csv_columns(_present_splits(c), c.bucket_names("validation"))
+    cols = _csv_columns(_present_splits(c), c.bucket_names("validation"), c.primary)
     rows = [_csv_variant(v) for v in c.variants] + [_csv_run(r) for r in c.runs]
+    for m in c.family.members if c.family is not None else []:
+        row = next(r for r in rows if r["variant"] == m.label)
+        row.update({"match_role": m.role, f"{c.family.split}_p_holm": m.p_holm})
     rows += [{"row_type": "not_compared", "variant": n.variant, "run": name, "seeds": seed, "reason": n.reason,
               "path": path} for n in c.not_compared for name, seed, path in zip(n.runs, n.seeds, n.paths)]
     rows += [{"row_type": "skipped", "run": s.name, "reason": s.reason, "path": s.path} for s in c.skipped]
