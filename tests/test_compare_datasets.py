@@ -39,19 +39,23 @@ def make_two_vocab_sizes(runs: Path, seeds=(0, 1)) -> None:
         make_run(runs, f"v4096-untied-s{s}", s, UNTIED + V4096, val=124.0 + s, identity=ident("syn4096", "w4096"))
 
 
-def test_runs_on_different_data_are_refused_with_how_the_data_differ(tmp_path):
+def test_runs_on_different_data_without_twins_are_refused_with_how_the_data_differ(tmp_path):
     from typer.testing import CliRunner
 
     from tiedlm.cli import app
 
     runs = tmp_path / "runs"
     make_two_vocab_sizes(runs)
+    for s in (0, 1):  # the 4096 data set keeps its tied runs only: no contrast of them stays on their data
+        for f in (runs / f"v4096-untied-s{s}").iterdir():
+            f.unlink()
+        (runs / f"v4096-untied-s{s}").rmdir()
     with raises_exactly(RunError) as err:
         C.compare_runs(runs_dir=runs)
     msg = str(err.value)
     assert "\n" not in msg and "2 different data sets" in msg and "never compared" in msg
     assert "data.synthetic.vocab_size 1000 vs 4096" in msg and "tokenizer.vocab_size 8192 vs 4096" in msg
-    assert f"tiedlm compare {runs / 'v1000-'}*" in msg and f"{runs / 'v4096-'}*: 4 runs" in msg
+    assert f"tiedlm compare {runs / 'v1000-'}*" in msg and f"{runs / 'v4096-tied-s'}*: 2 runs" in msg
     assert "--baseline" in msg
     assert not (runs / "compare").exists()  # nothing written, no verdict drawn
 
@@ -60,8 +64,26 @@ def test_runs_on_different_data_are_refused_with_how_the_data_differ(tmp_path):
     assert "lower perplexity" not in r.output and "higher perplexity" not in r.output
 
     # the runs of one data set at a time compare as before, with short labels
-    one = C.compare_runs([str(runs / "v4096-*")], runs_dir=runs)
+    one = C.compare_runs([str(runs / "v1000-*")], runs_dir=runs)
     assert [v.label for v in one.variants] == ["untied", "tied"] and one.data_sets == 1
+
+
+def test_a_grid_across_data_sets_contrasts_each_tied_variant_with_its_twin_on_its_own_data(tmp_path):
+    """A tokenizer (or corpus) axis: every tied variant has its untied twin on the same data, so each
+    contrast is a ratio within one data set, and the comparison says the perplexities are not comparable."""
+    runs = tmp_path / "runs"
+    make_two_vocab_sizes(runs)
+    c = C.compare_runs(runs_dir=runs)
+    assert c.data_sets == 2 and c.mode == "matched" and c.baseline_label is None
+    got = {m.tied: m.untied for m in c.matched}
+    assert len(got) == 2 and all(("1000" in t) == ("1000" in u) for t, u in got.items())  # twins on their own data
+    for m in c.matched:  # each effect is its own data set's: by hand from the two seeds' perplexities
+        small = "1000" in m.tied
+        tied_ppl, untied_ppl = ((40.0, 41.0), (41.0, 42.0)) if small else ((120.0, 121.0), (124.0, 125.0))
+        want = math.exp(sum(math.log(t / u) for t, u in zip(tied_ppl, untied_ppl)) / 2) - 1
+        assert m.split("validation").relative == pytest.approx(want)
+    assert any("the runs are on 2 data sets" in n and "not comparable" in n for n in c.notes)
+    assert any("data.synthetic.vocab_size" in n and "tokenizer.vocab_size" in n for n in c.notes)
 
 
 def test_baseline_compares_within_its_data_set_and_lists_the_others(tmp_path):

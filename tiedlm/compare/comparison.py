@@ -313,6 +313,49 @@ def _contrast(variants: list[Variant], keys: list[str], baseline: str | None, ba
     return base, why, []
 
 
+def _twins_across_data_sets(groups: list[DataSet], kept_by_group: list[dict[str, list[LoadedRun]]],
+                            tuned: Sequence[str], match: ParamMatch | None) -> tuple | None:
+    """A grid whose points differ in their data (a tokenizer axis, say): (kept, labels, keys, variants,
+    matched contrasts) when every variant has its twin, identical in every other key, trained on the
+    same data set, so that no contrast crosses data; None otherwise (the comparison is refused as
+    before). Perplexities of different data sets are never contrasted; the effects are ratios within one."""
+    if match is not None:
+        return None
+    entries = [(gi, h) for gi, kept in enumerate(kept_by_group) for h in kept]
+    if len({h for _, h in entries}) != len(entries):  # one config on two data sets: the files changed
+        return None
+    kept = {h: kept_by_group[gi][h] for gi, h in entries}
+    home = {h: gi for gi, h in entries}
+    labels, keys = _labels(kept, tuned)
+    variants = [aggregate(lab, kept[h], h) for lab, h in zip(labels, kept)]
+    matched = matched_contrasts(variants, keys, tuned)
+    by_label = {v.label: v for v in variants}
+    paired = {lab for m in matched for lab in (m.tied, m.untied)}
+    if not matched or paired != set(by_label):
+        for v in variants:
+            v.vs_baseline = None
+        return None
+    if any(home[by_label[m.tied].key] != home[by_label[m.untied].key] for m in matched):
+        for v in variants:
+            v.vs_baseline = None
+        return None
+    return kept, labels, keys, variants, matched
+
+
+def _across_note(groups: list[DataSet], matched: list, across: tuple | None) -> list[str]:
+    if across is None:
+        return []
+    from .datasets import data_view
+
+    views = [[data_view(r.config) for r in g.runs] for g in groups]
+    own = [k for k in views[0][0] if all(len({repr(v[k]) for v in vs}) == 1 for vs in views)
+           and len({repr(vs[0][k]) for vs in views}) > 1]  # one value in each data set, not the same in all
+    what = ", ".join(own) if own else data_difference(groups[0], groups[1])
+    return [f"the runs are on {len(groups)} data sets (they differ in {what}); each tied variant is contrasted with its untied twin on the "
+            "same data, so every effect is a ratio within one data set, and perplexities of different data sets "
+            "are not comparable with each other"]
+
+
 def _found_match_note(match: ParamMatch | None) -> list[str]:
     """The note of a parameter match recognised in the runs (matching.found_match)."""
     if match is None:
@@ -333,21 +376,31 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
     groups = data_sets(runs)
     kept_by_group = [_one_per_seed(g.runs, skipped) for g in groups]
     not_compared: list[NotCompared] = []
-    why = ""
+    why, across = "", None
     if len(groups) == 1:
         home, base_key = 0, None
     elif not baseline or not baseline.strip():
-        raise RunError(mixed_data_message(groups))
+        across = _twins_across_data_sets(groups, kept_by_group, tuned, match)
+        if across is None:
+            raise RunError(mixed_data_message(groups))
+        home, base_key = 0, None
     else:
         home, base_key, why, not_compared = pick_data_set(groups, kept_by_group, baseline)
-    kept = kept_by_group[home]
-    labels, keys = _labels(kept, tuned)  # within the data set, so that labels name only what differs there
-    variants = [aggregate(lab, kept[h], h) for lab, h in zip(labels, kept)]
-    _check_primary(variants, primary)
-    found = None
-    if match is None and not baseline and base_key is None:  # a --match comparison's runs, compared as a folder
-        match = found = found_match(variants, tuned)
-    base, reason, matched = _contrast(variants, keys, baseline, base_key, match, tuned)
+    if across is not None:
+        kept, labels, keys, variants, matched = across
+        _check_primary(variants, primary)
+        base, reason = None, ("none: the runs are on several data sets, so each tied variant is contrasted with the "
+                              "untied variant identical in every other key, on its own data")
+        found = None
+    else:
+        kept = kept_by_group[home]
+        labels, keys = _labels(kept, tuned)  # within the data set, so that labels name only what differs there
+        variants = [aggregate(lab, kept[h], h) for lab, h in zip(labels, kept)]
+        _check_primary(variants, primary)
+        found = None
+        if match is None and not baseline and base_key is None:  # a --match comparison's runs, compared as a folder
+            match = found = found_match(variants, tuned)
+        base, reason, matched = _contrast(variants, keys, baseline, base_key, match, tuned)
     family = match_family(match, variants, base, primary)
     order = {label: i for i, m in enumerate(matched) for label in (m.tied, m.untied)}  # settings in numeric order
     if family is not None:  # the primary contrast (equal architecture) first, then the matched one
@@ -362,7 +415,8 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), out=out,
         baseline_label=base.label if base else None, baseline_reason=why or reason, differing_keys=keys,
         variants=variants, runs=rows, skipped=skipped,
-        notes=[n for r in groups[home].runs for n in r.notes] + _resolution_note(variants)
+        notes=[n for g in (groups if across is not None else [groups[home]]) for r in g.runs for n in r.notes]
+        + _across_note(groups, matched, across) + _resolution_note(variants)
         + (missing_map_note(matched) if tmap is None else []) + _found_match_note(found), data_sets=len(groups),
         not_compared=not_compared, match=match, family=family, tiedlm_version=__version__, primary=primary,
         mode="matched" if matched else "baseline", matched=matched,
