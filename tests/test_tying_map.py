@@ -201,6 +201,24 @@ def test_no_map_without_two_numeric_keys_and_two_rows_and_columns(settings):
     assert tying_map([matched(s, 0.01) for s in settings], "validation") is None
 
 
+def test_a_text_key_that_a_numeric_axis_determines_is_set_aside_and_named():
+    """A paired grid axis, tokenizer.kind beside tokenizer.vocab_size: the map's axes are the two
+    numeric keys, and the summary says which kind sits at which vocabulary sizes."""
+    kinds = {512: "bpe", 2048: "bpe", 10000: "word"}
+    ms = [matched({"tokenizer.kind": kinds[v], "tokenizer.vocab_size": v, F: f}, 0.01 * i - 0.02)
+          for i, (v, f) in enumerate((v, f) for v in kinds for f in (0.5, 1.0))]
+    t = tying_map(ms, "validation")
+    assert (t.row_key, t.col_key) == ("tokenizer.vocab_size", F) and t.rows == [512, 2048, 10000]
+    assert t.follows == {"tokenizer.kind": {"bpe": [512, 2048], "word": [10000]}}
+    assert "tokenizer.kind follows the axes (bpe at 512, 2048; word at 10000), so it is not an axis of its own." \
+        in t.summary_lines()
+    assert t.to_json()["follows"] == t.follows and len(t.cells) == 6
+    # a text key the numeric keys do not determine leaves three keys: no map
+    mixed = [matched({"tokenizer.kind": k, "tokenizer.vocab_size": v, F: f}, 0.01)
+             for k in ("bpe", "word") for v in (512, 2048) for f in (0.5, 1.0)]
+    assert tying_map(mixed, "validation") is None
+
+
 def test_no_map_for_nothing_or_two_contrasts_at_one_setting():
     assert tying_map([], "validation") is None
     ms = grid(STAIRS)

@@ -92,6 +92,7 @@ class TyingMap:
     crossover: list[Edge] = field(default_factory=list)
     bucket_split: str | None = None  # the split the cells' bucket effects are on (None: no buckets)
     surface: Any = None  # surface.Surface: the fitted surface over the cells
+    follows: dict[str, dict[str, list]] = field(default_factory=dict)  # a key the axes determine -> its values' cells
 
     def cell(self, row: Any, col: Any) -> MapCell | None:
         return self.cells.get((row, col))
@@ -119,7 +120,7 @@ class TyingMap:
         return {"split": self.split, "row_key": self.row_key, "col_key": self.col_key, "row_short": self.row_short,
                 "col_short": self.col_short, "rows": list(self.rows), "cols": list(self.cols), "cells": cells,
                 "crossover": edges, "bucket_split": self.bucket_split, "buckets_summary": bucket_lines(self),
-                "surface": self.surface.to_json() if self.surface is not None else None,
+                "surface": self.surface.to_json() if self.surface is not None else None, "follows": self.follows,
                 "summary": self.summary_lines()}
 
     def summary_lines(self) -> list[str]:
@@ -174,6 +175,27 @@ def _bucket_split(matched: list[MatchedContrast], split: str) -> str | None:
     return None
 
 
+def _axes(matched: list[MatchedContrast], keys: list[str]) -> tuple[list[str], dict[str, dict[str, list]]]:
+    """The map's keys, with each non-numeric key that another key's values determine set aside (a
+    paired grid axis: tokenizer.kind beside tokenizer.vocab_size): (the keys left, {key set aside:
+    {its value: the determining key's values}}). Keys are kept as they are when none is set aside."""
+    follows: dict[str, dict[str, list]] = {}
+    left = list(keys)
+    for k in keys:
+        if all(_numeric(m.setting[k]) for m in matched):
+            continue
+        for by in (x for x in left if x != k and all(_numeric(m.setting[x]) for m in matched)):
+            seen: dict[Any, Any] = {}
+            if all(seen.setdefault(m.setting[by], m.setting[k]) == m.setting[k] for m in matched):
+                values: dict[str, list] = {}
+                for m in matched:
+                    values.setdefault(str(m.setting[k]), []).append(m.setting[by])
+                follows[k] = {v: sorted(set(xs)) for v, xs in values.items()}
+                left.remove(k)
+                break
+    return left, follows
+
+
 def tying_map(matched: list[MatchedContrast], primary: str) -> TyingMap | None:
     """The map of the matched contrasts on the split `primary`; None unless every setting has the
     same two keys, both with numeric values, each setting has one contrast (not several tied
@@ -181,9 +203,10 @@ def tying_map(matched: list[MatchedContrast], primary: str) -> TyingMap | None:
     if not matched:
         return None
     keys = list(matched[0].setting)
-    if len(keys) != 2 or any(set(m.setting) != set(keys) for m in matched):
+    if any(set(m.setting) != set(keys) for m in matched):
         return None
-    if not all(_numeric(m.setting[k]) for m in matched for k in keys):
+    keys, follows = _axes(matched, keys)
+    if len(keys) != 2 or not all(_numeric(m.setting[k]) for m in matched for k in keys):
         return None
     row_key, col_key = keys
     cells: dict[Cell, MapCell] = {}
@@ -199,7 +222,7 @@ def tying_map(matched: list[MatchedContrast], primary: str) -> TyingMap | None:
     short = short_keys(keys)
     tmap = TyingMap(split=primary, row_key=row_key, col_key=col_key, row_short=short[row_key],
                     col_short=short[col_key], rows=sorted({r for r, _ in cells}), cols=sorted({c for _, c in cells}),
-                    cells=cells, bucket_split=bucket_split)
+                    cells=cells, bucket_split=bucket_split, follows=follows)
     tmap.crossover = _crossover(tmap)
     order = list(cells)  # Holm over the cells: the map is one family of tests, read together
     for at, p in zip(order, holm([cells[at].p_value if cells[at].effect is not None else None for at in order])):
@@ -326,6 +349,9 @@ def _summary(t: TyingMap) -> list[str]:
     lines = [f"Tying map on {t.split} perplexity, {t.row_short} (rows) × {t.col_short} (columns): "
              f"{len(known)} of {total} cells have a result; effect = tied / untied perplexity − 1 "
              "(negative: tying helps)."]
+    for key, values in t.follows.items():
+        which = "; ".join(f"{v} at {', '.join(scalar(x) for x in xs)}" for v, xs in values.items())
+        lines.append(f"{key} follows the axes ({which}), so it is not an axis of its own.")
     for sign, verb, side in ((-1, "helps", "below"), (1, "hurts", "above")):
         hit = [f"{t.name(at)} ({_effect_words(c)})" for at, c in known if c.significant and c.sign == sign]
         lines.append(f"Tying {verb} significantly (95% CI {side} zero) at {len(hit)} of {len(known)} cells"
