@@ -10,6 +10,7 @@ fp32 matmul rate measured in the same run.
     python scripts/bench.py --shapes "base.yaml,llama base,llama wide vocab" --no-extra   # some shapes
     python scripts/bench.py --chunks      # the fused loss's chunk size, by the training step (base, wide vocab)
     python scripts/bench.py --under-load --rounds 3   # each OpenMP policy quiet and beside a competing process
+    python scripts/bench.py --pool-ceiling            # one step on every core vs two one-core workers at once
 
 Training throughput is a full step (forward, backward, clipping, AdamW) on random tokens after
 warm-up steps. The six models of a shape (tiedlm tied and untied with its fused cross-entropy,
@@ -361,15 +362,19 @@ def chunk_sizes(args) -> None:
 
 
 def load_table(args) -> None:
-    """--under-load: the policies' table, the matmul rate measured first, in the same run."""
+    """--under-load (the policies' table) or --pool-ceiling (what two one-thread workers can buy), the
+    matmul rate measured first, in the same run."""
     import torch
 
     import bench_load
 
     ceiling = matmul_rate(torch.device("cpu"), torch.float32)
-    result = bench_load.under_load(rounds=args.rounds, steps=args.steps, warmup=args.warmup)
+    if args.pool_ceiling:
+        result = bench_load.pool_ceiling(rounds=args.rounds, steps=args.steps, warmup=args.warmup)
+    else:
+        result = bench_load.under_load(rounds=args.rounds, steps=args.steps, warmup=args.warmup)
     result.update(matmul_flops=ceiling, torch=torch.__version__, cores=os.cpu_count())
-    bench_load.print_table(result, ceiling)
+    (bench_load.print_pool if args.pool_ceiling else bench_load.print_table)(result, ceiling)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"\nwrote {args.json}")
@@ -411,6 +416,8 @@ def main() -> None:
                     "sizes of the fused loss (tiedlm.loss.CHUNK_BYTES), in turn, and stop")
     ap.add_argument("--under-load", action="store_true", help="the main job's step quiet and beside a competing "
                     "2-thread process, for each OpenMP wait policy (scripts/bench_load.py), and stop")
+    ap.add_argument("--pool-ceiling", action="store_true", help="the main job's step on every core alone, and on "
+                    "one core each in two processes at once: the most --jobs auto can buy (scripts/bench_load.py)")
     ap.add_argument("--json", type=Path, default=None, help="where to write the results (default: bench.json "
                     "beside this script; --quick writes none unless asked)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -421,7 +428,7 @@ def main() -> None:
         args.steps, args.rounds, args.warmup = 1, 1, 1
     if args.chunks:
         return chunk_sizes(args)
-    if args.under_load:
+    if args.under_load or args.pool_ceiling:
         return load_table(args)
     result = run(args)
     path = args.json or (None if args.quick else Path(__file__).with_name("bench.json"))
