@@ -417,7 +417,7 @@ def main() -> None:
     ap.add_argument("--under-load", action="store_true", help="the main job's step quiet and beside a competing "
                     "2-thread process, for each OpenMP wait policy (scripts/bench_load.py), and stop")
     ap.add_argument("--pool-ceiling", action="store_true", help="the main job's step on every core alone, and on "
-                    "one core each in two processes at once: the most --jobs auto can buy (scripts/bench_load.py)")
+                    "one core each in a process per core at once: the best --jobs auto can do (scripts/bench_load.py)")
     ap.add_argument("--json", type=Path, default=None, help="where to write the results (default: bench.json "
                     "beside this script; --quick writes none unless asked)")
     ap.add_argument("--child", help=argparse.SUPPRESS)

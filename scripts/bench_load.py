@@ -180,46 +180,53 @@ def print_table(result: dict, matmul_flops: float) -> None:
 
 
 def pool_ceiling(rounds: int = 3, steps: int = 5, warmup: int = 2) -> dict:
-    """--pool-ceiling: what `--jobs auto` can buy on this machine at the main job's shape, quiet.
-    One process with every core (tiedlm's default wait) takes `steps` steps alone; then two
-    one-thread processes (the workers `--jobs auto` starts on 2 cores) take theirs at the same time,
-    in turn round by round. Two runs in parallel take `parallel` per step each, one run on every
-    core `alone` per step, so the pool's wall time for a batch of runs is at best
-    parallel / (2 · alone) of one-after-another: the ceiling, before any stage waits for its last run."""
+    """--pool-ceiling: what `--jobs auto` can buy at the main job's shape, quiet. One process on
+    every usable core (tiedlm's default wait) takes `steps` steps alone, one one-thread process takes
+    its steps alone, and then n one-thread processes (the workers `--jobs auto` starts on n cores)
+    take theirs at the same time, in turn round by round. A batch of runs on the pool takes at best
+    `ratio` = parallel / (n · alone) of its time one after another on every core: lower is better,
+    and that is before any stage waits for its last run."""
     from tiedlm.device import thread_env
+    from tiedlm.parallel import available_cores
 
-    cores = str(os.cpu_count() or 1)
-    envs = [{"OMP_NUM_THREADS": cores, **thread_env({})}] + [{"OMP_NUM_THREADS": "1", **thread_env({})}] * 2
-    timers = [start_timer(env) for env in envs]
+    n = available_cores()
+    envs = [{"OMP_NUM_THREADS": str(n), **thread_env({})}] + [{"OMP_NUM_THREADS": "1", **thread_env({})}] * n
+    timers: list[subprocess.Popen] = []
     try:
-        [json.loads(t.stdout.readline()) for t in timers]
+        for env in envs:
+            timers.append(start_timer(env))
+        for t in timers:
+            json.loads(t.stdout.readline())
         alone, parallel, single = [], [], []
         order = {"warmup": warmup, "steps": steps}
         for _ in range(rounds):
             alone += ask(timers[0], order)["times"]
             single += ask(timers[1], order)["times"]
-            for t in timers[1:]:  # both one-thread workers at once
+            for t in timers[1:]:  # every one-thread worker at once
                 t.stdin.write(json.dumps(order) + "\n")
                 t.stdin.flush()
             for t in timers[1:]:
-                parallel += json.loads(t.stdout.readline())["times"]
+                line = t.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"a timing process ended early (exit {t.wait()})")
+                parallel += json.loads(line)["times"]
     finally:
         for proc in timers:
             end(proc)
     a, p, one = (statistics.median(x) for x in (alone, parallel, single))
-    return {"shape": list(MAIN_JOB[1:]), "cores": int(cores), "alone_s": a, "one_thread_s": one,
-            "parallel_s": p, "ceiling": p / (2 * a), "contention": p / one, "steps": len(alone)}
+    return {"shape": list(MAIN_JOB[1:]), "cores": n, "alone_s": a, "one_thread_s": one, "parallel_s": p,
+            "ratio": p / (n * a), "contention": p / one, "steps": len(alone)}
 
 
 def print_pool(result: dict, matmul_flops: float) -> None:
     r = result
     print(f"\nthe main job's step, median of {r['steps']} steps; the 2048³ matmul ran at {matmul_flops / 1e9:.0f} "
           "GFLOP/s in this run")
-    print(f"| one process, {r['cores']} threads | one process, 1 thread | two 1-thread processes at once (each) "
-          "| --jobs auto's ceiling |")
+    print(f"| one process, {r['cores']} threads | one process, 1 thread | {r['cores']} 1-thread processes at once "
+          "(each; against 1 thread alone) | --jobs auto's best time / --jobs 1's |")
     print("| ---: | ---: | ---: | ---: |")
     print(f"| {r['alone_s'] * 1e3:.0f} ms | {r['one_thread_s'] * 1e3:.0f} ms | {r['parallel_s'] * 1e3:.0f} ms "
-          f"({r['contention']:.2f}× alone) | {r['ceiling']:.2f}× |")
+          f"({r['contention']:.2f}×) | {r['ratio']:.2f}× |")
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--timer"]:

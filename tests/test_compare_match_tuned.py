@@ -147,6 +147,23 @@ def test_a_tuned_compare_refuses_a_tuning_record_it_did_not_write_before_trainin
     assert stand_in.calls == [] and (tmp_path / "runs" / "tuning.json").read_text() == "{}"
 
 
+def test_a_tuned_compare_leaves_no_record_beside_other_runs_or_after_seeds_auto(tmp_path, stand_in):
+    """tuning.json speaks for every run of its folder: beside another command's runs, or with the
+    sequential design's levels (which it does not carry), none is written, and a note says why."""
+    runs = tmp_path / "runs"
+    make_run(runs, "other-tied-s0", 0, ["model.tie_embeddings=true"], val=50.0)
+    c = compare(tmp_path, stand_in, tune=["train.lr=2e-3"], seeds=2)
+    assert not (runs / "tuning.json").exists()
+    assert any("no tuning.json was left in the runs folder" in n and "other-tied-s0" in n and "--out" in n
+               for n in c.notes)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    c = C.compare_config(config(alone), [], seeds="auto", max_seeds=3, match="params", tune=["train.lr=2e-3"],
+                         runs_dir=alone / "runs", progress=False, train=stand_in.train)
+    assert not (alone / "runs" / "tuning.json").exists()
+    assert any("sequential design (--seeds auto)" in n for n in c.notes)
+
+
 def test_only_the_depth_or_width_a_match_would_choose_is_taken_for_one(tmp_path, stand_in):
     """found_match on a --match comparison's variants, then with the grown one a layer deeper, with
     another block size (a key that is neither grown nor tuned), and without the untied one."""

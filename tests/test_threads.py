@@ -129,14 +129,18 @@ def test_the_bench_s_competing_process_is_ended_by_pid():
 
 
 def test_the_pool_ceiling_times_both_workers_at_once_and_ends_every_timer(monkeypatch):
-    """scripts/bench.py --pool-ceiling's arithmetic on its own medians, and no timer left running."""
+    """scripts/bench.py --pool-ceiling: one timer on every core and one per core, its arithmetic on
+    its own medians, and no timer left running."""
     mod = bench_load()
     started = []
     real = mod.start_timer
     monkeypatch.setattr(mod, "start_timer", lambda env: started.append(real(env)) or started[-1])
+    from tiedlm.parallel import available_cores
+
     r = mod.pool_ceiling(rounds=1, steps=2, warmup=0)
-    assert [p.args[-1] for p in started] == ["--timer"] * 3 and all(p.returncode is not None for p in started)
-    assert r["steps"] == 2 and r["cores"] == (os.cpu_count() or 1)
-    assert r["ceiling"] == pytest.approx(r["parallel_s"] / (2 * r["alone_s"]))
+    n = available_cores()
+    assert [p.args[-1] for p in started] == ["--timer"] * (n + 1) and all(p.returncode is not None for p in started)
+    assert r["steps"] == 2 and r["cores"] == n
+    assert r["ratio"] == pytest.approx(r["parallel_s"] / (n * r["alone_s"]))
     assert r["contention"] == pytest.approx(r["parallel_s"] / r["one_thread_s"])
     assert all(r[k] > 0 for k in ("alone_s", "one_thread_s", "parallel_s"))

@@ -209,8 +209,10 @@ def test_a_text_key_that_a_numeric_axis_determines_is_set_aside_and_named():
           for i, (v, f) in enumerate((v, f) for v in kinds for f in (0.5, 1.0))]
     t = tying_map(ms, "validation")
     assert (t.row_key, t.col_key) == ("tokenizer.vocab_size", F) and t.rows == [512, 2048, 10000]
-    assert t.follows == {"tokenizer.kind": {"bpe": [512, 2048], "word": [10000]}}
-    assert "tokenizer.kind follows the axes (bpe at 512, 2048; word at 10000), so it is not an axis of its own." \
+    assert t.follows == {"tokenizer.kind": {"by": "tokenizer.vocab_size", "values": {"bpe": [512, 2048],
+                                                                                    "word": [10000]}}}
+    assert "tokenizer.kind follows tokenizer.vocab_size (bpe at 512, 2048; word at 10000), so it is not an axis of " \
+           "its own." \
         in t.summary_lines()
     assert t.to_json()["follows"] == t.follows and len(t.cells) == 6
     # a text key the numeric keys do not determine leaves three keys: no map

@@ -64,7 +64,7 @@ class TuningRecord:
                 *(["chosen: " + "; ".join(choices)] if choices else [])]
 
 
-def check_record_target(folder: Path) -> None:
+def check_record_target(folder: Path, remove: bool = True) -> None:
     """Before a tuned sweep or a tuned compare --config trains: refuse a tuning.json in its runs folder that tiedlm did not
     write, and remove tiedlm's own (an earlier sweep's, perhaps of another grid): the new one is
     written when this sweep's runs are done, so an interrupted sweep leaves no stale record."""
@@ -75,7 +75,8 @@ def check_record_target(folder: Path) -> None:
     if found:
         raise ConfigError(f"{found[0]} was not written by tiedlm, or was changed since — move it away, or train into "
                           "another folder (out: in a grid file, --out for compare --config)")
-    (folder / RECORD).unlink(missing_ok=True)
+    if remove:  # a tuned compare --config keeps another command's record until it writes its own
+        (folder / RECORD).unlink(missing_ok=True)
 
 
 def _sweep_runs(tuning: Tuning, chosen: list[str], others: list[str]) -> list[str]:

@@ -179,6 +179,8 @@ def _compare_held(run_dirs: list[Path], left_out: list[LeftOut], req: CompareReq
     if tuning is not None:
         c.tuning = tuning
         c.notes.append(tuning_note(tuning, primary))
+    if found.record_note:
+        c.notes.append(found.record_note)
     c.notes += overtrained_notes(runs, select) + [r.analysis_note for r in runs if r.analysis_note]
     for v in c.variants:
         v.verdicts = verdicts_for(v, c)

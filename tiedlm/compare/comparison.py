@@ -360,17 +360,18 @@ def _found_match_note(match: ParamMatch | None) -> list[str]:
     """The note of a parameter match recognised in the runs (matching.found_match)."""
     if match is None:
         return []
-    return [f"These runs are a --match {match.option} comparison's (the tied model with {match.grown()} is the one "
+    return [f"these runs are a --match {match.option} comparison's (the tied model with {match.grown()} is the one "
             "closest to the untied parameter count), so its two contrasts against untied are judged together by "
-            "Holm, as compare --config --match judges them."]
+            "Holm over the two, at fixed-seed levels"]
 
 
 def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: str | None, out: str,
                      match: ParamMatch | None = None, primary: str = PRIMARY, tuned: list[str] = ()) -> Comparison:
     """Group runs into data sets and variants, aggregate, and contrast: in a grid without --baseline,
     each tied variant with its matched untied variant; otherwise each variant with the baseline.
-    Runs on several data sets need --baseline (a RunError otherwise); then only the baseline's data
-    set is compared. The primary split must be one the runs were evaluated on (a ConfigError)."""
+    Runs on several data sets are compared as a grid when every tied variant has its untied twin on
+    its own data (_twins_across_data_sets); otherwise they need --baseline (a RunError without it),
+    and then only the baseline's data set is compared. The primary split must be one the runs were evaluated on (a ConfigError)."""
     from .. import __version__
 
     groups = data_sets(runs)
@@ -402,6 +403,8 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
             match = found = found_match(variants, tuned)
         base, reason, matched = _contrast(variants, keys, baseline, base_key, match, tuned)
     family = match_family(match, variants, base, primary)
+    if found is not None and family is None:  # recognised, but not judged as a family: compared as before
+        match = found = None
     order = {label: i for i, m in enumerate(matched) for label in (m.tied, m.untied)}  # settings in numeric order
     if family is not None:  # the primary contrast (equal architecture) first, then the matched one
         order = {m.label: i for i, m in enumerate(family.members)}

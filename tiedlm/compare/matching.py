@@ -190,30 +190,33 @@ def match_width(model_cfg: Any, vocab_size: int, count: Callable[[Any, int], dic
 def found_match(variants: list, tuned: Any = ()) -> ParamMatch | None:
     """The parameter match of runs that `compare --config --match` trained, compared again as a
     folder (`tiedlm compare FOLDER`): exactly one untied variant and two tied ones, one of them the
-    untied model tied and the other the tied model grown as match_params grows it (by depth or by
-    width), the three alike in every other model key except the tuned ones. None for any other set
-    of variants. The vocabulary is the untied variant's, read from its embedding's parameter count."""
+    untied model tied and the other that tied model grown as match_params grows it (by depth or by
+    width), each model equal to the one expected in every key but the tuned ones. None for any other
+    set of variants. The vocabulary is the untied variant's, read from its embedding's parameter count."""
     untied = [v for v in variants if v.tied is False]
-    tied = [v for v in variants if v.tied is True and v.config.model.tie.w_out_is_e]
+    tied = [v for v in variants if v.tied is True]
     if len(variants) != 3 or len(untied) != 1 or len(tied) != 2:
         return None
     model = untied[0].config.model
     wte = untied[0].params.get("wte")
-    if not isinstance(wte, int) or wte <= 0 or wte % model.n_embd:
+    if not isinstance(wte, int) or wte <= 0 or wte % model.n_embd or model.untie_at is not None:
         return None
     skip = {k.split(".", 1)[1] for k in tuned if k.startswith("model.")}
-    grown = {"n_layer", "n_embd", "n_head", "n_kv_head", "intermediate_size"}
 
-    def rest(m: Any) -> dict:
-        keep = dataclasses.replace(m.with_tie(UNTIED), untie_at=None)
-        return {k: v for k, v in dataclasses.asdict(keep).items() if k not in skip | grown}
+    def view(m: Any) -> dict:
+        return {k: v for k, v in dataclasses.asdict(m).items() if k not in skip}
 
-    if any(rest(v.config.model) != rest(model) for v in tied):
-        return None
+    plain = dataclasses.replace(model.with_tie(Tie("tied")), untie_at=None)
     for by in ("depth", "width"):
         match = match_params(model, wte // model.n_embd, by)
-        plain = [v for v in tied if (v.config.model.n_layer, v.config.model.n_embd) == (model.n_layer, model.n_embd)]
-        if match.adds_a_variant and len(plain) == 1 and any(match.is_matched(v.config.model) for v in tied):
+        if not match.adds_a_variant:
+            continue
+        more = {"n_layer": match.matched_n_layer} if by == "depth" else {
+            "n_embd": match.matched_n_embd, "n_head": match.matched_n_head,
+            **({"n_kv_head": match.matched_n_kv_head} if match.matched_n_kv_head is not None else {})}
+        grown = dataclasses.replace(plain, **more)
+        want = sorted((repr(view(plain)), repr(view(grown))))
+        if sorted(repr(view(v.config.model)) for v in tied) == want:
             return match
     return None
 

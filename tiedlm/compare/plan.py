@@ -105,6 +105,7 @@ class Found:
     tuning: Any = None
     sequential: Any = None
     record: Any = None
+    record_note: str | None = None  # why a tuned compare --config left no tuning.json
 
 
 @dataclass
@@ -226,11 +227,32 @@ def train_for_comparison(req: CompareRequest, spec: Any) -> tuple[list[Path], Fo
             extra = dirs = plan.dirs(req.runs_dir, 0, seeds.seeds, point=shared)
             found.tuning.shared = shared_verdict(found.tuning, shared, dirs, found.failed, req, primary, plan.match)
         chosen = plan.dirs(req.runs_dir, 0, seeds.seeds)
-        if found.tuning is not None:  # so that `tiedlm compare FOLDER` compares these runs as this command does
-            from ..tuning_record import write_record
-
-            write_record(req.runs_dir, found.tuning, [d.name for d in chosen], [d.name for d in extra])
+        if found.tuning is not None:
+            found.record_note = _leave_record(req, found, chosen, extra, seeds.auto)
         return chosen, found
+
+
+def _leave_record(req: CompareRequest, found: Found, chosen: list[Path], extra: list[Path], auto: bool) -> str | None:
+    """tuning.json into the runs folder, so that `tiedlm compare FOLDER` compares these runs as this
+    command does: only when the folder holds no run of another command (its record would not speak
+    for them, and another's record there is left alone) and the seeds were fixed (the sequential
+    design's levels are not in the record). Else the note that says why none was written."""
+    from ..tuning_record import RECORD, write_record
+    from .collect import discover
+
+    ours = {d.name for d in chosen} | {d.name for d in extra}
+    ours |= {name for v in found.tuning.variants for p in v.points for name in p.runs.values()}
+    here, _ = discover(None, req.runs_dir, req.folder)
+    others = sorted(d.name for d in here if d.name not in ours)
+    if auto:
+        why = "the seeds came from the sequential design (--seeds auto), whose levels a record does not carry"
+    elif others:
+        why = f"{req.runs_dir} also holds runs of other commands ({', '.join(others[:3])}{', …' * (len(others) > 3)})"
+    else:
+        write_record(req.runs_dir, found.tuning, sorted(d.name for d in chosen), sorted(d.name for d in extra))
+        return None
+    return (f"no {RECORD} was left in the runs folder: {why}; `tiedlm compare` of the folder would compare every "
+            f"tuning run as a variant of its own — give this command its own --out to have one")
 
 
 def _tune(req: CompareRequest, plan: ComparisonPlan, spec: Any, executor: Any) -> Any:
@@ -245,7 +267,7 @@ def _tune(req: CompareRequest, plan: ComparisonPlan, spec: Any, executor: Any) -
     check_outputs(req.folder, [], req.analyze, req.overwrite_output)  # refused: nothing trained
     from ..tuning_record import check_record_target
 
-    check_record_target(req.runs_dir)
+    check_record_target(req.runs_dir, remove=False)  # a record tiedlm did not write: refused
     selection = "kept best weights" if plan.base.train.keep_best else "final weights"
     search = TuningSearch(spec, plan.variants, plan.source, req.runs_dir, plan.base.seed, selection, plan.base)
     stage = search.next_stage()

@@ -394,8 +394,9 @@ def to_markdown(c: Comparison) -> str:
 
 
 def _csv_columns(splits: list[str], bucket_names: list[str], primary: str) -> list[str]:
-    """The columns; `match_role` and PRIMARY_p_holm are a --match comparison's (its two contrasts, Holm
-    over the two on the primary split), empty in the other rows."""
+    """The columns, the later additions last (so that a reader by position keeps its columns);
+    `match_role` and PRIMARY_p_holm are a --match comparison's (its two contrasts, Holm over the two on
+    the primary split), empty in the other rows."""
     cols = ["row_type", "variant", "run", "seeds", "n_seeds", "config_hash"]
     for s in splits:
         cols += [f"{s}_perplexity", f"{s}_perplexity_ci_low", f"{s}_perplexity_ci_high", f"{s}_loss",
@@ -407,10 +408,10 @@ def _csv_columns(splits: list[str], bucket_names: list[str], primary: str) -> li
     for s in splits:
         cols += [f"{s}_effect", f"{s}_effect_ci_low", f"{s}_effect_ci_high", f"{s}_loss_diff",
                  f"{s}_loss_diff_ci_low", f"{s}_loss_diff_ci_high", f"{s}_p_value", f"{s}_test",
-                 f"{s}_significant", f"{s}_perplexity_diff", f"{s}_detectable_effect", f"{s}_detectable_decrease",
-                 f"{s}_seeds_needed"]
-    return cols + ["match_role", f"{primary}_p_holm", "params_relative_change", "train_flops_relative_change", "weights", "best_step",
-                   "last_above_best", "reason", "path"]
+                 f"{s}_perplexity_diff", f"{s}_detectable_effect", f"{s}_seeds_needed"]
+    return cols + ["params_relative_change", "train_flops_relative_change", "weights", "best_step",
+                   "last_above_best", "reason", "path", "match_role", f"{primary}_p_holm",
+                   *(f"{s}_{k}" for s in splits for k in ("significant", "detectable_decrease"))]
 
 
 def _csv_contrast(s: str, d: SplitContrast) -> dict[str, Any]:

@@ -92,7 +92,7 @@ class TyingMap:
     crossover: list[Edge] = field(default_factory=list)
     bucket_split: str | None = None  # the split the cells' bucket effects are on (None: no buckets)
     surface: Any = None  # surface.Surface: the fitted surface over the cells
-    follows: dict[str, dict[str, list]] = field(default_factory=dict)  # a key the axes determine -> its values' cells
+    follows: dict[str, dict] = field(default_factory=dict)  # a key an axis determines -> {"by", "values"}
 
     def cell(self, row: Any, col: Any) -> MapCell | None:
         return self.cells.get((row, col))
@@ -175,11 +175,11 @@ def _bucket_split(matched: list[MatchedContrast], split: str) -> str | None:
     return None
 
 
-def _axes(matched: list[MatchedContrast], keys: list[str]) -> tuple[list[str], dict[str, dict[str, list]]]:
+def _axes(matched: list[MatchedContrast], keys: list[str]) -> tuple[list[str], dict[str, dict]]:
     """The map's keys, with each non-numeric key that another key's values determine set aside (a
     paired grid axis: tokenizer.kind beside tokenizer.vocab_size): (the keys left, {key set aside:
-    {its value: the determining key's values}}). Keys are kept as they are when none is set aside."""
-    follows: dict[str, dict[str, list]] = {}
+    {"by": the key that determines it, "values": {its value: that key's values}}}). Keys are kept as they are when none is set aside."""
+    follows: dict[str, dict] = {}
     left = list(keys)
     for k in keys:
         if all(_numeric(m.setting[k]) for m in matched):
@@ -190,7 +190,7 @@ def _axes(matched: list[MatchedContrast], keys: list[str]) -> tuple[list[str], d
                 values: dict[str, list] = {}
                 for m in matched:
                     values.setdefault(str(m.setting[k]), []).append(m.setting[by])
-                follows[k] = {v: sorted(set(xs)) for v, xs in values.items()}
+                follows[k] = {"by": by, "values": {v: sorted(set(xs)) for v, xs in values.items()}}
                 left.remove(k)
                 break
     return left, follows
@@ -349,9 +349,9 @@ def _summary(t: TyingMap) -> list[str]:
     lines = [f"Tying map on {t.split} perplexity, {t.row_short} (rows) × {t.col_short} (columns): "
              f"{len(known)} of {total} cells have a result; effect = tied / untied perplexity − 1 "
              "(negative: tying helps)."]
-    for key, values in t.follows.items():
-        which = "; ".join(f"{v} at {', '.join(scalar(x) for x in xs)}" for v, xs in values.items())
-        lines.append(f"{key} follows the axes ({which}), so it is not an axis of its own.")
+    for key, f in t.follows.items():
+        which = "; ".join(f"{v} at {', '.join(scalar(x) for x in xs)}" for v, xs in f["values"].items())
+        lines.append(f"{key} follows {f['by']} ({which}), so it is not an axis of its own.")
     for sign, verb, side in ((-1, "helps", "below"), (1, "hurts", "above")):
         hit = [f"{t.name(at)} ({_effect_words(c)})" for at, c in known if c.significant and c.sign == sign]
         lines.append(f"Tying {verb} significantly (95% CI {side} zero) at {len(hit)} of {len(known)} cells"
