@@ -69,7 +69,7 @@ def test_the_record_trusted_gives_the_chosen_points_on_test_and_no_warning(swept
 def test_a_deleted_record_is_said(swept, tmp_path):
     (swept / "tuning.json").unlink()
     c = compare_runs([swept], out=tmp_path / "cmp")
-    _says_ignored(c, tmp_path / "cmp", "which a tuned sweep wrote, is missing")
+    _says_ignored(c, tmp_path / "cmp", "which a tuned sweep or compare --config wrote, is missing")
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "edit"])
@@ -88,7 +88,7 @@ def test_a_corrupt_or_edited_record_is_said(swept, tmp_path, damage):
 def test_a_renamed_run_is_said(swept, tmp_path):
     (swept / "base-n_embd=32-lr=0.01-s1").rename(swept / "mine-s1")
     c = compare_runs([swept], out=tmp_path / "cmp")
-    _says_ignored(c, tmp_path / "cmp", "1 run here the sweep did not train (mine-s1: renamed, or added since)")
+    _says_ignored(c, tmp_path / "cmp", "1 run here the tuning did not train (mine-s1: renamed, or added since)")
 
 
 def test_a_foreign_run_is_said(swept, tmp_path):

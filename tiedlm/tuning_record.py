@@ -65,9 +65,10 @@ class TuningRecord:
 
 
 def check_record_target(folder: Path, remove: bool = True) -> None:
-    """Before a tuned sweep or a tuned compare --config trains: refuse a tuning.json in its runs folder that tiedlm did not
-    write, and remove tiedlm's own (an earlier sweep's, perhaps of another grid): the new one is
-    written when this sweep's runs are done, so an interrupted sweep leaves no stale record."""
+    """Before a tuned sweep or a tuned compare --config trains: refuse a tuning.json in its runs
+    folder that tiedlm did not write, and (`remove`, a sweep) remove tiedlm's own (an earlier
+    sweep's, perhaps of another grid): the new one is written when this sweep's runs are done, so an
+    interrupted sweep leaves no stale record."""
     from .files import foreign_files
 
     folder = Path(folder)
@@ -107,7 +108,7 @@ def read_record(folder: Path, run_dirs: list[Path]) -> TuningRecord | None:
     path = folder / RECORD
     ignored = functools.partial(TuningRecord, folder, [], [], [], {})  # a record that says why it is not used
     if not path.exists():
-        return ignored(ignored=f"{path}, which a tuned sweep wrote, is missing") if written_here(folder, RECORD) else None
+        return ignored(ignored=f"{path}, which a tuned sweep or compare --config wrote, is missing") if written_here(folder, RECORD) else None
     if foreign_files(folder, [RECORD]):
         return ignored(ignored=f"{path} was not written by tiedlm, or was changed since")
     data = read_json(path)
@@ -119,6 +120,6 @@ def read_record(folder: Path, run_dirs: list[Path]) -> TuningRecord | None:
                        if Path(d).resolve().parent != folder.resolve() or Path(d).name not in set(runs))
     if strangers:
         more = ", …" if len(strangers) > 3 else ""
-        return ignored(ignored=f"{len(strangers)} run{'s' * (len(strangers) != 1)} here the sweep did not train "
+        return ignored(ignored=f"{len(strangers)} run{'s' * (len(strangers) != 1)} here the tuning did not train "
                        f"({', '.join(strangers[:3])}{more}: renamed, or added since)")
     return TuningRecord(folder, keys, chosen, runs, data.get("tuning") if isinstance(data.get("tuning"), dict) else {})
