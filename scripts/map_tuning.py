@@ -4,8 +4,9 @@ A tuned sweep over tying (model.tie_embeddings true/false) tuned on train.lr and
 (model.dropout, train.weight_decay) leaves FOLDER/tuning.json. For each cell (a tied grid point
 and its untied twin) this prints each variant's choice and the tied/untied effect on validation,
 read from the tuning runs, at two points: each variant at its best lr with the other key held at
-the config's value, and each at its joint best. The difference is what tuning the other key did
-to the cell. Readings are on validation (the split that chose them) on the tuning seeds only:
+the config's value, at each other value of the key (each variant at its best lr there), and each at
+its joint best. The difference between the first and the last is what tuning the other key did to
+the cell. Readings are on validation (the split that chose them) on the tuning seeds only:
 point estimates, no interval; the map's verdict, on test with its interval, is at the joint best.
 """
 
@@ -46,6 +47,11 @@ def cells(record: dict) -> tuple[str, object, list[dict]]:
             continue
         untied = by_tag[tag.replace(TIED, UNTIED)]
         row = {"cell": tag.replace(f"-{TIED}", "").replace(TIED, "") or "-"}
+        values = sorted({p["point"].get(other) for v in (tied, untied) for p in v["points"]} - {held, None})
+        row["at"] = {}
+        for x in values:  # the effect with both variants at their best lr at each other value of the key
+            a, b = _best(tied["points"], other, x), _best(untied["points"], other, x)
+            row["at"][x] = math.expm1(a["validation_loss"] - b["validation_loss"]) if a and b else None
         for name, pick in (("held", lambda v: _best(v["points"], other, held)), ("joint", lambda v: v.get("chosen"))):
             a, b = pick(tied), pick(untied)
             ok = a is not None and b is not None and a.get("validation_loss") is not None \
@@ -72,14 +78,15 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     other, held, rows = cells(record)
-    print(f"| cell | tied choice | untied choice | effect, best lr at {other} {_value(held)} | effect, joint best "
-          "| moved by |")
-    print("| --- | --- | --- | ---: | ---: | ---: |")
+    extra = sorted({x for r in rows for x in r["at"]})
+    print(f"| cell | tied choice | untied choice | effect, best lr at {other} {_value(held)} | "
+          + "".join(f"at {_value(x)} | " for x in extra) + "effect, joint best | moved by |")
+    print("| --- | --- | --- | ---: | " + "---: | " * len(extra) + "---: | ---: |")
     for r in rows:
         moved = None if r["held"] is None or r["joint"] is None else r["joint"] - r["held"]
         moved_text = "—" if moved is None else f"{100 * moved:+.2f} points".replace("-", "−")
-        print(f"| {r['cell']} | {r['joint_points'][0]} | {r['joint_points'][1]} | {_pct(r['held'])} "
-              f"| {_pct(r['joint'])} | {moved_text} |")
+        print(f"| {r['cell']} | {r['joint_points'][0]} | {r['joint_points'][1]} | {_pct(r['held'])} | "
+              + "".join(f"{_pct(r['at'].get(x))} | " for x in extra) + f"{_pct(r['joint'])} | {moved_text} |")
     print(f"\nvalidation, tuning seed{'s' * (len(record['tuning']['seeds']) != 1)} "
           f"{', '.join(map(str, record['tuning']['seeds']))} only: point estimates without intervals")
     return 0

@@ -49,7 +49,9 @@ def test_each_cell_s_effect_held_and_joint_by_hand(tmp_path, capsys):
     (tmp_path / "tuning.json").write_text(json.dumps(RECORD))
     assert mod.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "| v=512 | lr=0.003,dropout=0.2 | lr=0.001,dropout=0.0 | +10.52% | −9.52% | −20.03 points |" in out
+    assert r["at"] == {0.2: pytest.approx(math.expm1(4.7 - 4.9))}  # both at dropout 0.2 (one lr each there)
+    assert "| v=512 | lr=0.003,dropout=0.2 | lr=0.001,dropout=0.0 | +10.52% | −18.13% | −9.52% | −20.03 points |" in out
+    assert "| effect, best lr at model.dropout 0 | at 0.2 | effect, joint best |" in out
 
 
 def test_a_folder_without_a_record_is_one_line_and_exit_2(tmp_path, capsys):
