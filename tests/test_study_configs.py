@@ -33,6 +33,24 @@ def test_the_tying_map_study_loads_and_validates(name, path):
     assert local.data.data_files["train"].endswith("wikitext-2-small/valid.txt")
 
 
+def test_the_vocabulary_map_and_its_matched_rows_load_and_validate():
+    grid = load_grid(CONFIGS / "study-vocab-map.yaml")
+    assert grid.tune.axes == {"train.lr": [1e-3, 3e-3, 1e-2], "model.dropout": [0.0, 0.2]} and grid.seeds == [0, 1, 2]
+    grid.tune = None
+    runs = expand(grid)
+    assert len(runs) == 4 * 3 * 2 * 3
+    tokenizers = sorted({(r.cfg.tokenizer.kind, r.cfg.tokenizer.vocab_size) for r in runs})
+    assert tokenizers == [("bpe", 512), ("bpe", 2048), ("bpe", 8192), ("word", 10000)]
+    assert {r.cfg.data.train_fraction for r in runs} == {0.125, 0.5, 1.0}
+    assert all(r.cfg.data.path == "text" and r.cfg.train.keep_best and r.cfg.model.n_embd == 128 for r in runs)
+    match = load_config(CONFIGS / "study-vocab-match.yaml")
+    assert (match.tokenizer.kind, match.tokenizer.vocab_size, match.data.train_fraction) == ("word", 10000, 1.0)
+    from tiedlm.tuning import read_tune_block
+
+    assert read_tune_block(CONFIGS / "study-vocab-match.yaml").axes == {"train.lr": [1e-3, 3e-3, 1e-2],
+                                                                        "model.dropout": [0.0, 0.2]}
+
+
 def test_the_rank_dial_loads_with_each_mode():
     grid = load_grid(CONFIGS / "rank-dial.yaml")
     grid.tune = None
