@@ -80,7 +80,8 @@ def check_record_target(folder: Path, remove: bool = True) -> None:
         (folder / RECORD).unlink(missing_ok=True)
 
 
-def _sweep_runs(tuning: Tuning, chosen: list[str], others: list[str]) -> list[str]:
+def record_runs(tuning: Tuning, chosen: list[str], others: list[str] = ()) -> list[str]:
+    """Every run a record speaks for: the chosen ones, `others`, and each tuning point's runs."""
     return sorted({*chosen, *others, *(name for v in tuning.variants for p in v.points for name in p.runs.values())})
 
 
@@ -93,7 +94,7 @@ def write_record(folder: Path, tuning: Tuning, chosen: list[str], others: list[s
     folder = Path(folder)
     with recording(folder, [RECORD], "out:", overwrite=True):
         atomic_write_json(folder / RECORD, {"format": 1, "keys": tuned_keys(tuning), "chosen": sorted(chosen),
-                                            "runs": _sweep_runs(tuning, chosen, list(others)), "tuning": tuning.to_json()})
+                                            "runs": record_runs(tuning, chosen, list(others)), "tuning": tuning.to_json()})
     return folder / RECORD
 
 

@@ -313,8 +313,8 @@ def _contrast(variants: list[Variant], keys: list[str], baseline: str | None, ba
     return base, why, []
 
 
-def _twins_across_data_sets(groups: list[DataSet], kept_by_group: list[dict[str, list[LoadedRun]]],
-                            tuned: Sequence[str], match: ParamMatch | None) -> tuple | None:
+def _twins_across_data_sets(kept_by_group: list[dict[str, list[LoadedRun]]], tuned: Sequence[str],
+                            match: ParamMatch | None) -> tuple | None:
     """A grid whose points differ in their data (a tokenizer axis, say): (kept, labels, keys, variants,
     matched contrasts) when every variant has its twin, identical in every other key, trained on the
     same data set, so that no contrast crosses data; None otherwise (the comparison is refused as
@@ -331,18 +331,13 @@ def _twins_across_data_sets(groups: list[DataSet], kept_by_group: list[dict[str,
     matched = matched_contrasts(variants, keys, tuned)
     by_label = {v.label: v for v in variants}
     paired = {lab for m in matched for lab in (m.tied, m.untied)}
-    if not matched or paired != set(by_label):
-        for v in variants:
-            v.vs_baseline = None
-        return None
-    if any(home[by_label[m.tied].key] != home[by_label[m.untied].key] for m in matched):
-        for v in variants:
-            v.vs_baseline = None
-        return None
+    if (not matched or paired != set(by_label)
+            or any(home[by_label[m.tied].key] != home[by_label[m.untied].key] for m in matched)):
+        return None  # these variants are discarded: the contrasts they were given go with them
     return kept, labels, keys, variants, matched
 
 
-def _across_note(groups: list[DataSet], matched: list, across: tuple | None) -> list[str]:
+def _across_note(groups: list[DataSet], across: tuple | None) -> list[str]:
     if across is None:
         return []
     from .datasets import data_view
@@ -381,25 +376,24 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
     if len(groups) == 1:
         home, base_key = 0, None
     elif not baseline or not baseline.strip():
-        across = _twins_across_data_sets(groups, kept_by_group, tuned, match)
+        across = _twins_across_data_sets(kept_by_group, tuned, match)
         if across is None:
             raise RunError(mixed_data_message(groups))
         home, base_key = 0, None
     else:
         home, base_key, why, not_compared = pick_data_set(groups, kept_by_group, baseline)
+    found = None  # a parameter match recognised in the runs (a --match comparison's, compared as a folder)
     if across is not None:
         kept, labels, keys, variants, matched = across
         _check_primary(variants, primary)
         base, reason = None, ("none: the runs are on several data sets, so each tied variant is contrasted with the "
                               "untied variant identical in every other key, on its own data")
-        found = None
     else:
         kept = kept_by_group[home]
         labels, keys = _labels(kept, tuned)  # within the data set, so that labels name only what differs there
         variants = [aggregate(lab, kept[h], h) for lab, h in zip(labels, kept)]
         _check_primary(variants, primary)
-        found = None
-        if match is None and not baseline and base_key is None:  # a --match comparison's runs, compared as a folder
+        if match is None and not baseline and base_key is None:
             match = found = found_match(variants, tuned)
         base, reason, matched = _contrast(variants, keys, baseline, base_key, match, tuned)
     family = match_family(match, variants, base, primary)
@@ -419,7 +413,7 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
         baseline_label=base.label if base else None, baseline_reason=why or reason, differing_keys=keys,
         variants=variants, runs=rows, skipped=skipped,
         notes=[n for g in (groups if across is not None else [groups[home]]) for r in g.runs for n in r.notes]
-        + _across_note(groups, matched, across) + _resolution_note(variants)
+        + _across_note(groups, across) + _resolution_note(variants)
         + (missing_map_note(matched) if tmap is None else []) + _found_match_note(found), data_sets=len(groups),
         not_compared=not_compared, match=match, family=family, tiedlm_version=__version__, primary=primary,
         mode="matched" if matched else "baseline", matched=matched,

@@ -72,13 +72,16 @@ class ParamMatch:
         """The matched variant's run tag."""
         return "tied-matched" if self.by == "depth" else "tied-matched-width"
 
+    def grown_keys(self) -> dict[str, int]:
+        """The model keys the match grew, with their matched values."""
+        if self.by == "depth":
+            return {"n_layer": self.matched_n_layer}
+        kv = {"n_kv_head": self.matched_n_kv_head} if self.matched_n_kv_head is not None else {}
+        return {"n_embd": self.matched_n_embd, "n_head": self.matched_n_head, **kv}
+
     def overrides(self) -> list[str]:
         """The matched variant's overrides (the plain tied model's plus what the match grew)."""
-        out = ["model.tie_embeddings=true"]
-        if self.by == "depth":
-            return out + [f"model.n_layer={self.matched_n_layer}"]
-        out += [f"model.n_embd={self.matched_n_embd}", f"model.n_head={self.matched_n_head}"]
-        return out + ([f"model.n_kv_head={self.matched_n_kv_head}"] if self.matched_n_kv_head is not None else [])
+        return ["model.tie_embeddings=true"] + [f"model.{k}={v}" for k, v in self.grown_keys().items()]
 
     def grown(self) -> str:
         """What the matched variant changes: 'n_layer=6 instead of 2', 'n_embd=96 (3 heads of 32) instead of 64'."""
@@ -109,11 +112,16 @@ def match_params(model_cfg: Any, vocab_size: int, by: str = "depth",
     return match_layers(model_cfg, vocab_size, count) if by == "depth" else match_width(model_cfg, vocab_size, count)
 
 
+def _plain_tied(model_cfg: Any) -> Any:
+    """The model config tied, without untie_at: the model a match grows."""
+    return dataclasses.replace(model_cfg.with_tie(Tie("tied")), untie_at=None)
+
+
 def _start(model_cfg: Any, vocab_size: int, count: Callable | None) -> tuple[Any, Callable, int, int, int]:
     """(the tied config, count, the untied total, the tied total, one more layer's parameters)."""
     if count is None:
         from ..counting import count_params_config as count
-    tied = dataclasses.replace(model_cfg.with_tie(Tie("tied")), untie_at=None)
+    tied = _plain_tied(model_cfg)
     untied_total = count(dataclasses.replace(model_cfg.with_tie(UNTIED), untie_at=None), vocab_size)["total"]
     tied_total = count(tied, vocab_size)["total"]
     per_layer = count(dataclasses.replace(tied, n_layer=tied.n_layer + 1), vocab_size)["total"] - tied_total
@@ -206,15 +214,12 @@ def found_match(variants: list, tuned: Any = ()) -> ParamMatch | None:
     def view(m: Any) -> dict:
         return {k: v for k, v in dataclasses.asdict(m).items() if k not in skip}
 
-    plain = dataclasses.replace(model.with_tie(Tie("tied")), untie_at=None)
+    plain = _plain_tied(model)
     for by in ("depth", "width"):
         match = match_params(model, wte // model.n_embd, by)
         if not match.adds_a_variant:
             continue
-        more = {"n_layer": match.matched_n_layer} if by == "depth" else {
-            "n_embd": match.matched_n_embd, "n_head": match.matched_n_head,
-            **({"n_kv_head": match.matched_n_kv_head} if match.matched_n_kv_head is not None else {})}
-        grown = dataclasses.replace(plain, **more)
+        grown = dataclasses.replace(plain, **match.grown_keys())
         want = sorted((repr(view(plain)), repr(view(grown))))
         if sorted(repr(view(v.config.model)) for v in tied) == want:
             return match

@@ -237,11 +237,10 @@ def _leave_record(req: CompareRequest, found: Found, chosen: list[Path], extra: 
     command does: only when the folder holds no run of another command (its record would not speak
     for them, and another's record there is left alone) and the seeds were fixed (the sequential
     design's levels are not in the record). Else the note that says why none was written."""
-    from ..tuning_record import RECORD, write_record
+    from ..tuning_record import RECORD, record_runs, write_record
     from .collect import discover
 
-    ours = {d.name for d in chosen} | {d.name for d in extra}
-    ours |= {name for v in found.tuning.variants for p in v.points for name in p.runs.values()}
+    ours = set(record_runs(found.tuning, [d.name for d in chosen], [d.name for d in extra]))
     here, _ = discover(None, req.runs_dir, req.folder)
     others = sorted(d.name for d in here if d.name not in ours)
     if auto:
