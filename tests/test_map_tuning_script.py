@@ -1,21 +1,16 @@
 """scripts/map_tuning.py: each cell's tied/untied effect at the best lr with the other key held,
 and at the joint best, from a tuned sweep's tuning.json (written here by hand)."""
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import script_module
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("map_tuning", ROOT / "scripts" / "map_tuning.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return script_module("map_tuning")
 
 
 def point(lr, dropout, loss):

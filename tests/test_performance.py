@@ -4,7 +4,6 @@ tests/test_fused_loss.py's) gives the plain loss and gradients chunked as whole,
 and never holds a whole batch's logits; evaluation in inference mode scores what a plain forward
 does; the counts need no torch; the bench itself runs (--quick) so that it cannot rot."""
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from tests.conftest import script_module
 from tiedlm.config import ModelConfig
 from tiedlm.model import GPT
 
@@ -23,10 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def bench_module():
     """scripts/bench.py as a module (it runs nothing on import)."""
-    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("bench")
 
 
 plain_loss = bench_module().plain_loss

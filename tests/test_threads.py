@@ -3,7 +3,6 @@ its pool, a user's own settings win, `train.threads: auto` follows its rule, and
 competing process never outlives it. No timing is asserted here (scripts/bench.py --under-load
 measures)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import script_module
 from tiedlm.device import SPIN_COUNT, auto_threads, resolve_threads, set_thread_env, thread_env
 from tiedlm.errors import ConfigError
 
@@ -110,10 +110,7 @@ def test_train_threads_takes_a_count_or_auto():
 
 
 def bench_load():
-    spec = importlib.util.spec_from_file_location("bench_load", ROOT / "scripts" / "bench_load.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return script_module("bench_load")
 
 
 def test_the_bench_s_competing_process_is_ended_by_pid():
