@@ -27,26 +27,33 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The main job's shape (configs/shakespeare.yaml): name, n_layer, n_head, n_embd, block, batch, V
 MAIN_JOB = ("main job", 2, 4, 128, 64, 32, 2048)
-OPENMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+OPENMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR")
+AUTO = "TIEDLM_BENCH_AUTO"  # a timer that steps under train.threads: auto (its governor ticking each step)
+WARMUP_S = 1.5  # each phase warms up at least this long: longer than the governor takes to react
 
 
 def policies() -> list[tuple[str, dict]]:
-    """(label, the OpenMP variables of its process): today's default first (the others' quiet time
-    is given against it), the alternatives, and the wait that tiedlm's CLI sets when the user set
-    none (tiedlm.device.thread_env), with every core (the default) and with the one thread that
-    `train.threads: auto` takes beside a 2-thread job on 2 cores."""
+    """(label, the variables of its process): torch's own default first (the others' quiet time is
+    given against it), the alternative waits, what tiedlm's CLI sets when the user set none
+    (tiedlm.device.thread_env: its wait and MKL's reproducible mode) with a fixed count of every
+    core and of one, and tiedlm's default, `train.threads: auto`, whose count follows the load."""
     sys.path.insert(0, str(ROOT))
     from tiedlm.device import thread_env
 
     cores, ours = str(os.cpu_count() or 1), thread_env({})
     rows = [(cores, {}, ""), (cores, {"OMP_WAIT_POLICY": "PASSIVE"}, ""), (cores, {"GOMP_SPINCOUNT": "1000"}, ""),
-            ("1", {}, ""), (cores, ours, ": tiedlm's default"), ("1", ours, ": `train.threads: auto` when loaded")]
-    return [(label(n, wait) + note, {"OMP_NUM_THREADS": n, **wait}) for n, wait, note in rows]
+            ("1", {}, ""), (cores, ours, ": `train.threads: 2`"), ("1", ours, ": `train.threads: 1`")]
+    out = [(label(n, wait) + note, {"OMP_NUM_THREADS": n, **wait}) for n, wait, note in rows]
+    return out + [(f"{cores} threads at most, {waits(ours)}: **`train.threads: auto`, tiedlm's default**",
+                   {"OMP_NUM_THREADS": cores, **ours, AUTO: "1"})]
+
+
+def waits(wait: dict) -> str:
+    return ", ".join(f"`{k}={v}`" for k, v in wait.items()) or "default OpenMP wait"
 
 
 def label(threads: str, wait: dict) -> str:
-    how = ", ".join(f"`{k}={v}`" for k, v in wait.items()) or "default OpenMP wait"
-    return f"{threads} thread{'s' * (threads != '1')}, {how}"
+    return f"{threads} thread{'s' * (threads != '1')}, {waits(wait)}"
 
 
 # Another small model's training, as far as OpenMP sees it: a matmul and elementwise ops of a
@@ -67,11 +74,12 @@ while time.monotonic() < deadline and os.getppid() == parent:
 """
 
 
-def start_competitor(seconds: float) -> subprocess.Popen:
-    """The competing process, ready and paused. It ends by itself after `seconds` or when its parent
-    is gone, so that not even a bench killed with -9 leaves it running for long."""
+def start_competitor(seconds: float, threads: int = 2) -> subprocess.Popen:
+    """The competing process on `threads` threads, ready and paused. It ends by itself after
+    `seconds` or when its parent is gone, so that not even a bench killed with -9 leaves it running
+    for long."""
     env = {k: v for k, v in os.environ.items() if k not in OPENMP_KEYS}
-    env["OMP_NUM_THREADS"] = "2"
+    env["OMP_NUM_THREADS"] = str(threads)
     proc = subprocess.Popen([sys.executable, "-c", COMPETITOR, str(seconds)], stdout=subprocess.PIPE,
                             text=True, env=env)
     if proc.stdout.readline().strip() != "ready":
@@ -121,49 +129,75 @@ def timer() -> None:
     model, opt = bench.tiedlm_model(MAIN_JOB, True, device)
     x = torch.randint(0, V, (B, T + 1))
     step = bench.step_fn("tiedlm", model, opt, x, contextlib.nullcontext())
-    print(json.dumps({"threads": torch.get_num_threads()}), flush=True)
-    for line in sys.stdin:
-        order = json.loads(line)
-        for _ in range(order["warmup"]):
-            step()
-        times = []
-        for _ in range(order["steps"]):
-            t = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t)
-        print(json.dumps({"times": times}), flush=True)
+    from tiedlm import threads
+    from tiedlm.device import cpu_threads
+
+    with contextlib.ExitStack() as stack:
+        if os.environ.get(AUTO) == "1":
+            stack.enter_context(cpu_threads("auto"))
+        print(json.dumps({"threads": torch.get_num_threads(), "adaptive": threads.current() is not None}), flush=True)
+        for line in sys.stdin:
+            order = json.loads(line)
+            start = time.perf_counter()
+            for i in range(10**6):
+                if i >= order["warmup"] and time.perf_counter() - start >= order.get("warmup_s", 0):
+                    break
+                step()
+                threads.tick()
+            times, counts = [], []
+            for _ in range(order["steps"]):
+                t = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - t)
+                counts.append(torch.get_num_threads())
+                threads.tick()
+            print(json.dumps({"times": times, "threads": counts}), flush=True)
+
+
+PHASES = ("quiet", "load", "load1")  # no competitor, the 2-thread one, the 1-thread one
 
 
 def under_load(rounds: int = 3, steps: int = 5, warmup: int = 2, chosen: list | None = None) -> dict:
-    """Each policy's step times quiet and under load, `rounds` x `steps` each, interleaved."""
+    """Each policy's step times quiet and beside each competitor, `rounds` x `steps` each,
+    interleaved; with the thread counts the steps ran at."""
     chosen = chosen or policies()
     timers: list[subprocess.Popen] = []
-    competitor = None
+    rivals: dict[str, subprocess.Popen] = {}
     try:
         for _, env in chosen:
             timers.append(start_timer(env))
         threads = [json.loads(t.stdout.readline())["threads"] for t in timers]
-        competitor = start_competitor(seconds=120 + rounds * steps * len(chosen) * 4)
-        times = [{"quiet": [], "load": []} for _ in chosen]
+        seconds = 120 + rounds * len(chosen) * len(PHASES) * (WARMUP_S + steps * 2)
+        rivals = {"load": start_competitor(seconds, 2), "load1": start_competitor(seconds, 1)}
+        times = [{p: [] for p in PHASES} for _ in chosen]
+        used = [{p: [] for p in PHASES} for _ in chosen]
         for _ in range(rounds):
             for i, proc in enumerate(timers):
-                for phase in ("quiet", "load"):
-                    os.kill(competitor.pid, signal.SIGCONT if phase == "load" else signal.SIGSTOP)
-                    times[i][phase] += ask(proc, {"warmup": warmup, "steps": steps})["times"]
-        os.kill(competitor.pid, signal.SIGSTOP)
+                for phase in PHASES:
+                    for name, rival in rivals.items():
+                        os.kill(rival.pid, signal.SIGCONT if name == phase else signal.SIGSTOP)
+                    got = ask(proc, {"warmup": warmup, "steps": steps, "warmup_s": WARMUP_S})
+                    times[i][phase] += got["times"]
+                    used[i][phase] += got["threads"]
+        for rival in rivals.values():
+            os.kill(rival.pid, signal.SIGSTOP)
     finally:
-        end(competitor)
+        for rival in rivals.values():
+            end(rival)
         for proc in timers:
             end(proc)
     rows = []
-    for (label, env), n, t in zip(chosen, threads, times):
-        quiet, load = statistics.median(t["quiet"]), statistics.median(t["load"])
-        rows.append({"policy": label, "env": env, "threads": n, "quiet_s": quiet, "load_s": load,
-                     "steps": len(t["quiet"])})
+    for (label, env), n, t, u in zip(chosen, threads, times, used):
+        row = {"policy": label, "env": env, "threads": n, "steps": len(t["quiet"])}
+        for phase in PHASES:
+            row[f"{phase}_s"] = statistics.median(t[phase])
+            row[f"threads_{phase}"] = statistics.median(u[phase])
+        rows.append(row)
     base = rows[0]["quiet_s"]
     for row in rows:
         row["quiet_over_default"] = row["quiet_s"] / base
         row["load_over_quiet"] = row["load_s"] / row["quiet_s"]
+        row["load1_over_quiet"] = row["load1_s"] / row["quiet_s"]
     return {"shape": list(MAIN_JOB[1:]), "rounds": rounds, "steps": steps, "policies": rows}
 
 
@@ -172,11 +206,15 @@ def print_table(result: dict, matmul_flops: float) -> None:
     n = result["policies"][0]["steps"]
     print(f"\nthe main job's step (L={L} d={d} T={T} B={B} V={V:,}, tied, fused loss, AdamW), median of {n} "
           f"steps; the 2048³ matmul ran at {matmul_flops / 1e9:.0f} GFLOP/s in this run")
-    print("| policy | quiet | one competing 2-thread process |")
-    print("| --- | ---: | ---: |")
+    print("| policy | quiet | one competing 2-thread process | one competing 1-thread process |")
+    print("| --- | ---: | ---: | ---: |")
     for r in result["policies"]:
         quiet = f"{r['quiet_s'] * 1e3:.0f} ms ({r['quiet_over_default'] - 1:+.0%})"
-        print(f"| {r['policy']} | {quiet} | {r['load_s'] * 1e3:.0f} ms ({r['load_over_quiet']:.1f}×) |")
+        cells = [f"{r[p + '_s'] * 1e3:.0f} ms ({r[p + '_over_quiet']:.1f}×)" for p in ("load", "load1")]
+        how = ""
+        if AUTO in r["env"]:
+            how = " (threads: " + " / ".join(f"{r['threads_' + p]:g}" for p in PHASES) + ")"
+        print(f"| {r['policy']}{how} | {quiet} | {cells[0]} | {cells[1]} |")
 
 
 def pool_ceiling(rounds: int = 3, steps: int = 5, warmup: int = 2) -> dict:

@@ -3,6 +3,10 @@ from pathlib import Path
 
 import pytest
 
+from tiedlm.device import set_thread_env
+
+set_thread_env()  # as the CLI does, before any test imports torch: MKL's reproducible mode, OpenMP's wait
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 

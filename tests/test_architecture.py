@@ -21,7 +21,7 @@ LAYERS = [
     ["train"],
     ["evaluate"],
     ["checkpoints", "figures", "tensorboard", "runs", "report_md", "process"],
-    ["model", "loss", "counting", "distributed", "device"],
+    ["model", "norms", "loss", "counting", "distributed", "device", "threads"],
     ["data", "corpora"],
     ["naming", "config", "config_layers", "variant", "checks", "tie", "yamlsafe"],
     ["files", "formatting", "errors", "geometry", "nats"],

@@ -174,3 +174,31 @@ def test_meta_device_counts_are_instant_for_large_models():
     c = count_params_config(cfg, 50257)
     assert c["total"] == gpt2_formula(50257, 1600, 48, 1024, tied=True)
     assert c["total"] == 1_557_611_200
+
+
+def test_tiedlm_s_layernorm_is_nn_layernorm_with_gradients_summed_by_column():
+    """norms.LayerNorm (whose weight and bias gradients do not depend on the thread count) computes
+    what nn.LayerNorm does: the same output, and the same gradients to float64 rounding."""
+    import torch
+
+    from tiedlm.norms import LayerNorm, _LayerNorm
+
+    torch.manual_seed(0)
+    for bias in (True, False):
+        ours, ref = LayerNorm(8, bias=bias).double(), torch.nn.LayerNorm(8, bias=bias).double()
+        with torch.no_grad():
+            ours.weight.uniform_(0.5, 1.5)
+            ref.weight.copy_(ours.weight)
+            if bias:
+                ours.bias.uniform_(-1, 1)
+                ref.bias.copy_(ours.bias)
+        x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+        g = torch.randn(3, 5, 8, dtype=torch.float64)
+        got = torch.autograd.grad((ours(x) * g).sum(), [x, *ours.parameters()])
+        want = torch.autograd.grad((ref(x) * g).sum(), [x, *ref.parameters()])
+        assert torch.equal(ours(x), ref(x))
+        for a, b in zip(got, want):
+            assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+    w, b = (torch.randn(8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w, b: _LayerNorm.apply(x, w, b, 1e-5), (x, w, b))

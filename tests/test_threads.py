@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import script_module
-from tiedlm.device import SPIN_COUNT, auto_threads, resolve_threads, set_thread_env, thread_env
+from tiedlm.device import MKL_MODE, SPIN_COUNT, auto_threads, resolve_threads, set_thread_env, thread_env
 from tiedlm.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-OPENMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+OPENMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR")
 
 # In a fresh process: run `tiedlm --version` as `python -m tiedlm` does (or import the CLI, as the
 # `tiedlm` script does), note whether torch was imported by then, import torch, and print what its
@@ -36,8 +36,10 @@ before = "torch" in sys.modules
 import torch
 getenv = ctypes.CDLL(None).getenv
 getenv.restype = ctypes.c_char_p
-seen = {k: (getenv(k.encode()) or b"").decode() or None for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-print(json.dumps({"torch_before": before, "seen": seen, "threads": torch.get_num_threads()}))
+seen = {k: (getenv(k.encode()) or b"").decode() or None for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_CBWR")}
+from tiedlm.threads import invariant
+print(json.dumps({"torch_before": before, "seen": seen, "threads": torch.get_num_threads(),
+                  "invariant": invariant()}))
 """
 
 
@@ -54,14 +56,29 @@ def probe(entry: str, **env: str) -> dict:
 def test_the_cli_sets_openmp_s_wait_before_torch_loads(entry):
     got = probe(entry)
     assert not got["torch_before"]  # `tiedlm --version` (and --help) never import torch
-    assert got["seen"] == {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": SPIN_COUNT}
+    assert got["seen"] == {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": SPIN_COUNT, "MKL_CBWR": MKL_MODE}
+    assert got["invariant"]  # MKL's strict mode is in force: a step is the same on any thread count
+
+
+def test_without_the_cli_s_mode_the_split_matmul_differs():
+    """The probe can fail: in a process that never had MKL_CBWR, MKL splits the long inner
+    dimension between two threads and the bits change (so train.threads: auto stays fixed there)."""
+    code = "from tiedlm.threads import invariant; print(invariant())"
+    env = {k: v for k, v in os.environ.items() if k not in OPENMP_KEYS}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 @pytest.mark.parametrize("user", [{"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"},
                                   {"GOMP_SPINCOUNT": "123"}])
 def test_a_user_s_own_wait_is_kept(user):
     got = probe("module", **user)
-    assert got["seen"] == {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None, **user}
+    assert got["seen"] == {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None, "MKL_CBWR": MKL_MODE, **user}
+
+
+def test_a_user_s_own_mkl_mode_is_kept():
+    got = probe("module", MKL_CBWR="COMPATIBLE")
+    assert got["seen"]["MKL_CBWR"] == "COMPATIBLE" and got["seen"]["GOMP_SPINCOUNT"] == SPIN_COUNT
 
 
 def test_a_user_s_own_thread_count_is_kept():
@@ -71,10 +88,12 @@ def test_a_user_s_own_thread_count_is_kept():
 
 
 def test_thread_env_adds_only_what_the_user_left_unset():
-    assert thread_env({}) == {"GOMP_SPINCOUNT": SPIN_COUNT}
-    assert thread_env({"OMP_NUM_THREADS": "3"}) == {"GOMP_SPINCOUNT": SPIN_COUNT}
-    assert thread_env({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
-    assert thread_env({"GOMP_SPINCOUNT": "0"}) == {}
+    both = {"GOMP_SPINCOUNT": SPIN_COUNT, "MKL_CBWR": MKL_MODE}
+    assert thread_env({}) == both
+    assert thread_env({"OMP_NUM_THREADS": "3"}) == both
+    assert thread_env({"OMP_WAIT_POLICY": "ACTIVE"}) == {"MKL_CBWR": MKL_MODE}
+    assert thread_env({"GOMP_SPINCOUNT": "0"}) == {"MKL_CBWR": MKL_MODE}
+    assert thread_env({"MKL_CBWR": "AVX2"}) == {"GOMP_SPINCOUNT": SPIN_COUNT}
 
 
 def test_nothing_is_set_once_torch_is_imported():
@@ -141,3 +160,123 @@ def test_the_pool_ceiling_times_both_workers_at_once_and_ends_every_timer(monkey
     assert r["ratio"] == pytest.approx(r["parallel_s"] / (n * r["alone_s"]))
     assert r["contention"] == pytest.approx(r["parallel_s"] / r["one_thread_s"])
     assert all(r[k] > 0 for k in ("alone_s", "one_thread_s", "parallel_s"))
+
+
+# ------------------------------------------------------------------ the governor (train.threads: auto)
+
+STAT = """cpu  500 0 300 9000 10 0 0 0 0 0
+cpu0 100 5 50 4000 3 7 11 13 0 0
+cpu1 400 0 250 5000 7 0 0 2 0 0
+cpu2 1 1 1 1 1 1 1 1 0 0
+intr 12345
+"""
+
+
+def test_busy_seconds_counts_the_usable_cpus_busy_columns(monkeypatch):
+    from tiedlm.threads import busy_seconds
+
+    hz = os.sysconf("SC_CLK_TCK")
+    # user nice system irq softirq steal; idle and iowait are not busy; guest is inside user
+    assert busy_seconds([0], STAT) == pytest.approx((100 + 5 + 50 + 7 + 11 + 13) / hz)
+    assert busy_seconds([0, 1], STAT) == pytest.approx((186 + 400 + 250 + 2) / hz)
+    assert busy_seconds([7], STAT) is None  # no such CPU: no reading, not zero
+
+
+class Machine:
+    """A fake clock and /proc/stat: `others` cores busy with other processes, `ours` with this one."""
+
+    def __init__(self):
+        self.t = self.busy = self.own = 0.0
+        self.set = []
+
+    def run(self, seconds, others, ours):
+        self.t += seconds
+        self.busy += seconds * (others + ours)
+        self.own += seconds * ours
+
+    def governor(self, ceiling=2, threads=2):
+        from tiedlm.threads import Governor
+
+        return Governor(ceiling, clock=lambda: self.t, busy=lambda: self.busy, own=lambda: self.own,
+                        apply=self.set.append, threads=threads)
+
+
+def test_the_governor_leaves_the_cores_others_use_and_takes_them_back(monkeypatch):
+    from tiedlm import threads
+
+    monkeypatch.setattr(threads, "usable_cpus", lambda: [0, 1])
+    m = Machine()
+    gov = m.governor()
+    m.run(0.1, others=1.3, ours=0.7)
+    assert gov.tick() == 2 and m.set == []  # before the first look (FIRST_S): nothing decided
+    m.run(0.2, others=1.3, ours=0.7)
+    assert gov.tick() == 1 and m.set == [1]  # a 2-thread competitor: one core left
+    m.run(0.5, others=0.0, ours=1.0)
+    assert gov.tick() == 1  # within the interval: unchanged
+    m.run(0.6, others=0.0, ours=1.0)
+    assert gov.tick() == 2 and m.set == [1, 2]  # the competitor is gone: both cores again
+    m.run(1.1, others=0.3, ours=1.7)
+    assert gov.tick() == 2  # a light load (0.3 of a core) is rounded away
+    m.run(1.1, others=0.6, ours=1.4)
+    assert gov.tick() == 1
+    assert set(gov.summary()["seconds"]) == {"1", "2"} and gov.summary()["adaptive"] is True
+    assert sum(gov.seconds.values()) == pytest.approx(m.t)
+
+
+def test_the_governor_stays_within_one_and_its_ceiling(monkeypatch):
+    from tiedlm import threads
+
+    monkeypatch.setattr(threads, "usable_cpus", lambda: list(range(8)))
+    m = Machine()
+    gov = m.governor(ceiling=4, threads=4)
+    m.run(1.1, others=0.0, ours=4.0)
+    assert gov.tick() == 4 and m.set == []  # 8 free cores, but never above torch's count
+    m.run(1.1, others=7.5, ours=0.6)
+    assert gov.tick() == 1  # never below one
+    m.run(1.1, others=5.0, ours=1.0)
+    assert gov.tick() == 3
+
+
+def test_the_governor_keeps_its_count_without_a_reading(monkeypatch):
+    from tiedlm import threads
+
+    monkeypatch.setattr(threads, "usable_cpus", lambda: [0, 1])
+    m = Machine()
+    gov = threads.Governor(2, clock=lambda: m.t, busy=lambda: None, own=lambda: m.own, apply=m.set.append,
+                           threads=2)
+    m.run(2.0, others=2.0, ours=0.0)
+    assert gov.tick() == 2 and m.set == []
+
+
+def test_auto_is_decided_once_where_the_steps_depend_on_the_count(monkeypatch):
+    """Without MKL's mode (threads.invariant false) auto is the old rule, once: no governor runs."""
+    import torch
+
+    from tiedlm import threads
+    from tiedlm.device import cpu_threads
+
+    monkeypatch.setattr(threads, "_invariant", False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 5.0, 5.0))
+    before = torch.get_num_threads()
+    with cpu_threads("auto"):
+        assert threads.current() is None and torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    monkeypatch.setattr(threads, "_invariant", True)
+    monkeypatch.setattr(threads, "usable_cpus", lambda: [0, 1])
+    with cpu_threads("auto"):
+        assert threads.current() is not None
+    assert threads.current() is None and torch.get_num_threads() == before
+
+
+def test_a_window_in_which_this_process_waited_decides_nothing(monkeypatch):
+    """Between runs (or while a bench's other timers run) the other processes' work says nothing of
+    what sharing costs this one: the count stays, and the next busy window decides."""
+    from tiedlm import threads
+
+    monkeypatch.setattr(threads, "usable_cpus", lambda: [0, 1])
+    m = Machine()
+    gov = m.governor()
+    m.run(2.0, others=2.0, ours=0.1)
+    assert gov.tick() == 2 and m.set == []
+    m.run(1.1, others=1.0, ours=1.0)
+    assert gov.tick() == 1 and m.set == [1]

@@ -128,7 +128,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto (bf16 autocast where the hardware has it, else fp32) | fp32 | bf16
     compile: bool = False  # torch.compile the model
-    threads: int | str = 0  # CPU threads for torch; 0 keeps torch's default; auto: by the load at the start
+    threads: int | str = "auto"  # CPU threads: auto follows the load (tiedlm.threads); 0 torch's default; or a count
     batch_size: int = 32  # sequences per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
     max_tokens: int | None = None  # training budget in tokens (one of max_tokens / max_steps)

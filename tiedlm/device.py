@@ -25,22 +25,32 @@ from .errors import ConfigError
 SPIN_COUNT = "10000"
 # A user's choice of OpenMP wait behaviour, which tiedlm never overrides.
 _WAIT_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+# MKL's conditional numerical reproducibility, strict: its matmuls give the same bits on any number
+# of threads (by default it splits a long inner dimension between threads and adds the halves, so
+# the thread count changed a run's weights). With norms.LayerNorm a training step is then the same
+# on 1 or N threads, which lets train.threads: auto follow the load mid-run (tiedlm.threads). It
+# costs about 10% of a one-thread step, within noise on two (docs/benchmarks.md). MKL reads it at
+# its first call; a user's own MKL_CBWR is kept.
+MKL_MODE = "AUTO,STRICT"
 
 
 def thread_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The OpenMP variables tiedlm adds to an environment that sets none of its own: a process
-    started with them (a `--jobs` worker, whatever its command) waits as tiedlm's CLI does. libgomp
-    reads them once, when torch is first imported, so they belong in a process's environment
-    before that."""
-    if any(key in environ for key in _WAIT_KEYS):
-        return {}
-    return {"GOMP_SPINCOUNT": SPIN_COUNT}
+    """The variables tiedlm adds to an environment that sets none of its own: OpenMP's wait, and
+    MKL's reproducible mode. A process started with them (a `--jobs` worker, whatever its command)
+    waits and computes as tiedlm's CLI does. libgomp and MKL read them once, when torch is first
+    imported or first calls MKL, so they belong in a process's environment before that."""
+    added = {}
+    if not any(key in environ for key in _WAIT_KEYS):
+        added["GOMP_SPINCOUNT"] = SPIN_COUNT
+    if "MKL_CBWR" not in environ:
+        added["MKL_CBWR"] = MKL_MODE
+    return added
 
 
 def set_thread_env(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
     """thread_env added to this process's environment, while torch is not imported yet (after, it
     would change nothing but what the process's children inherit, so nothing is set); returns what
-    was added. The CLI calls it before anything imports torch."""
+    was added. The CLI (and the tests' conftest) call it before anything imports torch."""
     if "torch" in sys.modules:
         return {}
     added = thread_env(environ)
@@ -49,25 +59,24 @@ def set_thread_env(environ: MutableMapping[str, str] = os.environ) -> dict[str, 
 
 
 def auto_threads(cores: int, load: float) -> int:
-    """train.threads: auto, from the machine as a run starts: the cores this process may use less
-    the 1-minute load average (the processes already running or waiting for a core), rounded, at
-    least 1 and at most `cores`. On a quiet machine that is every core; beside a 2-thread job on 2
-    cores it is 1, which leaves the other job its core instead of taking turns with it."""
-    return max(1, min(cores, int(cores - load + 0.5)))
+    """train.threads: auto where it is decided once, as a run starts: the cores this process may
+    use less the 1-minute load average (the processes already running or waiting for a core),
+    rounded, at least 1 and at most `cores`. On a quiet machine that is every core; beside a 2-thread
+    job on 2 cores it is 1, which leaves the other job its core instead of taking turns with it."""
+    from .threads import choose
+
+    return choose(cores, load, cores)
 
 
 def machine_threads() -> int:
-    """auto_threads of this machine now (Linux: the affinity mask, which a cgroup's cpuset or
-    taskset narrows; elsewhere every core)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
+    """auto_threads of this machine now (threads.usable_cpus: on Linux the affinity mask)."""
+    from .threads import usable_cpus
+
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # no load average (Windows): every core
         load = 0.0
-    return auto_threads(cores, load)
+    return auto_threads(len(usable_cpus()), load)
 
 
 def resolve_threads(threads: int | str) -> int:
@@ -122,19 +131,42 @@ def autocast_ctx(device, dtype: str):
 
 @contextlib.contextmanager
 def cpu_threads(n: int | str) -> Iterator[None]:
-    """torch's CPU thread count set to n (0: left as it is; "auto": resolve_threads) for the
-    duration, then restored: a library call must not change a setting of the process that called it."""
+    """torch's CPU thread count set to n (0: left as it is) for the duration, then restored: a
+    library call must not change a setting of the process that called it. "auto": where this
+    process's steps are the same to the bit on any count (threads.invariant), a threads.Governor
+    follows the load from torch's count down, mid-run; elsewhere resolve_threads, once."""
     import torch
 
-    n = resolve_threads(n)
+    from . import threads
+
     before = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
+    adaptive = n == "auto" and len(threads.usable_cpus()) > 1 and threads.invariant()
+    if adaptive:
+        threads.start(ceiling=before)
+    else:
+        n = resolve_threads(n)
+        if n:
+            torch.set_num_threads(n)
     try:
         yield
     finally:
-        if n:
+        if adaptive:
+            threads.stop()
+        if adaptive or n:
             torch.set_num_threads(before)
+
+
+def threads_used(device) -> dict | None:
+    """What report.json says of a CPU run's threads: {"adaptive": true, "seconds": {count: seconds}}
+    under a threads.Governor, else {"adaptive": false, "threads": the count}; None off the CPU."""
+    if getattr(device, "type", None) != "cpu":
+        return None
+    import torch
+
+    from .threads import current
+
+    gov = current()
+    return gov.summary() if gov is not None else {"adaptive": False, "threads": torch.get_num_threads()}
 
 
 @contextlib.contextmanager

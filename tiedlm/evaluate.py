@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from . import threads
 from .nats import perplexity
 
 LN2 = math.log(2.0)
@@ -84,6 +85,7 @@ def score_tokens(model, tokens: np.ndarray, block_size: int, stride: int, batch_
                         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1),
                                                reduction="none").view(len(chunk), length)
                     loss = loss.double().cpu().numpy()
+                    threads.tick()  # a long evaluation follows the load too (train.threads: auto)
                     for row, (start, first) in zip(loss, chunk):
                         # target index t in the window is split position start+1+t
                         nll[start + first:start + length] = row[first:]

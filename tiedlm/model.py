@@ -40,6 +40,7 @@ from .counting import (  # noqa: F401  (the arithmetic counts; re-exported: mode
     training_memory,
 )
 from .errors import RunError
+from .norms import LayerNorm
 from .tie import UNTIED, Tie
 
 
@@ -80,9 +81,9 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+        self.ln_1 = LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+        self.ln_2 = LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -184,7 +185,7 @@ class GPT(nn.Module):
         parts["drop"] = nn.Dropout(cfg.dropout)
         parts["h"] = nn.ModuleList([block(cfg) for _ in range(cfg.n_layer)])
         parts["ln_f"] = (nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps) if self.llama
-                         else nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias))
+                         else LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias))
         self.transformer = nn.ModuleDict(parts)
         if self.llama:  # not in the state dict: a function of the config
             cos, sin = rotary_tables(cfg.n_embd // cfg.n_head, cfg.block_size, cfg.rope_theta)

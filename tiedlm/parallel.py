@@ -4,15 +4,17 @@
 A WorkerPool holds up to N long-lived workers (`serve`: a process that trains the runs it is sent,
 one after another, each by train_run on the run's exact resolved config, written with
 config.to_yaml to a temporary file), into the same folder under the same name as the sequential
-path, so its results do not depend on --jobs: with the same train.threads, a run trained here ends
-with the same weights and metrics, bit for bit, as the same run trained in-process. A worker pays
+path, so its results do not depend on --jobs: a run trained here ends with the same weights and
+metrics, bit for bit, as the same run trained in-process (on any thread count: device.thread_env). A worker pays
 its imports once and is kept from one stage of a comparison to the next (jobs.Executor); the data
 is prepared here, before any worker starts, and read by the workers from the token cache, whose
 token arrays are memory-mapped (one copy in the page cache for all of them).
 
-- Threads: N processes share the cores; a run whose train.threads is 0 (torch's default) gets
-  max(1, cores // N). train.threads is an operational key (outside the config hash): the run's
-  identity does not change. A run whose config sets train.threads keeps it.
+- Threads: N processes share the cores. Under `train.threads: auto` (the default) each worker's
+  count follows the load (tiedlm.threads), so that two workers on two cores take one thread each
+  and the last run of a stage, alone, takes both; a step is the same to the bit on any count. A run
+  whose train.threads is 0 (torch's default) gets max(1, cores // N); a count is kept.
+  train.threads is an operational key (outside the config hash): the run's identity does not change.
 - `--jobs auto`: on CUDA one process per visible GPU (each sees one, through CUDA_VISIBLE_DEVICES);
   on the CPU min(runs, cores) processes when every run's model is small (below SMALL_MODEL
   non-embedding parameters, where one process per core beats one process using every core), else 1.
@@ -162,9 +164,13 @@ def _send(proc: subprocess.Popen, signum: int) -> None:
 
 
 def _child_env(gpu: str | None) -> dict:
-    """The one place a worker's environment is made: this process's (which carries what the CLI
-    set before torch was imported, such as OpenMP's waiting), plus what ties it to this process."""
+    """The one place a worker's environment is made: this process's, with device.thread_env's
+    variables where it has none of its own (a worker computes as the CLI does, even when this
+    process loaded torch before tiedlm could set them), plus what ties it to this process."""
+    from .device import thread_env
+
     env = dict(os.environ)
+    env.update(thread_env(env))
     env[PARENT_ENV] = str(os.getpid())  # the child ends when this process does (process.die_with_parent)
     package_root = str(Path(__file__).resolve().parent.parent)  # the children run this very tiedlm
     env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in [env.get("PYTHONPATH")] if p])
@@ -460,8 +466,8 @@ def train_parallel(jobs: list[tuple[str, Config, bool]], out: Path, workers: int
     queue = list(enumerate(jobs, 1))
     free_gpus = list(gpus)
     if progress:
-        log(f"training {len(jobs)} runs, {workers} at a time ({threads} CPU thread{'s' * (threads != 1)} each "
-            f"where train.threads is 0{', one GPU each' if gpus else ''}; {len(pool.workers)} worker process"
+        log(f"training {len(jobs)} runs, {workers} at a time (CPU threads following the load where train.threads "
+            f"is auto, {threads} each where it is 0{', one GPU each' if gpus else ''}; {len(pool.workers)} worker process"
             f"{'es' * (len(pool.workers) != 1)} started already)")
 
     def counts() -> str:

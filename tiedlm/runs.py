@@ -360,6 +360,7 @@ class RunReport:
     stopped_early: dict | None = None  # early stopping: the step, the budget in steps, the reason
     world_size: int | None = None  # processes of a distributed run (torchrun); absent for one
     allreduce_bytes_per_step: int | None = None  # gradient bytes all-reduced per step under DDP
+    threads: dict | None = None  # CPU runs: device.threads_used, the count(s) this attempt ran at
     extra: dict = field(default_factory=dict)
     config_problem: str | None = None  # why report.json's config did not rebuild (then `config` is None)
     _stored: tuple = field(default=(None, None), repr=False)  # (the config as read, its JSON as read)

@@ -500,7 +500,7 @@ def _best_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: T
 
 def _finish(record: runs.RunRecord, cfg: Config, pre: Preflight, model, state: TrainState, final: dict,
             final_best: dict | None, wall_time: float) -> None:
-    from ..device import peak_memory
+    from ..device import peak_memory, threads_used
 
     mem, mem_kind = peak_memory(pre.device)
     run_dir = record.run_dir
@@ -519,7 +519,8 @@ def _finish(record: runs.RunRecord, cfg: Config, pre: Preflight, model, state: T
                  peak_memory_bytes=mem, peak_memory_kind=mem_kind, untied_at_step=state.untied_at_step,
                  skipped_steps=state.skipped, finished_at=now(),
                  params_after_untie=_params(model, pre.data) if state.untied_at_step is not None else None,
-                 checkpoint=str(checkpoints.latest_checkpoint(run_dir).relative_to(run_dir)))
+                 checkpoint=str(checkpoints.latest_checkpoint(run_dir).relative_to(run_dir)),
+                 threads=threads_used(pre.device))
     if pre.tb is not None:
         pre.tb.finish(record.report)
     log(f"finished {run_dir}: " + ", ".join(f"{s} ppl {r['perplexity']:.2f}" for s, r in final.items()))

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import threads
 from ..nats import representable
 
 
@@ -70,6 +71,7 @@ def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: Any, tcf
         loss = loss.detach().double()
         loss_sum = loss if loss_sum is None else loss_sum + loss
         del loss, x, y
+        threads.tick()  # train.threads: auto follows the load (a step is the same to the bit on any count)
     penalty = _model_of(fwd).tie_penalty()
     if penalty is not None:
         penalty.backward()
