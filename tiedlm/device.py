@@ -29,7 +29,7 @@ _WAIT_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 # of threads (by default it splits a long inner dimension between threads and adds the halves, so
 # the thread count changed a run's weights). With norms.LayerNorm a training step is then the same
 # on 1 or N threads, which lets train.threads: auto follow the load mid-run (tiedlm.threads). It
-# costs about 10% of a one-thread step, within noise on two (docs/benchmarks.md). MKL reads it at
+# costs 5-12% of a one-thread step, within noise on two (docs/benchmarks.md). MKL reads it at
 # its first call; a user's own MKL_CBWR is kept.
 MKL_MODE = "AUTO,STRICT"
 
