@@ -55,9 +55,9 @@ def dead_pid() -> int:
 
 
 def test_kill_9_of_the_parent_ends_its_children_and_the_rerun_works(tmp_path):
-    cfg = tmp_path / "long.yaml"  # long enough that children left training would outlive the wait below
+    cfg = tmp_path / "long.yaml"
     cfg.write_text(yaml.safe_dump(apply_overrides({}, TINY + [
-        "train.max_steps=2000", "train.checkpoint_every=100", "train.eval_every=1000", "train.log_every=10"])))
+        "train.max_steps=400", "train.checkpoint_every=50", "train.eval_every=200", "train.log_every=10"])))
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**ENV, "TMPDIR": str(tmp)}
@@ -78,6 +78,8 @@ def test_kill_9_of_the_parent_ends_its_children_and_the_rerun_works(tmp_path):
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
         assert wait_gone(children, 3), "children outlived their parent"
+        for r in runs:  # they were stopped, not finished: the wait above proved something
+            assert not (r / "report.json").exists() or json.loads((r / "report.json").read_text())["status"] != "finished"
     finally:
         for pid in [parent.pid, *children]:
             if not gone(pid):

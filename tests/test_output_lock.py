@@ -105,8 +105,8 @@ def test_a_wait_is_interrupted_by_ctrl_c(tmp_path, monkeypatch):
 
 def test_two_compare_config_on_one_out_both_compare_every_run(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump(apply_overrides({}, TINY + ["train.max_steps=300", "train.eval_every=100",
-                                                             "train.checkpoint_every=100", "train.log_every=10"])))
+    cfg.write_text(yaml.safe_dump(apply_overrides({}, TINY + ["train.max_steps=150", "train.eval_every=50",
+                                                             "train.checkpoint_every=50", "train.log_every=10"])))
     cmd = [sys.executable, "-m", "tiedlm", "compare", "--config", str(cfg), "--seeds", "2",
            "--out", str(tmp_path / "runs"), "-q"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -39,6 +39,23 @@ def test_auto_is_one_process_per_core_for_small_models(tiny, monkeypatch):
     assert resolve_workers(8, cfgs[:3]) == 3
 
 
+def test_gpus_are_looked_for_only_where_a_driver_made_its_device_files(tiny, tmp_path, monkeypatch):
+    import torch
+
+    from tiedlm import parallel
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # torch would say two GPUs
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    cfgs = [tiny(seed=s) for s in range(2)]
+    device = tmp_path / "nvidiactl"
+    monkeypatch.setattr(parallel, "GPU_DEVICE_FILES", (str(device),))
+    assert parallel.visible_gpus(cfgs) == []  # no driver's file: torch is not asked
+    device.touch()
+    assert parallel.visible_gpus(cfgs) == ["0", "1"]
+    assert parallel.visible_gpus([tiny("train.device=cpu")]) == []
+
+
 @pytest.mark.parametrize("args", [["compare", "--config", "{cfg}", "--jobs", "0"],
                                   ["compare", "--config", "{cfg}", "--jobs", "abc"],
                                   ["compare", "{cfg}", "--jobs", "2"],
@@ -97,7 +114,7 @@ def test_a_failing_run_is_reported_and_the_others_finish(tiny, tmp_path, capsys)
 def test_sigint_stops_every_job_at_a_checkpoint_and_the_rerun_completes(tmp_path):
     cfg = tmp_path / "long.yaml"
     cfg.write_text(yaml.safe_dump(apply_overrides({}, TINY + [
-        "train.max_steps=400", "train.checkpoint_every=50", "train.eval_every=200", "train.log_every=10"])))
+        "train.max_steps=250", "train.checkpoint_every=50", "train.eval_every=125", "train.log_every=10"])))
     cmd = [sys.executable, "-m", "tiedlm", "compare", "--config", str(cfg), "--jobs", "2",
            "--out", str(tmp_path / "runs"), "-q"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

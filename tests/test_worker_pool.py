@@ -82,7 +82,7 @@ def test_without_a_with_each_stage_starts_and_ends_its_own_workers(tiny, tmp_pat
 def test_a_signal_mid_queue_stops_the_running_runs_starts_no_other_and_the_rerun_completes(tmp_path, signum):
     cfg = tmp_path / "long.yaml"
     cfg.write_text(yaml.safe_dump(apply_overrides({}, TINY + [
-        "train.max_steps=1000", "train.checkpoint_every=50", "train.eval_every=500", "train.log_every=10"])))
+        "train.max_steps=300", "train.checkpoint_every=50", "train.eval_every=150", "train.log_every=10"])))
     cmd = [sys.executable, "-m", "tiedlm", "compare", "--config", str(cfg), "--seeds", "2", "--jobs", "2",
            "--out", str(tmp_path / "runs"), "-q"]
     parent = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -85,10 +85,17 @@ def _wants_cuda(cfg: Config) -> bool:
     return cfg.train.device == "auto" or cfg.train.device.startswith("cuda")
 
 
+# The device files a GPU driver makes (NVIDIA, CUDA under WSL 2, ROCm): where none exists torch
+# finds no GPU, and the parent need not import it (3 s, before any worker could start) to know.
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
+
+
 def visible_gpus(cfgs: list[Config]) -> list[str]:
     """The GPUs the children may be spread over (CUDA_VISIBLE_DEVICES values), none when the runs
     do not train on CUDA or none is visible. A run that names cuda:K with K > 0 is left alone."""
     if not cfgs or not all(_wants_cuda(c) for c in cfgs):
+        return []
+    if not any(os.path.exists(f) for f in GPU_DEVICE_FILES):
         return []
     import torch
 
