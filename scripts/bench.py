@@ -426,10 +426,13 @@ def main() -> None:
         return child_memory(json.loads(args.child))
     if args.quick:
         args.steps, args.rounds, args.warmup = 1, 1, 1
+    if args.under_load or args.pool_ceiling:
+        return load_table(args)  # each policy in a process of its own, with its own environment
+    from tiedlm.device import set_thread_env
+
+    set_thread_env()  # before torch loads: the threads' wait and MKL's mode the tiedlm command runs with
     if args.chunks:
         return chunk_sizes(args)
-    if args.under_load or args.pool_ceiling:
-        return load_table(args)
     result = run(args)
     path = args.json or (None if args.quick else Path(__file__).with_name("bench.json"))
     if path:
