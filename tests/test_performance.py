@@ -115,6 +115,76 @@ def test_adamw_on_the_cpu_keeps_the_default_implementation():
     assert not build_optimizer(model, TrainConfig(max_steps=1)).defaults.get("fused")
 
 
+def _adam_steps(optimizer, model, x, y, n=4) -> None:
+    for _ in range(n):
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_tiedlm_s_adamw_steps_loads_and_saves_as_torch_s_to_the_bit(tied):
+    """build_optimizer's AdamW skips the wrappers that import torch._dynamo; it must stay AdamW:
+    the same weights and moments to the bit over steps, a state dict either one loads, untie_at's
+    split, and the stock class under train.compile."""
+    from tiedlm.config import TrainConfig
+    from tiedlm.train.optim import build_optimizer, untie_with_optimizer
+
+    tcfg = TrainConfig(max_steps=1, lr=1e-2, weight_decay=0.1)
+    (ours_model, x, y), (theirs_model, _, _) = model_and_batch(tied), model_and_batch(tied)
+    ours = build_optimizer(ours_model, tcfg)
+    assert isinstance(ours, torch.optim.AdamW) and type(ours) is not torch.optim.AdamW
+    params = dict(theirs_model.named_parameters())
+    theirs = torch.optim.AdamW([{**g, "params": [params[n] for n in names]}  # the same groups, in order
+                                for g, names in zip(ours.param_groups, _group_names(ours, ours_model))])
+    _adam_steps(ours, ours_model, x, y)
+    _adam_steps(theirs, theirs_model, x, y)
+    if tied:  # untie_at: W_out takes a copy of E's state, then both go on
+        untie_with_optimizer(ours_model, ours)
+        untie_with_optimizer(theirs_model, theirs)
+        _adam_steps(ours, ours_model, x, y, 2)
+        _adam_steps(theirs, theirs_model, x, y, 2)
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys()
+    for k in a["state"]:
+        assert all(torch.equal(a["state"][k][m], b["state"][k][m]) for m in ("step", "exp_avg", "exp_avg_sq"))
+    assert all(torch.equal(p, q) for p, q in zip(ours_model.parameters(), theirs_model.parameters()))
+    ours.load_state_dict(b)  # and back: one more step each lands on the same bits
+    theirs.load_state_dict(a)
+    _adam_steps(ours, ours_model, x, y, 1)
+    _adam_steps(theirs, theirs_model, x, y, 1)
+    assert all(torch.equal(p, q) for p, q in zip(ours_model.parameters(), theirs_model.parameters()))
+    compiled = TrainConfig(max_steps=1, compile=True)
+    assert type(build_optimizer(model_and_batch(tied)[0], compiled)) is torch.optim.AdamW
+
+
+def _group_names(optimizer, model) -> list:
+    name = {id(p): n for n, p in model.named_parameters()}
+    return [[name[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+
+
+def test_a_training_process_never_imports_torch_s_compiler():
+    """torch._dynamo costs a process 1.6-1.8 s to import (2 CPU cores): training, a checkpoint's
+    state and its resume, and untie_at must not pull it in."""
+    code = """if True:
+        import sys, torch
+        from tests.test_performance import _adam_steps, model_and_batch
+        from tiedlm.config import TrainConfig
+        from tiedlm.train.optim import build_optimizer, untie_with_optimizer
+        model, x, y = model_and_batch(True)
+        opt = build_optimizer(model, TrainConfig(max_steps=1))
+        _adam_steps(opt, model, x, y, 2)
+        untie_with_optimizer(model, opt)
+        opt.load_state_dict(opt.state_dict())
+        _adam_steps(opt, model, x, y, 1)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        print(sorted(m for m in sys.modules if m.startswith("torch._dynamo")))
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
 def test_bench_quick_runs_and_reports_every_implementation():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick"], capture_output=True,
                          text=True, timeout=300, cwd=ROOT)

@@ -35,8 +35,36 @@ def build_optimizer(model, tcfg) -> Any:
     # base.yaml's shape (~2% of the step) but not bit-identical to the default implementation, so
     # the default stays there and CPU results do not depend on the torch build's fused kernels.
     fused = all(p.is_cuda for g in groups for p in g["params"])
-    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), eps=1e-8,
+    return _adamw_class(tcfg.compile)(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), eps=1e-8,
                              **({"fused": True} if fused else {}))
+
+
+def _adamw_class(compiled: bool):
+    """torch.optim.AdamW, less the wrappers torch puts around five of its methods for
+    torch.compile: they import torch._dynamo at their first call, 1.6-1.8 s of every training
+    process's start on 2 CPU cores, for graph breaks and dynamo's "do not trace" marks that eager
+    code never reads. Each method here calls the very function its wrapper wraps (the step with
+    gradients off, as its wrapper turns them off), so every bit, the state dict and its loading are
+    AdamW's own. With train.compile, or where a torch version wraps a method differently, AdamW
+    itself is used."""
+    import torch
+
+    base = torch.optim.AdamW
+    inner = {name: getattr(getattr(base, name), "__wrapped__", None) for name in _WRAPPED}
+    if compiled or None in inner.values():
+        return base
+
+    def step(self, closure=None):
+        if self.defaults["differentiable"]:  # its wrapper keeps gradients on then: leave it to AdamW
+            return base.step(self, closure)
+        with torch.no_grad():
+            return inner["step"](self, closure)
+
+    methods = {name: fn for name, fn in inner.items() if name != "step"}
+    return type("AdamW", (base,), {**methods, "step": step, "__module__": __name__})
+
+
+_WRAPPED = ("step", "zero_grad", "add_param_group", "state_dict", "load_state_dict")
 
 
 def lr_at(step: int, total: int, tcfg) -> float:
