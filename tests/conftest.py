@@ -1,4 +1,6 @@
 import importlib.util
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,41 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path_factory.mktemp("cache")))
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    yield
+
+
+def _png_1x1() -> bytes:
+    """A valid 1x1 white PNG: what an unmarked test's figures hold (see _figures_drawn_only_where_looked_at)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 6, 0, 0, 0)  # 1x1, 8-bit RGBA
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00\xff\xff\xff\xff"))
+            + chunk(b"IEND", b""))
+
+
+STUB_PNG = _png_1x1()
+
+
+@pytest.fixture(autouse=True)
+def _figures_drawn_only_where_looked_at(request, monkeypatch):
+    """Drawing a comparison's four PNGs takes about 0.7 s, which over the suite's hundreds of
+    comparisons was a fifth of its time. A test marked `figures` draws them (those tests look at
+    what was drawn, and call every plot function); every other test builds each figure as tiedlm
+    does and writes STUB_PNG where matplotlib would render it, so its files, paths and markdown
+    are what tiedlm writes."""
+    if request.node.get_closest_marker("figures"):
+        yield
+        return
+    from matplotlib.figure import Figure
+
+    def savefig(self, target, **kwargs):
+        if hasattr(target, "write"):
+            target.write(STUB_PNG)
+        else:
+            Path(target).write_bytes(STUB_PNG)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
     yield
 
 

@@ -6,6 +6,7 @@ one line, and compare --analyze. The geometry itself is tested in test_geometry.
 import json
 import math
 import shutil
+import struct
 
 import numpy as np
 import pytest
@@ -42,6 +43,7 @@ def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+@pytest.mark.figures
 def test_cli_writes_every_file_for_a_tied_and_an_untied_run(pair, tmp_path):
     dest = tmp_path / "out"
     r = invoke("analyze", pair["tied"], pair["untied"], "--out", dest)
@@ -55,7 +57,8 @@ def test_cli_writes_every_file_for_a_tied_and_an_untied_run(pair, tmp_path):
         for p in PLOTS:
             assert (folder / PLOTS[p]).exists() == (p in plots), (name, p)
             if p in plots:
-                assert (folder / PLOTS[p]).read_bytes().startswith(PNG)
+                png = (folder / PLOTS[p]).read_bytes()
+                assert png.startswith(PNG) and min(struct.unpack(">II", png[16:24])) > 100  # drawn: width, height
     assert not (pair["tied"] / ANALYSIS_JSON).exists()  # --out: nothing written into the run
 
 

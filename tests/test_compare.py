@@ -385,6 +385,7 @@ def _strict_json(path: Path) -> dict:
     return json.loads(path.read_text(), parse_constant=bad)
 
 
+@pytest.mark.figures
 def test_end_to_end_writes_every_output_and_valid_pngs(tmp_path):
     import matplotlib.image
 
@@ -493,6 +494,7 @@ def test_comparison_json_keys(tmp_path):
                                      "weights", "best_step", "last_above_best", "overtrained"]
 
 
+@pytest.mark.figures
 def test_plots_leave_the_matplotlib_backend_and_pyplot_alone(tmp_path):
     """A library call must not switch the caller's backend (0.1 set Agg) or leave figures open."""
     import matplotlib

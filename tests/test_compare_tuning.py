@@ -5,6 +5,7 @@ limit, resumption and the verdict on test can be checked exactly; the spec's par
 import json
 import math
 import shutil
+import struct
 import types
 from pathlib import Path
 
@@ -142,6 +143,7 @@ def test_the_shared_value_verdict_stands_beside_the_tuned_one(tmp_path, stand_in
     assert "At lr=0.003 for both variants: tied" in text and "each at its own best: tied" in text
 
 
+@pytest.mark.figures
 def test_the_schedule_keeps_its_shape_and_the_report_has_the_tuning(tmp_path, stand_in):
     c = run(tmp_path, stand_in, ["train.lr=3e-4,1e-3,3e-3,1e-2"])
     assert c.tuning.schedule == ["train.min_lr_ratio=0.1", "train.min_lr=0.0001"]
@@ -151,7 +153,8 @@ def test_the_schedule_keeps_its_shape_and_the_report_has_the_tuning(tmp_path, st
     assert data["tuning"]["selected_on"] == "validation" and data["tuning"]["keys"] == ["train.lr"]
     assert [v["chosen"]["point"]["train.lr"] for v in data["tuning"]["variants"]] == [1e-3, 3e-3]
     assert data["tuning"]["cost"]["runs"] == 8
-    assert (tmp_path / "runs" / "compare" / "tune_curves.png").read_bytes()[:4] == b"\x89PNG"
+    png = (tmp_path / "runs" / "compare" / "tune_curves.png").read_bytes()
+    assert png[:4] == b"\x89PNG" and min(struct.unpack(">II", png[16:24])) > 100  # drawn: width, height
     md = (tmp_path / "runs" / "compare" / "comparison.md").read_text()
     assert "## Each variant at its own setting" in md and "1.0e" not in md
 

@@ -38,6 +38,7 @@ def test_spearman_test_is_scipys_t_approximation_for_more_cells():
     assert rho == pytest.approx(want.statistic, abs=1e-12) and p == pytest.approx(want.pvalue, abs=1e-9)
 
 
+@pytest.mark.figures
 def test_a_grid_of_runs_gets_its_map_and_the_matrices_beside_each_cell(tmp_path):
     """Tying helps at the wide, small-data cell and hurts at the narrow, full-data one: the map
     finds the crossover and writes its plot, JSON and Markdown."""

@@ -213,6 +213,7 @@ def test_cells_on_a_line_do_not_determine_a_plane():
 # ------------------------------------------------------------------ inside the map
 
 
+@pytest.mark.figures
 def test_the_map_carries_its_surface_into_json_and_onto_the_figure(tmp_path):
     pytest.importorskip("matplotlib")
     from tests.test_tying_map import F, N, matched

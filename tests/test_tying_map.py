@@ -298,6 +298,7 @@ def _blue_minus_red(pixels):
     return int(((b - r) > 0.25).sum()) - int(((r - b) > 0.25).sum())
 
 
+@pytest.mark.figures
 def test_the_png_is_written_and_coloured_blue_where_tying_helps(tmp_path):
     pytest.importorskip("matplotlib")
 
@@ -322,6 +323,7 @@ def test_the_png_is_written_and_coloured_blue_where_tying_helps(tmp_path):
     assert not list(tmp_path.glob("*.tmp*"))  # written atomically: no temporary file left
 
 
+@pytest.mark.figures
 def test_the_crossover_and_missing_cells_show_on_the_png(tmp_path):
     pytest.importorskip("matplotlib")
 
@@ -415,6 +417,7 @@ def test_buckets_come_from_validation_when_the_maps_split_has_none_and_are_absen
     assert plain.bucket_split is None and plain.cell(64, 0.25).rare is None and bucket_lines(plain) == []
 
 
+@pytest.mark.figures
 def test_the_bucket_png_shows_the_rare_bucket_blue_where_tying_helps_rare_tokens(tmp_path):
     pytest.importorskip("matplotlib")
     from tiedlm.compare.plots import plot_tying_map_buckets

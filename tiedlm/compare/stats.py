@@ -26,6 +26,7 @@ tests/test_compare_stats.py checks them against scipy.stats.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -98,6 +99,7 @@ def t_cdf(t: float, df: float) -> float:
     return t_sf(-t, df)
 
 
+@functools.lru_cache(maxsize=4096)  # power analysis asks for the same quantile at every step of its searches
 def t_ppf(p: float, df: float) -> float:
     """The p-quantile of Student's t (bisection on t_sf, to float precision)."""
     if not 0.0 < p < 1.0:
