@@ -380,6 +380,22 @@ def load_table(args) -> None:
         print(f"\nwrote {args.json}")
 
 
+def main_job_table(args) -> None:
+    """--main-job: the main job with --jobs 1 and --jobs auto, back to back, quiet and under load."""
+    import torch
+
+    import bench_main_job
+
+    loads = [int(n) for n in args.main_job_loads.split(",")]
+    result = bench_main_job.main_job(args.main_job_config, args.main_job_seeds, loads,
+                                     lambda: matmul_rate(torch.device("cpu"), torch.float32))
+    result["torch"] = torch.__version__
+    bench_main_job.print_main_job(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+
+
 def print_shape(e: dict) -> None:
     L, H, d, T, B, V = e["shape"]
     block = f" ({e['arch']}: {e['n_kv_head']} key/value heads, MLP {e['mlp_size']})" if e.get("arch") == "llama" else ""
@@ -418,6 +434,12 @@ def main() -> None:
                     "2-thread process, for each OpenMP wait policy (scripts/bench_load.py), and stop")
     ap.add_argument("--pool-ceiling", action="store_true", help="the main job's step on every core alone, and on "
                     "one core each in a process per core at once: the best --jobs auto can do (scripts/bench_load.py)")
+    ap.add_argument("--main-job", action="store_true", help="the main job's wall time with --jobs 1 and --jobs auto, "
+                    "back to back, for each load of --main-job-loads (scripts/bench_main_job.py), and stop")
+    ap.add_argument("--main-job-loads", default="0,1", help="comma-separated threads of the competing process for "
+                    "each pair of --main-job: 0 is quiet (default: 0,1)")
+    ap.add_argument("--main-job-config", type=Path, default=ROOT / "configs" / "shakespeare.yaml")
+    ap.add_argument("--main-job-seeds", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None, help="where to write the results (default: bench.json "
                     "beside this script; --quick writes none unless asked)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -426,6 +448,8 @@ def main() -> None:
         return child_memory(json.loads(args.child))
     if args.quick:
         args.steps, args.rounds, args.warmup = 1, 1, 1
+    if args.main_job:
+        return main_job_table(args)  # the tiedlm commands set their own environment
     if args.under_load or args.pool_ceiling:
         return load_table(args)  # each policy in a process of its own, with its own environment
     from tiedlm.device import set_thread_env

@@ -200,3 +200,19 @@ def test_bench_quick_runs_and_reports_every_implementation():
     assert [r.split("|")[1].strip() for r in rows] == want * 2  # the tiny GPT-2 shape, then the tiny llama one
     assert "tiny llama (llama: 1 key/value heads" in out.stdout
     assert all(float(r.split("|")[2].replace(",", "")) > 0 for r in rows)
+
+
+def test_the_main_job_bench_times_both_commands_and_tells_the_same_runs_from_changed_ones(tiny_yaml, tmp_path):
+    """scripts/bench.py --main-job on a tiny config: both commands run into folders of their own,
+    their runs are found the same to the bit, and one changed byte of a weights file is found."""
+    script_module("bench_load")  # bench_main_job imports it by name, as bench.py's folder is on its path
+    main_job = script_module("bench_main_job")
+    result = main_job.pair(tiny_yaml, 1, 0, tmp_path)
+    assert [r["jobs"] for r in result["runs"]] == ["1", "auto"] and all(r["seconds"] > 0 for r in result["runs"])
+    assert (result["same_to_the_bit"], result["runs_compared"], result["same_verdict"]) == (2, 2, True)
+    assert "lower perplexity than" in result["runs"][0]["verdict"]
+    weights = sorted((tmp_path / "load0" / "jobs-auto").rglob("*.safetensors"))[0]
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # the last bit of the last tensor
+    weights.write_bytes(bytes(data))
+    assert main_job.same_runs(tmp_path / "load0" / "jobs-1", tmp_path / "load0" / "jobs-auto") == (1, 2)
