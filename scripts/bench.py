@@ -448,13 +448,13 @@ def main() -> None:
         return child_memory(json.loads(args.child))
     if args.quick:
         args.steps, args.rounds, args.warmup = 1, 1, 1
-    if args.main_job:
-        return main_job_table(args)  # the tiedlm commands set their own environment
     if args.under_load or args.pool_ceiling:
         return load_table(args)  # each policy in a process of its own, with its own environment
     from tiedlm.device import set_thread_env
 
     set_thread_env()  # before torch loads: the threads' wait and MKL's mode the tiedlm command runs with
+    if args.main_job:
+        return main_job_table(args)
     if args.chunks:
         return chunk_sizes(args)
     result = run(args)

@@ -83,6 +83,7 @@ def start_competitor(seconds: float, threads: int = 2) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", COMPETITOR, str(seconds)], stdout=subprocess.PIPE,
                             text=True, env=env)
     if proc.stdout.readline().strip() != "ready":
+        end(proc)
         raise RuntimeError("the competing process did not start")
     os.kill(proc.pid, signal.SIGSTOP)
     return proc

@@ -2,7 +2,8 @@
 `python scripts/bench.py --main-job`.
 
 Each pair runs the real command (`tiedlm compare --config configs/shakespeare.yaml --seeds 3`) twice
-into folders of its own, one after the other, and checks that both wrote the same runs to the bit:
+into folders of its own, `--jobs 1` first, and checks that both wrote the same runs to the bit (and
+every later pair's against the first pair's):
 the tensors of every safetensors file (the kept best weights and the last checkpoint) and each
 run's final metrics. Under load, the competing process of scripts/bench_load.py (a small torch job, its
 threads spinning between ops, like another user's training) runs through both commands of the
@@ -38,8 +39,10 @@ def run_command(config: Path, seeds: int, jobs: str, out: Path) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
     verdict = [line for line in proc.stdout.splitlines() if "lower perplexity" in line or "higher perplexity" in line]
+    if not verdict:
+        raise RuntimeError(f"{' '.join(cmd)} printed no verdict line: {proc.stdout.strip()[-2000:]}")
     return {"jobs": jobs, "seconds": seconds, "load_start": load, "load_end": os.getloadavg()[0],
-            "verdict": verdict[0] if verdict else ""}
+            "verdict": verdict[0]}
 
 
 def tensors_digest(path: Path) -> str:
@@ -64,8 +67,11 @@ def fingerprint(out: Path) -> dict:
 
 
 def same_runs(a: Path, b: Path) -> tuple[int, int]:
-    """(runs in both folders the same to the bit, runs in either)."""
+    """(runs in both folders the same to the bit, runs in either); a folder without runs is an error,
+    so that a changed layout cannot pass as "0 of 0"."""
     pa, pb = fingerprint(a), fingerprint(b)
+    if not pa or not pb:
+        raise RuntimeError(f"no finished runs (*/report.json) in {a if not pa else b}")
     return sum(1 for k in pa if pb.get(k) == pa[k]), len(pa.keys() | pb.keys())
 
 
@@ -90,6 +96,10 @@ def main_job(config: Path, seeds: int, loads: list[int], matmul) -> dict:
     before = matmul()
     with tempfile.TemporaryDirectory(prefix="tiedlm-main-job-") as tmp:
         pairs = [pair(config, seeds, n, Path(tmp)) for n in loads]
+        first = Path(tmp) / f"load{loads[0]}" / "jobs-1"
+        for p in pairs[1:]:  # and every pair's runs against the first pair's
+            cell = Path(tmp) / f"load{p['competitor_threads']}"
+            p["same_as_first_pair"] = [same_runs(first, cell / f"jobs-{jobs}") for jobs in ("1", "auto")]
     return {"config": str(config), "seeds": seeds, "cores": os.cpu_count(), "matmul_flops_before": before,
             "matmul_flops_after": matmul(), "pairs": pairs}
 
@@ -98,6 +108,8 @@ def print_main_job(result: dict) -> None:
     rate = f"{result['matmul_flops_before'] / 1e9:.0f} GFLOP/s before, {result['matmul_flops_after'] / 1e9:.0f} after"
     print(f"\nthe main job (compare --config {result['config']} --seeds {result['seeds']}), "
           f"on {result['cores']} cores; the 2048³ matmul ran at {rate}")
+    print("(each pair: --jobs 1 first, then --jobs auto; the same runs to the bit: within the pair, "
+          "then each command against the first pair's --jobs 1)")
     print("| load | --jobs 1 | --jobs auto | auto / 1 | 1-minute load (start – end of each) "
           "| runs the same to the bit | verdict the same |")
     print("| --- | ---: | ---: | ---: | --- | ---: | --- |")
@@ -106,5 +118,6 @@ def print_main_job(result: dict) -> None:
         name = "quiet" if not n else f"a competing {n}-thread process"
         one, auto = p["runs"]
         loads = " / ".join(f"{r['load_start']:.1f} – {r['load_end']:.1f}" for r in p["runs"])
+        across = "".join(f"; {a} of {b}" for a, b in p.get("same_as_first_pair", []))
         print(f"| {name} | {one['seconds']:.1f} s | {auto['seconds']:.1f} s | {p['ratio']:.2f}× | {loads} | "
-              f"{p['same_to_the_bit']} of {p['runs_compared']} | {'yes' if p['same_verdict'] else 'no'} |")
+              f"{p['same_to_the_bit']} of {p['runs_compared']}{across} | {'yes' if p['same_verdict'] else 'no'} |")

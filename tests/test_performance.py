@@ -5,6 +5,7 @@ and never holds a whole batch's logits; evaluation in inference mode scores what
 does; the counts need no torch; the bench itself runs (--quick) so that it cannot rot."""
 
 import math
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -156,6 +157,8 @@ def test_tiedlm_s_adamw_steps_loads_and_saves_as_torch_s_to_the_bit(tied):
     assert all(torch.equal(p, q) for p, q in zip(ours_model.parameters(), theirs_model.parameters()))
     compiled = TrainConfig(max_steps=1, compile=True)
     assert type(build_optimizer(model_and_batch(tied)[0], compiled)) is torch.optim.AdamW
+    again = build_optimizer(model_and_batch(tied)[0], tcfg)  # one class per process, and it pickles
+    assert type(again) is type(ours) and type(pickle.loads(pickle.dumps(ours))) is type(ours)
 
 
 def _group_names(optimizer, model) -> list:
@@ -216,3 +219,6 @@ def test_the_main_job_bench_times_both_commands_and_tells_the_same_runs_from_cha
     data[-1] ^= 1  # the last bit of the last tensor
     weights.write_bytes(bytes(data))
     assert main_job.same_runs(tmp_path / "load0" / "jobs-1", tmp_path / "load0" / "jobs-auto") == (1, 2)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RuntimeError, match="no finished runs"):  # never "0 of 0"
+        main_job.same_runs(tmp_path / "load0" / "jobs-1", tmp_path / "empty")

@@ -3,6 +3,7 @@ linear warmup then cosine decay, the budget in steps, and the untie_at split."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -39,29 +40,54 @@ def build_optimizer(model, tcfg) -> Any:
                              **({"fused": True} if fused else {}))
 
 
+@functools.lru_cache(maxsize=None)
 def _adamw_class(compiled: bool):
     """torch.optim.AdamW, less the wrappers torch puts around five of its methods for
-    torch.compile: they import torch._dynamo at their first call, 1.6-1.8 s of every training
-    process's start on 2 CPU cores, for graph breaks and dynamo's "do not trace" marks that eager
-    code never reads. Each method here calls the very function its wrapper wraps (the step with
-    gradients off, as its wrapper turns them off), so every bit, the state dict and its loading are
-    AdamW's own. With train.compile, or where a torch version wraps a method differently, AdamW
-    itself is used."""
+    torch.compile: they import torch._dynamo at their first call (the import alone is 1.6-1.8 s on
+    2 CPU cores; a tiny `tiedlm train` went from 5.9 to 3.4 s without it), for graph breaks and
+    dynamo's "do not trace" marks that eager code never reads. Each method here calls the function
+    under those wrappers (the step with gradients off, as its wrapper turns them off), so every
+    bit, the state dict and its loading are AdamW's own; the profiler's and the step hooks' wrapper
+    is put back on the step by torch.optim.Optimizer, as on any optimizer class. With
+    train.compile, or where a method carries a wrapper not known here, AdamW itself is used. One
+    class per process, a module attribute so that a pickled optimizer finds it."""
     import torch
 
     base = torch.optim.AdamW
-    inner = {name: getattr(getattr(base, name), "__wrapped__", None) for name in _WRAPPED}
-    if compiled or None in inner.values():
+    known = _known_wrapper_codes()
+    inner = {}
+    for name in _WRAPPED:
+        fn = getattr(base, name)
+        while getattr(fn, "__code__", None) in known and hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        if hasattr(fn, "__wrapped__") or getattr(fn, "__code__", None) in known:
+            return base  # a wrapper this code does not know: keep AdamW's own methods
+        inner[name] = fn
+    if compiled:
         return base
 
     def step(self, closure=None):
-        if self.defaults["differentiable"]:  # its wrapper keeps gradients on then: leave it to AdamW
-            return base.step(self, closure)
         with torch.no_grad():
             return inner["step"](self, closure)
 
     methods = {name: fn for name, fn in inner.items() if name != "step"}
-    return type("AdamW", (base,), {**methods, "step": step, "__module__": __name__})
+    cls = type("AdamW", (base,), {**methods, "step": step, "__module__": __name__, "__qualname__": "AdamW"})
+    globals()["AdamW"] = cls
+    return cls
+
+
+def _known_wrapper_codes() -> set:
+    """The code of the wrappers torch.optim puts on AdamW's methods: torch.compile's two (the step's
+    gradient mode and graph breaks, dynamo's "do not trace") and the profiler's on the step."""
+    import torch
+    from torch.optim import optimizer
+
+    def probe():
+        return None
+
+    makers = (getattr(optimizer, "_use_grad_for_differentiable", None), getattr(torch, "_disable_dynamo", None),
+              getattr(optimizer.Optimizer, "profile_hook_step", None))
+    return {make(probe).__code__ for make in makers if make is not None}
 
 
 _WRAPPED = ("step", "zero_grad", "add_param_group", "state_dict", "load_state_dict")
