@@ -30,6 +30,16 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     yield
 
 
+# The modules whose tests start processes and take 5-25 s each: run first, so that under `-n 2` the
+# two workers' queues end with the short tests and neither waits for the other's long one at the end.
+PROCESS_MODULES = ("test_worker_pool", "test_jobs_lifecycle", "test_distributed", "test_parallel", "test_signals",
+                   "test_output_lock", "test_run_safety")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: Path(str(item.fspath)).stem not in PROCESS_MODULES)  # a stable sort
+
+
 def _png_1x1() -> bytes:
     """A valid 1x1 white PNG: what an unmarked test's figures hold (see _figures_drawn_only_where_looked_at)."""
     def chunk(kind: bytes, data: bytes) -> bytes:
