@@ -238,3 +238,36 @@ def test_sigterm_while_preparing_data_behaves_as_ctrl_c(tmp_path):
     assert proc.returncode == 143
     assert "SIGTERM" in one_line(err) and "nothing of the run was written" in err
     assert not (tmp_path / "runs" / "tiny-s0").exists()
+
+
+def test_the_same_weights_write_the_same_bytes_in_any_process(tmp_path):
+    """safetensors orders a file's metadata by a hash map that changes between saves: two runs with
+    the same weights wrote files (and manifest SHA-256s) that differed. tiedlm's files follow from
+    the tensors and the metadata alone, load as safetensors with both intact, and are the same in
+    another process."""
+    import hashlib
+
+    import torch
+    from safetensors import safe_open
+
+    tensors = {"transformer.wte.weight": torch.arange(12.0).view(3, 4), "b": torch.ones(5, dtype=torch.float64)}
+    meta = {"tied": "True", "vocab_size": "3", "tiedlm_version": "0.1.0"}
+    paths = [tmp_path / f"{i}.safetensors" for i in range(6)]
+    for i, path in enumerate(paths):  # the metadata given in other orders, too
+        checkpoints.write_safetensors(path, tensors, dict(sorted(meta.items(), reverse=bool(i % 2))))
+    digests = {hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+    assert len(digests) == 1
+    loaded = load_file(str(paths[0]))
+    assert loaded.keys() == tensors.keys() and all(torch.equal(loaded[k], tensors[k]) for k in tensors)
+    with safe_open(str(paths[0]), "pt") as f:
+        assert f.metadata() == meta
+    assert int.from_bytes(paths[0].read_bytes()[:8], "little") % 8 == 0  # the data stays 8-byte aligned
+    code = ("import sys, torch, hashlib; from pathlib import Path; from tiedlm import checkpoints; "
+            "t = {'transformer.wte.weight': torch.arange(12.0).view(3, 4), 'b': torch.ones(5, dtype=torch.float64)}; "
+            "checkpoints.write_safetensors(Path(sys.argv[1]), t, "
+            "{'tiedlm_version': '0.1.0', 'vocab_size': '3', 'tied': 'True'}); "
+            "print(hashlib.sha256(Path(sys.argv[1]).read_bytes()).hexdigest())")
+    other = subprocess.run([sys.executable, "-c", code, str(tmp_path / "other.safetensors")], capture_output=True,
+                           text=True, timeout=120)
+    assert other.returncode == 0, other.stderr
+    assert {other.stdout.strip()} == digests

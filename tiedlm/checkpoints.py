@@ -88,10 +88,9 @@ def _write_checkpoint_folder(tmp: Path, root: Path, name: str, step: int, tensor
                              state: dict | None) -> Path:
     """Fill tmp and rename it to root/name (or name-1, ... if that exists); tmp is removed on failure."""
     import torch
-    from safetensors.torch import save_file
 
     try:
-        save_file(tensors, str(tmp / MODEL_FILE), metadata={k: str(v) for k, v in metadata.items()})
+        write_safetensors(tmp / MODEL_FILE, tensors, {k: str(v) for k, v in metadata.items()})
         if state is not None:
             torch.save(state, tmp / STATE_FILE)
         files = {}
@@ -112,6 +111,24 @@ def _write_checkpoint_folder(tmp: Path, root: Path, name: str, step: int, tensor
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def write_safetensors(path: Path, tensors: dict, metadata: dict) -> None:
+    """A safetensors file whose bytes follow from its tensors and metadata alone. safetensors keeps
+    the metadata in a hash map whose order changes from one save to the next, so two runs with the
+    same weights wrote files of other SHA-256s; here the header is written again with its keys
+    sorted (padded to 8 bytes with spaces, as safetensors pads it), the tensor data unchanged."""
+    from safetensors.torch import save
+
+    raw = save(tensors, metadata=metadata)
+    n = int.from_bytes(raw[:8], "little")
+    header = json.dumps(json.loads(raw[8:8 + n]), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    header_bytes = header.encode("utf-8")
+    header_bytes += b" " * (-len(header_bytes) % 8)
+    with open(path, "wb") as f:
+        f.write(len(header_bytes).to_bytes(8, "little"))
+        f.write(header_bytes)
+        f.write(memoryview(raw)[8 + n:])
 
 
 _STEP_DIR = re.compile(r"step-(\d+)(?:-(\d+))?")
