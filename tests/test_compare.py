@@ -9,6 +9,7 @@ import math
 import random
 import re
 import statistics
+import struct
 from pathlib import Path
 
 import pytest
@@ -513,6 +514,7 @@ def test_plots_leave_the_matplotlib_backend_and_pyplot_alone(tmp_path):
     assert (runs / "compare" / C.PLOTS["curve"]).read_bytes()[:8] == PNG
 
 
+@pytest.mark.figures  # drawn for real: one seed, so no interval to draw
 def test_single_seed_says_plainly_that_no_interval_can_be_given(tmp_path):
     runs = tmp_path / "runs"
     make_pair(runs, [57.0], [60.0])
@@ -529,9 +531,12 @@ def test_single_seed_says_plainly_that_no_interval_can_be_given(tmp_path):
     for name in ("comparison.md", "comparison.csv", "comparison.json"):
         assert no_nan((out / name).read_text())
     _strict_json(out / "comparison.json")
+    for plot in C.PLOTS.values():
+        assert min(struct.unpack(">II", (out / plot).read_bytes()[16:24])) > 100  # width, height: drawn
     assert "no confidence interval" in C.format_terminal_table(result)
 
 
+@pytest.mark.figures  # drawn for real: empty panels and a single variant
 def test_without_learning_curves_or_buckets_plots_still_written(tmp_path):
     runs = tmp_path / "runs"
     for s in (0, 1):
@@ -541,7 +546,8 @@ def test_without_learning_curves_or_buckets_plots_still_written(tmp_path):
     assert len(result.variants) == 1 and result.variants[0].label == "tied"
     assert result.variants[0].curve == [] and result.bucket_names("validation") == []
     for plot in C.PLOTS.values():
-        assert (runs / "compare" / plot).read_bytes()[:8] == PNG
+        png = (runs / "compare" / plot).read_bytes()
+        assert png[:8] == PNG and min(struct.unpack(">II", png[16:24])) > 100  # width, height: drawn
     md = (runs / "compare" / "comparison.md").read_text()
     assert "Only one variant" in md and "Loss by token frequency" not in md
     assert "a-s0: no metrics.jsonl, so no learning curve" in result.notes
