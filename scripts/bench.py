@@ -11,6 +11,7 @@ fp32 matmul rate measured in the same run.
     python scripts/bench.py --chunks      # the fused loss's chunk size, by the training step (base, wide vocab)
     python scripts/bench.py --under-load --rounds 3   # each OpenMP policy quiet and beside a competing process
     python scripts/bench.py --pool-ceiling            # one step on every core vs two one-core workers at once
+    python scripts/bench.py --allocator --rounds 8    # the step with glibc's malloc as it comes and as tiedlm sets it
 
 Training throughput is a full step (forward, backward, clipping, AdamW) on random tokens after
 warm-up steps. The six models of a shape (tiedlm tied and untied with its fused cross-entropy,
@@ -362,8 +363,9 @@ def chunk_sizes(args) -> None:
 
 
 def load_table(args) -> None:
-    """--under-load (the policies' table) or --pool-ceiling (what two one-thread workers can buy), the
-    matmul rate measured first, in the same run."""
+    """--under-load (the policies' table), --pool-ceiling (what two one-thread workers can buy) or
+    --allocator (glibc's malloc as it comes or as the command sets it), the matmul rate measured
+    first, in the same run."""
     import torch
 
     import bench_load
@@ -371,10 +373,14 @@ def load_table(args) -> None:
     ceiling = matmul_rate(torch.device("cpu"), torch.float32)
     if args.pool_ceiling:
         result = bench_load.pool_ceiling(rounds=args.rounds, steps=args.steps, warmup=args.warmup)
+    elif args.allocator:
+        result = bench_load.allocator(rounds=args.rounds, steps=args.steps, warmup=args.warmup)
     else:
         result = bench_load.under_load(rounds=args.rounds, steps=args.steps, warmup=args.warmup)
     result.update(matmul_flops=ceiling, torch=torch.__version__, cores=os.cpu_count())
-    (bench_load.print_pool if args.pool_ceiling else bench_load.print_table)(result, ceiling)
+    show = (bench_load.print_pool if args.pool_ceiling else bench_load.print_allocator if args.allocator
+            else bench_load.print_table)
+    show(result, ceiling)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"\nwrote {args.json}")
@@ -434,6 +440,8 @@ def main() -> None:
                     "2-thread process, for each OpenMP wait policy (scripts/bench_load.py), and stop")
     ap.add_argument("--pool-ceiling", action="store_true", help="the main job's step on every core alone, and on "
                     "one core each in a process per core at once: the best --jobs auto can do (scripts/bench_load.py)")
+    ap.add_argument("--allocator", action="store_true", help="the main job's step on one thread and on every "
+                    "core, with glibc's malloc as it comes and as the tiedlm command sets it (keeping freed memory)")
     ap.add_argument("--main-job", action="store_true", help="the main job's wall time with --jobs 1 and --jobs auto, "
                     "back to back, for each load of --main-job-loads (scripts/bench_main_job.py), and stop")
     ap.add_argument("--main-job-loads", default="0,1", help="comma-separated threads of the competing process for "
@@ -444,11 +452,14 @@ def main() -> None:
                     "beside this script; --quick writes none unless asked)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    from tiedlm.device import keep_freed_memory
+
+    keep_freed_memory()  # glibc's malloc keeps freed memory, as in the tiedlm command's process
     if args.child:
         return child_memory(json.loads(args.child))
     if args.quick:
         args.steps, args.rounds, args.warmup = 1, 1, 1
-    if args.under_load or args.pool_ceiling:
+    if args.under_load or args.pool_ceiling or args.allocator:
         return load_table(args)  # each policy in a process of its own, with its own environment
     from tiedlm.device import set_thread_env
 

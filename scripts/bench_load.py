@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MAIN_JOB = ("main job", 2, 4, 128, 64, 32, 2048)
 OPENMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR")
 AUTO = "TIEDLM_BENCH_AUTO"  # a timer that steps under train.threads: auto (its governor ticking each step)
+KEEP = "TIEDLM_BENCH_KEEP_FREED"  # a timer whose malloc keeps freed memory, as the tiedlm command's does
 WARMUP_S = 1.5  # each phase warms up at least this long: longer than the governor takes to react
 
 
@@ -43,9 +45,10 @@ def policies() -> list[tuple[str, dict]]:
     cores, ours = str(os.cpu_count() or 1), thread_env({})
     rows = [(cores, {}, ""), (cores, {"OMP_WAIT_POLICY": "PASSIVE"}, ""), (cores, {"GOMP_SPINCOUNT": "1000"}, ""),
             ("1", {}, ""), (cores, ours, ": `train.threads: 2`"), ("1", ours, ": `train.threads: 1`")]
-    out = [(label(n, wait) + note, {"OMP_NUM_THREADS": n, **wait}) for n, wait, note in rows]
+    out = [(label(n, wait) + note, {"OMP_NUM_THREADS": n, **wait, **({KEEP: "1"} if wait is ours else {})})
+           for n, wait, note in rows]
     return out + [(f"{cores} threads at most, {waits(ours)}: **`train.threads: auto`, tiedlm's default**",
-                   {"OMP_NUM_THREADS": cores, **ours, AUTO: "1"})]
+                   {"OMP_NUM_THREADS": cores, **ours, AUTO: "1", KEEP: "1"})]
 
 
 def waits(wait: dict) -> str:
@@ -121,6 +124,10 @@ def ask(proc: subprocess.Popen, order: dict) -> dict:
 def timer() -> None:
     """--timer: one step builder; each order {"warmup", "steps"} is answered with the steps' times."""
     sys.path.insert(0, str(ROOT / "scripts"))
+    if os.environ.get(KEEP):
+        from tiedlm.device import keep_freed_memory
+
+        keep_freed_memory()
     import torch
 
     import bench
@@ -146,13 +153,16 @@ def timer() -> None:
                 step()
                 threads.tick()
             times, counts = [], []
+            before = resource.getrusage(resource.RUSAGE_SELF)
             for _ in range(order["steps"]):
                 t = time.perf_counter()
                 step()
                 times.append(time.perf_counter() - t)
                 counts.append(torch.get_num_threads())
                 threads.tick()
-            print(json.dumps({"times": times, "threads": counts}), flush=True)
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            print(json.dumps({"times": times, "threads": counts, "sys_s": after.ru_stime - before.ru_stime,
+                              "faults": after.ru_minflt - before.ru_minflt}), flush=True)
 
 
 PHASES = ("quiet", "load", "load1")  # no competitor, the 2-thread one, the 1-thread one
@@ -229,7 +239,8 @@ def pool_ceiling(rounds: int = 3, steps: int = 5, warmup: int = 2) -> dict:
     from tiedlm.parallel import available_cores
 
     n = available_cores()
-    envs = [{"OMP_NUM_THREADS": str(n), **thread_env({})}] + [{"OMP_NUM_THREADS": "1", **thread_env({})}] * n
+    envs = [{"OMP_NUM_THREADS": str(n), **thread_env({}), KEEP: "1"}] + [{"OMP_NUM_THREADS": "1", **thread_env({}),
+                                                                          KEEP: "1"}] * n
     timers: list[subprocess.Popen] = []
     try:
         for env in envs:
@@ -255,6 +266,48 @@ def pool_ceiling(rounds: int = 3, steps: int = 5, warmup: int = 2) -> dict:
     a, p, one = (statistics.median(x) for x in (alone, parallel, single))
     return {"shape": list(MAIN_JOB[1:]), "cores": n, "alone_s": a, "one_thread_s": one, "parallel_s": p,
             "ratio": p / (n * a), "contention": p / one, "steps": len(alone)}
+
+
+def allocator(rounds: int = 5, steps: int = 5, warmup: int = 3) -> dict:
+    """--allocator: the main job's step quiet on one thread and on every core, each with the tiedlm
+    command's settings and glibc's malloc as it comes or as the command sets it
+    (device.keep_freed_memory), the four in turn round by round: wall time, and the system time and
+    page faults per step."""
+    from tiedlm.device import thread_env
+
+    cores = str(os.cpu_count() or 1)
+    cases = [(n, keep) for n in dict.fromkeys(("1", cores)) for keep in (False, True)]
+    timers: list[subprocess.Popen] = []
+    got = {case: {"times": [], "sys_s": 0.0, "faults": 0} for case in cases}
+    try:
+        for n, keep in cases:
+            timers.append(start_timer({"OMP_NUM_THREADS": n, **thread_env({}), **({KEEP: "1"} if keep else {})}))
+        for t in timers:
+            json.loads(t.stdout.readline())
+        for _ in range(rounds):
+            for case, t in zip(cases, timers):
+                answer = ask(t, {"warmup": warmup, "steps": steps})
+                got[case]["times"] += answer["times"]
+                got[case]["sys_s"] += answer["sys_s"]
+                got[case]["faults"] += answer["faults"]
+    finally:
+        for proc in timers:
+            end(proc)
+    rows = [{"threads": int(n), "keep_freed": keep, "step_s": statistics.median(g["times"]),
+             "sys_per_step_s": g["sys_s"] / len(g["times"]), "faults_per_step": g["faults"] / len(g["times"])}
+            for (n, keep), g in got.items()]
+    return {"shape": list(MAIN_JOB[1:]), "steps": rounds * steps, "rows": rows}
+
+
+def print_allocator(result: dict, matmul_flops: float) -> None:
+    print(f"\nthe main job's step, quiet, median of {result['steps']} steps (4 processes in turn); the 2048³ "
+          f"matmul ran at {matmul_flops / 1e9:.0f} GFLOP/s in this run")
+    print("| threads | glibc's malloc | step | system time a step | page faults a step |")
+    print("| ---: | --- | ---: | ---: | ---: |")
+    for r in result["rows"]:
+        how = "keeps freed memory (tiedlm's command)" if r["keep_freed"] else "as it comes"
+        print(f"| {r['threads']} | {how} | {r['step_s'] * 1e3:.0f} ms | {r['sys_per_step_s'] * 1e3:.1f} ms "
+              f"| {r['faults_per_step']:,.0f} |")
 
 
 def print_pool(result: dict, matmul_flops: float) -> None:

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from tiedlm.device import set_thread_env
+from tiedlm.device import keep_freed_memory, set_thread_env
 
 set_thread_env()  # as the CLI does, before any test imports torch: MKL's reproducible mode, OpenMP's wait
+keep_freed_memory()  # and glibc's malloc keeping freed memory for the next step
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"

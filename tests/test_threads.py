@@ -16,15 +16,20 @@ from tiedlm.device import MKL_MODE, SPIN_COUNT, auto_threads, resolve_threads, s
 from tiedlm.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-OPENMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR")
+OPENMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR",
+               "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_", "GLIBC_TUNABLES")
 
 # In a fresh process: run `tiedlm --version` as `python -m tiedlm` does (or import the CLI, as the
 # `tiedlm` script does), note whether torch was imported by then, import torch, and print what its
-# OpenMP saw: the variables in the C environment (what libgomp reads) and torch's thread count.
+# OpenMP saw: the variables in the C environment (what libgomp reads) and torch's thread count; and
+# the page faults that allocating, touching and freeing a 64 MiB tensor takes, after ten of them
+# (16,384 pages: every one faults where malloc gave the memory back to the system).
 PROBE = """
-import ctypes, json, os, runpy, sys
+import ctypes, json, os, resource, runpy, sys
 entry = sys.argv[1]
-if entry == "module":
+if entry == "library":
+    import tiedlm.train
+elif entry == "module":
     sys.argv = ["tiedlm", "--version"]
     try:
         runpy.run_module("tiedlm", run_name="__main__", alter_sys=True)
@@ -38,9 +43,25 @@ getenv = ctypes.CDLL(None).getenv
 getenv.restype = ctypes.c_char_p
 seen = {k: (getenv(k.encode()) or b"").decode() or None for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_CBWR")}
 from tiedlm.threads import invariant
+for _ in range(10):  # glibc settles on where the block goes within a few
+    torch.ones(16 * 2**20)
+before_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    torch.ones(16 * 2**20)
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before_faults) / 10
 print(json.dumps({"torch_before": before, "seen": seen, "threads": torch.get_num_threads(),
-                  "invariant": invariant()}))
+                  "invariant": invariant(), "faults": faults}))
 """
+
+
+def _glibc() -> bool:
+    try:
+        return sys.platform.startswith("linux") and (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+PAGES = 16 * 2**20 * 4 // 4096  # of the probe's 64 MiB tensor
 
 
 def probe(entry: str, **env: str) -> dict:
@@ -58,6 +79,22 @@ def test_the_cli_sets_openmp_s_wait_before_torch_loads(entry):
     assert not got["torch_before"]  # `tiedlm --version` (and --help) never import torch
     assert got["seen"] == {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": SPIN_COUNT, "MKL_CBWR": MKL_MODE}
     assert got["invariant"]  # MKL's strict mode is in force: a step is the same on any thread count
+
+
+@pytest.mark.skipif(not _glibc(), reason="glibc's malloc only")
+@pytest.mark.parametrize("entry", ["module", "script"])
+def test_the_cli_keeps_freed_memory_for_the_next_allocation(entry):
+    """The command's process reuses a freed 64 MiB block: the kernel maps and zeroes no new pages."""
+    assert probe(entry)["faults"] < PAGES / 20
+
+
+@pytest.mark.skipif(not _glibc(), reason="glibc's malloc only")
+@pytest.mark.parametrize("entry, env", [("library", {}), ("module", {"MALLOC_TRIM_THRESHOLD_": "131072"}),
+                                        ("script", {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"})])
+def test_the_library_and_a_user_s_own_malloc_settings_are_left_alone(entry, env):
+    """The control: glibc's own behaviour maps (and faults in) every page of each new 64 MiB
+    block, in a program that only imports tiedlm and under a user's own malloc settings."""
+    assert probe(entry, **env)["faults"] >= PAGES
 
 
 def test_without_the_cli_s_mode_the_split_matmul_differs():
@@ -160,6 +197,20 @@ def test_the_pool_ceiling_times_both_workers_at_once_and_ends_every_timer(monkey
     assert r["ratio"] == pytest.approx(r["parallel_s"] / (n * r["alone_s"]))
     assert r["contention"] == pytest.approx(r["parallel_s"] / r["one_thread_s"])
     assert all(r[k] > 0 for k in ("alone_s", "one_thread_s", "parallel_s"))
+
+
+@pytest.mark.skipif(not _glibc(), reason="glibc's malloc only")
+def test_the_allocator_bench_sets_malloc_in_half_its_timers_and_counts_the_faults():
+    """scripts/bench.py --allocator: the timers with the command's malloc setting fault far less per
+    step than those without, on one thread and on every core, and none is left running."""
+    mod = bench_load()
+    r = mod.allocator(rounds=1, steps=2, warmup=3)
+    rows = {(row["threads"], row["keep_freed"]): row for row in r["rows"]}
+    counts = {1, os.cpu_count() or 1}
+    assert sorted(rows) == sorted((n, keep) for n in counts for keep in (False, True))
+    for n in counts:
+        assert rows[(n, True)]["faults_per_step"] < rows[(n, False)]["faults_per_step"] / 2
+    assert r["steps"] == 2 and all(row["step_s"] > 0 for row in r["rows"])
 
 
 # ------------------------------------------------------------------ the governor (train.threads: auto)

@@ -14,12 +14,13 @@ import typer
 from typer.core import TyperGroup
 
 from . import __version__
-from .device import set_thread_env
+from .device import keep_freed_memory, set_thread_env
 from .errors import ConfigError, Interrupted, TiedlmError
 
 # Before any command imports torch: its OpenMP pool reads the variables once, when it loads
 # (the `tiedlm` script starts here, not in __main__).
 set_thread_env()
+keep_freed_memory()  # glibc's malloc keeps what a step frees for the next step (device.py)
 
 # click's UsageError (the base of typer's public BadParameter), from whichever click typer uses:
 # recent typer versions vendor their own copy, so `import click` would catch nothing.

@@ -58,6 +58,41 @@ def set_thread_env(environ: MutableMapping[str, str] = os.environ) -> dict[str, 
     return added
 
 
+# glibc's malloc hands a freed block above its mmap threshold (128 KiB, rising with what is freed
+# up to 32 MiB) back to the system, and the next allocation of that size maps fresh pages that the
+# kernel must zero on first touch. A training step frees and allocates the same activations every
+# step, so at the main job's shape one thread took 1,200-2,500 page faults and 2-8 ms of system time
+# a step (of about 145). With both thresholds at KEEP_FREED_BYTES a process keeps what it freed, up
+# to that much, for its next allocation: 0-60 faults and 0.1-1.2 ms (docs/benchmarks.md).
+KEEP_FREED_BYTES = 1 << 30
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters, from glibc's malloc.h
+# A user's own choice of glibc's malloc behaviour, which tiedlm never overrides.
+_MALLOC_KEYS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+
+
+def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> bool:
+    """Set glibc's malloc to keep freed memory (up to KEEP_FREED_BYTES) for the process's next
+    allocations instead of returning it to the system; True where it was set. Nothing is done off
+    Linux, under a C library other than glibc, or where the environment sets one of glibc's malloc
+    variables (_MALLOC_KEYS, or glibc.malloc in GLIBC_TUNABLES). It lasts for the process and
+    cannot be undone, so the `tiedlm` command calls it and the library never does."""
+    if not sys.platform.startswith("linux") or any(key in environ for key in _MALLOC_KEYS):
+        return False
+    if "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018  (glibc's own symbol: musl's mallopt does nothing)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # the threshold first: setting either one stops glibc moving the threshold with what is freed
+    return bool(mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
+
+
 def auto_threads(cores: int, load: float) -> int:
     """train.threads: auto where it is decided once, as a run starts: the cores this process may
     use less the 1-minute load average (the processes already running or waiting for a core),
