@@ -124,10 +124,11 @@ def ask(proc: subprocess.Popen, order: dict) -> dict:
 def timer() -> None:
     """--timer: one step builder; each order {"warmup", "steps"} is answered with the steps' times."""
     sys.path.insert(0, str(ROOT / "scripts"))
+    kept = False
     if os.environ.get(KEEP):
         from tiedlm.device import keep_freed_memory
 
-        keep_freed_memory()
+        kept = keep_freed_memory()
     import torch
 
     import bench
@@ -143,7 +144,8 @@ def timer() -> None:
     with contextlib.ExitStack() as stack:
         if os.environ.get(AUTO) == "1":
             stack.enter_context(cpu_threads("auto"))
-        print(json.dumps({"threads": torch.get_num_threads(), "adaptive": threads.current() is not None}), flush=True)
+        print(json.dumps({"threads": torch.get_num_threads(), "adaptive": threads.current() is not None,
+                          "keep_freed": kept}), flush=True)
         for line in sys.stdin:
             order = json.loads(line)
             start = time.perf_counter()
@@ -282,8 +284,7 @@ def allocator(rounds: int = 5, steps: int = 5, warmup: int = 3) -> dict:
     try:
         for n, keep in cases:
             timers.append(start_timer({"OMP_NUM_THREADS": n, **thread_env({}), **({KEEP: "1"} if keep else {})}))
-        for t in timers:
-            json.loads(t.stdout.readline())
+        applied = [json.loads(t.stdout.readline())["keep_freed"] for t in timers]
         for _ in range(rounds):
             for case, t in zip(cases, timers):
                 answer = ask(t, {"warmup": warmup, "steps": steps})
@@ -293,9 +294,9 @@ def allocator(rounds: int = 5, steps: int = 5, warmup: int = 3) -> dict:
     finally:
         for proc in timers:
             end(proc)
-    rows = [{"threads": int(n), "keep_freed": keep, "step_s": statistics.median(g["times"]),
+    rows = [{"threads": int(n), "keep_freed": keep, "applied": done, "step_s": statistics.median(g["times"]),
              "sys_per_step_s": g["sys_s"] / len(g["times"]), "faults_per_step": g["faults"] / len(g["times"])}
-            for (n, keep), g in got.items()]
+            for ((n, keep), g), done in zip(got.items(), applied)]
     return {"shape": list(MAIN_JOB[1:]), "steps": rounds * steps, "rows": rows}
 
 
