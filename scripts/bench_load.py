@@ -241,8 +241,8 @@ def pool_ceiling(rounds: int = 3, steps: int = 5, warmup: int = 2) -> dict:
     from tiedlm.parallel import available_cores
 
     n = available_cores()
-    envs = [{"OMP_NUM_THREADS": str(n), **thread_env({}), KEEP: "1"}] + [{"OMP_NUM_THREADS": "1", **thread_env({}),
-                                                                          KEEP: "1"}] * n
+    ours = {**thread_env({}), KEEP: "1"}  # as the tiedlm command and its --jobs workers run
+    envs = [{"OMP_NUM_THREADS": str(n), **ours}] + [{"OMP_NUM_THREADS": "1", **ours}] * n
     timers: list[subprocess.Popen] = []
     try:
         for env in envs:

@@ -64,7 +64,8 @@ def set_thread_env(environ: MutableMapping[str, str] = os.environ) -> dict[str, 
 # step: at the main job's shape 1,500-2,800 page faults and 4-8 ms of system time a step, and with
 # two threads each returned block interrupts the other core too. With both thresholds at
 # KEEP_FREED_BYTES a process keeps what it freed, up to that much, for its next allocation: 10-30
-# faults, a two-thread step 5-7% faster and a whole run of the main job's config 12% (docs/benchmarks.md).
+# faults, a two-thread step 5-7% faster and a whole run of the main job's config 12% less time
+# (docs/benchmarks.md).
 KEEP_FREED_BYTES = 1 << 30
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters, from glibc's malloc.h
 KEEP_FREED_ENV = "TIEDLM_KEEP_FREED"  # "0": glibc's malloc as it comes
@@ -76,9 +77,9 @@ _MALLOC_KEYS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_
 def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> bool:
     """Set glibc's malloc to keep freed memory (up to KEEP_FREED_BYTES) for the process's next
     allocations instead of returning it to the system; True where it was set. Nothing is done where
-    TIEDLM_KEEP_FREED is 0, off Linux, under a C library other than glibc, or where the environment sets one of glibc's malloc
-    variables (_MALLOC_KEYS, or glibc.malloc in GLIBC_TUNABLES). It lasts for the process and
-    cannot be undone, so the `tiedlm` command calls it and the library never does."""
+    TIEDLM_KEEP_FREED is 0, off Linux, under a C library other than glibc, or where the environment
+    sets one of glibc's malloc variables (_MALLOC_KEYS, or glibc.malloc in GLIBC_TUNABLES). It lasts
+    for the process and cannot be undone, so the `tiedlm` command calls it and the library never does."""
     if environ.get(KEEP_FREED_ENV) == "0":
         return False
     if not sys.platform.startswith("linux") or any(key in environ for key in _MALLOC_KEYS):
