@@ -26,6 +26,10 @@ Evaluation (evaluate.score_tokens) is timed the same way, fused and plain in tur
 through a module that gives only logits, which score_tokens scores by F.cross_entropy). FLOP/s use
 tiedlm.counting.flops_per_token (the head counted whether tied or not), so tied and untied models
 of a shape do the same work.
+The bench's process sets glibc's malloc as the tiedlm command does (device.keep_freed_memory: freed
+memory kept for the next step) for every model it times, so both sides run on the same allocator;
+`TIEDLM_KEEP_FREED=0` times them all with malloc as it comes, where the others' fresh logits each
+step cost them a third or more (docs/benchmarks.md).
 Peak memory is measured in a fresh process per case (its peak resident set, VmHWM, on a CPU,
 torch.cuda.max_memory_allocated on CUDA).
 """
