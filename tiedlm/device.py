@@ -67,24 +67,31 @@ def set_thread_env(environ: MutableMapping[str, str] = os.environ) -> dict[str, 
 # faults, a two-thread step 5-7% faster and a whole run of the main job's config 12% less time
 # (docs/benchmarks.md).
 KEEP_FREED_BYTES = 1 << 30
+# Some glibc releases refuse an mmap threshold above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit); there
+# the threshold is set to that instead.
+FALLBACK_MMAP_BYTES = 32 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters, from glibc's malloc.h
 KEEP_FREED_ENV = "TIEDLM_KEEP_FREED"  # "0": glibc's malloc as it comes
-# A user's own choice of glibc's malloc behaviour, which tiedlm never overrides (glibc then fixes
-# its thresholds, at 128 KiB where unset: a main-job run measured 1.7x slower with just one set).
+# A user's own choice of glibc's malloc thresholds, which tiedlm never overrides (glibc then stops
+# moving its threshold, at 128 KiB where unset: a main-job run took 1.5x its time with malloc as it
+# comes, 1.7x its time with freed memory kept, with MALLOC_TRIM_THRESHOLD_ alone set).
 _MALLOC_KEYS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+_MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold", "glibc.malloc.top_pad",
+                    "glibc.malloc.mmap_max")
 
 
 def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> bool:
     """Set glibc's malloc to keep freed memory (up to KEEP_FREED_BYTES) for the process's next
     allocations instead of returning it to the system; True where it was set. Nothing is done where
     TIEDLM_KEEP_FREED is 0, off Linux, under a C library other than glibc, or where the environment
-    sets one of glibc's malloc variables (_MALLOC_KEYS, or glibc.malloc in GLIBC_TUNABLES). It lasts
-    for the process and cannot be undone, so the `tiedlm` command calls it and the library never does."""
+    sets one of glibc's malloc thresholds (_MALLOC_KEYS, or those tunables in GLIBC_TUNABLES). It
+    lasts for the process and cannot be undone, so only the command calls it: `tiedlm.cli` when
+    it is imported, and a `--jobs` worker (parallel.serve); the rest of the library never does."""
     if environ.get(KEEP_FREED_ENV) == "0":
         return False
     if not sys.platform.startswith("linux") or any(key in environ for key in _MALLOC_KEYS):
         return False
-    if "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
+    if any(name in environ.get("GLIBC_TUNABLES", "") for name in _MALLOC_TUNABLES):
         return False
     import ctypes
 
@@ -95,8 +102,10 @@ def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    # the threshold first: setting either one stops glibc moving the threshold with what is freed
-    return bool(mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
+    # The threshold first: setting either one stops glibc moving the threshold with what is freed.
+    mapped = mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_BYTES) or mallopt(_M_MMAP_THRESHOLD, FALLBACK_MMAP_BYTES)
+    trimmed = mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES)
+    return bool(mapped and trimmed)
 
 
 def auto_threads(cores: int, load: float) -> int:

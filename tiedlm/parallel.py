@@ -414,9 +414,11 @@ def serve() -> int:
     """A worker's life: read runs (one JSON line each) from stdin, train each, answer one JSON line
     on stdout, until the end of stdin. A run that stops on a signal ends the worker with its exit
     code, as it ends the whole command; one that fails does not: the next run is trained."""
+    from .device import keep_freed_memory
     from .process import die_with_parent
 
     die_with_parent()
+    keep_freed_memory()  # as in the command's own process: a worker never imports tiedlm.cli
     replies = os.fdopen(os.dup(1), "w")
     own_err = os.dup(2)
     # Idle, there is nothing to save: SIGTERM ends the worker at once (SIGINT raises, as always).
