@@ -398,7 +398,8 @@ def main_job_table(args) -> None:
 
     loads = [int(n) for n in args.main_job_loads.split(",")]
     result = bench_main_job.main_job(args.main_job_config, args.main_job_seeds, loads,
-                                     lambda: matmul_rate(torch.device("cpu"), torch.float32))
+                                     lambda: matmul_rate(torch.device("cpu"), torch.float32),
+                                     args.main_job_auto_first)
     result["torch"] = torch.__version__
     bench_main_job.print_main_job(result)
     if args.json:
@@ -452,6 +453,7 @@ def main() -> None:
                     "each pair of --main-job: 0 is quiet (default: 0,1)")
     ap.add_argument("--main-job-config", type=Path, default=ROOT / "configs" / "shakespeare.yaml")
     ap.add_argument("--main-job-seeds", type=int, default=3)
+    ap.add_argument("--main-job-auto-first", action="store_true", help="each pair's --jobs auto before its --jobs 1")
     ap.add_argument("--json", type=Path, default=None, help="where to write the results (default: bench.json "
                     "beside this script; --quick writes none unless asked)")
     ap.add_argument("--child", help=argparse.SUPPRESS)

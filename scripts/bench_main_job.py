@@ -2,7 +2,8 @@
 `python scripts/bench.py --main-job`.
 
 Each pair runs the real command (`tiedlm compare --config configs/shakespeare.yaml --seeds 3`) twice
-into folders of its own, `--jobs 1` first, and checks that both wrote the same runs to the bit (and
+into folders of its own, `--jobs 1` first (`--main-job-auto-first`: the other way round, to see
+the machine's drift in the ratio), and checks that both wrote the same runs to the bit (and
 every later pair's against the first pair's):
 the tensors of every safetensors file (the kept best weights and the last checkpoint) and each
 run's final metrics. Under load, the competing process of scripts/bench_load.py (a small torch job, its
@@ -75,27 +76,31 @@ def same_runs(a: Path, b: Path) -> tuple[int, int]:
     return sum(1 for k in pa if pb.get(k) == pa[k]), len(pa.keys() | pb.keys())
 
 
-def pair(config: Path, seeds: int, competitor_threads: int, root: Path) -> dict:
-    """--jobs 1, then --jobs auto, with the competitor running through both when asked for."""
+def pair(config: Path, seeds: int, competitor_threads: int, root: Path, auto_first: bool = False) -> dict:
+    """--jobs 1, then --jobs auto (or the other way round: auto_first), with the competitor running
+    through both when asked for. The runs are reported --jobs 1 first either way."""
     proc = bench_load.start_competitor(24 * 3600, competitor_threads) if competitor_threads else None
     try:
         if proc is not None:
             os.kill(proc.pid, bench_load.signal.SIGCONT)
         cell = root / f"load{competitor_threads}"
-        runs = [run_command(config, seeds, jobs, cell / f"jobs-{jobs}") for jobs in ("1", "auto")]
+        order = ("auto", "1") if auto_first else ("1", "auto")
+        runs = sorted((run_command(config, seeds, jobs, cell / f"jobs-{jobs}") for jobs in order),
+                      key=lambda r: r["jobs"] != "1")
     finally:
         bench_load.end(proc)
     same, total = same_runs(cell / "jobs-1", cell / "jobs-auto")
-    return {"competitor_threads": competitor_threads, "runs": runs, "ratio": runs[1]["seconds"] / runs[0]["seconds"],
+    return {"competitor_threads": competitor_threads, "order": list(order), "runs": runs,
+            "ratio": runs[1]["seconds"] / runs[0]["seconds"],
             "same_to_the_bit": same, "runs_compared": total,
             "same_verdict": runs[0]["verdict"] == runs[1]["verdict"]}
 
 
-def main_job(config: Path, seeds: int, loads: list[int], matmul) -> dict:
+def main_job(config: Path, seeds: int, loads: list[int], matmul, auto_first: bool = False) -> dict:
     """Each load in turn (0: quiet; n: a competitor on n threads), the matmul rate around them all."""
     before = matmul()
     with tempfile.TemporaryDirectory(prefix="tiedlm-main-job-") as tmp:
-        pairs = [pair(config, seeds, n, Path(tmp)) for n in loads]
+        pairs = [pair(config, seeds, n, Path(tmp), auto_first) for n in loads]
         first = Path(tmp) / f"load{loads[0]}" / "jobs-1"
         for p in pairs[1:]:  # and every pair's runs against the first pair's
             cell = Path(tmp) / f"load{p['competitor_threads']}"
@@ -108,7 +113,9 @@ def print_main_job(result: dict) -> None:
     rate = f"{result['matmul_flops_before'] / 1e9:.0f} GFLOP/s before, {result['matmul_flops_after'] / 1e9:.0f} after"
     print(f"\nthe main job (compare --config {result['config']} --seeds {result['seeds']}), "
           f"on {result['cores']} cores; the 2048³ matmul ran at {rate}")
-    print("(each pair: --jobs 1 first, then --jobs auto; the same runs to the bit: within the pair, "
+    first = "--jobs auto first, then --jobs 1" if result["pairs"][0]["order"][0] == "auto" else \
+        "--jobs 1 first, then --jobs auto"
+    print(f"(each pair: {first}; the same runs to the bit: within the pair, "
           "then each command against the first pair's --jobs 1)")
     print("| load | --jobs 1 | --jobs auto | auto / 1 | 1-minute load (start – end of each) "
           "| runs the same to the bit | verdict the same |")

@@ -205,6 +205,24 @@ def test_bench_quick_runs_and_reports_every_implementation():
     assert all(float(r.split("|")[2].replace(",", "")) > 0 for r in rows)
 
 
+def test_the_main_job_bench_can_run_auto_first_and_reports_jobs_1_first(tmp_path, monkeypatch):
+    script_module("bench_load")
+    main_job = script_module("bench_main_job")
+    ran = []
+
+    def fake(config, seeds, jobs, out):
+        ran.append(jobs)
+        return {"jobs": jobs, "seconds": {"1": 10.0, "auto": 8.0}[jobs], "verdict": "v"}
+
+    monkeypatch.setattr(main_job, "run_command", fake)
+    monkeypatch.setattr(main_job, "same_runs", lambda a, b: (3, 3))
+    for auto_first, order in ((True, ["auto", "1"]), (False, ["1", "auto"])):
+        ran.clear()
+        result = main_job.pair(Path("c.yaml"), 1, 0, tmp_path, auto_first=auto_first)
+        assert ran == order == result["order"]
+        assert [r["jobs"] for r in result["runs"]] == ["1", "auto"] and result["ratio"] == pytest.approx(0.8)
+
+
 def test_the_main_job_bench_times_both_commands_and_tells_the_same_runs_from_changed_ones(tiny_yaml, tmp_path):
     """scripts/bench.py --main-job on a tiny config: both commands run into folders of their own,
     their runs are found the same to the bit, and one changed byte of a weights file is found."""
