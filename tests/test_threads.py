@@ -23,8 +23,8 @@ OPENMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_
 # In a fresh process: run `tiedlm --version` as `python -m tiedlm` does (or import the CLI, as the
 # `tiedlm` script does), note whether torch was imported by then, import torch, and print what its
 # OpenMP saw: the variables in the C environment (what libgomp reads) and torch's thread count; and
-# the page faults that allocating, touching and freeing a 64 MiB tensor takes, after ten of them
-# (16,384 pages: every one faults where malloc gave the memory back to the system).
+# the page faults that allocating, touching and freeing a 48 MiB tensor takes, after ten of them
+# (12,288 pages: every one faults where malloc gave the memory back to the system).
 PROBE = """
 import ctypes, json, os, resource, runpy, sys
 entry = sys.argv[1]
@@ -48,10 +48,10 @@ getenv.restype = ctypes.c_char_p
 seen = {k: (getenv(k.encode()) or b"").decode() or None for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_CBWR")}
 from tiedlm.threads import invariant
 for _ in range(10):  # glibc settles on where the block goes within a few
-    torch.ones(16 * 2**20)
+    torch.ones(12 * 2**20)
 before_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(10):
-    torch.ones(16 * 2**20)
+    torch.ones(12 * 2**20)
 faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before_faults) / 10
 print(json.dumps({"torch_before": before, "seen": seen, "threads": torch.get_num_threads(),
                   "invariant": invariant(), "faults": faults}))
@@ -63,7 +63,7 @@ def _glibc() -> bool:
         glibc = sys.platform.startswith("linux") and (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
     except (AttributeError, ValueError, OSError):
         return False
-    try:  # with transparent huge pages always on, a fresh 64 MiB block faults in a few dozen times
+    try:  # with transparent huge pages always on, a fresh 48 MiB block faults in a few dozen times
         thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
     except OSError:
         thp = ""
@@ -73,7 +73,7 @@ def _glibc() -> bool:
 FAULTS = pytest.mark.skipif(not _glibc(), reason="glibc's malloc, counted in 4 KiB page faults (no THP always)")
 
 
-PAGES = 16 * 2**20 * 4 // 4096  # of the probe's 64 MiB tensor
+PAGES = 12 * 2**20 * 4 // 4096  # of the probe's 48 MiB tensor: above glibc's own 32 MiB, below tiedlm's 64
 
 
 def probe(entry: str, **env: str) -> dict:
@@ -96,7 +96,7 @@ def test_the_cli_sets_openmp_s_wait_before_torch_loads(entry):
 @FAULTS
 @pytest.mark.parametrize("entry", ["module", "script", "worker"])
 def test_the_command_and_its_workers_keep_freed_memory_for_the_next_allocation(entry):
-    """The command's process and a --jobs worker reuse a freed 64 MiB block: the kernel maps and
+    """The command's process and a --jobs worker reuse a freed 48 MiB block: the kernel maps and
     zeroes no new pages."""
     assert probe(entry)["faults"] < PAGES / 20
 
@@ -106,7 +106,7 @@ def test_the_command_and_its_workers_keep_freed_memory_for_the_next_allocation(e
                                         ("module", {"MALLOC_TRIM_THRESHOLD_": "131072"}),
                                         ("script", {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"})])
 def test_the_library_an_opt_out_and_a_user_s_own_malloc_settings_are_left_alone(entry, env):
-    """The control: glibc's own behaviour maps (and faults in) every page of each new 64 MiB
+    """The control: glibc's own behaviour maps (and faults in) every page of each new 48 MiB
     block, in a program that only imports tiedlm, where the command is told not to set malloc, and
     under a user's own malloc settings."""
     assert probe(entry, **env)["faults"] > PAGES / 2

@@ -62,10 +62,13 @@ def set_thread_env(environ: MutableMapping[str, str] = os.environ) -> dict[str, 
 # up to 32 MiB) back to the system, and the next allocation of that size maps fresh pages that the
 # kernel must zero on first touch. A training step frees and allocates the same activations every
 # step: at the main job's shape 1,500-2,800 page faults and 4-8 ms of system time a step, and with
-# two threads each returned block interrupts the other core too. With both thresholds at
-# KEEP_FREED_BYTES a process keeps what it freed, up to that much, for its next allocation: 10-30
-# faults, a two-thread step 5-7% faster and a whole run of the main job's config 12% less time
-# (docs/benchmarks.md).
+# two threads each returned block interrupts the other core too. With the threshold at
+# MAP_FROM_BYTES and the trim threshold at KEEP_FREED_BYTES a process keeps what it freed below the
+# first, up to the second, for its next allocation: 10-30 faults, a two-thread step 5-7% faster
+# and a whole run of the main job's config 12% less time (docs/benchmarks.md). Larger blocks are
+# still mapped afresh: from the heap, they fragmented it, and a GPT-2-width model's peak memory
+# grew from 1,281 to 1,996 MiB with the threshold at 1 GiB; at 64 MiB it was 1,327.
+MAP_FROM_BYTES = 64 << 20
 KEEP_FREED_BYTES = 1 << 30
 # Some glibc releases refuse an mmap threshold above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit); there
 # the threshold is set to that instead.
@@ -81,8 +84,8 @@ _MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold"
 
 
 def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> bool:
-    """Set glibc's malloc to keep freed memory (up to KEEP_FREED_BYTES) for the process's next
-    allocations instead of returning it to the system; True where it was set. Nothing is done where
+    """Set glibc's malloc to keep freed blocks below MAP_FROM_BYTES (up to KEEP_FREED_BYTES in all)
+    for the process's next allocations instead of returning them to the system; True where it was set. Nothing is done where
     TIEDLM_KEEP_FREED is 0, off Linux, under a C library other than glibc, or where the environment
     sets one of glibc's malloc thresholds (_MALLOC_KEYS, or those tunables in GLIBC_TUNABLES). It
     lasts for the process and cannot be undone, so only the command calls it: `tiedlm.cli` when
@@ -103,7 +106,7 @@ def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # The threshold first: setting either one stops glibc moving the threshold with what is freed.
-    mapped = mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_BYTES) or mallopt(_M_MMAP_THRESHOLD, FALLBACK_MMAP_BYTES)
+    mapped = mallopt(_M_MMAP_THRESHOLD, MAP_FROM_BYTES) or mallopt(_M_MMAP_THRESHOLD, FALLBACK_MMAP_BYTES)
     trimmed = mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES)
     return bool(mapped and trimmed)
 
