@@ -64,8 +64,8 @@ def set_thread_env(environ: MutableMapping[str, str] = os.environ) -> dict[str, 
 # step: at the main job's shape 1,500-2,800 page faults and 4-8 ms of system time a step, and with
 # two threads each returned block interrupts the other core too. With the threshold at
 # MAP_FROM_BYTES and the trim threshold at KEEP_FREED_BYTES a process keeps what it freed below the
-# first, up to the second, for its next allocation: 10-30 faults, a two-thread step 5-7% faster
-# and a whole run of the main job's config 12% less time (docs/benchmarks.md). Larger blocks are
+# first, up to the second, for its next allocation: 0-31 faults, a two-thread step 5-7% faster
+# and a whole run of the main job's config 3-15% less time (docs/benchmarks.md). Larger blocks are
 # still mapped afresh: from the heap, they fragmented it, and a GPT-2-width model's peak memory
 # grew from 1,281 to 1,996 MiB with the threshold at 1 GiB; at 64 MiB it was 1,327.
 MAP_FROM_BYTES = 64 << 20
