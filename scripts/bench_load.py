@@ -26,12 +26,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tiedlm.device import KEEP_FREED_ENV, MALLOC_KEYS as device_malloc_keys  # noqa: E402  (no torch)
 # The main job's shape (configs/shakespeare.yaml): name, n_layer, n_head, n_embd, block, batch, V
 MAIN_JOB = ("main job", 2, 4, 128, 64, 32, 2048)
 OPENMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR")
-# malloc's settings, which a timer gets only from its own env (KEEP), never from the bench's caller
-MALLOC_KEYS = ("TIEDLM_KEEP_FREED", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
-               "MALLOC_MMAP_MAX_", "GLIBC_TUNABLES")
+# malloc's settings (those device.keep_freed_memory reads), which a timer gets only from its own env
+# (KEEP), never from the bench's caller
+MALLOC_KEYS = (KEEP_FREED_ENV, *device_malloc_keys, "GLIBC_TUNABLES")
 AUTO = "TIEDLM_BENCH_AUTO"  # a timer that steps under train.threads: auto (its governor ticking each step)
 KEEP = "TIEDLM_BENCH_KEEP_FREED"  # a timer whose malloc keeps freed memory, as the tiedlm command's does
 WARMUP_S = 1.5  # each phase warms up at least this long: longer than the governor takes to react
@@ -42,7 +44,6 @@ def policies() -> list[tuple[str, dict]]:
     given against it), the alternative waits, what tiedlm's CLI sets when the user set none
     (tiedlm.device.thread_env: its wait and MKL's reproducible mode) with a fixed count of every
     core and of one, and tiedlm's default, `train.threads: auto`, whose count follows the load."""
-    sys.path.insert(0, str(ROOT))
     from tiedlm.device import thread_env
 
     cores, ours = str(os.cpu_count() or 1), thread_env({})

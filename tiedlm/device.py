@@ -78,21 +78,22 @@ KEEP_FREED_ENV = "TIEDLM_KEEP_FREED"  # "0": glibc's malloc as it comes
 # A user's own choice of glibc's malloc thresholds, which tiedlm never overrides (glibc then stops
 # moving its threshold, at 128 KiB where unset: a main-job run took 1.5x its time with malloc as it
 # comes, 1.7x its time with freed memory kept, with MALLOC_TRIM_THRESHOLD_ alone set).
-_MALLOC_KEYS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+MALLOC_KEYS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 _MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold", "glibc.malloc.top_pad",
                     "glibc.malloc.mmap_max")
 
 
 def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> bool:
     """Set glibc's malloc to keep freed blocks below MAP_FROM_BYTES (up to KEEP_FREED_BYTES in all)
-    for the process's next allocations instead of returning them to the system; True where it was set. Nothing is done where
-    TIEDLM_KEEP_FREED is 0, off Linux, under a C library other than glibc, or where the environment
-    sets one of glibc's malloc thresholds (_MALLOC_KEYS, or those tunables in GLIBC_TUNABLES). It
-    lasts for the process and cannot be undone, so only the command calls it: `tiedlm.cli` when
-    it is imported, and a `--jobs` worker (parallel.serve); the rest of the library never does."""
+    for the process's next allocations instead of returning them to the system; True where it was
+    set. Nothing is done where TIEDLM_KEEP_FREED is 0, off Linux, under a C library other than
+    glibc, or where the environment sets one of glibc's malloc thresholds (MALLOC_KEYS, or those
+    tunables in GLIBC_TUNABLES). It lasts for the process and cannot be undone, so only the command
+    calls it: `tiedlm.cli` when it is imported, and a `--jobs` worker (parallel.serve); the rest of
+    the library never does."""
     if environ.get(KEEP_FREED_ENV) == "0":
         return False
-    if not sys.platform.startswith("linux") or any(key in environ for key in _MALLOC_KEYS):
+    if not sys.platform.startswith("linux") or any(key in environ for key in MALLOC_KEYS):
         return False
     if any(name in environ.get("GLIBC_TUNABLES", "") for name in _MALLOC_TUNABLES):
         return False

@@ -54,6 +54,8 @@ def _adamw_class(compiled: bool):
     import torch
 
     base = torch.optim.AdamW
+    if compiled:
+        return base
     known = _known_wrapper_codes()
     inner = {}
     for name in _WRAPPED:
@@ -63,8 +65,6 @@ def _adamw_class(compiled: bool):
         if hasattr(fn, "__wrapped__") or getattr(fn, "__code__", None) in known:
             return base  # a wrapper this code does not know: keep AdamW's own methods
         inner[name] = fn
-    if compiled:
-        return base
 
     def step(self, closure=None):
         with torch.no_grad():
