@@ -8,6 +8,7 @@ fp32 matmul rate measured in the same run.
     python scripts/bench.py --device cuda --dtype bf16
     python scripts/bench.py --steps 2 --rounds 3 --no-extra   # the shapes' tables alone, shorter
     python scripts/bench.py --shapes "base.yaml,llama base,llama wide vocab" --no-extra   # some shapes
+    python scripts/bench.py --counted --rounds 9   # how far each step's share of the matmul rate can go
     python scripts/bench.py --chunks      # the fused loss's chunk size, by the training step (base, wide vocab)
     python scripts/bench.py --under-load --rounds 3   # each OpenMP policy quiet and beside a competing process
     python scripts/bench.py --pool-ceiling            # one step on every core vs two one-core workers at once
@@ -25,7 +26,9 @@ asserted equal (bench_models.py holds the models and their steps).
 Evaluation (evaluate.score_tokens) is timed the same way, fused and plain in turn (the plain one
 through a module that gives only logits, which score_tokens scores by F.cross_entropy). FLOP/s use
 tiedlm.counting.flops_per_token (the head counted whether tied or not), so tied and untied models
-of a shape do the same work.
+of a shape do the same work. Under each shape's table, the line "counted work alone" is the tied
+step's matmuls and attention kernels replayed alone (bench_counted.py), timed in turn with the step:
+the share of the matmul rate the step would reach were everything else in it free.
 The bench's process sets glibc's malloc as the tiedlm command does (device.keep_freed_memory: freed
 memory kept for the next step) for every model it times, so both sides run on the same allocator;
 `TIEDLM_KEEP_FREED=0` times them all with malloc as it comes, where the others' fresh logits each
@@ -48,6 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_models, bench_load (also when imported by path)
 
+import bench_counted  # noqa: E402
 from bench_models import (  # noqa: E402,F401  (re-exported: bench_load and the tests use bench.step_fn ...)
     CHUNK_LOGITS_BYTES,
     dims,
@@ -161,6 +165,9 @@ def child_memory(spec: dict) -> None:
     """--child: one model's training steps in this fresh process; print its peak memory (bytes)."""
     import torch
 
+    if spec.get("what") == "counted":
+        return bench_counted.child_counted(spec)
+
     from tiedlm.device import autocast_ctx, peak_memory, resolve_device
 
     device = resolve_device(spec["device"])
@@ -261,7 +268,7 @@ def run(args) -> dict:
     result = {"device": str(device), "dtype": dtype, "threads": torch.get_num_threads(), "torch": torch.__version__,
               "matmul_flops": ceiling, "shapes": []}
     for shape in chosen_shapes(args):
-        name, V = shape[0], dims(shape)[5]
+        name, (_, _, _, T, B, V) = shape[0], dims(shape)
         rates = train_rates(shape, device, dtype, args.steps, args.rounds, args.warmup)
         fpt = flops_per_token(model_config(shape), V)["train"]
         ev = eval_rates(shape, device, dtype, 2 if args.quick else args.eval_batches, args.rounds)
@@ -282,6 +289,8 @@ def run(args) -> dict:
             entry[f"fused_over_plain_{tying}"] = statistics.median(a / b for a, b in zip(ours, plain))
             entry[f"mfu_{tying}"] = statistics.median(ours) * fpt / ceiling
             entry[f"mfu_plain_{tying}"] = statistics.median(plain) * fpt / ceiling
+        entry.update(bench_counted.counted_entry(shape, device, dtype, max(1, args.rounds * args.steps), B * T * fpt,
+                                    256 if args.quick else 2048))
         result["shapes"].append(entry)
         print_shape(entry)
     if not args.quick and not args.no_extra:
@@ -424,6 +433,11 @@ def print_shape(e: dict) -> None:
         mfu = f"{100 * e[f'mfu_plain_{tying}' if plain else f'mfu_{tying}']:.0f}%" if k.startswith("tiedlm") else ""
         gain = f"{e[f'fused_over_plain_{tying}']:.2f}×" if k.startswith("tiedlm") and not plain else ""
         print(f"| {k} | {s['median']:,.0f} | {s['min']:,.0f} – {s['max']:,.0f} | {mfu} | {ratio} | {gain} |")
+    c = e["counted"]
+    print(f"counted work alone (tied; {c['calls']} matmul and attention calls replayed): "
+          f"{1e3 * c['counted_s']:.1f} of the step's {1e3 * c['step_s']:.1f} ms ({e['counted_share_of_step']:.0%}); "
+          f"the step at {e['share_same_run_tied']:.0%} of the matmul rate timed in the same turns "
+          f"({c['matmul_flops_per_s'] / 1e9:,.0f} GFLOP/s), {e['share_bound_tied']:.0%} were the rest free")
 
 
 def main() -> None:
@@ -441,6 +455,9 @@ def main() -> None:
     ap.add_argument("--no-extra", action="store_true", help="the shapes' tables only (no memory, cold commands, data)")
     ap.add_argument("--chunks", action="store_true", help="time the base shape's training step at several chunk "
                     "sizes of the fused loss (tiedlm.loss.CHUNK_BYTES), in turn, and stop")
+    ap.add_argument("--counted", action="store_true", help="each shape's tied step beside its matmuls and "
+                    "attention replayed alone (scripts/bench_counted.py): the share of the matmul rate it would "
+                    "reach were the rest free, and stop")
     ap.add_argument("--under-load", action="store_true", help="the main job's step quiet and beside a competing "
                     "2-thread process, for each OpenMP wait policy (scripts/bench_load.py), and stop")
     ap.add_argument("--pool-ceiling", action="store_true", help="the main job's step on every core alone, and on "
@@ -474,6 +491,8 @@ def main() -> None:
         return main_job_table(args)
     if args.chunks:
         return chunk_sizes(args)
+    if args.counted:
+        return bench_counted.counted_table(args, chosen_shapes(args))
     result = run(args)
     path = args.json or (None if args.quick else Path(__file__).with_name("bench.json"))
     if path:

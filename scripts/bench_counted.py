@@ -1,0 +1,201 @@
+"""How far a training step's share of the matmul rate can go: the work that its FLOP count counts
+(tiedlm.counting.flops_per_token: every matmul, and attention's scores and weighted sum), recorded
+from one real step and replayed alone.
+
+`record(step)` runs the step once under a dispatch mode that writes down each call of a counted
+operator: the matmuls (mm, addmm, addmm_, bmm, baddbmm, in any overload, `out=` ones included)
+and the fused attention kernels (scaled_dot_product_*, forward and backward), with the shape,
+strides, dtype and device of every tensor argument. `Replay(calls)` allocates tensors of those
+layouts once, and calling it runs the same calls in the same order, nothing else. Timed beside the
+step, that gives the counted work's time; the step's FLOPs over that time, against the 2048³
+matmul rate, is the share the step would reach were everything else (GELU, norms, the
+log-softmax, the optimizer, Python) free. No change to the rest of a step can take the share past
+it; only faster counted work can: other kernels, or other shapes for the same products (such as
+the fused loss's chunk size).
+
+The replay is an estimate, not a proof to the millisecond: its inputs are random, its operands sit
+in cache as the step left them or not, and attention's kernels take as long on random inputs as
+on real ones only because their work does not depend on the values (true of the CPU flash kernel).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_models, also when imported by path
+
+from bench_models import dims, model_config, step_fn, tiedlm_model  # noqa: E402
+
+BENCH = Path(__file__).with_name("bench.py")  # its --child runs child_counted in a fresh process
+
+MATMULS = ("mm", "addmm", "addmm_", "bmm", "baddbmm", "baddbmm_")
+
+
+def _counted(func) -> bool:
+    name = func.overloadpacket.__name__
+    return name in MATMULS or "scaled_dot_product" in name
+
+
+def matmul_flops(func, args) -> int:
+    """2·m·k·n (times the batch for bmm) of a recorded matmul call; 0 for attention's kernels."""
+    name = func.overloadpacket.__name__
+    if name not in MATMULS:
+        return 0
+    a, b = (args[1], args[2]) if name.startswith(("addmm", "baddbmm")) else (args[0], args[1])
+    *batch, m, k = a.shape
+    n = b.shape[-1]
+    return 2 * m * k * n * (batch[0] if batch else 1)
+
+
+class Spec:
+    """A tensor argument as recorded: what it takes to make one of the same layout."""
+
+    def __init__(self, t):
+        self.shape, self.stride, self.dtype, self.device = tuple(t.shape), tuple(t.stride()), t.dtype, t.device
+
+    def make(self):
+        import torch
+
+        t = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
+        return t.normal_() if t.dtype.is_floating_point else t.zero_()
+
+
+def record(step) -> list:
+    """[(func, args, kwargs)] of the counted calls that one run of step() makes, tensors as Spec."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map
+
+    def spec(x):
+        return Spec(x) if isinstance(x, torch.Tensor) else x
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if _counted(func):
+                self.calls.append((func, tree_map(spec, args), tree_map(spec, kwargs)))
+            return func(*args, **kwargs)
+
+    recorder = Recorder()
+    with recorder:
+        step()
+    return recorder.calls
+
+
+class Replay:
+    """The recorded calls on tensors of their layouts, made once; calling it runs them in order."""
+
+    def __init__(self, calls: list):
+        from torch.utils._pytree import tree_map
+
+        def make(x):
+            return x.make() if isinstance(x, Spec) else x
+
+        self.calls = [(f, tree_map(make, a), tree_map(make, k)) for f, a, k in calls]
+        self.flops = sum(matmul_flops(f, a) for f, a, _ in self.calls)
+
+    def __call__(self) -> None:
+        for func, args, kwargs in self.calls:
+            func(*args, **kwargs)
+
+
+def counted_times(step, rounds: int, sync=lambda: None, matmul=None) -> dict:
+    """Median seconds of step() and of its counted calls replayed alone, timed in turn over rounds
+    (after one warm-up of each), and the recorded matmuls' FLOPs. With matmul=(fn, flops), fn is
+    timed in the same turns and its median FLOP/s returned as matmul_flops_per_s: a ceiling measured
+    beside the step, not minutes before it."""
+    import statistics
+    import time
+
+    replay = Replay(record(step))
+    timed = {"step": step, "counted": replay}
+    if matmul is not None:
+        timed["matmul"] = matmul[0]
+    for fn in timed.values():
+        fn()
+    times: dict = {key: [] for key in timed}
+    for _ in range(rounds):
+        for key, fn in timed.items():
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            times[key].append(time.perf_counter() - t)
+    out = {"step_s": statistics.median(times["step"]), "counted_s": statistics.median(times["counted"]),
+           "calls": len(replay.calls), "matmul_flops": replay.flops}
+    if matmul is not None:
+        out["matmul_flops_per_s"] = statistics.median(matmul[1] / t for t in times["matmul"])
+    return out
+
+
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def counted_entry(shape, device, dtype: str, steps: int, step_flops: float, matmul_n: int) -> dict:
+    """The tied step beside its counted work replayed alone and the n³ matmul, in turn
+    (counted_times), in a fresh process: the replay's tensors, all alive at once,
+    would grow this process's heap, and malloc would then serve the next shapes' large blocks (the
+    plain loss's and transformers' logits) from it instead of mapping fresh pages, which changes
+    their times. Their times, the recorded matmuls' FLOPs, the share of the matmul rate the step
+    reached in these turns and the share it would reach were the rest of it free."""
+    spec = {"what": "counted", "device": str(device), "dtype": dtype, "shape": list(shape), "steps": steps,
+            "matmul_n": matmul_n}
+    out = subprocess.run([sys.executable, str(BENCH), "--child", json.dumps(spec)], capture_output=True, text=True,
+                         check=True)
+    c = json.loads(out.stdout.strip().splitlines()[-1])
+    rate = c["matmul_flops_per_s"]
+    return {"counted": c, "counted_share_of_step": c["counted_s"] / c["step_s"],
+            "share_same_run_tied": step_flops / c["step_s"] / rate,
+            "share_bound_tied": step_flops / c["counted_s"] / rate}
+
+
+def child_counted(spec: dict) -> None:
+    """--child for counted_entry: print the counted times of the shape's tied step as JSON."""
+    import torch
+
+    from tiedlm.device import autocast_ctx, resolve_device
+
+    device = resolve_device(spec["device"])
+    shape = tuple(spec["shape"])
+    x = torch.randint(0, shape[6], (shape[5], shape[4] + 1), device=device)
+    step = step_fn("tiedlm", *tiedlm_model(shape, True, device), x, autocast_ctx(device, spec["dtype"]))
+    step()
+    n = spec["matmul_n"]
+    dt = torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
+    a, b = torch.randn(n, n, device=device, dtype=dt), torch.randn(n, n, device=device, dtype=dt)
+    print(json.dumps(counted_times(step, spec["steps"], lambda: sync(device), (lambda: a @ b, 2 * n**3))))
+
+
+def counted_table(args, shapes) -> None:
+    """--counted: each chosen shape's counted_entry alone, as one table."""
+    import torch
+
+    from tiedlm.counting import flops_per_token
+    from tiedlm.device import resolve_device, resolve_dtype
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    print(f"{torch.get_num_threads()} threads; each shape's tied step, its matmuls and attention replayed alone, "
+          f"and the {256 if args.quick else 2048}³ matmul, in turn, {max(1, args.rounds * args.steps)} times")
+    print("| shape | step | counted work alone | of the step | matmul GFLOP/s | % of matmul rate "
+          "| were the rest free |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for shape in shapes:
+        _, _, _, T, B, V = dims(shape)
+        e = counted_entry(shape, device, dtype, max(1, args.rounds * args.steps),
+                          B * T * flops_per_token(model_config(shape), V)["train"], 256 if args.quick else 2048)
+        c = e["counted"]
+        print(f"| {shape[0]} | {1e3 * c['step_s']:.1f} ms | {1e3 * c['counted_s']:.1f} ms "
+              f"| {e['counted_share_of_step']:.0%} | {c['matmul_flops_per_s'] / 1e9:,.0f} "
+              f"| {e['share_same_run_tied']:.0%} | {e['share_bound_tied']:.0%} |")

@@ -1,0 +1,78 @@
+"""scripts/bench_counted.py: the work a step's FLOP count counts, recorded from a real training step
+and replayed alone. The recorded matmuls' FLOPs are torch's own account of what the step ran, so
+they cross-check tiedlm.counting.flops_per_token to the FLOP."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, script_module
+from tiedlm.counting import flops_per_token
+
+counted = script_module("bench_counted")
+models = script_module("bench_models")
+
+SHAPES = [("gpt2", 2, 2, 32, 16, 4, 300), ("gpt2 one chunk row", 1, 4, 48, 8, 3, 700),
+          ("llama", 2, 4, 64, 32, 2, 500, "llama")]
+
+
+def recorded_step(shape, tied: bool):
+    L, H, d, T, B, V = models.dims(shape)
+    model, opt = models.tiedlm_model(shape, tied, torch.device("cpu"))
+    x = torch.randint(0, V, (B, T + 1), generator=torch.Generator().manual_seed(0))
+    return counted.record(models.step_fn("tiedlm", model, opt, x, None))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
+def test_the_matmuls_a_step_runs_are_the_flops_the_count_gives_them(shape, tied):
+    """Every matmul of a training step (forward, backward through the fused loss, the weight
+    gradients), as torch dispatched it, sums to flops_per_token's train FLOPs less attention's
+    (which run in fused kernels and are counted as full T x T products): to the FLOP."""
+    L, H, d, T, B, V = models.dims(shape)
+    calls = recorded_step(shape, tied)
+    per_token = flops_per_token(models.model_config(shape, tied), V)
+    attention = 3 * L * 2 * 2 * T * d  # q@k^T and att@v per layer, forward and backward
+    assert sum(counted.matmul_flops(f, a) for f, a, _ in calls) == B * T * (per_token["train"] - attention)
+    kernels = [f.overloadpacket.__name__ for f, _, _ in calls if "scaled_dot_product" in f.overloadpacket.__name__]
+    assert len(kernels) == 2 * L and sum(k.endswith("_backward") for k in kernels) == L
+
+
+def test_a_replay_runs_the_recorded_calls_on_tensors_of_their_layouts():
+    calls = recorded_step(SHAPES[0], True)
+    replay = counted.Replay(calls)
+    again = counted.record(replay)
+
+    def layout(call):
+        func, args, kwargs = call
+
+        def one(x):
+            return (x.shape, x.stride, x.dtype) if isinstance(x, counted.Spec) else x
+        return func, [one(a) for a in args], {k: one(v) for k, v in kwargs.items() if v is not None}
+
+    assert [layout(c) for c in again] == [layout(c) for c in calls]
+    assert replay.flops == sum(counted.matmul_flops(f, a) for f, a, _ in calls) > 0
+    times = counted.counted_times(models.step_fn("tiedlm", *models.tiedlm_model(SHAPES[0], True, torch.device("cpu")),
+                                                 torch.randint(0, 300, (4, 17)), None), 2)
+    assert times["calls"] == len(calls) and times["matmul_flops"] == replay.flops
+    assert times["step_s"] > 0 and times["counted_s"] > 0
+
+
+def test_a_batched_matmul_counts_its_batch():
+    a, b = torch.randn(3, 4, 5), torch.randn(3, 5, 6)
+    calls = counted.record(lambda: (torch.bmm(a, b), torch.baddbmm(torch.zeros(3, 4, 6), a, b), a[0] @ b[0]))
+    assert [counted.matmul_flops(f, args) for f, args, _ in calls] == [2 * 3 * 4 * 5 * 6] * 2 + [2 * 4 * 5 * 6]
+
+
+def test_the_bench_s_counted_table_has_a_row_per_shape_from_a_fresh_process():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--counted", "--quick"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in out.stdout.splitlines() if line.startswith("| tiny")]
+    assert [r[0].strip() for r in rows] == ["tiny", "tiny llama"]
+    for row in rows:
+        step, alone = (float(c.strip().removesuffix(" ms")) for c in row[1:3])
+        assert step > 0 and alone > 0
+        assert abs(float(row[3].strip().rstrip("%")) - 100 * alone / step) <= 3  # the ms are rounded
