@@ -66,8 +66,9 @@ def set_thread_env(environ: MutableMapping[str, str] = os.environ) -> dict[str, 
 # MAP_FROM_BYTES and the trim threshold at KEEP_FREED_BYTES a process keeps what it freed below the
 # first, up to the second, for its next allocation: 0-31 faults, a two-thread step 5-7% faster
 # and a whole run of the main job's config 3-15% less time (docs/benchmarks.md). Larger blocks are
-# still mapped afresh: from the heap, they fragmented it, and a GPT-2-width model's peak memory
-# grew from 1,281 to 1,996 MiB with the threshold at 1 GiB; at 64 MiB it was 1,327.
+# mapped afresh unless the heap has a free region that size: kept in the heap as a rule, they
+# fragmented it, and a GPT-2-width model's peak memory grew from 1,281 to 1,996 MiB with the
+# threshold at 1 GiB; at 64 MiB it was 1,327.
 MAP_FROM_BYTES = 64 << 20
 KEEP_FREED_BYTES = 1 << 30
 # Some glibc releases refuse an mmap threshold above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit); there
