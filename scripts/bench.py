@@ -165,9 +165,6 @@ def child_memory(spec: dict) -> None:
     """--child: one model's training steps in this fresh process; print its peak memory (bytes)."""
     import torch
 
-    if spec.get("what") == "counted":
-        return bench_counted.child_counted(spec)
-
     from tiedlm.device import autocast_ctx, peak_memory, resolve_device
 
     device = resolve_device(spec["device"])
@@ -433,11 +430,14 @@ def print_shape(e: dict) -> None:
         mfu = f"{100 * e[f'mfu_plain_{tying}' if plain else f'mfu_{tying}']:.0f}%" if k.startswith("tiedlm") else ""
         gain = f"{e[f'fused_over_plain_{tying}']:.2f}×" if k.startswith("tiedlm") and not plain else ""
         print(f"| {k} | {s['median']:,.0f} | {s['min']:,.0f} – {s['max']:,.0f} | {mfu} | {ratio} | {gain} |")
+    if "counted" not in e:
+        return
     c = e["counted"]
     print(f"counted work alone (tied; {c['calls']} matmul and attention calls replayed): "
-          f"{1e3 * c['counted_s']:.1f} of the step's {1e3 * c['step_s']:.1f} ms ({e['counted_share_of_step']:.0%}); "
-          f"the step at {e['share_same_run_tied']:.0%} of the matmul rate timed in the same turns "
-          f"({c['matmul_flops_per_s'] / 1e9:,.0f} GFLOP/s), {e['share_bound_tied']:.0%} were the rest free")
+          f"{1e3 * c['counted_s']:.1f} (cold) / {1e3 * c['counted_warm_s']:.1f} (warm) of the step's "
+          f"{1e3 * c['step_s']:.1f} ms; the step at {e['share_same_run_tied']:.0%} of the matmul rate timed in the "
+          f"same turns ({c['matmul_flops_per_s'] / 1e9:,.0f} GFLOP/s), "
+          f"{e['share_bound_tied']:.0%} – {e['share_bound_warm_tied']:.0%} were the rest free")
 
 
 def main() -> None:
@@ -479,7 +479,8 @@ def main() -> None:
 
     keep_freed_memory()  # glibc's malloc keeps freed memory, as in the tiedlm command's process
     if args.child:
-        return child_memory(json.loads(args.child))
+        spec = json.loads(args.child)
+        return (bench_counted.child_counted if spec.get("what") == "counted" else child_memory)(spec)
     if args.quick:
         args.steps, args.rounds, args.warmup = 1, 1, 1
     if args.under_load or args.pool_ceiling or args.allocator:

@@ -3,19 +3,22 @@
 from one real step and replayed alone.
 
 `record(step)` runs the step once under a dispatch mode that writes down each call of a counted
-operator: the matmuls (mm, addmm, addmm_, bmm, baddbmm, in any overload, `out=` ones included)
-and the fused attention kernels (scaled_dot_product_*, forward and backward), with the shape,
-strides, dtype and device of every tensor argument. `Replay(calls)` allocates tensors of those
-layouts once, and calling it runs the same calls in the same order, nothing else. Timed beside the
-step, that gives the counted work's time; the step's FLOPs over that time, against the 2048³
-matmul rate, is the share the step would reach were everything else (GELU, norms, the
-log-softmax, the optimizer, Python) free. No change to the rest of a step can take the share past
-it; only faster counted work can: other kernels, or other shapes for the same products (such as
-the fused loss's chunk size).
+operator: the matmuls (mm, addmm, addmm_, bmm, baddbmm, baddbmm_, in any overload, `out=` ones
+included) and the fused attention kernels (scaled_dot_product_*, forward and backward), with the
+shape, strides, dtype and device of every tensor argument. Other matmul kernels (addmv, addbmm,
+_addmm_activation) are not recorded; the step does not call them on the CPU, which the test that
+the recorded FLOPs equal the count's checks. `Replay(calls)` makes tensors of those layouts once,
+and calling it runs the same calls in the same order, nothing else. Timed in turn with the step,
+that gives the counted work's time; the step's FLOPs over that time, against the n³ matmul rate
+timed in the same turns, is the share the step would reach were everything else (GELU, norms, the
+log-softmax, the optimizer, Python) free.
 
-The replay is an estimate, not a proof to the millisecond: its inputs are random, its operands sit
-in cache as the step left them or not, and attention's kernels take as long on random inputs as
-on real ones only because their work does not depend on the values (true of the CPU flash kernel).
+It is an estimate with a known lean either way, so it is made twice. "Cold": every call has tensors
+of its own, last touched a whole replay before, where in the step most inputs were just written by
+the op before; that leans slow, and the share it gives low. "Warm": calls share one tensor per
+layout (distinct within a call), so the replay's operands are far fewer and mostly in cache; that
+leans fast, and the share high. The step's ceiling lies between, as far as the random inputs allow
+(attention's and the matmuls' work does not depend on the values).
 """
 
 from __future__ import annotations
@@ -90,15 +93,32 @@ def record(step) -> list:
 
 
 class Replay:
-    """The recorded calls on tensors of their layouts, made once; calling it runs them in order."""
+    """The recorded calls on tensors of their layouts, made once; calling it runs them in order.
+    warm=False: each call's tensors its own; warm=True: one tensor per layout, shared across calls
+    (a call's own arguments stay distinct, as an out= tensor may not alias an input)."""
 
-    def __init__(self, calls: list):
-        from torch.utils._pytree import tree_map
+    def __init__(self, calls: list, warm: bool = False):
+        from torch.utils._pytree import tree_flatten, tree_unflatten
 
-        def make(x):
-            return x.make() if isinstance(x, Spec) else x
-
-        self.calls = [(f, tree_map(make, a), tree_map(make, k)) for f, a, k in calls]
+        shared: dict = {}
+        self.calls = []
+        for func, args, kwargs in calls:
+            leaves, tree = tree_flatten((args, kwargs))
+            seen: dict = {}
+            made = []
+            for x in leaves:
+                if not isinstance(x, Spec):
+                    made.append(x)
+                    continue
+                layout = (x.shape, x.stride, x.dtype, str(x.device))
+                key = (layout, seen.get(layout, 0))
+                seen[layout] = key[1] + 1
+                if not warm:
+                    made.append(x.make())
+                else:
+                    made.append(shared[key] if key in shared else shared.setdefault(key, x.make()))
+            a, k = tree_unflatten(made, tree)
+            self.calls.append((func, a, k))
         self.flops = sum(matmul_flops(f, a) for f, a, _ in self.calls)
 
     def __call__(self) -> None:
@@ -107,15 +127,16 @@ class Replay:
 
 
 def counted_times(step, rounds: int, sync=lambda: None, matmul=None) -> dict:
-    """Median seconds of step() and of its counted calls replayed alone, timed in turn over rounds
-    (after one warm-up of each), and the recorded matmuls' FLOPs. With matmul=(fn, flops), fn is
-    timed in the same turns and its median FLOP/s returned as matmul_flops_per_s: a ceiling measured
-    beside the step, not minutes before it."""
+    """Median seconds of step() and of its counted calls replayed alone, cold and warm (Replay),
+    timed in turn over rounds (after one warm-up of each), and the recorded matmuls' FLOPs. With
+    matmul=(fn, flops), fn is timed in the same turns and its median FLOP/s returned as
+    matmul_flops_per_s: a ceiling measured beside the step, not minutes before it."""
     import statistics
     import time
 
-    replay = Replay(record(step))
-    timed = {"step": step, "counted": replay}
+    calls = record(step)
+    cold, warm = Replay(calls), Replay(calls, warm=True)
+    timed = {"step": step, "counted": cold, "counted_warm": warm}
     if matmul is not None:
         timed["matmul"] = matmul[0]
     for fn in timed.values():
@@ -128,8 +149,8 @@ def counted_times(step, rounds: int, sync=lambda: None, matmul=None) -> dict:
             fn()
             sync()
             times[key].append(time.perf_counter() - t)
-    out = {"step_s": statistics.median(times["step"]), "counted_s": statistics.median(times["counted"]),
-           "calls": len(replay.calls), "matmul_flops": replay.flops}
+    out = {f"{key}_s": statistics.median(times[key]) for key in ("step", "counted", "counted_warm")}
+    out.update(calls=len(cold.calls), matmul_flops=cold.flops)
     if matmul is not None:
         out["matmul_flops_per_s"] = statistics.median(matmul[1] / t for t in times["matmul"])
     return out
@@ -143,38 +164,50 @@ def sync(device) -> None:
 
 
 def counted_entry(shape, device, dtype: str, steps: int, step_flops: float, matmul_n: int) -> dict:
-    """The tied step beside its counted work replayed alone and the n³ matmul, in turn
-    (counted_times), in a fresh process: the replay's tensors, all alive at once,
-    would grow this process's heap, and malloc would then serve the next shapes' large blocks (the
-    plain loss's and transformers' logits) from it instead of mapping fresh pages, which changes
-    their times. Their times, the recorded matmuls' FLOPs, the share of the matmul rate the step
-    reached in these turns and the share it would reach were the rest of it free."""
+    """The tied step beside its counted work replayed alone, cold and warm, and the n³ matmul, in
+    turn (counted_times), in a fresh process: the replay's tensors, all alive at once, would grow
+    this process's heap, and malloc would then serve the next shapes' large blocks (the plain loss's
+    and transformers' logits) from it instead of mapping fresh pages, which changes their times.
+    Their times, the recorded matmuls' FLOPs, the share of the matmul rate the step reached in these
+    turns and the shares it would reach were the rest of it free (cold: low, warm: high). {} with a
+    line on stderr where the child failed, so that a full bench goes on without the line."""
     spec = {"what": "counted", "device": str(device), "dtype": dtype, "shape": list(shape), "steps": steps,
             "matmul_n": matmul_n}
-    out = subprocess.run([sys.executable, str(BENCH), "--child", json.dumps(spec)], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, str(BENCH), "--child", json.dumps(spec)], capture_output=True, text=True)
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+        print(f"{shape[0]}: the counted work could not be replayed ({tail})", file=sys.stderr)
+        return {}
     c = json.loads(out.stdout.strip().splitlines()[-1])
     rate = c["matmul_flops_per_s"]
     return {"counted": c, "counted_share_of_step": c["counted_s"] / c["step_s"],
             "share_same_run_tied": step_flops / c["step_s"] / rate,
-            "share_bound_tied": step_flops / c["counted_s"] / rate}
+            "share_bound_tied": step_flops / c["counted_s"] / rate,
+            "share_bound_warm_tied": step_flops / c["counted_warm_s"] / rate}
 
 
 def child_counted(spec: dict) -> None:
-    """--child for counted_entry: print the counted times of the shape's tied step as JSON."""
+    """--child for counted_entry: print the counted times of the shape's tied step as JSON. The
+    matmul's turn is one product on a CPU and 20 on a GPU, where one would time the launch."""
     import torch
 
     from tiedlm.device import autocast_ctx, resolve_device
 
     device = resolve_device(spec["device"])
     shape = tuple(spec["shape"])
-    x = torch.randint(0, shape[6], (shape[5], shape[4] + 1), device=device)
+    _, _, _, T, B, V = dims(shape)
+    x = torch.randint(0, V, (B, T + 1), device=device)
     step = step_fn("tiedlm", *tiedlm_model(shape, True, device), x, autocast_ctx(device, spec["dtype"]))
     step()
-    n = spec["matmul_n"]
+    n, reps = spec["matmul_n"], 20 if device.type == "cuda" else 1
     dt = torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
     a, b = torch.randn(n, n, device=device, dtype=dt), torch.randn(n, n, device=device, dtype=dt)
-    print(json.dumps(counted_times(step, spec["steps"], lambda: sync(device), (lambda: a @ b, 2 * n**3))))
+
+    def products():
+        for _ in range(reps):
+            a @ b
+
+    print(json.dumps(counted_times(step, spec["steps"], lambda: sync(device), (products, 2 * n**3 * reps))))
 
 
 def counted_table(args, shapes) -> None:
@@ -186,16 +219,20 @@ def counted_table(args, shapes) -> None:
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    print(f"{torch.get_num_threads()} threads; each shape's tied step, its matmuls and attention replayed alone, "
-          f"and the {256 if args.quick else 2048}³ matmul, in turn, {max(1, args.rounds * args.steps)} times")
-    print("| shape | step | counted work alone | of the step | matmul GFLOP/s | % of matmul rate "
-          "| were the rest free |")
+    print(f"{torch.get_num_threads()} threads; each shape's tied step, its matmuls and attention replayed alone "
+          f"(cold, warm), and the {256 if args.quick else 2048}³ matmul, in turn, "
+          f"{max(1, args.rounds * args.steps)} times")
+    print("| shape | step | counted work alone, cold / warm | of the step | matmul GFLOP/s | % of matmul rate "
+          "| were the rest free, cold – warm |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for shape in shapes:
         _, _, _, T, B, V = dims(shape)
         e = counted_entry(shape, device, dtype, max(1, args.rounds * args.steps),
                           B * T * flops_per_token(model_config(shape), V)["train"], 256 if args.quick else 2048)
+        if not e:
+            continue
         c = e["counted"]
-        print(f"| {shape[0]} | {1e3 * c['step_s']:.1f} ms | {1e3 * c['counted_s']:.1f} ms "
-              f"| {e['counted_share_of_step']:.0%} | {c['matmul_flops_per_s'] / 1e9:,.0f} "
-              f"| {e['share_same_run_tied']:.0%} | {e['share_bound_tied']:.0%} |")
+        print(f"| {shape[0]} | {1e3 * c['step_s']:,.2f} ms | {1e3 * c['counted_s']:,.2f} / "
+              f"{1e3 * c['counted_warm_s']:,.2f} ms | {e['counted_share_of_step']:.0%} "
+              f"| {c['matmul_flops_per_s'] / 1e9:,.0f} | {e['share_same_run_tied']:.0%} "
+              f"| {e['share_bound_tied']:.0%} – {e['share_bound_warm_tied']:.0%} |")
