@@ -26,7 +26,8 @@ asserted equal (bench_models.py holds the models and their steps).
 Evaluation (evaluate.score_tokens) is timed the same way, fused and plain in turn (the plain one
 through a module that gives only logits, which score_tokens scores by F.cross_entropy). FLOP/s use
 tiedlm.counting.flops_per_token (the head counted whether tied or not), so tied and untied models
-of a shape do the same work. Under each shape's table, the line "counted work alone" is the tied
+of a shape do the same work; a shape's "% of matmul rate" is against the 2048³ matmul timed once a
+round in the same turns as its models (the rate the run starts with drifts over its minutes). Under each shape's table, the line "counted work alone" is the tied
 step's matmuls and attention kernels replayed alone (bench_counted.py), timed in turn with the step:
 the share of the matmul rate the step would reach were everything else in it free.
 The bench's process sets glibc's malloc as the tiedlm command does (device.keep_freed_memory: freed
@@ -100,8 +101,11 @@ def matmul_rate(device, dtype, n=2048, reps=5) -> float:
     return best
 
 
-def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int) -> dict:
-    """tokens/s of each implementation and tying, timed in turn over rounds."""
+def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int, matmul_n: int | None = None,
+                matmul_rates: list | None = None) -> dict:
+    """tokens/s of each implementation and tying, timed in turn over rounds. With matmul_n, an
+    n³ matmul (one product on a CPU, 20 on a GPU) takes a turn in each round too, and its FLOP/s
+    are appended to matmul_rates: the shape's ceiling, measured beside its models."""
     import torch
 
     from tiedlm.device import autocast_ctx
@@ -119,6 +123,11 @@ def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int)
         for _ in range(warmup):
             step()
     times: dict = {k: [] for k in steps_of}
+    if matmul_n:
+        mdt = torch.bfloat16 if dtype == "bf16" else torch.float32
+        a, b = (torch.randn(matmul_n, matmul_n, device=device, dtype=mdt) for _ in range(2))
+        reps = 20 if device.type == "cuda" else 1
+        a @ b
     for _ in range(rounds):
         for key, step in steps_of.items():
             sync(device)
@@ -127,6 +136,13 @@ def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int)
                 step()
             sync(device)
             times[key].append(B * T * steps / (time.perf_counter() - t))
+        if matmul_n and matmul_rates is not None:
+            sync(device)
+            t = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            sync(device)
+            matmul_rates.append(2 * matmul_n**3 * reps / (time.perf_counter() - t))
     return {f"{LABELS[k[0]]} {'tied' if k[1] else 'untied'}": v for k, v in times.items()}
 
 
@@ -266,12 +282,15 @@ def run(args) -> dict:
               "matmul_flops": ceiling, "shapes": []}
     for shape in chosen_shapes(args):
         name, (_, _, _, T, B, V) = shape[0], dims(shape)
-        rates = train_rates(shape, device, dtype, args.steps, args.rounds, args.warmup)
+        in_turns: list = []
+        rates = train_rates(shape, device, dtype, args.steps, args.rounds, args.warmup,
+                            256 if args.quick else 2048, in_turns)
+        rate = statistics.median(in_turns)  # the shape's own ceiling: the run's first one drifts over minutes
         fpt = flops_per_token(model_config(shape), V)["train"]
         ev = eval_rates(shape, device, dtype, 2 if args.quick else args.eval_batches, args.rounds)
         cfg = model_config(shape)
         entry = {"name": name, "arch": cfg.arch, "shape": list(dims(shape)), "n_kv_head": cfg.kv_heads,
-                 "mlp_size": cfg.mlp_size, "train_flops_per_token": fpt,
+                 "mlp_size": cfg.mlp_size, "train_flops_per_token": fpt, "matmul_flops_in_turns": rate,
                  "train": {k: summary(v) for k, v in rates.items()},
                  "eval_tokens_per_s": statistics.median(ev["fused"]),
                  "eval_plain_tokens_per_s": statistics.median(ev["plain"])}
@@ -284,8 +303,8 @@ def run(args) -> dict:
                 entry[f"ratio_{tying}"] = statistics.median(a / b for a, b in zip(ours, theirs))
                 entry[f"ratio_plain_{tying}"] = statistics.median(a / b for a, b in zip(plain, theirs))
             entry[f"fused_over_plain_{tying}"] = statistics.median(a / b for a, b in zip(ours, plain))
-            entry[f"mfu_{tying}"] = statistics.median(ours) * fpt / ceiling
-            entry[f"mfu_plain_{tying}"] = statistics.median(plain) * fpt / ceiling
+            entry[f"mfu_{tying}"] = statistics.median(ours) * fpt / rate
+            entry[f"mfu_plain_{tying}"] = statistics.median(plain) * fpt / rate
         entry.update(bench_counted.counted_entry(shape, device, dtype, max(1, args.rounds * args.steps), B * T * fpt,
                                     256 if args.quick else 2048))
         result["shapes"].append(entry)
@@ -419,7 +438,8 @@ def print_shape(e: dict) -> None:
     print(f"\n{e['name']}{block}: L={L} H={H} d={d} T={T} B={B} V={V:,}; "
           f"evaluation {e['eval_tokens_per_s']:,.0f} tok/s "
           f"({e['eval_over_train']:.2f}× training), plain loss {e['eval_plain_tokens_per_s']:,.0f} tok/s "
-          f"({e['eval_plain_over_train_plain']:.2f}× its training)")
+          f"({e['eval_plain_over_train_plain']:.2f}× its training); the matmul in the same turns "
+          f"{e['matmul_flops_in_turns'] / 1e9:,.0f} GFLOP/s")
     print("| implementation | tokens/s (median) | min – max | % of matmul rate | tiedlm / transformers "
           "| fused / plain |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")

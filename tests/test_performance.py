@@ -203,6 +203,8 @@ def test_bench_quick_runs_and_reports_every_implementation():
     assert [r.split("|")[1].strip() for r in rows] == want * 2  # the tiny GPT-2 shape, then the tiny llama one
     assert "tiny llama (llama: 1 key/value heads" in out.stdout
     assert all(float(r.split("|")[2].replace(",", "")) > 0 for r in rows)
+    heads = [line for line in out.stdout.splitlines() if line.startswith("tiny")]
+    assert len(heads) == 2 and all(float(h.split("same turns ")[1].split()[0].replace(",", "")) > 0 for h in heads)
     bounds = [line for line in out.stdout.splitlines() if line.startswith("counted work alone (tied; ")]
     assert len(bounds) == 2 and all("were the rest free" in line for line in bounds)
     assert all(int(line.split("; ")[1].split()[0]) > 0 for line in bounds)  # calls replayed
