@@ -58,9 +58,11 @@ from bench_models import (  # noqa: E402,F401  (re-exported: bench_load and the 
     dims,
     hf_model,
     logits_only,
+    matmul_turn,
     model_config,
     plain_loss,
     step_fn,
+    sync,
     tiedlm_model,
 )
 
@@ -74,13 +76,6 @@ SHAPES = [  # (name, n_layer, n_head, n_embd, block_size, batch_size, vocab[, ar
     ("llama wide vocab", 2, 4, 128, 64, 32, 16384, "llama"),
 ]
 QUICK_SHAPES = [("tiny", 1, 2, 32, 16, 4, 300), ("tiny llama", 1, 2, 32, 16, 4, 300, "llama")]
-
-
-def sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def matmul_rate(device, dtype, n=2048, reps=5) -> float:
@@ -103,9 +98,9 @@ def matmul_rate(device, dtype, n=2048, reps=5) -> float:
 
 def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int, matmul_n: int | None = None,
                 matmul_rates: list | None = None) -> dict:
-    """tokens/s of each implementation and tying, timed in turn over rounds. With matmul_n, an
-    n³ matmul (one product on a CPU, 20 on a GPU) takes a turn in each round too, and its FLOP/s
-    are appended to matmul_rates: the shape's ceiling, measured beside its models."""
+    """tokens/s of each implementation and tying, timed in turn over rounds. With matmul_n and
+    matmul_rates, the n³ matmul (matmul_turn) takes a turn in each round too, and its FLOP/s are
+    appended to matmul_rates: the shape's ceiling, measured beside its models."""
     import torch
 
     from tiedlm.device import autocast_ctx
@@ -123,11 +118,9 @@ def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int,
         for _ in range(warmup):
             step()
     times: dict = {k: [] for k in steps_of}
-    if matmul_n:
-        mdt = torch.bfloat16 if dtype == "bf16" else torch.float32
-        a, b = (torch.randn(matmul_n, matmul_n, device=device, dtype=mdt) for _ in range(2))
-        reps = 20 if device.type == "cuda" else 1
-        a @ b
+    matmul = matmul_turn(device, dtype, matmul_n) if matmul_n and matmul_rates is not None else None
+    if matmul:
+        matmul[0]()
     for _ in range(rounds):
         for key, step in steps_of.items():
             sync(device)
@@ -136,13 +129,12 @@ def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int,
                 step()
             sync(device)
             times[key].append(B * T * steps / (time.perf_counter() - t))
-        if matmul_n and matmul_rates is not None:
+        if matmul:
             sync(device)
             t = time.perf_counter()
-            for _ in range(reps):
-                a @ b
+            matmul[0]()
             sync(device)
-            matmul_rates.append(2 * matmul_n**3 * reps / (time.perf_counter() - t))
+            matmul_rates.append(matmul[1] / (time.perf_counter() - t))
     return {f"{LABELS[k[0]]} {'tied' if k[1] else 'untied'}": v for k, v in times.items()}
 
 
@@ -277,14 +269,14 @@ def run(args) -> dict:
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    ceiling = matmul_rate(device, torch.bfloat16 if dtype == "bf16" else torch.float32, n=256 if args.quick else 2048)
+    n = 256 if args.quick else 2048
+    ceiling = matmul_rate(device, torch.bfloat16 if dtype == "bf16" else torch.float32, n=n)
     result = {"device": str(device), "dtype": dtype, "threads": torch.get_num_threads(), "torch": torch.__version__,
               "matmul_flops": ceiling, "shapes": []}
     for shape in chosen_shapes(args):
         name, (_, _, _, T, B, V) = shape[0], dims(shape)
         in_turns: list = []
-        rates = train_rates(shape, device, dtype, args.steps, args.rounds, args.warmup,
-                            256 if args.quick else 2048, in_turns)
+        rates = train_rates(shape, device, dtype, args.steps, args.rounds, args.warmup, n, in_turns)
         rate = statistics.median(in_turns)  # the shape's own ceiling: the run's first one drifts over minutes
         fpt = flops_per_token(model_config(shape), V)["train"]
         ev = eval_rates(shape, device, dtype, 2 if args.quick else args.eval_batches, args.rounds)
@@ -305,8 +297,7 @@ def run(args) -> dict:
             entry[f"fused_over_plain_{tying}"] = statistics.median(a / b for a, b in zip(ours, plain))
             entry[f"mfu_{tying}"] = statistics.median(ours) * fpt / rate
             entry[f"mfu_plain_{tying}"] = statistics.median(plain) * fpt / rate
-        entry.update(bench_counted.counted_entry(shape, device, dtype, max(1, args.rounds * args.steps), B * T * fpt,
-                                    256 if args.quick else 2048))
+        entry.update(bench_counted.counted_entry(shape, device, dtype, max(1, args.rounds * args.steps), B * T * fpt, n))
         result["shapes"].append(entry)
         print_shape(entry)
     if not args.quick and not args.no_extra:

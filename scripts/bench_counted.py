@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_models, also when imported by path
 
-from bench_models import dims, model_config, step_fn, tiedlm_model  # noqa: E402
+from bench_models import dims, matmul_turn, model_config, step_fn, sync, tiedlm_model  # noqa: E402
 
 BENCH = Path(__file__).with_name("bench.py")  # its --child runs child_counted in a fresh process
 
@@ -156,13 +156,6 @@ def counted_times(step, rounds: int, sync=lambda: None, matmul=None) -> dict:
     return out
 
 
-def sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def counted_entry(shape, device, dtype: str, steps: int, step_flops: float, matmul_n: int) -> dict:
     """The tied step beside its counted work replayed alone, cold and warm, and the n³ matmul, in
     turn (counted_times), in a fresh process: the replay's tensors, all alive at once, would grow
@@ -187,8 +180,7 @@ def counted_entry(shape, device, dtype: str, steps: int, step_flops: float, matm
 
 
 def child_counted(spec: dict) -> None:
-    """--child for counted_entry: print the counted times of the shape's tied step as JSON. The
-    matmul's turn is one product on a CPU and 20 on a GPU, where one would time the launch."""
+    """--child for counted_entry: print the counted times of the shape's tied step as JSON."""
     import torch
 
     from tiedlm.device import autocast_ctx, resolve_device
@@ -199,15 +191,8 @@ def child_counted(spec: dict) -> None:
     x = torch.randint(0, V, (B, T + 1), device=device)
     step = step_fn("tiedlm", *tiedlm_model(shape, True, device), x, autocast_ctx(device, spec["dtype"]))
     step()
-    n, reps = spec["matmul_n"], 20 if device.type == "cuda" else 1
-    dt = torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
-    a, b = torch.randn(n, n, device=device, dtype=dt), torch.randn(n, n, device=device, dtype=dt)
-
-    def products():
-        for _ in range(reps):
-            a @ b
-
-    print(json.dumps(counted_times(step, spec["steps"], lambda: sync(device), (products, 2 * n**3 * reps))))
+    matmul = matmul_turn(device, spec["dtype"], spec["matmul_n"])
+    print(json.dumps(counted_times(step, spec["steps"], lambda: sync(device), matmul)))
 
 
 def counted_table(args, shapes) -> None:

@@ -13,6 +13,29 @@ from __future__ import annotations
 CHUNK_LOGITS_BYTES = 256 * 2**20  # plain_loss: above this, a batch's fp32 logits are never held whole
 
 
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_turn(device, dtype: str, n: int):
+    """(fn, flops): one turn of the n³ matmul that a timing's ceiling comes from, timed beside the
+    models. fn runs one product on a CPU and 20 on a GPU, where one would time the launch."""
+    import torch
+
+    mdt = torch.bfloat16 if dtype == "bf16" else torch.float32
+    a, b = (torch.randn(n, n, device=device, dtype=mdt) for _ in range(2))
+    reps = 20 if device.type == "cuda" else 1
+
+    def products():
+        for _ in range(reps):
+            a @ b
+
+    return products, 2 * n**3 * reps
+
+
 def dims(shape) -> tuple[int, int, int, int, int, int]:
     """(n_layer, n_head, n_embd, block_size, batch_size, vocab) of a shape."""
     return tuple(shape[1:7])
