@@ -27,9 +27,11 @@ Evaluation (evaluate.score_tokens) is timed the same way, fused and plain in tur
 through a module that gives only logits, which score_tokens scores by F.cross_entropy). FLOP/s use
 tiedlm.counting.flops_per_token (the head counted whether tied or not), so tied and untied models
 of a shape do the same work; a shape's "% of matmul rate" is against the 2048³ matmul timed once a
-round in the same turns as its models (the rate the run starts with drifts over its minutes). Under each shape's table, the line "counted work alone" is the tied
-step's matmuls and attention kernels replayed alone (bench_counted.py), timed in turn with the step:
-the share of the matmul rate the step would reach were everything else in it free.
+round in the same turns as its models (the rate the run starts with drifts over its minutes). Each
+shape is timed in a fresh process of its own (shape_entry), so that no row depends on the heap the
+shapes timed before it left behind. Under each shape's table, the line "counted work alone" is the
+tied step's matmuls and attention kernels replayed alone (bench_counted.py), timed in turn with the
+step: the share of the matmul rate the step would reach were everything else in it free.
 The bench's process sets glibc's malloc as the tiedlm command does (device.keep_freed_memory: freed
 memory kept for the next step) for every model it times, so both sides run on the same allocator;
 `TIEDLM_KEEP_FREED=0` times them all with malloc as it comes, where the others' fresh logits each
@@ -55,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_models, bench_
 import bench_counted  # noqa: E402
 from bench_models import (  # noqa: E402,F401  (re-exported: bench_load and the tests use bench.step_fn ...)
     CHUNK_LOGITS_BYTES,
+    bench_device,
     dims,
     hf_model,
     logits_only,
@@ -173,9 +176,9 @@ def child_memory(spec: dict) -> None:
     """--child: one model's training steps in this fresh process; print its peak memory (bytes)."""
     import torch
 
-    from tiedlm.device import autocast_ctx, peak_memory, resolve_device
+    from tiedlm.device import autocast_ctx, peak_memory
 
-    device = resolve_device(spec["device"])
+    device = bench_device(spec["device"])
     shape = tuple(spec["shape"])
     model, opt = tiedlm_model(shape, spec["tied"], device)
     x = torch.randint(0, shape[6], (shape[5], shape[4] + 1), device=device)
@@ -261,43 +264,71 @@ def chosen_shapes(args) -> list[tuple]:
     return [known[n] for n in names]
 
 
+def shape_entry(shape, device, dtype: str, args, n: int) -> dict:
+    """One shape's training and evaluation rates, timed in a fresh process (child_shape). A process
+    that timed other shapes first has a heap grown by them, from which malloc serves the blocks
+    above its mmap threshold (the plain loss's and transformers' logits) without mapping fresh
+    pages; in the run's own process those would fault in every step, as they do in a training
+    process that holds one model. A fresh process per shape makes each row independent of the
+    shapes timed before it."""
+    spec = {"what": "shape", "device": str(device), "dtype": dtype, "shape": list(shape), "steps": args.steps,
+            "rounds": args.rounds, "warmup": args.warmup, "eval_batches": 2 if args.quick else args.eval_batches,
+            "matmul_n": n}
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.stderr.write(out.stderr)
+        raise SystemExit(f"{shape[0]}: its timing process failed with exit {out.returncode} (its stderr is above)")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def child_shape(spec: dict) -> None:
+    """--child for shape_entry: print the shape's entry as JSON."""
+    from tiedlm.counting import flops_per_token
+
+    device, dtype, shape = bench_device(spec["device"]), spec["dtype"], tuple(spec["shape"])
+    name, V = shape[0], dims(shape)[5]
+    in_turns: list = []
+    rates = train_rates(shape, device, dtype, spec["steps"], spec["rounds"], spec["warmup"], spec["matmul_n"], in_turns)
+    rate = statistics.median(in_turns)  # the shape's own ceiling: the run's first one drifts over minutes
+    fpt = flops_per_token(model_config(shape), V)["train"]
+    ev = eval_rates(shape, device, dtype, spec["eval_batches"], spec["rounds"])
+    cfg = model_config(shape)
+    entry = {"name": name, "arch": cfg.arch, "shape": list(dims(shape)), "n_kv_head": cfg.kv_heads,
+             "mlp_size": cfg.mlp_size, "train_flops_per_token": fpt, "matmul_flops_in_turns": rate,
+             "train": {k: summary(v) for k, v in rates.items()},
+             "eval_tokens_per_s": statistics.median(ev["fused"]),
+             "eval_plain_tokens_per_s": statistics.median(ev["plain"])}
+    entry["eval_over_train"] = entry["eval_tokens_per_s"] / entry["train"]["tiedlm tied"]["median"]
+    entry["eval_plain_over_train_plain"] = (entry["eval_plain_tokens_per_s"]
+                                           / entry["train"]["tiedlm plain loss tied"]["median"])
+    for tying in ("tied", "untied"):
+        ours, plain, theirs = (rates.get(f"{k} {tying}") for k in ("tiedlm", "tiedlm plain loss", "transformers"))
+        if theirs:
+            entry[f"ratio_{tying}"] = statistics.median(a / b for a, b in zip(ours, theirs))
+            entry[f"ratio_plain_{tying}"] = statistics.median(a / b for a, b in zip(plain, theirs))
+        entry[f"fused_over_plain_{tying}"] = statistics.median(a / b for a, b in zip(ours, plain))
+        entry[f"mfu_{tying}"] = statistics.median(ours) * fpt / rate
+        entry[f"mfu_plain_{tying}"] = statistics.median(plain) * fpt / rate
+    entry["pid"] = os.getpid()  # the process that timed it (the run's own is result["pid"])
+    print(json.dumps(entry))
+
+
 def run(args) -> dict:
     import torch
 
-    from tiedlm.counting import flops_per_token
-    from tiedlm.device import resolve_device, resolve_dtype
+    from tiedlm.device import resolve_dtype
 
-    device = resolve_device(args.device)
+    device = bench_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     n = 256 if args.quick else 2048
     ceiling = matmul_rate(device, torch.bfloat16 if dtype == "bf16" else torch.float32, n=n)
     result = {"device": str(device), "dtype": dtype, "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "matmul_flops": ceiling, "shapes": []}
+              "matmul_flops": ceiling, "pid": os.getpid(), "shapes": []}
     for shape in chosen_shapes(args):
-        name, (_, _, _, T, B, V) = shape[0], dims(shape)
-        in_turns: list = []
-        rates = train_rates(shape, device, dtype, args.steps, args.rounds, args.warmup, n, in_turns)
-        rate = statistics.median(in_turns)  # the shape's own ceiling: the run's first one drifts over minutes
-        fpt = flops_per_token(model_config(shape), V)["train"]
-        ev = eval_rates(shape, device, dtype, 2 if args.quick else args.eval_batches, args.rounds)
-        cfg = model_config(shape)
-        entry = {"name": name, "arch": cfg.arch, "shape": list(dims(shape)), "n_kv_head": cfg.kv_heads,
-                 "mlp_size": cfg.mlp_size, "train_flops_per_token": fpt, "matmul_flops_in_turns": rate,
-                 "train": {k: summary(v) for k, v in rates.items()},
-                 "eval_tokens_per_s": statistics.median(ev["fused"]),
-                 "eval_plain_tokens_per_s": statistics.median(ev["plain"])}
-        entry["eval_over_train"] = entry["eval_tokens_per_s"] / entry["train"]["tiedlm tied"]["median"]
-        entry["eval_plain_over_train_plain"] = (entry["eval_plain_tokens_per_s"]
-                                               / entry["train"]["tiedlm plain loss tied"]["median"])
-        for tying in ("tied", "untied"):
-            ours, plain, theirs = (rates.get(f"{k} {tying}") for k in ("tiedlm", "tiedlm plain loss", "transformers"))
-            if theirs:
-                entry[f"ratio_{tying}"] = statistics.median(a / b for a, b in zip(ours, theirs))
-                entry[f"ratio_plain_{tying}"] = statistics.median(a / b for a, b in zip(plain, theirs))
-            entry[f"fused_over_plain_{tying}"] = statistics.median(a / b for a, b in zip(ours, plain))
-            entry[f"mfu_{tying}"] = statistics.median(ours) * fpt / rate
-            entry[f"mfu_plain_{tying}"] = statistics.median(plain) * fpt / rate
-        entry.update(bench_counted.counted_entry(shape, device, dtype, max(1, args.rounds * args.steps), B * T * fpt, n))
+        _, _, _, T, B, _ = dims(shape)
+        entry = shape_entry(shape, device, dtype, args, n)
+        entry.update(bench_counted.counted_entry(shape, device, dtype, max(1, args.rounds * args.steps),
+                                                 B * T * entry["train_flops_per_token"], n))
         result["shapes"].append(entry)
         print_shape(entry)
     if not args.quick and not args.no_extra:
@@ -348,9 +379,9 @@ def chunk_sizes(args) -> None:
     import torch
 
     import tiedlm.loss as loss
-    from tiedlm.device import autocast_ctx, resolve_device, resolve_dtype
+    from tiedlm.device import autocast_ctx, resolve_dtype
 
-    device = resolve_device(args.device)
+    device = bench_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     sizes = [2**19, 2**20, 2**21, 2**22, 2**23, 2**24, 2**26]
     default, min_rows = loss.CHUNK_BYTES, loss.MIN_ROWS
@@ -452,6 +483,17 @@ def print_shape(e: dict) -> None:
 
 
 def main() -> None:
+    """Runs the chosen mode; an expected failure (a device this machine lacks, an unknown shape) is
+    one line on stderr and exit 1, not a traceback."""
+    from tiedlm.errors import TiedlmError
+
+    try:
+        bench_main()
+    except TiedlmError as e:
+        sys.exit(f"bench: error: {e}")
+
+
+def bench_main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
@@ -491,7 +533,8 @@ def main() -> None:
     keep_freed_memory()  # glibc's malloc keeps freed memory, as in the tiedlm command's process
     if args.child:
         spec = json.loads(args.child)
-        return (bench_counted.child_counted if spec.get("what") == "counted" else child_memory)(spec)
+        children = {"counted": bench_counted.child_counted, "shape": child_shape}
+        return children.get(spec.get("what"), child_memory)(spec)
     if args.quick:
         args.steps, args.rounds, args.warmup = 1, 1, 1
     if args.under_load or args.pool_ceiling or args.allocator:

@@ -24,13 +24,14 @@ leans fast, and the share high. The step's ceiling lies between, as far as the r
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_models, also when imported by path
 
-from bench_models import dims, matmul_turn, model_config, step_fn, sync, tiedlm_model  # noqa: E402
+from bench_models import bench_device, dims, matmul_turn, model_config, step_fn, sync, tiedlm_model  # noqa: E402
 
 BENCH = Path(__file__).with_name("bench.py")  # its --child runs child_counted in a fresh process
 
@@ -183,16 +184,16 @@ def child_counted(spec: dict) -> None:
     """--child for counted_entry: print the counted times of the shape's tied step as JSON."""
     import torch
 
-    from tiedlm.device import autocast_ctx, resolve_device
+    from tiedlm.device import autocast_ctx
 
-    device = resolve_device(spec["device"])
+    device = bench_device(spec["device"])
     shape = tuple(spec["shape"])
     _, _, _, T, B, V = dims(shape)
     x = torch.randint(0, V, (B, T + 1), device=device)
     step = step_fn("tiedlm", *tiedlm_model(shape, True, device), x, autocast_ctx(device, spec["dtype"]))
     step()
     matmul = matmul_turn(device, spec["dtype"], spec["matmul_n"])
-    print(json.dumps(counted_times(step, spec["steps"], lambda: sync(device), matmul)))
+    print(json.dumps({**counted_times(step, spec["steps"], lambda: sync(device), matmul), "pid": os.getpid()}))
 
 
 def counted_table(args, shapes) -> None:
@@ -200,9 +201,9 @@ def counted_table(args, shapes) -> None:
     import torch
 
     from tiedlm.counting import flops_per_token
-    from tiedlm.device import resolve_device, resolve_dtype
+    from tiedlm.device import resolve_dtype
 
-    device = resolve_device(args.device)
+    device = bench_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     print(f"{torch.get_num_threads()} threads; each shape's tied step, its matmuls and attention replayed alone "
           f"(cold, warm), and the {256 if args.quick else 2048}³ matmul, in turn, "

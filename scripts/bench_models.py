@@ -13,6 +13,14 @@ from __future__ import annotations
 CHUNK_LOGITS_BYTES = 256 * 2**20  # plain_loss: above this, a batch's fp32 logits are never held whole
 
 
+def bench_device(name: str):
+    """The bench's --device as a torch device; a device this machine lacks is a ConfigError whose
+    message names the bench's own option, which main() prints as one line."""
+    from tiedlm.device import resolve_device
+
+    return resolve_device(name, "--device", "--device auto")
+
+
 def sync(device) -> None:
     import torch
 

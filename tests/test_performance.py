@@ -4,6 +4,7 @@ tests/test_fused_loss.py's) gives the plain loss and gradients chunked as whole,
 and never holds a whole batch's logits; evaluation in inference mode scores what a plain forward
 does; the counts need no torch; the bench itself runs (--quick) so that it cannot rot."""
 
+import json
 import math
 import pickle
 import subprocess
@@ -188,9 +189,20 @@ def test_a_training_process_never_imports_torch_s_compiler():
     assert out.stdout.strip() == "[]"
 
 
-def test_bench_quick_runs_and_reports_every_implementation():
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick"], capture_output=True,
-                         text=True, timeout=300, cwd=ROOT)
+@pytest.mark.parametrize("mode", [[], ["--counted"]])
+def test_the_bench_on_a_device_this_machine_lacks_says_so_in_one_line_naming_its_own_option(mode):
+    # cuda:99 is missing on a CPU machine and on any GPU machine alike
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--device", "cuda:99", *mode],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith("bench: error: --device is cuda:99 ")
+    assert "--set train.device" not in out.stderr  # the fix is the bench's own option, not the CLI's
+
+
+def test_bench_quick_runs_and_reports_every_implementation(tmp_path):
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--json", str(tmp_path / "b.json")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| tiedlm") or line.startswith("| transf")]
     want = ["tiedlm tied", "tiedlm untied", "tiedlm plain loss tied", "tiedlm plain loss untied"]
@@ -208,6 +220,9 @@ def test_bench_quick_runs_and_reports_every_implementation():
     bounds = [line for line in out.stdout.splitlines() if line.startswith("counted work alone (tied; ")]
     assert len(bounds) == 2 and all("were the rest free" in line for line in bounds)
     assert all(int(line.split("; ")[1].split()[0]) > 0 for line in bounds)  # calls replayed
+    result = json.loads((tmp_path / "b.json").read_text())
+    timers = [e["pid"] for e in result["shapes"]] + [e["counted"]["pid"] for e in result["shapes"]]
+    assert len(set(timers)) == 4 and result["pid"] not in timers  # each shape and its counted line: a fresh process
 
 
 def test_the_main_job_bench_can_run_auto_first_and_reports_jobs_1_first(tmp_path, monkeypatch):
