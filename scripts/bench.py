@@ -99,11 +99,23 @@ def matmul_rate(device, dtype, n=2048, reps=5) -> float:
     return best
 
 
+def minor_faults() -> int:
+    """This process's page faults served without I/O so far (0 where getrusage is missing): a
+    block mapped afresh faults in, and the kernel zeroes, every page of it."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not a POSIX system
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int, matmul_n: int | None = None,
-                matmul_rates: list | None = None) -> dict:
+                matmul_rates: list | None = None, faults: dict | None = None) -> dict:
     """tokens/s of each implementation and tying, timed in turn over rounds. With matmul_n and
     matmul_rates, the n³ matmul (matmul_turn) takes a turn in each round too, and its FLOP/s are
-    appended to matmul_rates: the shape's ceiling, measured beside its models."""
+    appended to matmul_rates: the shape's ceiling, measured beside its models. With faults, each
+    implementation's page faults a step over its timed steps go there, by the same labels (the
+    models take turns, so the process's count between a turn's first and last step is theirs)."""
     import torch
 
     from tiedlm.device import autocast_ctx
@@ -121,24 +133,29 @@ def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int,
         for _ in range(warmup):
             step()
     times: dict = {k: [] for k in steps_of}
+    faulted: dict = {k: 0 for k in steps_of}
     matmul = matmul_turn(device, dtype, matmul_n) if matmul_n and matmul_rates is not None else None
     if matmul:
         matmul[0]()
     for _ in range(rounds):
         for key, step in steps_of.items():
             sync(device)
-            t = time.perf_counter()
+            f, t = minor_faults(), time.perf_counter()
             for _ in range(steps):
                 step()
             sync(device)
             times[key].append(B * T * steps / (time.perf_counter() - t))
+            faulted[key] += minor_faults() - f
         if matmul:
             sync(device)
             t = time.perf_counter()
             matmul[0]()
             sync(device)
             matmul_rates.append(matmul[1] / (time.perf_counter() - t))
-    return {f"{LABELS[k[0]]} {'tied' if k[1] else 'untied'}": v for k, v in times.items()}
+    label = {k: f"{LABELS[k[0]]} {'tied' if k[1] else 'untied'}" for k in steps_of}
+    if faults is not None:
+        faults.update({label[k]: n / (rounds * steps) for k, n in faulted.items()})
+    return {label[k]: v for k, v in times.items()}
 
 
 LABELS = {"tiedlm": "tiedlm", "plain": "tiedlm plain loss", "transformers": "transformers"}
@@ -288,14 +305,16 @@ def child_shape(spec: dict) -> None:
     device, dtype, shape = bench_device(spec["device"]), spec["dtype"], tuple(spec["shape"])
     name, V = shape[0], dims(shape)[5]
     in_turns: list = []
-    rates = train_rates(shape, device, dtype, spec["steps"], spec["rounds"], spec["warmup"], spec["matmul_n"], in_turns)
+    faults: dict = {}
+    rates = train_rates(shape, device, dtype, spec["steps"], spec["rounds"], spec["warmup"], spec["matmul_n"],
+                        in_turns, faults)
     rate = statistics.median(in_turns)  # the shape's own ceiling: the run's first one drifts over minutes
     fpt = flops_per_token(model_config(shape), V)["train"]
     ev = eval_rates(shape, device, dtype, spec["eval_batches"], spec["rounds"])
     cfg = model_config(shape)
     entry = {"name": name, "arch": cfg.arch, "shape": list(dims(shape)), "n_kv_head": cfg.kv_heads,
              "mlp_size": cfg.mlp_size, "train_flops_per_token": fpt, "matmul_flops_in_turns": rate,
-             "train": {k: summary(v) for k, v in rates.items()},
+             "train": {k: summary(v) for k, v in rates.items()}, "faults_per_step": faults,
              "eval_tokens_per_s": statistics.median(ev["fused"]),
              "eval_plain_tokens_per_s": statistics.median(ev["plain"])}
     entry["eval_over_train"] = entry["eval_tokens_per_s"] / entry["train"]["tiedlm tied"]["median"]
@@ -463,15 +482,16 @@ def print_shape(e: dict) -> None:
           f"({e['eval_plain_over_train_plain']:.2f}× its training); the matmul in the same turns "
           f"{e['matmul_flops_in_turns'] / 1e9:,.0f} GFLOP/s")
     print("| implementation | tokens/s (median) | min – max | % of matmul rate | tiedlm / transformers "
-          "| fused / plain |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+          "| fused / plain | page faults a step |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for k, s in e["train"].items():
         tying, plain = k.split()[-1], "plain" in k
         key = f"ratio_plain_{tying}" if plain else f"ratio_{tying}"
         ratio = f"{e[key]:.2f}×" if k.startswith("tiedlm") and key in e else ""
         mfu = f"{100 * e[f'mfu_plain_{tying}' if plain else f'mfu_{tying}']:.0f}%" if k.startswith("tiedlm") else ""
         gain = f"{e[f'fused_over_plain_{tying}']:.2f}×" if k.startswith("tiedlm") and not plain else ""
-        print(f"| {k} | {s['median']:,.0f} | {s['min']:,.0f} – {s['max']:,.0f} | {mfu} | {ratio} | {gain} |")
+        faults = f"{e['faults_per_step'][k]:,.0f}" if k in e.get("faults_per_step", {}) else ""
+        print(f"| {k} | {s['median']:,.0f} | {s['min']:,.0f} – {s['max']:,.0f} | {mfu} | {ratio} | {gain} | {faults} |")
     if "counted" not in e:
         return
     c = e["counted"]
