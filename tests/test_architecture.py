@@ -160,12 +160,25 @@ def test_no_module_over_600_lines_and_no_function_over_100():
     assert long_functions == []
 
 
+HEAVY = ('torch', 'datasets', 'matplotlib', 'tokenizers', 'numpy')
+
+
 def test_help_imports_no_heavy_library():
     code = ("import sys\nfrom typer.testing import CliRunner\nfrom tiedlm.cli import app\n"
             "CliRunner().invoke(app, ['--help'])\n"
-            "print(sorted(m for m in ('torch', 'datasets', 'matplotlib', 'tokenizers', 'numpy') if m in sys.modules))")
+            f"print(sorted(m for m in {HEAVY} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_python_m_tiedlm_help_imports_no_heavy_library():
+    """`python -m tiedlm` (what --jobs children and the bench run) goes through __main__.py, whose
+    set-up imports tiedlm.process before the CLI: it too must stay free of them."""
+    code = ("import runpy, sys\nsys.argv = ['tiedlm', '--help']\n"
+            "try:\n    runpy.run_module('tiedlm', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            f"print(sorted(m for m in {HEAVY} if m in sys.modules), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "Usage" in out.stdout and out.stderr.strip().splitlines()[-1] == "[]"
 
 
 # A package with each form of import once, and the graph the resolver must return for it: a

@@ -15,8 +15,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from . import __version__
 
 
@@ -183,6 +181,7 @@ def die_with_parent(use_prctl: bool = True) -> None:
 
 
 def versions() -> dict:
+    import numpy as np
     import torch
 
     out = {"tiedlm": __version__, "torch": torch.__version__, "python": platform.python_version(),
