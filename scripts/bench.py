@@ -29,7 +29,8 @@ tiedlm.counting.flops_per_token (the head counted whether tied or not), so tied 
 of a shape do the same work; a shape's "% of matmul rate" is against the 2048³ matmul timed once a
 round in the same turns as its models (the rate the run starts with drifts over its minutes). Each
 shape is timed in a fresh process of its own (shape_entry), so that no row depends on the heap the
-shapes timed before it left behind. Under each shape's table, the line "counted work alone" is the
+shapes timed before it left behind, and each model's page faults a step (getrusage's minor faults over
+its own timed steps) stand beside its rate. Under each shape's table, the line "counted work alone" is the
 tied step's matmuls and attention kernels replayed alone (bench_counted.py), timed in turn with the
 step: the share of the matmul rate the step would reach were everything else in it free.
 The bench's process sets glibc's malloc as the tiedlm command does (device.keep_freed_memory: freed
@@ -277,8 +278,20 @@ def chosen_shapes(args) -> list[tuple]:
     known = {s[0]: s for s in shapes}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise SystemExit(f"unknown shape(s) {unknown}; the shapes are {list(known)}")
+        from tiedlm.errors import ConfigError
+
+        raise ConfigError(f"unknown shape(s) {unknown} in --shapes — name some of {list(known)}")
     return [known[n] for n in names]
+
+
+def transformers_version() -> str | None:
+    """The installed transformers' version, read from its metadata (no import), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        return None
 
 
 def shape_entry(shape, device, dtype: str, args, n: int) -> dict:
@@ -287,15 +300,22 @@ def shape_entry(shape, device, dtype: str, args, n: int) -> dict:
     above its mmap threshold (the plain loss's and transformers' logits) without mapping fresh
     pages; in the run's own process those would fault in every step, as they do in a training
     process that holds one model. A fresh process per shape makes each row independent of the
-    shapes timed before it."""
+    shapes timed before it. None, with a line on stderr, where the child failed (a CUDA
+    out-of-memory at one shape, say): the bench goes on with the other shapes. On CUDA the
+    children need a GPU that more than one process may use (not EXCLUSIVE_PROCESS), and the page
+    faults they count are the host's."""
     spec = {"what": "shape", "device": str(device), "dtype": dtype, "shape": list(shape), "steps": args.steps,
-            "rounds": args.rounds, "warmup": args.warmup, "eval_batches": 2 if args.quick else args.eval_batches,
+            "rounds": args.rounds, "warmup": args.warmup, "eval_batches": args.eval_batches,
             "matmul_n": n}
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.stderr.write(out.stderr)
-        raise SystemExit(f"{shape[0]}: its timing process failed with exit {out.returncode} (its stderr is above)")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    sys.stderr.write(out.stderr)  # its warnings, or why it failed
+    try:
+        if out.returncode != 0:
+            raise ValueError(f"exit {out.returncode}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError) as e:  # a failed child, or one that printed no entry
+        print(f"{shape[0]}: its timing process gave no result ({e}); the bench goes on without it", file=sys.stderr)
+        return None
 
 
 def child_shape(spec: dict) -> None:
@@ -342,10 +362,15 @@ def run(args) -> dict:
     n = 256 if args.quick else 2048
     ceiling = matmul_rate(device, torch.bfloat16 if dtype == "bf16" else torch.float32, n=n)
     result = {"device": str(device), "dtype": dtype, "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "matmul_flops": ceiling, "pid": os.getpid(), "shapes": []}
+              "transformers": transformers_version(), "matmul_flops": ceiling, "pid": os.getpid(),
+              "settings": {k: getattr(args, k) for k in ("steps", "rounds", "warmup", "eval_batches", "real_steps")},
+              "shapes": [], "failed_shapes": []}
     for shape in chosen_shapes(args):
         _, _, _, T, B, _ = dims(shape)
         entry = shape_entry(shape, device, dtype, args, n)
+        if entry is None:
+            result["failed_shapes"].append(shape[0])
+            continue
         entry.update(bench_counted.counted_entry(shape, device, dtype, max(1, args.rounds * args.steps),
                                                  B * T * entry["train_flops_per_token"], n))
         result["shapes"].append(entry)
@@ -502,6 +527,10 @@ def print_shape(e: dict) -> None:
           f"{e['share_bound_tied']:.0%} – {e['share_bound_warm_tied']:.0%} were the rest free")
 
 
+class BenchError(Exception):
+    """A bench run that ended without all it was asked for: one line, exit 1."""
+
+
 def main() -> None:
     """Runs the chosen mode; an expected failure (a device this machine lacks, an unknown shape) is
     one line on stderr and exit 1, not a traceback."""
@@ -509,7 +538,7 @@ def main() -> None:
 
     try:
         bench_main()
-    except TiedlmError as e:
+    except (TiedlmError, BenchError) as e:
         sys.exit(f"bench: error: {e}")
 
 
@@ -556,7 +585,8 @@ def bench_main() -> None:
         children = {"counted": bench_counted.child_counted, "shape": child_shape}
         return children.get(spec.get("what"), child_memory)(spec)
     if args.quick:
-        args.steps, args.rounds, args.warmup = 1, 1, 1
+        args.steps, args.rounds, args.warmup, args.eval_batches = 1, 1, 1, 2
+    chosen_shapes(args)  # an unknown name is refused here, before torch loads
     if args.under_load or args.pool_ceiling or args.allocator:
         return load_table(args)  # each policy in a process of its own, with its own environment
     from tiedlm.device import set_thread_env
@@ -573,6 +603,9 @@ def bench_main() -> None:
     if path:
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"\nwrote {path}")
+    if result["failed_shapes"]:
+        raise BenchError(f"no result for {result['failed_shapes']} (their errors are above); the other shapes' are "
+                         "in the tables" + (f" and {path}" if path else ""))
 
 
 if __name__ == "__main__":

@@ -190,8 +190,9 @@ def test_a_training_process_never_imports_torch_s_compiler():
 
 
 def test_the_bench_on_a_device_this_machine_lacks_says_so_in_one_line_naming_its_own_option():
-    # cuda:99 is missing on a CPU machine and on any GPU machine alike; every mode that times a
-    # model resolves --device through bench_models.bench_device, and main() turns its error into this line
+    # cuda:99 is missing on a CPU machine and on any GPU machine alike; the modes that take --device
+    # (the tables, --counted, --chunks) resolve it through bench_models.bench_device, and main()
+    # turns its error into this line
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--device", "cuda:99"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 1
@@ -223,9 +224,11 @@ def test_bench_quick_runs_and_reports_every_implementation(tmp_path):
     result = json.loads((tmp_path / "b.json").read_text())
     timers = [e["pid"] for e in result["shapes"]] + [e["counted"]["pid"] for e in result["shapes"]]
     assert len(set(timers)) == 4 and result["pid"] not in timers  # each shape and its counted line: a fresh process
-    for e in result["shapes"]:  # page faults a step, by the same labels as the rates, in the table's last column
-        assert set(e["faults_per_step"]) == set(e["train"]) and all(v >= 0 for v in e["faults_per_step"].values())
-    assert all(r.split("|")[7].strip().replace(",", "").isdigit() for r in rows)
+    for i, e in enumerate(result["shapes"]):  # page faults a step, by the rates' labels, in the last column
+        table = [r.split("|") for r in rows[i * len(want):(i + 1) * len(want)]]
+        assert list(e["faults_per_step"]) == list(e["train"]) == [r[1].strip() for r in table]
+        assert [f"{v:,.0f}" for v in e["faults_per_step"].values()] == [r[7].strip() for r in table]
+    assert result["settings"]["steps"] == 1 and result["failed_shapes"] == []
 
 
 def test_the_bench_counts_the_page_faults_of_memory_mapped_afresh():
@@ -239,6 +242,53 @@ def test_the_bench_counts_the_page_faults_of_memory_mapped_afresh():
     for i in range(pages):
         block[i * mmap.PAGESIZE] = 1
     assert bench.minor_faults() - before >= pages
+
+
+def test_each_implementation_s_page_faults_are_its_own(monkeypatch):
+    """The models take turns; the faults between a turn's first and last step go to that model's label."""
+    import mmap
+
+    bench, pages = bench_module(), 256
+    kept = []
+
+    def step_fn(kind, model, opt, x, amp):
+        def touch_fresh_pages():
+            block = mmap.mmap(-1, pages * mmap.PAGESIZE)
+            if hasattr(mmap, "MADV_NOHUGEPAGE"):
+                block.madvise(mmap.MADV_NOHUGEPAGE)
+            for i in range(pages):
+                block[i * mmap.PAGESIZE] = 1
+            kept.append(block)  # never unmapped and reused: each step's pages are new
+
+        return touch_fresh_pages if (kind, model) == ("plain", "untied") else (lambda: None)
+
+    monkeypatch.setattr(bench, "tiedlm_model", lambda shape, tied, device: ("tied" if tied else "untied", None))
+    monkeypatch.setattr(bench, "hf_model", lambda shape, tied, device: ("tied" if tied else "untied", None))
+    monkeypatch.setattr(bench, "step_fn", step_fn)
+    faults: dict = {}
+    rates = bench.train_rates(bench.QUICK_SHAPES[0], torch.device("cpu"), "fp32", 2, 3, 1, faults=faults)
+    assert set(faults) == set(rates) and len(rates) == 6
+    assert faults["tiedlm plain loss untied"] >= pages
+    assert all(v < pages / 4 for k, v in faults.items() if k != "tiedlm plain loss untied"), faults
+
+
+def test_a_shape_whose_timing_process_fails_is_left_out_with_a_line_and_the_bench_goes_on(monkeypatch, capsys):
+    bench = bench_module()
+    args = type("Args", (), {"steps": 1, "rounds": 1, "warmup": 1, "eval_batches": 2})()
+    for code, stdout in ((1, ""), (0, ""), (0, "not json\n")):
+        done = subprocess.CompletedProcess([], code, stdout=stdout, stderr="child: boom\n")
+        monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: done)
+        assert bench.shape_entry(bench.QUICK_SHAPES[0], torch.device("cpu"), "fp32", args, 64) is None
+        err = capsys.readouterr().err.splitlines()
+        assert err[0] == "child: boom" and err[1].startswith("tiny: its timing process gave no result (")
+
+
+def test_an_unknown_shape_is_one_line_before_anything_is_timed():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--shapes", "base.yaml,nope"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        "bench: error: unknown shape(s) ['nope'] in --shapes — name some of " + str([s[0] for s in bench_module().SHAPES])]
 
 
 def test_the_main_job_bench_can_run_auto_first_and_reports_jobs_1_first(tmp_path, monkeypatch):
