@@ -59,12 +59,14 @@ import bench_counted  # noqa: E402
 from bench_models import (  # noqa: E402,F401  (re-exported: bench_load and the tests use bench.step_fn ...)
     CHUNK_LOGITS_BYTES,
     bench_device,
+    child_result,
     dims,
     hf_model,
     logits_only,
     matmul_turn,
     model_config,
     plain_loss,
+    step_flops,
     step_fn,
     sync,
     tiedlm_model,
@@ -294,7 +296,7 @@ def transformers_version() -> str | None:
         return None
 
 
-def shape_entry(shape, device, dtype: str, args, n: int) -> dict:
+def shape_entry(shape, device, dtype: str, args, n: int) -> dict | None:
     """One shape's training and evaluation rates, timed in a fresh process (child_shape). A process
     that timed other shapes first has a heap grown by them, from which malloc serves the blocks
     above its mmap threshold (the plain loss's and transformers' logits) without mapping fresh
@@ -307,15 +309,7 @@ def shape_entry(shape, device, dtype: str, args, n: int) -> dict:
     spec = {"what": "shape", "device": str(device), "dtype": dtype, "shape": list(shape), "steps": args.steps,
             "rounds": args.rounds, "warmup": args.warmup, "eval_batches": args.eval_batches,
             "matmul_n": n}
-    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True)
-    sys.stderr.write(out.stderr)  # its warnings, or why it failed
-    try:
-        if out.returncode != 0:
-            raise ValueError(f"exit {out.returncode}")
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError) as e:  # a failed child, or one that printed no entry
-        print(f"{shape[0]}: its timing process gave no result ({e}); the bench goes on without it", file=sys.stderr)
-        return None
+    return child_result(spec, f"{shape[0]}: its timing process gave no result")
 
 
 def child_shape(spec: dict) -> None:
@@ -352,7 +346,7 @@ def child_shape(spec: dict) -> None:
     print(json.dumps(entry))
 
 
-def run(args) -> dict:
+def run(args, shapes: list[tuple]) -> dict:
     import torch
 
     from tiedlm.device import resolve_dtype
@@ -365,14 +359,13 @@ def run(args) -> dict:
               "transformers": transformers_version(), "matmul_flops": ceiling, "pid": os.getpid(),
               "settings": {k: getattr(args, k) for k in ("steps", "rounds", "warmup", "eval_batches", "real_steps")},
               "shapes": [], "failed_shapes": []}
-    for shape in chosen_shapes(args):
-        _, _, _, T, B, _ = dims(shape)
+    for shape in shapes:
         entry = shape_entry(shape, device, dtype, args, n)
         if entry is None:
             result["failed_shapes"].append(shape[0])
             continue
         entry.update(bench_counted.counted_entry(shape, device, dtype, max(1, args.rounds * args.steps),
-                                                 B * T * entry["train_flops_per_token"], n))
+                                                 step_flops(shape), n))
         result["shapes"].append(entry)
         print_shape(entry)
     if not args.quick and not args.no_extra:
@@ -389,8 +382,8 @@ def extra(result: dict, device, dtype: str, args) -> None:
             ("V=50,257, d=128, B=8, T=512: plain loss", gpt2, True, "plain", False),
             ("V=50,257, d=128, B=8, T=512: plain loss, chunked (checkpointed)", gpt2, True, "plain", True),
             ("V=50,257, d=128, B=8, T=512: fused loss", gpt2, True, "tiedlm", True)):
-        mem[label] = measure_memory({"device": str(device), "dtype": dtype, "shape": list(shape), "tied": tied,
-                                     "loss": loss, "chunked": chunked})
+        mem[label] = measure_memory({"what": "memory", "device": str(device), "dtype": dtype, "shape": list(shape),
+                                     "tied": tied, "loss": loss, "chunked": chunked})
     result["peak_memory_bytes"] = mem
     result["cold_seconds"] = {"tiedlm --help": cold_seconds(["--help"], 5),
                               "tiedlm params --config configs/base.yaml": cold_seconds(
@@ -582,11 +575,11 @@ def bench_main() -> None:
     keep_freed_memory()  # glibc's malloc keeps freed memory, as in the tiedlm command's process
     if args.child:
         spec = json.loads(args.child)
-        children = {"counted": bench_counted.child_counted, "shape": child_shape}
-        return children.get(spec.get("what"), child_memory)(spec)
+        children = {"counted": bench_counted.child_counted, "shape": child_shape, "memory": child_memory}
+        return children[spec["what"]](spec)
     if args.quick:
         args.steps, args.rounds, args.warmup, args.eval_batches = 1, 1, 1, 2
-    chosen_shapes(args)  # an unknown name is refused here, before torch loads
+    shapes = chosen_shapes(args)  # an unknown name is refused here, before torch loads
     if args.under_load or args.pool_ceiling or args.allocator:
         return load_table(args)  # each policy in a process of its own, with its own environment
     from tiedlm.device import set_thread_env
@@ -597,8 +590,8 @@ def bench_main() -> None:
     if args.chunks:
         return chunk_sizes(args)
     if args.counted:
-        return bench_counted.counted_table(args, chosen_shapes(args))
-    result = run(args)
+        return bench_counted.counted_table(args, shapes)
+    result = run(args, shapes)
     path = args.json or (None if args.quick else Path(__file__).with_name("bench.json"))
     if path:
         path.write_text(json.dumps(result, indent=2) + "\n")

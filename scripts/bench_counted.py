@@ -25,15 +25,21 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_models, also when imported by path
 
-from bench_models import bench_device, dims, matmul_turn, model_config, step_fn, sync, tiedlm_model  # noqa: E402
-
-BENCH = Path(__file__).with_name("bench.py")  # its --child runs child_counted in a fresh process
+from bench_models import (  # noqa: E402
+    bench_device,
+    child_result,
+    dims,
+    matmul_turn,
+    step_flops,
+    step_fn,
+    sync,
+    tiedlm_model,
+)
 
 MATMULS = ("mm", "addmm", "addmm_", "bmm", "baddbmm", "baddbmm_")
 
@@ -167,12 +173,9 @@ def counted_entry(shape, device, dtype: str, steps: int, step_flops: float, matm
     line on stderr where the child failed, so that a full bench goes on without the line."""
     spec = {"what": "counted", "device": str(device), "dtype": dtype, "shape": list(shape), "steps": steps,
             "matmul_n": matmul_n}
-    out = subprocess.run([sys.executable, str(BENCH), "--child", json.dumps(spec)], capture_output=True, text=True)
-    if out.returncode != 0:
-        tail = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
-        print(f"{shape[0]}: the counted work could not be replayed ({tail})", file=sys.stderr)
+    c = child_result(spec, f"{shape[0]}: the counted work could not be replayed")
+    if c is None:
         return {}
-    c = json.loads(out.stdout.strip().splitlines()[-1])
     rate = c["matmul_flops_per_s"]
     return {"counted": c, "counted_share_of_step": c["counted_s"] / c["step_s"],
             "share_same_run_tied": step_flops / c["step_s"] / rate,
@@ -200,21 +203,18 @@ def counted_table(args, shapes) -> None:
     """--counted: each chosen shape's counted_entry alone, as one table."""
     import torch
 
-    from tiedlm.counting import flops_per_token
     from tiedlm.device import resolve_dtype
 
     device = bench_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    n, rounds = 256 if args.quick else 2048, max(1, args.rounds * args.steps)
     print(f"{torch.get_num_threads()} threads; each shape's tied step, its matmuls and attention replayed alone "
-          f"(cold, warm), and the {256 if args.quick else 2048}³ matmul, in turn, "
-          f"{max(1, args.rounds * args.steps)} times")
+          f"(cold, warm), and the {n}³ matmul, in turn, {rounds} times")
     print("| shape | step | counted work alone, cold / warm | of the step | matmul GFLOP/s | % of matmul rate "
           "| were the rest free, cold – warm |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for shape in shapes:
-        _, _, _, T, B, V = dims(shape)
-        e = counted_entry(shape, device, dtype, max(1, args.rounds * args.steps),
-                          B * T * flops_per_token(model_config(shape), V)["train"], 256 if args.quick else 2048)
+        e = counted_entry(shape, device, dtype, rounds, step_flops(shape), n)
         if not e:
             continue
         c = e["counted"]

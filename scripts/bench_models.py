@@ -10,7 +10,28 @@ parameters (hf_model asserts the counts are equal) and train on the same tokens 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 CHUNK_LOGITS_BYTES = 256 * 2**20  # plain_loss: above this, a batch's fp32 logits are never held whole
+BENCH = Path(__file__).with_name("bench.py")  # its --child runs one timing in a fresh process
+
+
+def child_result(spec: dict, what: str):
+    """`bench.py --child SPEC` in a fresh process: the JSON of its last stdout line. Its stderr
+    (warnings, or why it failed) is passed on; where it failed or printed no result, None and a
+    line on stderr that starts with `what`, so that a full bench goes on without it."""
+    out = subprocess.run([sys.executable, str(BENCH), "--child", json.dumps(spec)], capture_output=True, text=True)
+    sys.stderr.write(out.stderr)
+    try:
+        if out.returncode != 0:
+            raise ValueError(f"exit {out.returncode}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError) as e:  # a failed child, or one that printed no result
+        print(f"{what} ({e}); the bench goes on without it", file=sys.stderr)
+        return None
 
 
 def bench_device(name: str):
@@ -51,6 +72,14 @@ def dims(shape) -> tuple[int, int, int, int, int, int]:
 
 def arch(shape) -> str:
     return shape[7] if len(shape) > 7 else "gpt2"
+
+
+def step_flops(shape) -> float:
+    """A training step's FLOPs at the shape (tiedlm.counting.flops_per_token, a batch of B·T tokens)."""
+    from tiedlm.counting import flops_per_token
+
+    _, _, _, T, B, V = dims(shape)
+    return B * T * flops_per_token(model_config(shape), V)["train"]
 
 
 def model_config(shape, tied: bool = True):
