@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import cpu_probe
 from tests.conftest import script_module
 from tiedlm.device import MKL_MODE, SPIN_COUNT, auto_threads, resolve_threads, set_thread_env, thread_env
 from tiedlm.errors import ConfigError
@@ -114,11 +115,39 @@ def test_the_library_an_opt_out_and_a_user_s_own_malloc_settings_are_left_alone(
 
 def test_without_the_cli_s_mode_the_split_matmul_differs():
     """The probe can fail: in a process that never had MKL_CBWR, MKL splits the long inner
-    dimension between two threads and the bits change (so train.threads: auto stays fixed there)."""
+    dimension between two threads and the bits change (so train.threads: auto stays fixed there).
+    Where this CPU's MKL gives the same bits without the mode too (tests/cpu_probe.py), there is no
+    difference to see: skipped, and the next test shows the probe failing on any machine."""
+    if not cpu_probe.shows_thread_differences():
+        pytest.skip(cpu_probe.skip_reason())
     code = "from tiedlm.threads import invariant; print(invariant())"
     env = {k: v for k, v in os.environ.items() if k not in OPENMP_KEYS}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_probe_fails_where_two_threads_give_other_bits(monkeypatch):
+    """On every machine: threads.invariant() is False where a matmul on two threads gives other
+    bits than on one (here a matmul made to differ by one ulp on two threads), and True where it
+    does not; so train.threads: auto keeps its count fixed wherever the bits depend on it."""
+    import torch
+
+    from tiedlm import threads
+
+    real = torch.Tensor.__matmul__
+
+    def on_two_threads_off_by_an_ulp(a, b):
+        out = real(a, b)
+        return torch.nextafter(out, torch.full_like(out, float("inf"))) if torch.get_num_threads() == 2 else out
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads, "_invariant", None)
+    monkeypatch.setattr(torch.Tensor, "__matmul__", on_two_threads_off_by_an_ulp)
+    assert threads.invariant() is False
+    assert torch.get_num_threads() == before  # the probe puts the count back
+    monkeypatch.setattr(torch.Tensor, "__matmul__", real)
+    monkeypatch.setattr(threads, "_invariant", None)
+    assert threads.invariant() is True  # this process has the mode (the conftest set it, as the CLI does)
 
 
 @pytest.mark.parametrize("user", [{"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"},
