@@ -26,6 +26,11 @@ from ..tie import UNTIED, Tie
 MATCH_BY = {"params": "depth", "params:depth": "depth", "params:width": "width"}  # --match value -> how
 STEP_LIMIT = 100_000  # layers or heads added at most: a bound on the search, never reached in practice
 ROLES = {"primary": "tied vs untied at equal architecture", "matched": "matched tied vs untied at equal parameters"}
+# Parameter-matched: totals within 10% of the reference's, stated wherever a contrast is called
+# matched (the exact counts are always given beside it). --match params picks the depth nearest the
+# untied total, so its variant misses by up to half a layer (+5.2% at d 64, 2 layers, V 2,048); a
+# one-layer model can miss by more, and is then not called matched.
+PARAM_MATCH = 0.10
 
 
 def match_by(value: str | None) -> str | None:
@@ -64,6 +69,38 @@ class ParamMatch:
         return (self.matched_n_layer, self.matched_n_embd) != (self.n_layer, self.n_embd)
 
     @property
+    def gap(self) -> float:
+        """The matched variant's total against the untied one's, relative (+0.145: 14.5% more)."""
+        return self.matched_total / self.untied_total - 1.0 if self.untied_total else 0.0
+
+    @property
+    def within(self) -> bool:
+        """Whether the matched variant is within PARAM_MATCH of the untied total: only then is its
+        contrast called 'at equal parameters'."""
+        return abs(self.matched_total - self.untied_total) <= PARAM_MATCH * self.untied_total
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head (1 without grouped-query attention): one step of width."""
+        return self.n_head // self.n_kv_head if self.n_kv_head else 1
+
+    def step_words(self) -> str:
+        """'one layer holds 12,704', 'one step of width, a head, adds 4,160', or with grouped-query
+        attention 'one step of width, 2 query heads (64 of n_embd), adds 14,128'."""
+        if self.by == "depth":
+            return f"one layer holds {self.layer_params:,}"
+        head = self.n_embd // self.n_head if self.n_head else 0
+        heads = "a head" if self.group == 1 else f"{self.group} query heads ({self.group * head} of n_embd)"
+        return f"one step of width, {heads}, adds {self.step_params:,}"
+
+    def role_words(self) -> str:
+        """The matched contrast's name: 'at equal parameters' only within PARAM_MATCH."""
+        if self.within:
+            return ROLES["matched"]
+        return (f"grown tied vs untied at the nearest parameter count ({self.gap:+.1%}, outside the "
+                f"{PARAM_MATCH:.0%} counted as equal)").replace("-", "−")
+
+    @property
     def option(self) -> str:
         return "params" if self.by == "depth" else "params:width"
 
@@ -99,7 +136,7 @@ class ParamMatch:
                                                                                 self.matched_n_embd)
 
     def to_json(self) -> dict:
-        out = dataclasses.asdict(self)
+        out = {**dataclasses.asdict(self), "parameter_matched": self.within}
         if self.note is None:
             del out["note"]
         return out
@@ -242,10 +279,11 @@ class FamilyMember:
     level: float
     half: float
     significant: bool | None = None
+    name: str | None = None  # the contrast's words where they are not ROLES' (a match outside PARAM_MATCH)
 
     @property
     def words(self) -> str:
-        return ROLES[self.role]
+        return self.name or ROLES[self.role]
 
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "contrast": self.words}
@@ -310,7 +348,8 @@ def match_family(match: ParamMatch | None, variants: list, base: Any, split: str
     adjusted = holm(ps) if len(chosen) > 1 else ps
     n = len(chosen)
     family = MatchFamily(reference=base.label, split=split,
-                         members=[FamilyMember(role, v.label, p, q, ALPHA, ALPHA / n)
+                         members=[FamilyMember(role, v.label, p, q, ALPHA, ALPHA / n,
+                                               name=match.role_words() if role == "matched" else None)
                                   for (role, v), p, q in zip(chosen, ps, adjusted)])
     family.judge()
     apply_family(family, variants)

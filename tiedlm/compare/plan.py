@@ -167,6 +167,10 @@ def variants_of(req: CompareRequest, base: Any) -> tuple[list[tuple[str, list[st
         if req.match is not None:
             raise ConfigError(f"--match {req.match} grows the plain tied model, and this config's model.tie_mode "
                               f"is {tie.mode} — drop --match, or compare with model.tie_mode tied")
+    if req.match is not None and m.untie_at is not None:  # the matched model would end untied
+        raise ConfigError(f"--match {req.match} grows a model that stays tied, and this config's model.untie_at "
+                          f"is {m.untie_at:g}: its tied variants end untied, so no count matches — drop --match, "
+                          "or set model.untie_at=null")
     variants = [tied, ("untied", ["model.tie_embeddings=false", *untie])]
     by = match_by(req.match)
     if by is None:

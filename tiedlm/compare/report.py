@@ -23,6 +23,7 @@ from ..formatting import (
     text_table,
 )
 from .comparison import Comparison, RunRow
+from .matching import PARAM_MATCH
 from .plots import MATCHED_PLOT, PLOTS, TYING_MAP_BUCKETS_PLOT, TYING_MAP_PLOT
 from .stats import GeometricSummary, Summary, TestResult
 from .sections import (sequential_lines, sequential_markdown, trajectory_lines, trajectory_markdown, tuning_lines,
@@ -157,17 +158,20 @@ def _md_match(c: Comparison) -> list[str]:
     m = c.match
     if not m:
         return []
-    step = f"one layer holds {fmt_int(m.layer_params)}" if m.by == "depth" else \
-        f"one step of width, a head, adds {fmt_int(m.step_params)}"
     md = ["", f"## Parameter matching (--match {m.option})", "",
-          f"The untied model has {fmt_int(m.untied_total)} parameters and the tied one "
-          f"{fmt_int(m.tied_total)}. The matched variant is tied with {m.grown()} ({step}), for "
-          f"{fmt_int(m.matched_total)} parameters: "
-          f"{m.matched_total - m.untied_total:+,} against the untied model.".replace("-", "−")
-          + f" Parameter-matched is not compute-matched: its extra {'layers' if m.by == 'depth' else 'width'} "
-            "cost FLOPs on every token."]
-    if m.note:
-        md += ["", m.note + "."]
+          f"The untied model has {fmt_int(m.untied_total)} parameters and the tied one {fmt_int(m.tied_total)}."]
+    if not m.adds_a_variant:  # no third variant: say why, and nothing of a matched model
+        md[-1] += f" {m.note[0].upper()}{m.note[1:]}."
+    else:
+        md[-1] += (f" The matched variant is tied with {m.grown()} ({m.step_words()}), for "
+                   f"{fmt_int(m.matched_total)} parameters: "
+                   f"{m.matched_total - m.untied_total:+,} ({m.gap:+.1%}) against the untied model.".replace("-", "−")
+                   + f" Parameter-matched is not compute-matched: its extra "
+                     f"{'layers' if m.by == 'depth' else 'width'} cost FLOPs on every token.")
+        if not m.within:
+            md += ["", f"That is outside the {PARAM_MATCH:.0%} this report counts as equal parameters: the "
+                       f"smallest step ({m.step_words()}) is too coarse here, so its contrast is named the "
+                       "nearest parameter count, not equal parameters."]
     untied = next((v for v in c.variants if v.tied is False), None)
     ref = untied.train_flops if untied else None
     rows = [[v.name, fmt_int(v.params.get("total")), fmt_flops(v.train_flops_per_token), fmt_flops(v.train_flops),

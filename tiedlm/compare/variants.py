@@ -20,6 +20,7 @@ from ..nats import perplexity, relative
 from ..naming import scalar, short_keys
 from ..tie import STORED_KEYS
 from .collect import LoadedRun
+from .matching import PARAM_MATCH
 from .stats import (
     GeometricSummary,
     Power,
@@ -40,11 +41,6 @@ MODE_KEYS = STORED_KEYS  # the tie's stored keys make one label part: tied, unti
 TYING_KEYS = (*MODE_KEYS, "model.untie_at")  # what a matched contrast may differ in
 COST_KEYS = ("tokens_per_s", "wall_time_s", "peak_memory_bytes", "tokens_seen", "steps")
 COMPUTE_MATCH = 0.01  # training FLOPs within 1% of the reference's: compute-matched
-# Parameter-matched: totals within 10% of the reference's, stated wherever a contrast is called
-# matched (the exact counts are always given beside it). --match params picks the depth nearest the
-# untied total, so its variant misses by up to half a layer (+5.2% at d 64, 2 layers, V 2,048); a
-# one-layer model can miss by more, and is then not called matched.
-PARAM_MATCH = 0.10
 
 
 # ============================================================================ aggregates

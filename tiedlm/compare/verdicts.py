@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from ..formatting import fmt, fmt_count, fmt_int, fmt_p, percent
 from .comparison import Comparison
-from .matching import FamilyMember, MatchFamily
+from .matching import PARAM_MATCH, FamilyMember, MatchFamily
 from .stats import SEEDS_CAP, TestResult
-from .variants import COMPUTE_MATCH, PARAM_MATCH, Contrast, SplitContrast, Variant
+from .variants import COMPUTE_MATCH, Contrast, SplitContrast, Variant
 
 ROLES = ("The primary endpoint is the {primary} loss: it alone carries the verdict. {others} "
          "reported as confirmation, and the per-bucket differences are secondary (their p-values "
@@ -280,6 +280,6 @@ def family_markdown(c: Comparison) -> list[str]:
                "exceeds it), each judged at 0.05; the 95% intervals are each contrast's own, not adjusted.")
         head = "Holm p"
     return ["", f"### The two contrasts ({family.split})", "",
-            "The untied model is contrasted twice: with the tied model at equal architecture (the primary "
-            "contrast) and with the parameter-matched tied model at equal parameters. " + how, "",
+            f"The untied model is contrasted twice: {family.primary.words} (the primary contrast) and "
+            f"{family.members[-1].words}. " + how, "",
             markdown_table(["contrast", "variants", "effect", "95% CI", "p", head, "significant"], rows, "llrrrrl")]
