@@ -163,3 +163,36 @@ def test_the_hub_revision_is_remembered_for_offline_runs(monkeypatch):
     monkeypatch.setattr(huggingface_hub, "HfApi", None)  # offline: the hub is not asked
     assert sources.hub_revision("someone/corpus", None) == "d" * 40
     assert sources.hub_revision("someone/corpus", "e" * 40) == "e" * 40  # a pinned commit names itself
+
+
+@pytest.fixture
+def no_hang():
+    """Fails the test after 60 s rather than letting a read of a FIFO with no writer block forever."""
+    import signal
+
+    def stuck(signum, frame):
+        raise AssertionError("blocked for 60 s: something opened data.path before checking what it is")
+
+    old = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(60)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo") or not os.path.exists("/dev/zero"), reason="POSIX FIFOs and /dev/zero")
+@pytest.mark.parametrize("target, kind", [("fifo", "a FIFO"), ("/dev/zero", "a character device")])
+def test_a_fifo_or_a_device_as_data_path_is_named_for_what_it_is(tmp_path, monkeypatch, no_hang, target, kind):
+    """Not "an empty folder": the path is refused from its stat, before anything opens it (a FIFO
+    with no writer would block the reader)."""
+    monkeypatch.chdir(tmp_path)
+    if target == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+        target = str(tmp_path / "fifo")
+    message = (f"data.path {target} is not a regular file or folder ({kind}) — point data.path at a text file, a "
+               "folder of them, or a dataset id")
+    assert_one_line_error(cli_data(tmp_path, "tokenizer.kind=byte", f"data.path={target}"), message, 2)
+    with raises(ConfigError, match="is not a regular file"):
+        prepare("data.path=text", f"data.data_files={target}")

@@ -15,6 +15,7 @@ import dataclasses
 import glob as globlib
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,22 @@ def _file_stamp(path: Path) -> list:
     return [str(path), st.st_size, st.st_mtime_ns]
 
 
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+            (stat.S_ISSOCK, "a socket"))
+
+
+def _special_kind(path: Path) -> str | None:
+    """What `path` is where it is neither a regular file nor a folder ("a FIFO", "a character
+    device", ...), from its stat alone: nothing is opened, so a FIFO with no writer cannot block."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((name for test, name in _SPECIAL if test(mode)), "not a file")
+
+
 def _human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
@@ -82,6 +99,10 @@ def _resolve_data_files(spec: Any, base: Path) -> dict[str, list[Path]]:
             full = Path(str(pattern)).expanduser()
             full = full if full.is_absolute() else base / full
             matches = sorted(Path(m) for m in globlib.glob(str(full), recursive=True) if Path(m).is_file())
+            special = _special_kind(full) if not matches else None
+            if special:
+                raise ConfigError(f"data.data_files: {pattern!r} is not a regular file ({special}) — point it at "
+                                  "text files or a glob of them")
             if not matches:
                 raise ConfigError(f"data.data_files: {pattern!r} matches no file (relative paths start at {base}) "
                                   "— check the path or the glob")
@@ -156,6 +177,10 @@ def _builtin_source(p: str, d: DataConfig) -> Source:
 
 def _local_source(p: str, local: Path, d: DataConfig) -> Source:
     """A local data file, a `save_to_disk` folder or a folder of data files."""
+    special = _special_kind(local)
+    if special:
+        raise ConfigError(f"data.path {p} is not a regular file or folder ({special}) — point data.path at a text "
+                          "file, a folder of them, or a dataset id")
     if local.is_file():
         builder = _EXTENSIONS.get(local.suffix.lower())
         if builder is None:
