@@ -259,3 +259,21 @@ def test_a_tiny_but_consistent_difference_is_never_called_the_same():
     assert "1e-05% higher perplexity" in text and "same perplexity" not in text and text.endswith("significant at 0.05.")
     d.relative = d.difference = 0.0
     assert "has the same perplexity as **untied**" in verdict("tied", "untied", d, "validation")
+
+
+def test_grid_rows_of_two_tie_modes_at_one_setting_name_their_tie(tmp_path):
+    """A grid over tie modes: lowrank and projection at n_embd 64 each against the one untied twin
+    must read as two rows, not two rows both called n_embd=64."""
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        for d in (64, 128):
+            make_run(runs, f"g-untied-{d}-s{seed}", seed, UNTIED + [f"model.n_embd={d}"], val=60 + seed)
+        make_run(runs, f"g-lowrank-s{seed}", seed, ["model.tie_mode=lowrank", "model.untie_rank=4", "model.n_embd=64"], val=58 + seed)
+        make_run(runs, f"g-projection-s{seed}", seed, ["model.tie_mode=projection", "model.n_embd=64"], val=57 + seed)
+        make_run(runs, f"g-tied-128-s{seed}", seed, TIED + ["model.n_embd=128"], val=59 + seed)
+    result = C.compare_runs(runs_dir=runs)
+    labels = [m.label for m in result.matched]
+    assert labels == ["lowrank r=4, n_embd=64", "projection, n_embd=64", "tied, n_embd=128"]
+    assert len(set(labels)) == len(labels)
+    md = (runs / "compare" / "comparison.md").read_text()
+    assert "| lowrank r=4, n_embd=64 |" in md and "| projection, n_embd=64 |" in md

@@ -95,7 +95,25 @@ def matched_contrasts(variants: list[Variant], differing_keys: list[str],
                 setting=setting, label=", ".join(f"{short[k]}={scalar(values[k])}" for k in other),
                 tied=tied.label, untied=ref.label, contrast=tied.vs_baseline, embedding_share=_share(ref),
                 tied_params=tied.params.get("total"), untied_params=ref.params.get("total")))
+    _name_the_ties(out, variants)
     return sorted(out, key=lambda m: (_sort_key(m.setting, other), m.tied))
+
+
+def _tie_words(v: Variant) -> str:
+    """The tied variant's tie as the reports name it: 'tied', 'lowrank r=8', 'tied, untie_at=0.5'."""
+    m = v.config.model
+    return m.tie.label + (f", untie_at={scalar(m.untie_at)}" if m.untie_at is not None else "")
+
+
+def _name_the_ties(matched: list[MatchedContrast], variants: list[Variant]) -> None:
+    """Where the tied variants are not all plain tied (a grid over tie modes, or untie_at), each
+    row's label starts with its tie, so that two modes at one setting never read as one row."""
+    by_label = {v.label: v for v in variants}
+    words = {m.tied: _tie_words(by_label[m.tied]) for m in matched}
+    if set(words.values()) <= {"tied"}:
+        return
+    for m in matched:
+        m.label = f"{words[m.tied]}, {m.label}"
 
 
 def _sort_key(setting: dict[str, Any], keys: list[str]) -> tuple:
