@@ -169,6 +169,17 @@ def test_absurd_sizes_are_refused_at_once_with_the_estimate(tiny_yaml, tmp_path)
     assert counted > 1000000 * 12 * 16 * 16  # the arithmetic count, not a model built layer by layer
 
 
+@pytest.mark.parametrize("key", ["model.intermediate_size", "model.multiple_of"])
+def test_the_memory_refusal_names_the_mlp_width_that_made_the_model_too_big(tiny_yaml, tmp_path, key):
+    r = invoke("train", "--config", tiny_yaml, "--out", tmp_path / "runs", "--set", "model.arch=llama",
+               "--set", "model.bias=false", "--set", f"{key}=100000000000")
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    line = one_line(r.stderr)
+    assert "need at least" in line and line.endswith(
+        "— lower model.n_layer, model.n_embd, model.intermediate_size (or model.multiple_of), model.block_size, "
+        "tokenizer.vocab_size or train.batch_size")
+
+
 
 def test_memory_estimate_is_a_lower_bound_that_counts_what_training_keeps():
     from tiedlm.config import ModelConfig

@@ -5,6 +5,8 @@ model; tests/test_model.py checks the two against each other for every option.""
 
 from __future__ import annotations
 
+import dataclasses
+
 from .config import ModelConfig
 from .device import device_memory
 from .errors import ConfigError
@@ -69,8 +71,19 @@ def check_fits(model_cfg: ModelConfig, vocab_size: int | None, batch_size: int, 
         raise ConfigError(
             f"{what} need{'s' if vocab_size is not None else ''} at least {format_bytes(need['total_bytes'])} to train "
             f"({need['params']:,} parameters x 16 bytes for weights, gradients and AdamW state, plus a batch's "
-            f"activations), more than the {format_bytes(have)} of {where} — lower model.n_layer, model.n_embd, "
-            "model.block_size, tokenizer.vocab_size or train.batch_size")
+            f"activations), more than the {format_bytes(have)} of {where} — lower {_size_keys(model_cfg)}")
+
+
+def _size_keys(model_cfg: ModelConfig) -> str:
+    """The keys that set a model's training memory, as the memory refusal lists them: the MLP's
+    width among them where a llama config's width is not Llama's rule at the default rounding (a
+    config's one form keeps a width set through model.multiple_of as model.intermediate_size)."""
+    keys = ["model.n_layer", "model.n_embd"]
+    by_rule = dataclasses.replace(model_cfg, intermediate_size=None, multiple_of=ModelConfig.multiple_of).mlp_size
+    if model_cfg.arch == "llama" and model_cfg.mlp_size != by_rule:
+        keys.append("model.intermediate_size (or model.multiple_of)")
+    keys += ["model.block_size", "tokenizer.vocab_size"]
+    return ", ".join(keys) + " or train.batch_size"
 
 
 def flops_per_token(model_cfg: ModelConfig, vocab_size: int, tokens_per_forward: int | None = None,
