@@ -268,7 +268,8 @@ def test_grid_rows_of_two_tie_modes_at_one_setting_name_their_tie(tmp_path):
     for seed in (0, 1):
         for d in (64, 128):
             make_run(runs, f"g-untied-{d}-s{seed}", seed, UNTIED + [f"model.n_embd={d}"], val=60 + seed)
-        make_run(runs, f"g-lowrank-s{seed}", seed, ["model.tie_mode=lowrank", "model.untie_rank=4", "model.n_embd=64"], val=58 + seed)
+        make_run(runs, f"g-lowrank-s{seed}", seed, ["model.tie_mode=lowrank", "model.untie_rank=4", "model.n_embd=64"],
+                 val=58 + seed)
         make_run(runs, f"g-projection-s{seed}", seed, ["model.tie_mode=projection", "model.n_embd=64"], val=57 + seed)
         make_run(runs, f"g-tied-128-s{seed}", seed, TIED + ["model.n_embd=128"], val=59 + seed)
     result = C.compare_runs(runs_dir=runs)
