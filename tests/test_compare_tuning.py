@@ -226,3 +226,24 @@ def test_the_shared_value_verdict_pairs_the_seeds_both_variants_have_there(tmp_p
     expect = (val_ppl(True, 3e-3, 0) + 1.0) / (val_ppl(False, 3e-3, 0) + 1.0) - 1
     assert shared["relative"] == pytest.approx(expect)
     assert "(seed 0 only: no interval)" in C.format_terminal_table(c)
+
+
+def test_n_kv_head_at_n_head_is_a_bound_not_an_edge_to_step_past(tmp_path, stand_in):
+    """model.n_kv_head can be no more than model.n_head (it divides it): a choice there is final,
+    said as a bound, and no step past it is tried (it used to report an edge 'beyond' n_head)."""
+    trained = []
+
+    def train(cfg, out=Path("runs"), name=None, **_):  # more key/value heads, better
+        trained.append(name)
+        val = {1: 60.0, 2: 50.0}[cfg.model.kv_heads] + (0.0 if cfg.model.tie_embeddings else 1.0)
+        return make_run(Path(out), name, cfg.seed, val=val, cfg=cfg)
+
+    c = C.compare_config(config(tmp_path), ["model.arch=llama", "model.bias=false"], seeds=1,
+                         runs_dir=tmp_path / "runs", progress=False, train=train, tune=["model.n_kv_head=1,2"])
+    for v in c.tuning.variants:
+        assert v.chosen.point["model.n_kv_head"] == 2 and v.edge is None and not v.extensions
+        assert v.bound == ("model.n_kv_head 2 is the highest value it can take (model.n_kv_head is at most "
+                           "model.n_head, 2, and must divide it): the choice is final there")
+    assert len(trained) == 4  # the grid only: n_kv_head=4 was never tried
+    text = C.format_terminal_table(c)
+    assert "Bound: model.n_kv_head 2 is the highest value" in text and "may lie beyond" not in text

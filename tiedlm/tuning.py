@@ -47,7 +47,8 @@ from .nats import perplexity
 from .plan import PlannedRun, RunSource, Stage
 from .naming import sanitize, scalar, short_keys
 from .tuning_spec import (EXTEND_LIMIT, SETTINGS, TuneSpec, _paired, at_bound, bounds_of,  # noqa: F401 (also tuning's)
-                          extend_value, range_text, read_tune_block, spec_from_block, spec_from_options, whole_key)
+                          extend_value, range_text, read_tune_block, relative_bound, relative_bound_text,
+                          spec_from_block, spec_from_options, whole_key)
 
 LR_KEY, MIN_LR_KEY, RATIO_KEY = "train.lr", "train.min_lr", "train.min_lr_ratio"
 
@@ -269,12 +270,21 @@ def _edge_note(v: VariantTuning, edges: list[tuple[str, int]], why: dict[tuple[s
     return "; ".join(parts) + " — the best value may lie beyond"
 
 
-def _bound_note(v: VariantTuning, edges: list[tuple[str, int]]) -> str | None:
-    """What a choice at the bound of a key's range says instead of an edge: nothing lies past it."""
+def _bound_note(v: VariantTuning, edges: list[tuple[str, int]], relative: dict[str, tuple[str, Any]]) -> str | None:
+    """What a choice at the bound of a key's range says instead of an edge: nothing lies past it.
+    `relative`: the keys bounded by another key's value there (n_kv_head by n_head), and that value."""
     if not edges or v.chosen is None:
         return None
     return "; ".join(f"{axis} {scalar(v.chosen.point[axis])} is the {'lowest' if d < 0 else 'highest'} value it can "
-                     f"take ({axis} is in {range_text(axis)})" for axis, d in edges) + ": the choice is final there"
+                     f"take ({_range_of(axis, d, relative)})" for axis, d in edges) + ": the choice is final there"
+
+
+def _range_of(axis: str, d: int, relative: dict[str, tuple[str, Any]]) -> str:
+    """'model.dropout is in [0, 1)', or, for a key bounded above by another's value, 'model.n_kv_head
+    is at most model.n_head, 4, and must divide it'."""
+    if axis in relative and d > 0:
+        return relative_bound_text(axis, *relative[axis])
+    return f"{axis} is in {range_text(axis)}"
 
 
 class TuningSearch:
@@ -297,6 +307,7 @@ class TuningSearch:
                              schedule=schedule_overrides(spec, base), config={k: values.get(k) for k in spec.keys})
         self.why: dict[tuple[str, str, int], str] = {}  # why an edge was not extended
         self.fresh: list[TunedPoint] = []  # points planned and not yet scored
+        self.configs: dict[tuple[str, str], Any] = {}  # (variant, point label) -> a run's resolved config
         runs: list[PlannedRun] = []
         for tag, extra in variants:
             v = VariantTuning(tag=tag, overrides=extra, axes={k: list(vals) for k, vals in spec.axes.items()})
@@ -315,6 +326,8 @@ class TuningSearch:
         runs = [self.source.run(f"{v.tag}-{sanitize(label)}", v.overrides + point_overrides(point, self.tuning.schedule),
                                 s) for s in self.seeds]
         tp = TunedPoint(point=point, label=label, runs={s: r.name for s, r in zip(self.seeds, runs)})
+        if runs:
+            self.configs[(v.tag, label)] = runs[0].cfg
         v.points.append(tp)
         self.fresh.append(tp)
         return runs
@@ -344,7 +357,7 @@ class TuningSearch:
             beyond = [x for x in v.axes[axis] if (x - value) * d > 0]
             if beyond:  # tried on another line: filled in here, the grid does not grow
                 new = min(beyond, key=lambda x: abs(x - value))
-            elif at_bound(axis, value, d):  # dropout 0: nothing lies past it (said as a bound, not an edge)
+            elif self._at_bound(v, axis, d):  # dropout 0, n_kv_head = n_head: nothing lies past it (a bound)
                 continue
             elif not spec.extend:
                 self.why[(v.tag, axis, d)] = "tune.extend is off"
@@ -369,13 +382,27 @@ class TuningSearch:
             runs += todo
         return runs
 
+    def _relative_bound(self, v: VariantTuning, axis: str) -> tuple[str, Any] | None:
+        """The other key bounding `axis` from above, and its value at the variant's chosen point."""
+        return relative_bound(axis, self.configs.get((v.tag, v.chosen.label))) if v.chosen is not None else None
+
+    def _at_bound(self, v: VariantTuning, axis: str, d: int) -> bool:
+        """Whether the chosen value of `axis` is the bound of its range on that side: the key's own
+        (tuning_spec.BOUNDS), or, upwards, another key's value (model.n_kv_head at model.n_head)."""
+        value = v.chosen.point[axis]
+        if at_bound(axis, value, d):
+            return True
+        other = self._relative_bound(v, axis) if d > 0 else None
+        return other is not None and value >= other[1]
+
     def _finish(self) -> None:
         for v in self.tuning.variants:
             edges = _edges(v)
-            bound = [(a, d) for a, d in edges if at_bound(a, v.chosen.point[a], d)]
+            bound = [(a, d) for a, d in edges if self._at_bound(v, a, d)]
             edges = [e for e in edges if e not in bound]
             v.edge = _edge_note(v, edges, {(a, d): self.why.get((v.tag, a, d), "") for a, d in edges})
-            v.bound = _bound_note(v, bound)
+            relative = {a: r for a, _ in bound if (r := self._relative_bound(v, a)) is not None}
+            v.bound = _bound_note(v, bound, relative)
         self.tuning.runs = sum(len(p.runs) for v in self.tuning.variants for p in v.points)
         self.tuning.tokens = sum(p.tokens for v in self.tuning.variants for p in v.points)
 

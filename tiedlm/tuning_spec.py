@@ -65,8 +65,31 @@ BOUNDS: dict[str, tuple] = {
 }
 
 
+# Keys whose range ends at another key's value in the same config (checks.py): a key/value head
+# serves whole query heads, so model.n_kv_head is at most model.n_head (and divides it). A choice
+# there is at the key's bound, not at an edge of the grid to step past.
+RELATIVE_BOUNDS = {"model.n_kv_head": ("model.n_head", "must divide")}
+
+
 def bounds_of(key: str) -> tuple | None:
     return BOUNDS.get(key)
+
+
+def relative_bound(key: str, cfg: Any) -> tuple[str, Any] | None:
+    """(the other key, its value in `cfg`) where `key`'s highest value is that key's value there
+    (RELATIVE_BOUNDS); None for any other key, or without a config."""
+    other = RELATIVE_BOUNDS.get(key)
+    if other is None or cfg is None:
+        return None
+    from .config import flat
+
+    value = flat(cfg).get(other[0])
+    return (other[0], value) if isinstance(value, (int, float)) else None
+
+
+def relative_bound_text(key: str, other: str, value: Any) -> str:
+    """'model.n_kv_head is at most model.n_head, 4, and must divide it'."""
+    return f"{key} is at most {other}, {value:g}, and {RELATIVE_BOUNDS[key][1]} it"
 
 
 def range_text(key: str) -> str:
