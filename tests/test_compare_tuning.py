@@ -247,3 +247,22 @@ def test_n_kv_head_at_n_head_is_a_bound_not_an_edge_to_step_past(tmp_path, stand
     assert len(trained) == 4  # the grid only: n_kv_head=4 was never tried
     text = C.format_terminal_table(c)
     assert "Bound: model.n_kv_head 2 is the highest value" in text and "may lie beyond" not in text
+
+
+def test_a_tuned_tie_strength_is_the_pull_variants_alone(tmp_path, stand_in):
+    """--tune model.tie_strength with model.tie_mode pull: the untied variant has no strength, so it
+    is trained once per seed with none (never handed the tuned value, which its config refuses), and
+    its runs are named without the key; the pull variant tries each value."""
+    c = C.compare_config(config(tmp_path), ["model.tie_mode=pull", "model.tie_strength=1"], seeds=2,
+                         runs_dir=tmp_path / "runs", progress=False, train=stand_in.train,
+                         tune=["model.tie_strength=1,10"])
+    pull, untied = (c.tuning.variant(t) for t in ("pull-l1", "untied"))
+    assert {1, 10} <= set(pull.axes["model.tie_strength"]) and untied.axes["model.tie_strength"] == [None]
+    assert [p.label for p in untied.points] == ["(no tie_strength)"]
+    untied_runs = [n for n in stand_in.calls if "untied" in n]
+    prefix = "tiny-tie_mode=pull_tie_strength=1"
+    assert untied_runs == [f"{prefix}-untied-s0", f"{prefix}-untied-s1"]  # the tuning run reused for seed 0
+    for name in untied_runs:
+        cfg = run_folder.read_config(tmp_path / "runs" / name)
+        assert cfg.model.tie.label == "untied" and not cfg.model.tie.strengthened
+    assert {r.name for r in c.runs} >= set(untied_runs)

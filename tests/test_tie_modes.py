@@ -86,11 +86,12 @@ def test_the_modes_start_as_the_tied_model_at_a_seed():
     assert torch.allclose(b.T @ b, torch.eye(16), atol=1e-5)  # orthonormal columns
 
 
-def one_step(model):
+def one_step(model, clip=True):
     x, y = batch()
     opt = build_optimizer(model, TrainConfig(lr=1e-2))
     model(x, y).backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     return model(x, y).item(), model(x)
 
@@ -99,8 +100,12 @@ def test_rank_zero_is_exactly_tied_logits_and_loss_after_a_step():
     x, _ = batch()
     tied, zero = build(), build(tie_mode="lowrank", untie_rank=0)
     assert torch.equal(tied(x), zero(x)) and zero.w_out_is_e
-    (loss_t, logits_t), (loss_z, logits_z) = one_step(tied), one_step(zero)
+    # without clipping: the global norm runs over each model's parameter list, and lowrank's two
+    # empty matrices lengthen it, which moves the norm's last bit on some CPUs (AVX-512 reductions)
+    (loss_t, logits_t), (loss_z, logits_z) = one_step(tied, clip=False), one_step(zero, clip=False)
     assert loss_t == loss_z and torch.equal(logits_t, logits_z)
+    (loss_t, logits_t), (loss_z, logits_z) = one_step(build()), one_step(build(tie_mode="lowrank", untie_rank=0))
+    assert loss_z == pytest.approx(loss_t, rel=1e-6) and torch.allclose(logits_t, logits_z, rtol=1e-5, atol=1e-6)
     assert count_params(zero)["total"] == count_params(tied)["total"]
 
 

@@ -91,6 +91,11 @@ class Tie:
         return self.mode in TWO_MATRICES
 
     @property
+    def ranked(self) -> bool:
+        """Whether the mode has a rank r (lowrank, split)."""
+        return self.mode in RANKED
+
+    @property
     def strengthened(self) -> bool:
         """Whether the mode has a strength λ (soft, pull): two matrices that λ draws together."""
         return self.mode in STRENGTHENED

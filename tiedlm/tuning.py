@@ -69,13 +69,36 @@ def points(spec: TuneSpec, axes: dict[str, list] | None = None) -> list[dict[str
 
 
 def point_label(point: dict[str, Any], short: dict[str, str]) -> str:
-    return ",".join(f"{short[k]}={scalar(v)}" for k, v in point.items())
+    """'lr=0.001,dropout=0.1'; a key the variant does not have (None: the untied variant's
+    model.tie_strength) is left out."""
+    if point and all(v is None for v in point.values()):
+        return "(no " + ", ".join(short[k] for k in point) + ")"
+    return ",".join(f"{short[k]}={scalar(v)}" for k, v in point.items() if v is not None)
+
+
+def point_tag(point: dict[str, Any], short: dict[str, str]) -> str:
+    """A point's part of its runs' names ('lr=0.001_dropout=0.1'); '' for a variant that has none
+    of the tuned keys (the untied variant when model.tie_strength is tuned)."""
+    from .naming import sanitize
+
+    return sanitize(point_label(point, short)) if any(v is not None for v in point.values()) else ""
 
 
 def point_overrides(point: dict[str, Any], schedule: list[str]) -> list[str]:
     from .naming import yaml_value
 
-    return [f"{k}={yaml_value(v)}" for k, v in point.items()] + schedule
+    return [f"{k}={yaml_value(v)}" for k, v in point.items() if v is not None] + schedule
+
+
+# Keys of one tie's own: tuned for the variants whose tie has them, absent (None) from the others,
+# so that tuning a pull model's strength never hands a strength to the untied model it is judged against.
+TIE_OWN_KEYS = {"model.tie_strength": "strengthened", "model.untie_rank": "ranked"}
+
+
+def variant_axes(axes: dict[str, list], tie: Any) -> dict[str, list]:
+    """A variant's axes: a key of a tie it does not have (TIE_OWN_KEYS) is the single value None."""
+    return {k: (list(vals) if k not in TIE_OWN_KEYS or getattr(tie, TIE_OWN_KEYS[k]) else [None])
+            for k, vals in axes.items()}
 
 
 def schedule_overrides(spec: TuneSpec, base: Any) -> list[str]:
@@ -127,7 +150,7 @@ class VariantTuning:
         return next((p for p in self.points if p.label == label), None)
 
     def at(self, values: dict[str, Any]) -> TunedPoint | None:  # by value, not label: 0 is 0.0
-        return next((p for p in self.points if all(p.point.get(k) == x for k, x in values.items())), None)
+        return next((p for p in self.points if all(p.point.get(k) in (x, None) for k, x in values.items())), None)
 
     def to_json(self) -> dict:
         return {"variant": self.tag, "chosen": self.chosen.to_json() if self.chosen else None,
@@ -310,7 +333,8 @@ class TuningSearch:
         self.configs: dict[tuple[str, str], Any] = {}  # (variant, point label) -> a run's resolved config
         runs: list[PlannedRun] = []
         for tag, extra in variants:
-            v = VariantTuning(tag=tag, overrides=extra, axes={k: list(vals) for k, vals in spec.axes.items()})
+            tie = source.run(tag, extra, self.seeds[0]).cfg.model.tie
+            v = VariantTuning(tag=tag, overrides=extra, axes=variant_axes(spec.axes, tie))
             self.tuning.variants.append(v)
             for p in points(spec, v.axes):
                 runs += self._add(v, p)
@@ -323,7 +347,8 @@ class TuningSearch:
         label = point_label(point, self.short)
         if v.point(label) is not None:
             return []
-        runs = [self.source.run(f"{v.tag}-{sanitize(label)}", v.overrides + point_overrides(point, self.tuning.schedule),
+        tag = point_tag(point, self.short)
+        runs = [self.source.run(f"{v.tag}-{tag}" if tag else v.tag, v.overrides + point_overrides(point, self.tuning.schedule),
                                 s) for s in self.seeds]
         tp = TunedPoint(point=point, label=label, runs={s: r.name for s, r in zip(self.seeds, runs)})
         if runs:
@@ -480,7 +505,7 @@ def _reading(pick: dict[str, TunedPoint | None], variant: str, reference: str) -
 
 def _best_at(v: VariantTuning, key: str, value: Any) -> TunedPoint | None:
     """The variant's best scored point with `key` at `value` (its best lr there)."""
-    scored = [p for p in v.points if p.loss is not None and p.point.get(key) == value]
+    scored = [p for p in v.points if p.loss is not None and p.point.get(key) in (value, None)]  # None: not its key
     return min(scored, key=lambda p: p.loss) if scored else None
 
 
@@ -501,7 +526,7 @@ def joint_effect(tuning: Tuning) -> JointEffect | None:
     alone_pick = {v.tag: _best_at(v, other, held) for v in pair}
     alone = _reading(alone_pick, variant, reference)
     for v in pair if alone is not None else []:
-        line = sorted(p.point[LR_KEY] for p in v.points if p.point.get(other) == held)
+        line = sorted(p.point[LR_KEY] for p in v.points if p.point.get(other) in (held, None))
         if len(line) > 1 and alone_pick[v.tag].point[LR_KEY] in (line[0], line[-1]):
             alone.at_edge.append(v.tag)
     return JointEffect(variant=variant, reference=reference, other=other, held=held, seeds=list(tuning.seeds),

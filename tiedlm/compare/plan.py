@@ -141,10 +141,9 @@ class ComparisonPlan:
         return out
 
     def _label(self, point: dict) -> str:
-        from ..naming import sanitize
-        from ..tuning import point_label, short_keys
+        from ..tuning import point_tag, short_keys
 
-        return sanitize(point_label(point, short_keys(list(point)))) if point else ""
+        return point_tag(point, short_keys(list(point)))
 
     def _point_overrides(self, point: dict) -> list[str]:
         from ..tuning import point_overrides

@@ -453,18 +453,23 @@ def plot_tuning(tuning: Tuning, path: Path) -> None:
         for i, v in enumerate(tuning.variants):
             pts = sorted(((p, labels.index(p.label)) for p in v.points if p.perplexity is not None), key=lambda t: t[1])
             chose = v.chosen.point.get(other) if v.chosen is not None and other else None
-            for k, at in enumerate(sorted({p.point[other] for p, _ in pts}) if other else [None]):
+            if numeric and pts and all(p.point[key] is None for p, _ in pts):  # a key its tie lacks (untied)
+                ax.axhline(min(p.perplexity for p, _ in pts), color=f"C{i}", linestyle="--",
+                           label=f"{v.tag} (no {key.rsplit('.', 1)[-1]})")
+                continue
+            ats = {p.point[other] for p, _ in pts} if other else {None}
+            for k, at in enumerate(sorted(ats - {None}) + ([None] if None in ats else [])):
                 line = sorted(((p, j) for p, j in pts if other is None or p.point[other] == at),
                               key=lambda t: t[0].point[key] if numeric else t[1])
                 xs = [p.point[key] if numeric else j for p, j in line]
                 ax.plot(xs, [p.perplexity for p, _ in line], marker="osv^D<>"[k % 7], color=f"C{i}",
                         alpha=1.0 if other is None or at == chose else 0.45,
-                        label=v.tag if other is None else f"{v.tag}, {other.rsplit('.', 1)[-1]}={scalar(at)}")
+                        label=v.tag if other is None or at is None else f"{v.tag}, {other.rsplit('.', 1)[-1]}={scalar(at)}")
             if v.chosen is not None and v.chosen.perplexity is not None:
                 x = v.chosen.point[key] if numeric else labels.index(v.chosen.label)
                 ax.scatter([x], [v.chosen.perplexity], s=160, facecolors="none", edgecolors="black", zorder=3)
         if numeric:
-            values = [p.point[key] for v in tuning.variants for p in v.points]
+            values = [p.point[key] for v in tuning.variants for p in v.points if p.point[key] is not None]
             if values and all(x > 0 for x in values):
                 ax.set_xscale("log")
             ax.set_xlabel(key)

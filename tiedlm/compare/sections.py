@@ -272,7 +272,7 @@ def grid_tables(tuning: Tuning) -> list[tuple[list[str], list[list[str]]]]:
     for v in tuning.variants:
         rows_at, cols_at = (sorted({p.point[k] for p in v.points}) for k in keys)
         head = [f"{v.tag} ({short[keys[0]]} ↓, {short[keys[1]]} →)",
-                *(f"{short[keys[1]]}={scalar(x)}" for x in cols_at)]
+                *(f"{short[keys[1]]}={scalar(x)}" if x is not None else f"(no {short[keys[1]]})" for x in cols_at)]
         rows = []
         for r in rows_at:
             cells = []
@@ -280,7 +280,7 @@ def grid_tables(tuning: Tuning) -> list[tuple[list[str], list[list[str]]]]:
                 p = next((p for p in v.points if p.point[keys[0]] == r and p.point[keys[1]] == col), None)
                 cells.append("" if p is None else "failed" if p.perplexity is None else
                              _ppl(p.perplexity) + ("*" if v.chosen is p else ""))
-            rows.append([f"{short[keys[0]]}={scalar(r)}", *cells])
+            rows.append([f"{short[keys[0]]}={scalar(r)}" if r is not None else f"(no {short[keys[0]]})", *cells])
         out.append((head, rows))
     return out
 
@@ -317,13 +317,13 @@ def joint_sentence(tuning: Tuning) -> str | None:
         return None
     pair, held = f"{j.variant}/{j.reference}", f"{j.other} {scalar(j.held)}"
     if j.lr_alone is None:
-        tried = sorted({p.point[j.other] for v in tuning.variants for p in v.points})
+        tried = sorted({p.point[j.other] for v in tuning.variants for p in v.points} - {None})
         return (f"The config's {held} is not in every variant's grid ({', '.join(scalar(x) for x in tried)}), so the "
                 f"{pair} effect at each variant's best lr with {j.other} held at the config's value cannot be read "
                 f"from these runs — add {scalar(j.held)} to the grid to see what lr alone does; at the joint best it "
                 f"is {percent(j.joint.effect, 1)}. {_joint_basis(j)}")
     e_alone, e_joint = j.lr_alone.effect, j.joint.effect
-    if all(p[j.other] == j.held for p in j.joint.points.values()):
+    if all(p[j.other] in (j.held, None) for p in j.joint.points.values()):
         text = (f"Every variant chose the config's {held}, so tuning {j.other} moved nothing: the {pair} effect is "
                 f"{percent(e_joint, 1)} at the joint best as at each variant's best lr")
     else:
