@@ -188,6 +188,9 @@ def test_extend_value_follows_the_grids_own_step():
     (["train.lr=1e-3", "seeds=-1"], "seed"),
     (["train.lr=nan"], "must list numbers"),
     (["extend=false"], "names no setting"),
+    (["train.lr=1e-3,3e-3", "train.lr=1e-2,3e-2"],
+     r"--tune train.lr is given twice \(1e-3,3e-3 and 1e-2,3e-2\) — give its values once, e.g. --tune "
+     r"train.lr=1e-3,3e-3,1e-2,3e-2"),
 ])
 def test_a_bad_tune_option_is_one_line(items, message):
     with pytest.raises(ConfigError, match=message) as info:
@@ -200,6 +203,7 @@ def test_the_block_and_the_options_combine():
     spec = spec_from_options(["train.warmup_steps=2,4"], block)
     assert spec.axes == {"train.lr": [1e-3, 3e-3], "train.warmup_steps": [2, 4]} and spec.seeds == [1]
     assert spec.extend is False and spec_from_options([], block) is block
+    assert spec_from_options(["train.lr=1e-2"], block).axes["train.lr"] == [1e-2]  # the block's axis replaced
     with pytest.raises(ConfigError, match="on two axes"):
         spec_from_block({"train.lr": [1e-3], "s": [{"train.lr": 1e-3, "train.warmup_steps": 1}]}, "x")
 

@@ -318,6 +318,7 @@ def spec_from_options(items: list[str], base: TuneSpec | None = None) -> TuneSpe
         block.update({"extend": base.extend, "extend_limit": base.extend_limit, "shared_seeds": base.shared_seeds})
         if base.seeds is not None:
             block["seeds"] = base.seeds
+    given: dict[str, str] = {}  # key -> its values as given here: a key given twice is refused
     for item in items:
         if "=" not in item or not item.split("=", 1)[1].strip():
             raise ConfigError(f"--tune {item!r} must look like KEY=V1,V2,..., e.g. --tune train.lr=3e-4,1e-3,3e-3")
@@ -329,6 +330,10 @@ def spec_from_options(items: list[str], base: TuneSpec | None = None) -> TuneSpe
             values = [load_yaml(v, f"--tune {key}") for v in raw.split(",")]
         except yaml.YAMLError:
             raise ConfigError(f"--tune {item!r}: a value is not a number — give numbers separated by commas") from None
+        if key in given:  # the second would silently replace the first
+            raise ConfigError(f"--tune {key} is given twice ({given[key]} and {raw}) — give its values once, e.g. "
+                              f"--tune {key}={given[key]},{raw}")
+        given[key] = raw
         values = [_as_number(v) for v in values]
         block[key] = values[0] if key in ("extend", "extend_limit", "shared_seeds") else values
     return spec_from_block(block, "--tune")
