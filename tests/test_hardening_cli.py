@@ -164,9 +164,15 @@ def test_a_run_trained_on_cuda_sampled_here_names_the_device_option(run):
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible here")
+    from tiedlm.config import config_hash, from_dict
+
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     cfg["train"]["device"] = "cuda"
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    report = json.loads((run / "report.json").read_text())  # as training on CUDA writes it: the same config
+    report["config"]["train"]["device"] = "cuda"
+    report["config_hash"] = config_hash(from_dict(report["config"]))
+    (run / "report.json").write_text(json.dumps(report))
     result = runner.invoke(app, ["sample", str(run), "--max-new-tokens", "2"])
     assert result.exit_code == 2
     line = one_line(result)

@@ -47,6 +47,20 @@ PAD_LIMIT = 4096  # padding is for GPU-friendly sizes (64, 128); a larger multip
 # any small GPT, while a typo (grad_accum=100000000) passes it by orders of magnitude. Such a step
 # would take hours to days on one device before the first update, so it is refused as a mistake.
 TOKENS_PER_STEP_LIMIT = 2**27
+# model.rope_theta, θ: pair i of a head's dimensions turns by θ^(-2i/hs) radians a position
+# (model.rotary_tables, in float32 as transformers computes them). Below 1 the frequencies rise
+# with i instead of falling, at 1 every pair turns at the same radian a position, so RoPE's spread
+# of wavelengths, which is what tells near from far, needs θ > 1. Far below it the float32 table
+# breaks outright: at 1e-300 θ rounds to 0, 0^0 = 1 and 0^x = 0 make inv_freq 1/0 = inf, and
+# position 0's angle 0·inf is nan in every layer's q and k (then blamed on the learning rate). At
+# float32's largest value (3.4e38) θ rounds to inf, every inv_freq but the first becomes 0 and only
+# one pair still turns. Llama 2 uses 10000, Llama 3 500000; long-context models go to about 1e7.
+ROPE_THETA_MIN = 1.0  # exclusive
+ROPE_THETA_MAX = 3.4028234663852886e38  # float32's largest finite value, exclusive
+# model.norm_eps: the norms compute in float32, where a positive value below the smallest normal
+# number (1.2e-38) is subnormal or, with flush-to-zero (common on GPUs), 0 — the eps of 0 that the
+# positive check refuses, under which a row of zeros normalises to 0/0 = nan.
+NORM_EPS_MIN = 1.1754943508222875e-38
 # Run folder names. '=' and '+' are allowed because tiedlm builds names with them itself (compare
 # folders such as base-n_embd=256-tied-s0, sweep names); both are safe in file names everywhere.
 # 200 characters leave room for the suffixes tiedlm appends within the usual 255-byte limit.
@@ -194,6 +208,9 @@ LLAMA_KEYS = {"n_kv_head": None, "intermediate_size": None, "multiple_of": 64, "
 def _validate_arch(m: Any) -> None:
     _check(m.arch in ARCHS, f"model.arch must be gpt2 or llama, got {m.arch!r}")
     check_positive(m.norm_eps, "model.norm_eps")
+    _check(m.norm_eps >= NORM_EPS_MIN, f"model.norm_eps must be at least 1.2e-38 (float32's smallest normal number, "
+                                       f"where the norms compute: below it eps is lost, as 0), got {m.norm_eps:g} — "
+                                       "norms use 1e-5 or 1e-6")
     check_at_most(m.norm_eps, 1.0, "model.norm_eps", "it sits beside activations' mean square, of order 1; "
                   "norms use 1e-5 or 1e-6")
     if m.arch != "llama":
@@ -205,7 +222,10 @@ def _validate_arch(m: Any) -> None:
         if getattr(m, key) is not None:
             check_positive(getattr(m, key), f"model.{key}")
     check_positive(m.multiple_of, "model.multiple_of")
-    check_positive(m.rope_theta, "model.rope_theta")
+    _check(ROPE_THETA_MIN < m.rope_theta < ROPE_THETA_MAX,
+           f"model.rope_theta must be greater than 1 and below 3.4e38, got {m.rope_theta:g} (at 1 every rotary pair "
+           "turns alike, below 1 their frequencies rise instead of falling and far below they overflow to nan; at "
+           "3.4e38 float32 makes them 0) — use 10000 (Llama 2) or 500000 (Llama 3), the usual values")
     _check(m.n_head % m.kv_heads == 0, f"model.n_kv_head ({m.kv_heads}) must divide model.n_head ({m.n_head}) "
                                        "(each key/value head serves n_head / n_kv_head query heads)")
     _check((m.n_embd // m.n_head) % 2 == 0, f"the head size n_embd / n_head ({m.n_embd // m.n_head}) must be even "

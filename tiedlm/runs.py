@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 from . import files
 from .checks import check_run_name
-from .config import Config, diff_keys, from_dict, load_yaml, operational_keys, to_dict
+from .config import Config, config_hash, diff_keys, from_dict, load_yaml, operational_keys, to_dict, variant_dict
 from .errors import ConfigError, ConfigMismatchError, DamagedRunError, NotARunError, RunError, TiedlmError
 from .files import describe_write_failure
 from .report_md import render_report_md
@@ -446,9 +446,34 @@ def _report_config(stored: Any) -> tuple[Config | None, str | None]:
 
 
 def read_config(run_dir: Path) -> Config | None:
-    """config.yaml rebuilt, None when there is none; damaged: a DamagedRunError; not rebuilt: a ConfigError."""
+    """config.yaml rebuilt, None when there is none; damaged, or edited since the run
+    (check_config_unedited): a DamagedRunError; not rebuilt: a ConfigError."""
     data = _config_data(run_dir)
-    return None if data is None else from_dict(data)
+    cfg = None if data is None else from_dict(data)
+    if cfg is not None:
+        check_config_unedited(run_dir, cfg, read_report(run_dir))
+    return cfg
+
+
+def check_config_unedited(run_dir: Path, cfg: Config, report: RunReport | None) -> None:
+    """Refuse (DamagedRunError) config.yaml, read as `cfg`, when its config_hash is neither the hash
+    report.json stores nor its config's: edited after the run (training writes all three from one
+    Config), maybe in a key that keeps every shape (rope_theta). Keys outside the hash (threads) may
+    change, as on a resume. from_dict gives an older folder's added keys their "as before" values,
+    which the hash leaves out, so it compares equal (even were its stored hash of an older definition)."""
+    theirs = {report.config_hash, None if report.config is None else config_hash(report.config)} if report else set()
+    if not theirs - {None} or (mine := config_hash(cfg)) in theirs:
+        return
+    path, keys = Path(run_dir) / CONFIG, ""
+    if report.config is not None:
+        differ = diff_keys(variant_dict(report.config), variant_dict(cfg))
+        shown = ", ".join(differ[:4]) + (f" and {len(differ) - 4} more" if len(differ) > 4 else "")
+        keys = f"{shown} differ{'s' if len(differ) == 1 else ''} from the config in {REPORT}; " if differ else ""
+    raise DamagedRunError(
+        f"{path} was edited after the run ({keys}its hash {mine} is not the run's "
+        f"{report.config_hash or config_hash(report.config)})", "restore it, or use --overwrite to start afresh "
+        f"with the config given", f"restore it (the run's config is in {REPORT}), or train the edited config as a "
+        f"run of its own: tiedlm train --config {path} --out {Path(run_dir).parent} --name {Path(run_dir).name}-edited")
 
 
 def _config_data(run_dir: Path) -> dict | None:
@@ -487,6 +512,8 @@ def existing_state(run_dir: Path, cfg: Config) -> str:
             raise RunError(f"{run_dir} exists but is not a tiedlm run (it holds {', '.join(sorted(leftovers)[:3])}) "
                            "— choose another --name, or --overwrite to replace it")
         return "new"
+    if old is not None and (stored := _report_config(old)[0]) is not None:  # not rebuilt: a newer key, said below
+        check_config_unedited(run_dir, stored, report)
     if old is not None:
         skip = operational_keys(cfg)
         differ = [k for k in diff_keys(old, to_dict(cfg)) if k not in skip]
