@@ -164,6 +164,22 @@ def test_a_tuned_compare_leaves_no_record_beside_other_runs_or_after_seeds_auto(
     assert any("sequential design (--seeds auto)" in n for n in c.notes)
 
 
+def test_an_earlier_commands_record_is_not_called_absent(tmp_path, stand_in):
+    """A second tuned command into a folder whose tuning.json an earlier one wrote: its own record
+    is not written (the folder holds the other's runs), and its note says the record there is the
+    earlier command's, never that no tuning.json was left."""
+    runs = tmp_path / "runs"
+    compare(tmp_path, stand_in, match=None, tune=["train.lr=2e-3"], seeds=2)
+    before = (runs / "tuning.json").read_text()
+    c = C.compare_config(config(tmp_path), ["train.warmup_steps=3"], seeds=2, match=None, tune=["train.lr=2e-3"],
+                         runs_dir=runs, progress=False, train=stand_in.train)
+    assert (runs / "tuning.json").read_text() == before
+    notes = [n for n in c.notes if "tuning.json" in n]
+    assert len(notes) == 1 and "no tuning.json was left" not in notes[0]
+    assert notes[0].startswith("this command's tuning.json was not written: ")
+    assert f"the tuning.json in {runs} is an earlier command's and speaks for its runs, not these" in notes[0]
+
+
 def test_only_the_depth_or_width_a_match_would_choose_is_taken_for_one(tmp_path, stand_in):
     """found_match on a --match comparison's variants, then with the grown one a layer deeper, with
     another block size (a key that is neither grown nor tuned), and without the untied one."""

@@ -253,6 +253,10 @@ def _leave_record(req: CompareRequest, found: Found, chosen: list[Path], extra: 
     else:
         write_record(req.runs_dir, found.tuning, sorted(d.name for d in chosen), sorted(d.name for d in extra))
         return None
+    if (req.runs_dir / RECORD).exists():  # an earlier command's record, left alone: say it is not this one's
+        return (f"this command's {RECORD} was not written: {why}; the {RECORD} in {req.runs_dir} is an earlier "
+                f"command's and speaks for its runs, not these — give this command its own --out to have a record "
+                "of its own")
     return (f"no {RECORD} was left in the runs folder: {why}; `tiedlm compare` of the folder would compare every "
             f"tuning run as a variant of its own — give this command its own --out to have one")
 
