@@ -59,3 +59,14 @@ def test_norm_eps_below_what_float32_holds_is_refused(arch):
     with pytest.raises(ConfigError, match=r"model.norm_eps must be at least 1.2e-38 .*got 1e-300 — norms use 1e-5"):
         load_config(None, TINY + [f"model.arch={arch}", "model.norm_eps=1e-300"])
     assert load_config(None, TINY + [f"model.arch={arch}", "model.norm_eps=1e-12"]).model.norm_eps == 1e-12
+
+
+def test_a_tuning_grid_never_steps_past_the_bounds_the_config_check_sets():
+    """A grid at rope_theta 2 extended downwards goes halfway to 1, never to 1 or below; norm_eps's
+    floor is float32's smallest normal number, as the check's."""
+    from tiedlm.checks import NORM_EPS_MIN
+    from tiedlm.tuning_spec import BOUNDS, extend_value
+
+    low = extend_value([2.0, 4.0], 2.0, -1, False, BOUNDS["model.rope_theta"])
+    assert low is not None and 1.0 < low < 2.0
+    assert BOUNDS["model.norm_eps"][0] == NORM_EPS_MIN

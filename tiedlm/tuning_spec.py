@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .checks import NORM_EPS_MIN, ROPE_THETA_MAX, ROPE_THETA_MIN
 from .errors import ConfigError
 
 EXTEND_LIMIT = 3  # steps past each edge of the grid, per variant and axis
@@ -49,8 +50,8 @@ BOUNDS: dict[str, tuple] = {
     "model.dropout": (0.0, True, 1.0, False),
     "model.untie_at": (0.0, False, 1.0, False),
     "model.tie_strength": (0.0, True, None, False),  # soft, pull: 0 is the untied end of the dial
-    "model.norm_eps": (0.0, False, None, False),
-    "model.rope_theta": (0.0, False, None, False),
+    "model.norm_eps": (NORM_EPS_MIN, True, 1.0, True),
+    "model.rope_theta": (ROPE_THETA_MIN, False, ROPE_THETA_MAX, False),  # checks.py says why
     "train.lr": (0.0, False, None, False),
     "train.min_lr": (0.0, True, None, False),
     "train.min_lr_ratio": (0.0, True, 1.0, True),
