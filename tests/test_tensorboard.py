@@ -234,6 +234,12 @@ def test_cli_train_compare_and_backfill_write_event_files(tmp_path):
     assert r.exit_code == 0, r.output
     assert f"tensorboard --logdir {root}" in r.stdout
     assert events(root / "t-s1")[0]["train/loss"] == expected_scalars(root / "t-s1")["train/loss"]
+    # the comparison written elsewhere: the command names where the runs' tb/ folders are, not --out
+    elsewhere = tmp_path / "elsewhere"
+    r = CliRunner().invoke(app, ["compare", str(root / "t-s0"), str(root / "t-s1"), "--out", str(elsewhere),
+                                 "--tensorboard"])
+    assert r.exit_code == 0, r.output
+    assert f"runs: tensorboard --logdir {root}\n" in r.stdout and f"--logdir {elsewhere}" not in r.stdout
     r = CliRunner().invoke(app, ["tensorboard", str(root / "t-s*")])
     assert r.exit_code == 0 and r.stdout.count("wrote ") == 2 and f"--logdir {root}" in r.stdout
     r = CliRunner().invoke(app, ["tensorboard", str(tmp_path)])

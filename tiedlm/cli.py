@@ -375,11 +375,8 @@ def tensorboard_(
     """Write TensorBoard event files (tb/) for runs from their metrics.jsonl and report.json."""
 
     def go():
-        import os
-        import shlex
-
         from .runs import expand_runs
-        from .tensorboard import backfill_many, left_alone_lines
+        from .tensorboard import backfill_many, left_alone_lines, logdir_of
 
         left_alone: list = []
         written = backfill_many(expand_runs(runs_), left_alone)
@@ -388,9 +385,7 @@ def tensorboard_(
         for line in left_alone_lines(left_alone):
             typer.echo(line)
         if written:
-            # the folder the runs share; '' when they are folders of the working directory (cd runs)
-            logdir = os.path.commonpath([str(p.parent.parent) for p in written]) or "."
-            typer.echo(f"view them side by side: tensorboard --logdir {shlex.quote(logdir)}")
+            typer.echo(f"view them side by side: tensorboard --logdir {logdir_of(written)}")
 
     run_command(go, reads_runs=True)
 
@@ -540,11 +535,12 @@ def compare(
         result = compare(req)
         typer.echo(format_terminal_table(result))
         if tensorboard:
-            from .tensorboard import backfill_many, left_alone_lines
+            from .tensorboard import backfill_many, left_alone_lines, logdir_of
 
             left_alone: list = []
             written = backfill_many([Path(r.path) for r in result.runs], left_alone)
-            typer.echo(f"wrote TensorBoard event files for {len(written)} runs: tensorboard --logdir {out}")
+            view = f": tensorboard --logdir {logdir_of(written)}" if written else ""
+            typer.echo(f"wrote TensorBoard event files for {len(written)} runs{view}")
             for line in left_alone_lines(left_alone):
                 typer.echo(line)
         failures = result.train_failures

@@ -312,3 +312,12 @@ def backfill_many(paths: Iterable[Path], left_alone: list[Path] | None = None) -
         if (tb.is_symlink() or tb.exists()) and not tb.is_dir():
             clear_events(tb)  # refuses it
     return [backfill(run_dir, left_alone) for run_dir in todo.values()]
+
+
+def logdir_of(written: list[Path]) -> str:
+    """The folder the runs of these event files (each run/tb/events…) share, for `tensorboard
+    --logdir`, quoted for a shell; '.' when they are folders of the working directory."""
+    import os
+    import shlex
+
+    return shlex.quote(os.path.commonpath([str(Path(p).parent.parent) for p in written]) or ".")
