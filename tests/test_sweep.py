@@ -385,3 +385,51 @@ def test_a_tuned_sweep_tunes_each_grid_point_and_trains_every_seed_at_its_choice
     assert not (tmp_path / "runs" / "tuning.json").exists()
     with pytest.raises(Exception, match="chooses its runs as it goes"):
         run_sweep(load_grid(grid), dry_run=True)
+
+
+@pytest.mark.parametrize("body, message", [
+    ("grid:\n  train.lr: [0.1, 0.10]\n",
+     "grid: train.lr repeats the value 0.1 (values are compared as numbers: 0.1 and 0.10, or 1 and 1.0, are one) — "
+     "give each value once"),
+    ("grid:\n  train.lr: [1, 1.0]\n", "grid: train.lr repeats the value 1 (as 1.0) (values are compared as numbers"),
+    ("grid:\n  sched:\n    - {train.lr: 0.1, train.warmup_steps: 10}\n    - {train.lr: 0.10, train.warmup_steps: 10}\n",
+     "grid: sched repeats the value"),
+    ("grid:\n  model.n_kv_head: [null, null]\n", "grid: model.n_kv_head repeats the value null — give each value once"),
+    ('out: ""\n', "out: is empty ('') — give the runs folder (relative to the grid file), or leave out: out for runs/ "
+                  "in the working directory"),
+    ('out: "  "\n', "out: is empty ('  ')"),
+    ("seeds: 100000\n", "seeds: must be at most 1,000, got 100,000 (each seed trains every grid point once more) — "
+                        "lower it"),
+    (f"seeds: {list(range(1001))}\n", "seeds: lists 1,001 seeds, more than 1,000"),
+])
+def test_a_grid_that_would_train_a_run_twice_write_to_runs_or_queue_100000_seeds_is_refused(tmp_path, monkeypatch,
+                                                                                            body, message):
+    """One line, exit 2, nothing trained or written: [0.1, 0.10] was one run trained twice under two
+    names; out: "" became runs/; seeds: 100000 was accepted (compare --config caps --seeds at 1,000)."""
+    from typer.testing import CliRunner
+
+    from tiedlm.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    grid = write_grid(tmp_path, "config: ../configs/base.yaml\nset: [train.max_steps=1]\n" + body)
+    r = CliRunner().invoke(app, ["sweep", str(grid), "--dry-run"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and message in r.stderr
+    assert "Traceback" not in r.output and r.stdout == ""
+    assert not (tmp_path / "runs").exists()
+
+
+def test_two_values_that_make_one_config_are_refused_naming_both_points(tmp_path):
+    """n_kv_head equal to n_head is multi-head attention, the config's one form of n_kv_head unset."""
+    grid = load_grid(write_grid(tmp_path, "config: ../configs/base.yaml\nset: [model.arch=llama, model.bias=false]\n"
+                                          "grid:\n  model.n_kv_head: [null, 1, 2]\n"))
+    with raises_exactly(ConfigError, match=r"grid points model.n_kv_head=null and model.n_kv_head=2 give one config — "
+                                           r"the same run would train twice under two names; give each value once"):
+        sweep_commands(grid)
+
+
+def test_the_sweep_s_seed_cap_is_compare_s():
+    from tiedlm import sweep
+    from tiedlm.compare import plan
+
+    assert sweep.SEEDS_LIMIT == plan.SEEDS_LIMIT == 1000

@@ -39,6 +39,9 @@ from .formatting import shown_text
 from .slurm import check_slurm_option, read_slurm_block
 
 GRID_KEYS = ("config", "set", "grid", "seeds", "out", "name", "slurm", "tune")
+# The most seeds a sweep trains at each point: a typo (seeds: 100000) would queue that many trainings
+# of every point. compare --config's --seeds has the same cap (tests/test_sweep.py checks the two agree).
+SEEDS_LIMIT = 1000
 
 
 @dataclass
@@ -118,12 +121,34 @@ def _overrides(path: Path, data: dict) -> tuple[list[str], dict[str, list]]:
             raise _fail(path, f"grid: {key} mixes mappings and single values — give one or the other")
         else:
             parse_override(f"{key}=")
+        _check_no_repeat(path, str(key), values)
         grid[str(key)] = values
     keys = [k for axis, vals in grid.items() for k in (vals[0] if isinstance(vals[0], dict) else [axis])]
     twice = sorted({str(k) for k in keys if keys.count(k) > 1})
     if twice:
         raise _fail(path, f"grid: {', '.join(twice)} is set on two axes — give it on one")
     return list(sets), grid
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two grid values are one value: equal as what YAML read (0.1 and 0.10 are one float, 1
+    and 1.0 one number), true and 1 not; a paired axis' points key by key."""
+    if isinstance(a, dict) or isinstance(b, dict):
+        return isinstance(a, dict) and isinstance(b, dict) and list(a) == list(b) and all(
+            _same_value(a[k], b[k]) for k in a)
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
+def _check_no_repeat(path: Path, key: str, values: list) -> None:
+    """Refuse an axis that gives one value twice: it would train one run twice under two names."""
+    for i, value in enumerate(values):
+        earlier = [other for other in values[:i] if _same_value(value, other)]
+        if earlier:
+            shown, again = _one_line_value(earlier[0]), _one_line_value(value)
+            shown += f" (as {again})" if again != shown else ""
+            numbers = " (values are compared as numbers: 0.1 and 0.10, or 1 and 1.0, are one)" if isinstance(
+                value, (int, float)) and not isinstance(value, bool) else ""
+            raise _fail(path, f"grid: {key} repeats the value {shown}{numbers} — give each value once")
 
 
 def _point(combo: tuple, axes: list[str]) -> dict[str, Any]:
@@ -138,10 +163,16 @@ def _seeds(path: Path, seeds: Any) -> list[int]:
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         if seeds < 1:
             raise _fail(path, f"seeds: a count must be at least 1, got {seeds}")
+        if seeds > SEEDS_LIMIT:
+            raise _fail(path, f"seeds: must be at most {SEEDS_LIMIT:,}, got {seeds:,} (each seed trains every grid "
+                              "point once more) — lower it")
         seeds = list(range(seeds))
     if (not isinstance(seeds, list) or not seeds
             or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
         raise _fail(path, "seeds: must be a list of integers, e.g. [0, 1, 2], or a count")
+    if len(seeds) > SEEDS_LIMIT:
+        raise _fail(path, f"seeds: lists {len(seeds):,} seeds, more than {SEEDS_LIMIT:,} (each seed trains every grid "
+                          "point once more) — give fewer")
     if len(set(seeds)) != len(seeds):
         raise _fail(path, f"seeds: {seeds} repeats a seed")
     return list(seeds)
@@ -163,7 +194,10 @@ def load_grid(path: str | Path) -> Grid:
                           "relative to the grid file)")
     sets, grid = _overrides(path, data)
     seeds = _seeds(path, data.get("seeds", [0]))
-    out = Path(os.path.normpath(here / str(data["out"]))) if data.get("out") else Path("runs")
+    if "out" in data and data["out"] is not None and not str(data["out"]).strip():
+        raise _fail(path, f"out: is empty ({data['out']!r}) — give the runs folder (relative to the grid file), or "
+                          "leave out: out for runs/ in the working directory")
+    out = Path(os.path.normpath(here / str(data["out"]))) if data.get("out") is not None else Path("runs")
     name = data.get("name")
     if name is not None and (not isinstance(name, str) or not name):
         raise _fail(path, "name: must be a string (the prefix of the run names)")
@@ -186,23 +220,27 @@ def load_grid(path: str | Path) -> Grid:
 
 def expand(grid: Grid) -> list[SweepRun]:
     """Every (grid point, seed) of the sweep as a resolved config and a unique, readable name."""
-    from .config import load_config
+    from .config import load_config, to_yaml
 
     axes = list(grid.grid)
     points = [_point(combo, axes) for combo in itertools.product(*(grid.grid[k] for k in axes))]
     short = short_keys(list(dict.fromkeys(k for p in points for k in p)))
     runs: list[SweepRun] = []
     names: set[str] = set()
+    seen: dict[str, dict[str, Any]] = {}  # a resolved config's YAML -> the first point that gave it
     for point in points:
         sets = list(grid.set) + [f"{k}={yaml_value(v)}" for k, v in point.items()]
         for seed in grid.seeds:
             try:
                 cfg = load_config(grid.config, sets, seed=seed)
             except ConfigError as exc:
-                where = ", ".join(f"{k}={_one_line_value(v)}" for k, v in point.items()) or "the base config"
-                raise ConfigError(f"{grid.path}: grid point {where}: {exc}") from None
+                raise ConfigError(f"{grid.path}: grid point {_where(point)}: {exc}") from None
             prefix = grid.name or cfg.name
             label = "-".join(f"{short[k]}={scalar(v)}" for k, v in point.items())
+            first = seen.setdefault(to_yaml(cfg), point)
+            if first is not point:  # two values the config reads alike (n_kv_head = n_head and none): one run
+                raise ConfigError(f"{grid.path}: grid points {_where(first)} and {_where(point)} give one config — "
+                                  "the same run would train twice under two names; give each value once")
             name = sanitize("-".join(p for p in (prefix, label, f"s{seed}") if p))
             if name in names:  # two values that sanitise alike: make the name unique, stably
                 digest = hashlib.sha256(repr(sorted(point.items(), key=str)).encode()).hexdigest()[:6]
@@ -210,6 +248,10 @@ def expand(grid: Grid) -> list[SweepRun]:
             names.add(name)
             runs.append(SweepRun(name=name, seed=seed, overrides=sets, point=point, cfg=cfg))
     return runs
+
+
+def _where(point: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_one_line_value(v)}" for k, v in point.items()) or "the base config"
 
 
 def _one_line_value(value: Any) -> str:
@@ -378,7 +420,7 @@ def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, job
     from .jobs import Executor
     from .plan import RunSource, Stage
     from .train import train_run
-    from .tuning import TuningSearch, point_label, point_overrides, point_tag
+    from .tuning import TuningSearch, point_label, point_overrides
     from .tuning_record import check_record_target, write_record
 
     check_record_target(grid.out)  # refused: nothing trained
@@ -404,7 +446,7 @@ def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, job
         for (tag, _), point, v in zip(variants, points, tuning.variants):
             if v.chosen is None:
                 continue
-            label = point_tag(v.chosen.point, tuned_short)
+            label = sanitize(point_label(v.chosen.point, tuned_short))
             for seed in grid.seeds:
                 final.append((v, point, seed, source.run(f"{tag}-{label}", v.overrides + point_overrides(
                     v.chosen.point, tuning.schedule), seed)))
