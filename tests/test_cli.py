@@ -294,3 +294,44 @@ def test_names_tiedlm_builds_follow_the_run_name_rule(tiny_yaml):
     assert_one_line_error(r, "holds ','")
     r = invoke("train", "--config", tiny_yaml, "--name", "base-n_embd=256_lr=1e+3-tied-s0", "--print-config")
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("args, code", [
+    (["train", "--set", "model.n_head=3"], 2),  # a ConfigError
+    (["eval", "{tmp}/nothing"], 2),  # a path that is not a run
+    (["train", "--out", "{tmp}/afile/runs", "--quiet"], 1),  # a runs folder under a file: an OSError
+])
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(tiny_yaml, tmp_path, args, code):
+    """--debug made every exit code 1 (the exception left the command uncaught)."""
+    (tmp_path / "afile").write_text("x")
+    args = [a.format(tmp=tmp_path) for a in args]
+    if args[0] == "train":
+        args[1:1] = ["--config", str(tiny_yaml)]
+    plain = subprocess.run([sys.executable, "-m", "tiedlm", *args], capture_output=True, text=True, timeout=120)
+    debug = subprocess.run([sys.executable, "-m", "tiedlm", "--debug", *args], capture_output=True, text=True,
+                           timeout=120)
+    assert plain.returncode == code and "Traceback" not in plain.stderr, plain.stderr
+    assert debug.returncode == code, debug.stderr
+    assert "Traceback (most recent call last)" in debug.stderr and "tiedlm: error:" not in debug.stderr
+
+
+@pytest.mark.parametrize("inside", [False, True])
+@pytest.mark.parametrize("command", ["list", "clear"])
+def test_a_token_cache_that_is_a_file_is_refused_in_one_line(tmp_path, monkeypatch, command, inside):
+    """TIEDLM_CACHE at a file (or under one) listed "(empty)" and cleared "0 items"; the file is kept."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("keep")
+    root = blocker / "cache" if inside else blocker
+    monkeypatch.setenv("TIEDLM_CACHE", str(root))
+    r = invoke("cache", command)
+    where = "is inside " + str(blocker) + ", which is" if inside else "is"
+    assert_one_line_error(r, f"TIEDLM_CACHE {root} {where} not a folder — point TIEDLM_CACHE at a folder (it is "
+                             "made if missing), or unset it for ~/.cache/tiedlm")
+    assert r.stdout == "" and blocker.read_text() == "keep"
+
+
+def test_a_missing_token_cache_is_an_empty_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "not-yet"))
+    r = invoke("cache", "list")
+    assert r.exit_code == 0 and "(empty)" in r.stdout
+    assert invoke("cache", "clear").exit_code == 0

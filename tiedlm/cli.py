@@ -97,14 +97,24 @@ def _silence_closed_streams() -> None:
     os.close(devnull)
 
 
+def _traceback_and_exit(code: int) -> None:
+    """--debug: the traceback of the exception being handled, on stderr, and the exit code the
+    command has without --debug (an uncaught exception would make every code 1)."""
+    import traceback
+
+    traceback.print_exc()
+    raise typer.Exit(code)
+
+
 def run_command(fn: Callable[[], object], reads_runs: bool = False) -> object:
     """Call fn; map expected failures to one line on stderr and an exit code. `reads_runs`: the
-    command only reads runs, so a damaged run's fix is not train's --overwrite (DamagedRunError)."""
+    command only reads runs, so a damaged run's fix is not train's --overwrite (DamagedRunError).
+    With --debug, the traceback instead of the line, and the same exit code."""
     try:
         return fn()
     except TiedlmError as exc:
         if _state["debug"]:
-            raise
+            _traceback_and_exit(exc.exit_code)
         from .errors import DamagedRunError
 
         text = exc.for_reader() if reads_runs and isinstance(exc, DamagedRunError) else str(exc)
@@ -112,7 +122,7 @@ def run_command(fn: Callable[[], object], reads_runs: bool = False) -> object:
         _fail(text.splitlines()[0] if text else type(exc).__name__, exc.exit_code, same_on_every_rank=alike)
     except KeyboardInterrupt:
         if _state["debug"]:
-            raise
+            _traceback_and_exit(130)
         _fail("interrupted", 130)
     except BrokenPipeError:
         # The reader of our output went away (`tiedlm ... | head -1`). The work itself is done and
@@ -121,7 +131,7 @@ def run_command(fn: Callable[[], object], reads_runs: bool = False) -> object:
         raise typer.Exit(0)
     except OSError as exc:  # a path that cannot be written, a full disk: no traceback for those
         if _state["debug"]:
-            raise
+            _traceback_and_exit(1)
         from .files import os_error_line
 
         _fail(os_error_line(exc), 1, same_on_every_rank=False)
@@ -406,15 +416,35 @@ def data(
     run_command(go)
 
 
+def _cache_folder() -> Path:
+    """The token cache's folder, refused (one line, exit 2) where it or a folder above it is a file:
+    there is nothing to list or clear there, not an empty cache."""
+    import os
+
+    from .data import cache_root
+
+    root = cache_root()
+    where = f"TIEDLM_CACHE {root}" if os.environ.get("TIEDLM_CACHE") else f"the token cache {root}"
+    for path in (root, *root.parents):
+        if os.path.lexists(path):
+            if not path.is_dir():
+                what = "is" if path == root else f"is inside {path}, which is"
+                raise ConfigError(f"{where} {what} not a folder — point TIEDLM_CACHE at a folder (it is made "
+                                  "if missing), or unset it for ~/.cache/tiedlm")
+            break
+    return root
+
+
 @cache_app.command("list")
 def cache_list() -> None:
     """List the prepared datasets in the token cache."""
 
     def go():
-        from .data import cache_entries, cache_root
+        from .data import cache_entries
 
+        root = _cache_folder()
         entries = cache_entries()
-        typer.echo(f"cache: {cache_root()}")
+        typer.echo(f"cache: {root}")
         if not entries:
             typer.echo("(empty)")
         total = 0
@@ -436,6 +466,7 @@ def cache_clear() -> None:
     def go():
         from .data import clear_cache
 
+        _cache_folder()
         done = clear_cache()
         n = len(done.removed)  # paths: an entry, or one of the files and folders `datasets` made
         typer.echo(f"cleared {done.root}: {n} item{'s' * (n != 1)} removed, {done.freed_bytes / 2**20:.1f} MiB freed")
