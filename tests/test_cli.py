@@ -324,9 +324,8 @@ def test_a_token_cache_that_is_a_file_is_refused_in_one_line(tmp_path, monkeypat
     root = blocker / "cache" if inside else blocker
     monkeypatch.setenv("TIEDLM_CACHE", str(root))
     r = invoke("cache", command)
-    where = "is inside " + str(blocker) + ", which is" if inside else "is"
-    assert_one_line_error(r, f"TIEDLM_CACHE {root} {where} not a folder — point TIEDLM_CACHE at a folder (it is "
-                             "made if missing), or unset it for ~/.cache/tiedlm")
+    assert_one_line_error(r, f"the token cache {root} is not a folder (it, or a folder above it, is a file) — point "
+                             "TIEDLM_CACHE at a folder (made if missing), or unset it for ~/.cache/tiedlm")
     assert r.stdout == "" and blocker.read_text() == "keep"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -97,32 +98,27 @@ def _silence_closed_streams() -> None:
     os.close(devnull)
 
 
-def _traceback_and_exit(code: int) -> None:
-    """--debug: the traceback of the exception being handled, on stderr, and the exit code the
-    command has without --debug (an uncaught exception would make every code 1)."""
-    import traceback
-
-    traceback.print_exc()
-    raise typer.Exit(code)
+def _traceback_if_debug(code: int) -> None:
+    """--debug: the traceback on stderr, and the exit code the command has without it (not always 1)."""
+    if _state["debug"]:
+        traceback.print_exc()
+        raise typer.Exit(code)
 
 
 def run_command(fn: Callable[[], object], reads_runs: bool = False) -> object:
     """Call fn; map expected failures to one line on stderr and an exit code. `reads_runs`: the
-    command only reads runs, so a damaged run's fix is not train's --overwrite (DamagedRunError).
-    With --debug, the traceback instead of the line, and the same exit code."""
+    command only reads runs, so a damaged run's fix is not train's --overwrite (DamagedRunError)."""
     try:
         return fn()
     except TiedlmError as exc:
-        if _state["debug"]:
-            _traceback_and_exit(exc.exit_code)
+        _traceback_if_debug(exc.exit_code)
         from .errors import DamagedRunError
 
         text = exc.for_reader() if reads_runs and isinstance(exc, DamagedRunError) else str(exc)
         alike = isinstance(exc, (ConfigError, Interrupted)) or exc.exit_code in (2, 130, 143)
         _fail(text.splitlines()[0] if text else type(exc).__name__, exc.exit_code, same_on_every_rank=alike)
     except KeyboardInterrupt:
-        if _state["debug"]:
-            _traceback_and_exit(130)
+        _traceback_if_debug(130)
         _fail("interrupted", 130)
     except BrokenPipeError:
         # The reader of our output went away (`tiedlm ... | head -1`). The work itself is done and
@@ -130,8 +126,7 @@ def run_command(fn: Callable[[], object], reads_runs: bool = False) -> object:
         _silence_closed_streams()
         raise typer.Exit(0)
     except OSError as exc:  # a path that cannot be written, a full disk: no traceback for those
-        if _state["debug"]:
-            _traceback_and_exit(1)
+        _traceback_if_debug(1)
         from .files import os_error_line
 
         _fail(os_error_line(exc), 1, same_on_every_rank=False)
@@ -417,21 +412,13 @@ def data(
 
 
 def _cache_folder() -> Path:
-    """The token cache's folder, refused (one line, exit 2) where it or a folder above it is a file:
-    there is nothing to list or clear there, not an empty cache."""
-    import os
-
+    """The token cache, refused where it or a folder above it is a file: not an empty cache."""
     from .data import cache_root
 
     root = cache_root()
-    where = f"TIEDLM_CACHE {root}" if os.environ.get("TIEDLM_CACHE") else f"the token cache {root}"
-    for path in (root, *root.parents):
-        if os.path.lexists(path):
-            if not path.is_dir():
-                what = "is" if path == root else f"is inside {path}, which is"
-                raise ConfigError(f"{where} {what} not a folder — point TIEDLM_CACHE at a folder (it is made "
-                                  "if missing), or unset it for ~/.cache/tiedlm")
-            break
+    if any(p.is_file() for p in (root, *root.parents)):
+        raise ConfigError(f"the token cache {root} is not a folder (it, or a folder above it, is a file) — point "
+                          "TIEDLM_CACHE at a folder (made if missing), or unset it for ~/.cache/tiedlm")
     return root
 
 
@@ -442,19 +429,14 @@ def cache_list() -> None:
     def go():
         from .data import cache_entries
 
-        root = _cache_folder()
+        typer.echo(f"cache: {_cache_folder()}")
         entries = cache_entries()
-        typer.echo(f"cache: {root}")
-        if not entries:
-            typer.echo("(empty)")
-        total = 0
         for e in entries:
-            total += e.get("bytes") or 0
             tokens = f"{e['tokens']:,} tokens" if e.get("tokens") is not None else ""
             typer.echo(f"  {e.get('kind', ''):<9} {str(e.get('source', ''))[:48]:<48} {e.get('split') or '':<10} "
                        f"{str(e.get('tokenizer') or ''):<14} {tokens:>16} {(e.get('bytes') or 0) / 2**20:8.1f} MiB")
-        if entries:
-            typer.echo(f"  {len(entries)} entries, {total / 2**20:.1f} MiB")
+        total = sum(e.get("bytes") or 0 for e in entries)
+        typer.echo(f"  {len(entries)} entries, {total / 2**20:.1f} MiB" if entries else "(empty)")
 
     run_command(go)
 
