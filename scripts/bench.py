@@ -3,7 +3,7 @@
 llama shapes, LlamaForCausalLM) of the same dimensions, tied and untied; against the machine's own
 fp32 matmul rate measured in the same run.
 
-    python scripts/bench.py                  # the README's tables, and bench.json beside this script
+    python scripts/bench.py                  # docs/studies/benchmarks.md's tables, and bench.json beside this script
     python scripts/bench.py --quick          # tiny shapes, one step each (what the test runs)
     python scripts/bench.py --device cuda --dtype bf16
     python scripts/bench.py --steps 2 --rounds 3 --no-extra   # the shapes' tables alone, shorter
@@ -36,7 +36,7 @@ step: the share of the matmul rate the step would reach were everything else in 
 The bench's process sets glibc's malloc as the tiedlm command does (device.keep_freed_memory: freed
 memory kept for the next step) for every model it times, so both sides run on the same allocator;
 `TIEDLM_KEEP_FREED=0` times them all with malloc as it comes, where the others' fresh logits each
-step cost them a third or more (docs/benchmarks.md).
+step cost them a third or more (docs/studies/benchmarks.md).
 Peak memory is measured in a fresh process per case (its peak resident set, VmHWM, on a CPU,
 torch.cuda.max_memory_allocated on CUDA).
 """

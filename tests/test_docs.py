@@ -13,9 +13,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tiedlm"
 README = ROOT / "README.md"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+DOCS_INDEX = ROOT / "docs" / "README.md"
+# the reference pages in docs/, the studies in docs/studies/
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 
-README_MAX_LINES = 260
+README_MAX_LINES = 150
 MAIN_JOB = "pip install -e . && tiedlm compare --config configs/shakespeare.yaml --seeds 3"
 
 # Code spans that read like module.attr but are neither a module reference nor a config key:
@@ -116,11 +118,39 @@ def test_the_slugs_are_githubs():
     assert slug("`tiedlm data --config X`") == "tiedlm-data---config-x"
 
 
-def test_every_docs_page_is_linked_from_the_readme():
-    prose, _ = split_fences(README.read_text(encoding="utf-8"))
-    linked = {(ROOT / t.partition("#")[0]).resolve() for t in links(prose) if not t.startswith("#")}
-    missing = [p.name for p in PAGES[1:] if p.name != "README.md" and p.resolve() not in linked]
-    assert not missing, f"docs pages the README's Documentation list does not link: {missing}"
+def linked_pages(page: Path) -> set[Path]:
+    prose, _ = split_fences(page.read_text(encoding="utf-8"))
+    return {(page.parent / t.partition("#")[0]).resolve() for t in links(prose)
+            if not t.startswith("#") and not re.match(r"[a-z][a-z0-9+.-]*:", t, re.I)}
+
+
+def test_every_docs_page_is_in_the_index_and_the_readme_links_the_index():
+    """docs/README.md is the index: it links every page in docs/ and docs/studies/, and the README
+    links it."""
+    assert DOCS_INDEX.resolve() in linked_pages(README), "README.md does not link docs/README.md"
+    indexed = linked_pages(DOCS_INDEX)
+    missing = [str(p.relative_to(ROOT)) for p in PAGES[1:] if p != DOCS_INDEX and p.resolve() not in indexed]
+    assert not missing, f"docs pages the index docs/README.md does not link: {missing}"
+
+
+def test_the_index_splits_reference_from_studies():
+    """The index has two headed lists: the reference pages (docs/*.md) under "Reference" and the
+    studies (docs/studies/*.md) under "Studies"."""
+    text = DOCS_INDEX.read_text(encoding="utf-8")
+    heads = [m.start() for m in re.finditer(r"^## (Reference|Studies)\s*$", text, re.M)]
+    assert len(heads) == 2, "docs/README.md needs a '## Reference' and a '## Studies' section"
+    ref_at = text.index("## Reference")
+    studies_at = text.index("## Studies")
+    assert ref_at < studies_at
+    reference, studies = text[ref_at:studies_at], text[studies_at:]
+    for page in PAGES[1:]:
+        if page == DOCS_INDEX:
+            continue
+        rel = page.relative_to(ROOT / "docs").as_posix()
+        if rel.startswith("studies/"):
+            assert f"]({rel})" in studies and f"]({rel})" not in reference, rel
+        else:
+            assert f"]({rel})" in reference and f"]({rel})" not in studies, rel
 
 
 # ------------------------------------------------------------------------------- module references

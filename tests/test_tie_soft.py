@@ -221,7 +221,7 @@ def trajectory(run):
 
 def test_strength_orders_the_distance_on_a_run(tiny, tmp_path):
     """‖W_out − E‖ logged at every log step: λ = 0 lets it grow, λ = 1 holds it, λ = 100 and 1000
-    pull it back towards 0 (measured trajectories: docs/tying-map.md, soft)."""
+    pull it back towards 0 (measured trajectories: docs/tie-modes.md, soft)."""
     common = ["train.max_steps=20", "train.lr=1e-2", "train.eval_every=0", "train.checkpoint_every=0", *SOFT]
     paths = {lam: train_run_quiet(tiny(*common, f"model.tie_strength={lam}"), tmp_path, f"l{lam}")
              for lam in (0, 1, 100, 1000)}
@@ -390,7 +390,7 @@ def test_pull_moves_both_towards_their_mean_after_the_step():
 def test_pull_at_zero_is_untied_from_e_and_a_strong_pull_keeps_one_matrix(arch):
     """λ = 0 is soft at λ = 0 to the bit; lr·λ ≥ 1/2 averages W_out and E after every step, so
     they stay one matrix (to rounding), moved by the mean of their two Adam steps. How close that is
-    to tied's loss is measured on the main job (docs/tying-map.md), not asserted here."""
+    to tied's loss is measured on the main job (docs/tie-modes.md), not asserted here."""
     torch.manual_seed(0)
     zero = GPT(pull_cfg(0.0, arch), V)
     soft = build(arch, 0.0)

@@ -21,7 +21,7 @@ from .errors import ConfigError
 # another process holds a core, that spinning takes the time the other thread needs and a step
 # slows by several times. This count took a step beside a 2-thread job from 3.7x its quiet time
 # to 2.8x at no measured quiet cost, where PASSIVE (no spinning) cost 21% quiet
-# (docs/benchmarks.md, `scripts/bench.py --under-load`); train.threads: auto does the rest.
+# (docs/studies/benchmarks.md, `scripts/bench.py --under-load`); train.threads: auto does the rest.
 SPIN_COUNT = "10000"
 # A user's choice of OpenMP wait behaviour, which tiedlm never overrides.
 _WAIT_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
@@ -29,7 +29,7 @@ _WAIT_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 # of threads (by default it splits a long inner dimension between threads and adds the halves, so
 # the thread count changed a run's weights). With norms.LayerNorm a training step is then the same
 # on 1 or N threads, which lets train.threads: auto follow the load mid-run (tiedlm.threads). It
-# costs 5-12% of a one-thread step, within noise on two (docs/benchmarks.md). MKL reads it at
+# costs 5-12% of a one-thread step, within noise on two (docs/studies/benchmarks.md). MKL reads it at
 # its first call; a user's own MKL_CBWR is kept.
 MKL_MODE = "AUTO,STRICT"
 
@@ -65,7 +65,7 @@ def set_thread_env(environ: MutableMapping[str, str] = os.environ) -> dict[str, 
 # two threads each returned block interrupts the other core too. With the threshold at
 # MAP_FROM_BYTES and the trim threshold at KEEP_FREED_BYTES a process keeps what it freed below the
 # first, up to the second, for its next allocation: 0-31 faults, a two-thread step 5-7% faster
-# and a whole run of the main job's config 3-15% less time (docs/benchmarks.md). Larger blocks are
+# and a whole run of the main job's config 3-15% less time (docs/studies/benchmarks.md). Larger blocks are
 # mapped afresh unless the heap has a free region that size: kept in the heap as a rule, they
 # fragmented it, and a GPT-2-width model's peak memory grew from 1,281 to 1,996 MiB with the
 # threshold at 1 GiB; at 64 MiB it was 1,327.

@@ -3,7 +3,7 @@ auto`, the default).
 
 Two threads on two cores that another process also wants make every parallel region wait for
 whichever thread the scheduler left out: a step slowed 2.8-4x beside one competing 2-thread job,
-where one thread slowed 1.1x (docs/benchmarks.md). The right count is the cores that other processes
+where one thread slowed 1.1x (docs/studies/benchmarks.md). The right count is the cores that other processes
 leave free, and that changes while a run trains. Changing it costs nothing in the result only where
 a step's arithmetic does not depend on the count: MKL's strict reproducible mode for the matmuls
 (`MKL_CBWR`, set by device.thread_env before torch loads) and norms.LayerNorm for the one kernel that

@@ -21,7 +21,7 @@ Split is the rank dial that reaches both ends: W_out's first r columns are a mat
 (V×r, started as E's), the other d − r columns are E's. W_out − E has rank at most r, as lowrank's
 A·Bᵀ; but those r columns get no gradient into E and do not follow E's moves, so at r = d the
 model is untied from a tied start exactly (soft at λ = 0), where lowrank at r = d stays "E plus a
-correction" (docs/tying-map.md, the rank dial).
+correction" (docs/studies/tying-map.md, the rank dial).
 
 One answer for lowrank and split at rank 0: A·Bᵀ (or W_out's own columns) has no columns and
 W_out = E exactly, so W_out *is* E there, everywhere (the model, analysis and export). It stays a
