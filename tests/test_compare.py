@@ -23,7 +23,7 @@ from tiedlm.naming import short_keys
 
 scipy_stats = pytest.importorskip("scipy.stats")  # the cross-check only; tiedlm itself needs no scipy
 
-BUDGET = ["train.max_steps=100"]
+BUDGET = ["train.max_steps=100", "train.warmup_steps=10"]
 
 
 def test_the_package_exports_what_users_call():
@@ -440,7 +440,11 @@ def test_end_to_end_writes_every_output_and_valid_pngs(tmp_path):
     assert no_nan(text)
 
     table = C.format_terminal_table(result)
-    lines = table.splitlines()
+    protocol, *lines = table.splitlines()  # untuned, final weights, on validation: said first
+    assert protocol == ("protocol: untuned (every variant at the config's own settings); final weights (not each "
+                        "run's best kept on validation); the verdict on validation (not test). The main job tunes each "
+                        "variant's learning rate on validation and compares their best kept weights on test, over 3 "
+                        "seeds (docs/comparing.md).")
     assert lines[0].split()[:5] == ["variant", "seeds", "val", "ppl", "95%"] and "vs untied" in lines[0]
     assert lines[2].startswith("untied ") and "baseline" in lines[2] and lines[3].startswith("tied ")
     assert "comparison.md" in table
@@ -456,7 +460,7 @@ def test_comparison_json_keys(tmp_path):
     assert list(data) == ["format", "tiedlm_version", "created", "out", "level", "alpha", "power", "interval",
                           "difference", "primary", "confirmation", "secondary", "select", "mode", "baseline", "differing_keys",
                           "variants", "runs", "skipped", "notes", "match", "match_contrasts", "verdicts", "data_sets", "not_compared",
-                          "matched", "files", "tuning", "tying_map", "sequential", "warnings"]
+                          "matched", "files", "tuning", "tying_map", "sequential", "warnings", "protocol"]
     assert (data["format"], data["primary"], data["confirmation"], data["mode"]) == (2, "validation", ["test"],
                                                                                      "baseline")
     tied = data["variants"][1]

@@ -64,7 +64,12 @@ def test_no_perplexity_interval_is_ever_negative(tmp_path):
             assert m.perplexity.ci_low > 0 and m.perplexity.ci_low < m.perplexity.mean < m.perplexity.ci_high
     d = result.variant("tied").contrast("validation")
     assert d.relative_ci_low > -1.0  # a ratio: never below −100%
-    assert "−" not in C.format_terminal_table(result).splitlines()[2].split("baseline")[0]
+    assert "−" not in table_lines(result)[2].split("baseline")[0]
+
+
+def table_lines(result) -> list[str]:
+    """The terminal table's lines after the protocol line (these fabricated runs are untuned)."""
+    return [line for line in C.format_terminal_table(result).splitlines() if not line.startswith("protocol: ")]
 
 
 def test_primary_endpoint_carries_the_verdict_and_the_other_split_confirms(tmp_path):
@@ -89,7 +94,7 @@ def test_primary_endpoint_carries_the_verdict_and_the_other_split_confirms(tmp_p
     md = (tmp_path / "t" / "comparison.md").read_text()
     assert ("The primary endpoint is the test loss: it alone carries the verdict. Validation is reported as "
             "confirmation, and the per-bucket differences are secondary") in md
-    assert "test ppl" in C.format_terminal_table(on_test).splitlines()[0]
+    assert "test ppl" in table_lines(on_test)[0]
 
     with raises_exactly(ConfigError, match="--primary: 'dev' must be train, validation or test"):
         C.compare_runs(runs_dir=runs, primary="dev")
@@ -184,8 +189,9 @@ def test_grid_gives_one_matched_contrast_per_setting(tmp_path):
     assert "## Tying effect per setting (validation)" in md and f"]({C.MATCHED_PLOT})" in md
     assert "| n_embd=64 |" in md and "no single baseline" in md
     table = C.format_terminal_table(result)
-    assert table.splitlines()[0].split()[:2] == ["setting", "tied"] and "V·d share" in table.splitlines()[0]
-    assert table.splitlines()[2].startswith("n_embd=64 ")
+    lines = table_lines(result)
+    assert lines[0].split()[:2] == ["setting", "tied"] and "V·d share" in lines[0]
+    assert lines[2].startswith("n_embd=64 ")
     data = _strict_json(out / "comparison.json")
     assert data["mode"] == "matched" and data["baseline"]["label"] is None
     assert [m["label"] for m in data["matched"]] == ["n_embd=64", "n_embd=128"]

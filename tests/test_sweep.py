@@ -228,7 +228,7 @@ def test_duplicate_keys_in_a_grid_file_are_refused(tmp_path):
 
 TINY_GRID = """\
 config: ../configs/base.yaml
-set: ["train.max_steps=3", "train.eval_every=0", "model.n_layer=1", "model.n_embd=16", "model.block_size=16",
+set: ["train.max_steps=3", "train.warmup_steps=1", "train.eval_every=0", "model.n_layer=1", "model.n_embd=16", "model.block_size=16",
       "train.batch_size=4", "data.synthetic.train_tokens=4000", "data.synthetic.validation_tokens=500",
       "data.synthetic.test_tokens=500", "train.device=cpu", "train.threads=1"]
 grid:

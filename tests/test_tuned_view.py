@@ -41,7 +41,7 @@ def swept(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tiedlm.model, "count_params_config", gpt2_params)
     monkeypatch.setattr(tiedlm.data, "prepare_data", lambda cfg, progress=True: types.SimpleNamespace(model_vocab_size=V))
-    (tmp_path / "base.yaml").write_text("name: base\nmodel:\n  n_head: 2\ntrain:\n  max_steps: 10\n")
+    (tmp_path / "base.yaml").write_text("name: base\nmodel:\n  n_head: 2\ntrain:\n  max_steps: 10\n  warmup_steps: 1\n")
     grid = tmp_path / "grid.yaml"
     grid.write_text("config: base.yaml\ngrid:\n  model.n_embd: [32, 64]\nseeds: 2\nout: runs\n"
                     "tune:\n  train.lr: [1.0e-3, 3.0e-3, 1.0e-2]\n")
@@ -52,7 +52,7 @@ def swept(tmp_path, monkeypatch):
 def _says_ignored(c, out: Path, why: str) -> None:
     assert len(c.warnings) == 1 and c.warnings[0].startswith(IGNORED) and why in c.warnings[0], c.warnings
     assert c.primary == "validation" and "use --primary test" in c.warnings[0]
-    terminal = format_terminal_table(c).splitlines()
+    terminal = [line for line in format_terminal_table(c).splitlines() if not line.startswith("protocol: ")]
     assert terminal[0].startswith(f"warning: {IGNORED}") and why in terminal[0]
     md = (out / "comparison.md").read_text()
     assert f"**Warning:** {IGNORED}" in md and md.index("**Warning:**") < md.index("Weights compared")

@@ -164,6 +164,16 @@ def _bucket_rows(bucket_of: np.ndarray, names: list[str], targets: np.ndarray, n
             for name, s, c in zip(names, sums, cnts)]
 
 
+def unigram_loss(train_counts: np.ndarray, targets: np.ndarray) -> float:
+    """The loss (nats per token) of the training split's unigram model on `targets`: each token's
+    training count plus one, over the training tokens plus the vocabulary (add-one smoothing, so a
+    token unseen in training costs log(N + V) rather than infinity). The cheapest model that uses
+    no context: a run that does not beat it has not learned from context."""
+    counts = np.asarray(train_counts, dtype=np.float64)
+    log_p = np.log(counts + 1.0) - math.log(float(counts.sum()) + len(counts))
+    return float(-log_p[np.asarray(targets, dtype=np.int64)].mean())
+
+
 def summarize_nll(targets: np.ndarray, nll: np.ndarray, n_tokens: int, n_bytes: int | None = None,
                   n_words: int | None = None, train_counts: np.ndarray | None = None,
                   fractions: list[float] | None = None, unk_id: int | None = None) -> dict:
@@ -182,6 +192,8 @@ def summarize_nll(targets: np.ndarray, nll: np.ndarray, n_tokens: int, n_bytes: 
         out["bits_per_byte"] = total / LN2 / (n_bytes * share)
     if n_words:
         out["word_perplexity"] = mean_perplexity(total, n_words * share)
+    if train_counts is not None and n:
+        out["unigram_loss"] = unigram_loss(train_counts, targets)
     if train_counts is not None and fractions is not None:
         out["buckets"] = _bucket_rows(*frequency_buckets(train_counts, fractions, unk_id), targets, nll)
         bucket_of, names = mass_buckets(train_counts, fractions, unk_id)

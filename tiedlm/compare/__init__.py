@@ -43,6 +43,7 @@ from ..tuning import tuned_keys
 from .collect import COMPARE_DIR, LeftOut, LoadedRun, choose_weights, discover, load_runs, no_runs_error, overtrained_notes
 from .comparison import Comparison, TrainFailure, build_comparison
 from .grid import MatchedContrast
+from .guards import guard_warnings, protocol_differences, protocol_line
 from .outputs import OVERWRITE_OPTION, check_outputs, write_outputs
 from .plan import CompareRequest, Found, train_for_comparison
 from .plots import MATCHED_PLOT, PLOTS  # noqa: F401 (the file names, for users)
@@ -173,6 +174,9 @@ def _compare_held(run_dirs: list[Path], left_out: list[LeftOut], req: CompareReq
     tuned = tuned_keys(tuning) or (record.keys if record is not None else [])
     c = build_comparison(runs, skipped, req.baseline, str(out), found.match, primary, tuned=tuned)
     c.select, c.select_reason = select, why
+    c.warnings += guard_warnings(runs, c.primary)
+    c.protocol = protocol_line(protocol_differences(select, c.primary, tuning is not None or bool(tuned),
+                                                    [v.n_seeds for v in c.variants]))
     if record is not None:
         c.notes += record.notes()
         c.warnings += record.warnings(primary)

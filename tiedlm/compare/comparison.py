@@ -123,6 +123,7 @@ class Comparison:
     sequential: Any = None  # sequential.Sequential: --seeds auto, the looks and why the seeds stopped
     tying_map: Any = None  # map_measures.MapSection: a two-key numeric grid's map, with the matrices beside it
     warnings: list[str] = field(default_factory=list)  # what changes how the verdict reads: first on every report
+    protocol: str | None = None  # how the protocol differs from the main job's (guards.protocol_line): at the top
 
     @property
     def verdicts(self) -> list[str]:
@@ -168,7 +169,7 @@ class Comparison:
             "tuning": self.tuning.to_json() if self.tuning is not None else None,
             "tying_map": self.tying_map.to_json() if self.tying_map is not None else None,
             "sequential": self.sequential.to_json() if self.sequential is not None else None,
-            "warnings": self.warnings,
+            "warnings": self.warnings, "protocol": self.protocol,
         })
 
 

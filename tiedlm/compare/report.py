@@ -92,6 +92,7 @@ def _md_intro(c: Comparison) -> list[str]:
     md = [TITLE, "",
           f"{plural(n_runs, 'finished run')} in {plural(len(c.variants), 'variant')}; {how}. "
           f"Written by tiedlm {c.tiedlm_version} on {c.created}."]
+    md += ["", f"**{c.protocol.split(':', 1)[0]}:**{c.protocol.split(':', 1)[1]}"] if c.protocol else []
     md += [line for w in c.warnings for line in ("", f"**Warning:** {w}")]
     md += ["", selection_line(c)]
     if c.differing_keys:
@@ -531,6 +532,7 @@ def format_terminal_table(c: Comparison) -> str:
     """The compact table printed after a comparison: one line per variant (per setting in a grid),
     then the verdicts and what was left out; the comparison's warnings first."""
     warnings = [f"warning: {w}".replace("`", "") for w in c.warnings]
+    warnings = ([c.protocol.replace("Protocol:", "protocol:", 1)] if c.protocol else []) + warnings
     if c.mode == "matched":
         lines = [*warnings, _matched_table(c)]
         alone = [v.label for v in c.variants if v.tied and v.vs_baseline is None]

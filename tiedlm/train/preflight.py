@@ -13,7 +13,7 @@ from .. import checkpoints, runs
 from ..config import Config
 from ..errors import ConfigError, RunError
 from ..tensorboard import TrainingLog, require
-from .optim import budget_steps, untie_step
+from .optim import budget_steps, check_warmup, untie_step
 
 
 @dataclass
@@ -53,6 +53,7 @@ def preflight(cfg: Config, run_dir: Path, device: Any, fresh: bool, progress: bo
     if cfg.model.untie_at is not None and total < 2:
         raise ConfigError(f"model.untie_at needs at least 2 training steps, the budget gives {total} — "
                           "raise train.max_steps / train.max_tokens or drop model.untie_at")
+    check_warmup(cfg, total)
     ckpt, note = (None, None) if fresh else checkpoints.resolve_checkpoint(run_dir)
     loaded = checkpoints.load_checkpoint(ckpt) if ckpt is not None else None
     best = ((loaded[1] or {}).get("best") or {}).get("weights") if loaded is not None else None
