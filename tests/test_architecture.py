@@ -1,5 +1,5 @@
 """The shape docs/architecture.md promises, checked: imports point down the layers
-(inside functions too) and form no cycle, no module is over 600 lines, no function over 100,
+(inside functions too) and form no cycle, no module is over 900 lines, no function over 100,
 and `tiedlm --help` imports none of the heavy libraries.
 
 The import graph is read from the source (ast), not by importing: `import_graph(root)` takes any
@@ -147,9 +147,11 @@ def test_every_module_is_in_a_layer():
     assert {layer(n) for n in modules()} - {PACKAGE.name, "__main__"} <= set(RANK)
 
 
-def test_no_module_over_600_lines_and_no_function_over_100():
+def test_no_module_over_900_lines_and_no_function_over_100():
+    """A module's length is a judgement (split by what it does, never mid-thought to meet a count);
+    900 lines is the ceiling past which one surely holds more than one thing."""
     long_modules = {n: len(p.read_text().splitlines()) for n, p in modules().items()}
-    assert {n: k for n, k in long_modules.items() if k > 600} == {}
+    assert {n: k for n, k in long_modules.items() if k > 900} == {}
     long_functions = []
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):

@@ -334,3 +334,23 @@ def test_a_missing_token_cache_is_an_empty_one(tmp_path, monkeypatch):
     r = invoke("cache", "list")
     assert r.exit_code == 0 and "(empty)" in r.stdout
     assert invoke("cache", "clear").exit_code == 0
+
+
+def test_help_lists_compare_first_as_training_both_and_shows_flags_as_flags():
+    from typer.testing import CliRunner
+
+    from tiedlm.cli import app
+
+    out = CliRunner().invoke(app, ["--help"], terminal_width=200).stdout
+    commands = out.split("Commands", 1)[1]
+    names = [line.strip("│ ").split()[0] for line in commands.splitlines()
+             if line.startswith("│ ") and line.strip("│ ") and not line.startswith("│  ")]
+    assert names[0] == "compare" and "train" in names[1:]
+    assert "Train a config tied and untied and compare them" in commands
+    assert "--debug  " in out and "--debug <bool>" not in out.replace("  ", " ").replace("  ", " ")
+    for command in ("compare", "train", "eval", "analyze", "sweep"):
+        text = CliRunner().invoke(app, [command, "--help"], terminal_width=200).stdout
+        flags = [line for line in text.splitlines() if "<bool>" in line and "--help" not in line]
+        assert flags == [], (command, flags)
+    text = CliRunner().invoke(app, ["compare", "--help"], terminal_width=200).stdout
+    assert text.count("tiedlm compare ") >= 2  # two examples

@@ -65,6 +65,11 @@ ConfigOpt = typer.Option(..., "--config", "-c", help="YAML config file.")
 SetOpt = typer.Option(None, "--set", "-s", help="Override a config key, e.g. --set model.n_embd=256 (repeatable).")
 
 
+def Flag(*names: str, **kw: Any) -> Any:  # noqa: N802 (read as typer.Option)
+    """A boolean option shown as a flag (--debug), not as one that takes a value (--debug <bool>)."""
+    return typer.Option(False, *names, metavar="", **kw)
+
+
 def _fail(message: str, code: int, same_on_every_rank: bool = True) -> None:
     """One line on stderr and exit `code`. Under torchrun an error that every rank meets alike (a
     refused config or option, an interrupt) is said by rank 0 alone; one that only some ranks meet
@@ -141,8 +146,8 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main(
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    debug: bool = Flag("--debug", help="Show tracebacks for errors."),
+    version: bool = Flag("--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     _state["debug"] = debug
 
@@ -153,6 +158,116 @@ def _load(config: Path, overrides: Optional[List[str]], seed: Optional[int] = No
     return load_config(config, overrides or [], seed)
 
 
+def _seeds_option(value: str | None) -> int | str | None:
+    """compare --seeds: a whole number, or auto (the sequential design)."""
+    if value is None:
+        return None
+    if value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ConfigError(f"--seeds must be a whole number or auto, got {value!r}") from None
+
+
+@app.command()
+def compare(
+    runs_: Optional[List[str]] = typer.Argument(None, metavar="[RUN_DIR|GLOB]...",
+                                                help="Run folders or globs (default: every run under --out)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c",
+                                          help="Train the tied and untied variants of this config first."),
+    set_: Optional[List[str]] = SetOpt,
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Seeds per variant with --config (default 1), or "
+                                        "'auto': from 3, one more while the verdict is undecided (a sequential "
+                                        "design that keeps false positives at 5%)."),
+    max_seeds: Optional[int] = typer.Option(None, "--max-seeds", help="With --seeds auto: at most this many seeds "
+                                            "per variant (default 10)."),
+    min_effect: Optional[float] = typer.Option(None, "--min-effect", help="With --seeds auto: stop once effects "
+                                               "this large are detectable (80% power), as a fraction (default "
+                                               "0.02: 2%)."),
+    match: Optional[str] = typer.Option(None, "--match", help="'params': add a tied variant with extra layers "
+                                        "matching the untied parameter count; 'params:width': wider instead "
+                                        "(n_embd grown by the head size). Tuned like the others; the verdict "
+                                        "has both contrasts, Holm-adjusted."),
+    tune: Optional[List[str]] = typer.Option(None, "--tune", help="With --config: tune each variant on validation "
+                                             "first, e.g. --tune train.lr=3e-4,1e-3,3e-3 (repeatable: their grid; "
+                                             "also seeds=0, extend=false); the verdict is then on test."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="The variant to compare against (in a grid, "
+                                           "instead of each tied variant against its untied twin)."),
+    primary: Optional[str] = typer.Option(None, "--primary", help="The split whose loss carries the verdict "
+                                          "(train, validation or test; default validation, test with --select "
+                                          "best); the others confirm."),
+    select: Optional[str] = typer.Option(None, "--select", help="Whose scores to compare: 'best' (the weights "
+                                         "each run kept at its best validation evaluation, train.keep_best) or "
+                                         "'final' (the last weights). Default: best when every run kept them."),
+    out_: str = typer.Option("runs", "--out", help="Runs folder; the comparison goes to OUT/compare/."),
+    overwrite: bool = Flag("--overwrite", help="With --config: retrain runs whose folders hold "
+                                   "another config (say, after editing it) instead of refusing them."),
+    overwrite_output: bool = Flag("--overwrite-output", help="Replace files in OUT/compare/ (and, "
+                                          "with --analyze, analysis files in the run folders) that tiedlm did not "
+                                          "write, instead of refusing them."),
+    analyze: bool = Flag("--analyze", help="First analyse each run's two matrices (tiedlm "
+                                 "analyze) and add what they show to the report."),
+    tensorboard: bool = Flag("--tensorboard", help="Write TensorBoard event files (tb/) for the "
+                                     "compared runs, from their metrics."),
+    jobs: Optional[str] = typer.Option(None, "--jobs", "-j", help="Runs trained at once (own processes), or auto."),
+    quiet: bool = Flag("--quiet", "-q", help="No progress bars."),
+) -> None:
+    """Train a config tied and untied and compare them (--config), or compare finished runs.
+
+    The verdict with its interval and p-value, over seeds and token frequencies, with plots. Examples:
+
+    tiedlm compare --config configs/shakespeare.yaml --seeds 3 --set data.path=my_corpus.txt
+
+    tiedlm compare runs/my_corpus-*   (runs already trained, tied and untied)
+    """
+
+    def go():  # the values are checked by CompareRequest.check; here, which options go together
+        from .checks import check_folder_option
+
+        out = check_folder_option(out_, "--out")
+        if config is None:
+            given = [opt for opt, value in (("--set", set_), ("--seeds", seeds is not None), ("--match", match),
+                                            ("--overwrite", overwrite), ("--tune", tune),
+                                            ("--max-seeds", max_seeds is not None), ("--jobs", jobs is not None),
+                                            ("--min-effect", min_effect is not None)) if value]
+            if given:
+                one = len(given) == 1
+                raise ConfigError(f"{', '.join(given)} only {'applies' if one else 'apply'} with --config, which "
+                                  f"names the runs to train — add --config FILE or drop {'it' if one else 'them'}")
+        elif runs_:
+            raise ConfigError("give either --config or run folders, not both — drop one of them")
+        n_seeds = _seeds_option(seeds)
+        from .compare import CompareRequest, compare, format_terminal_table
+
+        if config is not None:
+            req = CompareRequest(config=config, overrides=set_ or [], seeds=1 if n_seeds is None else n_seeds,
+                                 match=match, runs_dir=out, baseline=baseline, progress=not quiet,
+                                 overwrite=overwrite, primary=primary, select=select, analyze=analyze,
+                                 overwrite_output=overwrite_output, tune=tune or [], max_seeds=max_seeds,
+                                 min_effect=min_effect, jobs=jobs)
+        else:
+            req = CompareRequest(paths=runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select,
+                                 analyze=analyze, overwrite_output=overwrite_output)
+        result = compare(req)
+        typer.echo(format_terminal_table(result))
+        if tensorboard:
+            from .tensorboard import backfill_many, left_alone_lines, logdir_of
+
+            left_alone: list = []
+            written = backfill_many([Path(r.path) for r in result.runs], left_alone)
+            view = f": tensorboard --logdir {logdir_of(written)}" if written else ""
+            typer.echo(f"wrote TensorBoard event files for {len(written)} runs{view}")
+            for line in left_alone_lines(left_alone):
+                typer.echo(line)
+        failures = result.train_failures
+        if failures:
+            raise TiedlmError(f"{len(failures)} run(s) failed to train: "
+                              + ", ".join(f.name for f in failures) + " — see the reasons above")
+
+    run_command(go, reads_runs=config is None)
+
+
 @app.command()
 def train(
     config: Path = ConfigOpt,
@@ -160,11 +275,11 @@ def train(
     seed: Optional[int] = typer.Option(None, "--seed", help="Run seed (model init, batches, dropout)."),
     name: Optional[str] = typer.Option(None, "--name", help="Run folder name (default: <name>-s<seed>)."),
     out: str = typer.Option("runs", "--out", help="Parent folder of run folders."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Delete an existing run folder and start afresh."),
-    print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
-    tensorboard: bool = typer.Option(False, "--tensorboard", help="Also write TensorBoard event files into "
+    overwrite: bool = Flag("--overwrite", help="Delete an existing run folder and start afresh."),
+    print_config: bool = Flag("--print-config", help="Print the resolved config and exit."),
+    tensorboard: bool = Flag("--tensorboard", help="Also write TensorBoard event files into "
                                      "the run's tb/ (train.log_to: [tensorboard])."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    quiet: bool = Flag("--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Train one model. Re-running a finished run does nothing; an unfinished one resumes."""
 
@@ -198,8 +313,8 @@ def params(
     config: Path = ConfigOpt,
     set_: Optional[List[str]] = SetOpt,
     vocab_size: Optional[int] = typer.Option(None, "--vocab-size", help="Vocabulary size to count with."),
-    data: bool = typer.Option(False, "--data", help="Prepare the data and use the tokenizer's real size."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    data: bool = Flag("--data", help="Prepare the data and use the tokenizer's real size."),
+    as_json: bool = Flag("--json", help="Print JSON."),
 ) -> None:
     """Parameter breakdown of the tied and untied forms side by side (no training, instant)."""
 
@@ -227,9 +342,9 @@ def eval_(
     split: Optional[List[str]] = typer.Option(None, "--split", help="Split(s) to score (default: the config's)."),
     stride: Optional[int] = typer.Option(None, "--stride", help="Window stride (default: the config's)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
-    best: bool = typer.Option(False, "--best", help="Score the weights kept at the best validation evaluation "
+    best: bool = Flag("--best", help="Score the weights kept at the best validation evaluation "
                               "(train.keep_best) instead of the last checkpoint."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_json: bool = Flag("--json", help="Print JSON."),
 ) -> None:
     """Re-evaluate a run's checkpoint on whole splits."""
 
@@ -260,8 +375,8 @@ def analyze(
     split: str = typer.Option("validation", "--split", help="The split the direct path is scored on."),
     sample: int = typer.Option(2000, "--sample", help="Tokens sampled for the neighbour statistics."),
     seed: int = typer.Option(0, "--seed", help="Seed of the samples."),
-    as_json: bool = typer.Option(False, "--json", help="Print analysis.json of each run (a JSON list)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace files of the analysis' names (analysis.md, "
+    as_json: bool = Flag("--json", help="Print analysis.json of each run (a JSON list)."),
+    overwrite: bool = Flag("--overwrite", help="Replace files of the analysis' names (analysis.md, "
                                    "analysis.json, analysis_*.png) that tiedlm did not write there."),
 ) -> None:
     """Look inside E and W_out: norms, anisotropy, spectra, how the two differ, the direct path."""
@@ -461,120 +576,18 @@ def cache_clear() -> None:
     run_command(go)
 
 
-def _seeds_option(value: str | None) -> int | str | None:
-    """compare --seeds: a whole number, or auto (the sequential design)."""
-    if value is None:
-        return None
-    if value.strip().lower() == "auto":
-        return "auto"
-    try:
-        return int(value.strip())
-    except ValueError:
-        raise ConfigError(f"--seeds must be a whole number or auto, got {value!r}") from None
-
-
-@app.command()
-def compare(
-    runs_: Optional[List[str]] = typer.Argument(None, metavar="[RUN_DIR|GLOB]...",
-                                                help="Run folders or globs (default: every run under --out)."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c",
-                                          help="Train the tied and untied variants of this config first."),
-    set_: Optional[List[str]] = SetOpt,
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="Seeds per variant with --config (default 1), or "
-                                        "'auto': from 3, one more while the verdict is undecided (a sequential "
-                                        "design that keeps false positives at 5%)."),
-    max_seeds: Optional[int] = typer.Option(None, "--max-seeds", help="With --seeds auto: at most this many seeds "
-                                            "per variant (default 10)."),
-    min_effect: Optional[float] = typer.Option(None, "--min-effect", help="With --seeds auto: stop once effects "
-                                               "this large are detectable (80% power), as a fraction (default "
-                                               "0.02: 2%)."),
-    match: Optional[str] = typer.Option(None, "--match", help="'params': add a tied variant with extra layers "
-                                        "matching the untied parameter count; 'params:width': wider instead "
-                                        "(n_embd grown by the head size). Tuned like the others; the verdict "
-                                        "has both contrasts, Holm-adjusted."),
-    tune: Optional[List[str]] = typer.Option(None, "--tune", help="With --config: tune each variant on validation "
-                                             "first, e.g. --tune train.lr=3e-4,1e-3,3e-3 (repeatable: their grid; "
-                                             "also seeds=0, extend=false); the verdict is then on test."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="The variant to compare against (in a grid, "
-                                           "instead of each tied variant against its untied twin)."),
-    primary: Optional[str] = typer.Option(None, "--primary", help="The split whose loss carries the verdict "
-                                          "(train, validation or test; default validation, test with --select "
-                                          "best); the others confirm."),
-    select: Optional[str] = typer.Option(None, "--select", help="Whose scores to compare: 'best' (the weights "
-                                         "each run kept at its best validation evaluation, train.keep_best) or "
-                                         "'final' (the last weights). Default: best when every run kept them."),
-    out_: str = typer.Option("runs", "--out", help="Runs folder; the comparison goes to OUT/compare/."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="With --config: retrain runs whose folders hold "
-                                   "another config (say, after editing it) instead of refusing them."),
-    overwrite_output: bool = typer.Option(False, "--overwrite-output", help="Replace files in OUT/compare/ (and, "
-                                          "with --analyze, analysis files in the run folders) that tiedlm did not "
-                                          "write, instead of refusing them."),
-    analyze: bool = typer.Option(False, "--analyze", help="First analyse each run's two matrices (tiedlm "
-                                 "analyze) and add what they show to the report."),
-    tensorboard: bool = typer.Option(False, "--tensorboard", help="Write TensorBoard event files (tb/) for the "
-                                     "compared runs, from their metrics."),
-    jobs: Optional[str] = typer.Option(None, "--jobs", "-j", help="Runs trained at once (own processes), or auto."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
-) -> None:
-    """Compare finished runs (tied vs untied), across seeds, with intervals and plots."""
-
-    def go():  # the values are checked by CompareRequest.check; here, which options go together
-        from .checks import check_folder_option
-
-        out = check_folder_option(out_, "--out")
-        if config is None:
-            given = [opt for opt, value in (("--set", set_), ("--seeds", seeds is not None), ("--match", match),
-                                            ("--overwrite", overwrite), ("--tune", tune),
-                                            ("--max-seeds", max_seeds is not None), ("--jobs", jobs is not None),
-                                            ("--min-effect", min_effect is not None)) if value]
-            if given:
-                one = len(given) == 1
-                raise ConfigError(f"{', '.join(given)} only {'applies' if one else 'apply'} with --config, which "
-                                  f"names the runs to train — add --config FILE or drop {'it' if one else 'them'}")
-        elif runs_:
-            raise ConfigError("give either --config or run folders, not both — drop one of them")
-        n_seeds = _seeds_option(seeds)
-        from .compare import CompareRequest, compare, format_terminal_table
-
-        if config is not None:
-            req = CompareRequest(config=config, overrides=set_ or [], seeds=1 if n_seeds is None else n_seeds,
-                                 match=match, runs_dir=out, baseline=baseline, progress=not quiet,
-                                 overwrite=overwrite, primary=primary, select=select, analyze=analyze,
-                                 overwrite_output=overwrite_output, tune=tune or [], max_seeds=max_seeds,
-                                 min_effect=min_effect, jobs=jobs)
-        else:
-            req = CompareRequest(paths=runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select,
-                                 analyze=analyze, overwrite_output=overwrite_output)
-        result = compare(req)
-        typer.echo(format_terminal_table(result))
-        if tensorboard:
-            from .tensorboard import backfill_many, left_alone_lines, logdir_of
-
-            left_alone: list = []
-            written = backfill_many([Path(r.path) for r in result.runs], left_alone)
-            view = f": tensorboard --logdir {logdir_of(written)}" if written else ""
-            typer.echo(f"wrote TensorBoard event files for {len(written)} runs{view}")
-            for line in left_alone_lines(left_alone):
-                typer.echo(line)
-        failures = result.train_failures
-        if failures:
-            raise TiedlmError(f"{len(failures)} run(s) failed to train: "
-                              + ", ".join(f.name for f in failures) + " — see the reasons above")
-
-    run_command(go, reads_runs=config is None)
-
 
 @app.command()
 def sweep(
     grid: Path = typer.Argument(..., help="Sweep file: a base config, a grid of --set overrides, seeds."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print one `tiedlm train` command per run (= --emit shell)."),
+    dry_run: bool = Flag("--dry-run", help="Print one `tiedlm train` command per run (= --emit shell)."),
     emit: Optional[str] = typer.Option(None, "--emit", help="'shell': the commands, for xargs -P or GNU parallel; "
                                        "'slurm': an sbatch job-array script with one task per run."),
     partition: Optional[str] = typer.Option(None, "--partition", help="--emit slurm: the partition."),
     time_: Optional[str] = typer.Option(None, "--time", help="--emit slurm: each task's time limit."),
     gpus_per_task: Optional[str] = typer.Option(None, "--gpus-per-task", help="--emit slurm: GPUs per task."),
     jobs: Optional[str] = typer.Option(None, "--jobs", "-j", help="Runs trained at once (own processes), or auto."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    quiet: bool = Flag("--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Run a grid of overrides x seeds one after another (finished runs are skipped), or emit it."""
 
