@@ -40,16 +40,62 @@ def figure(path: Path, title: str, panels: int = 1) -> Iterator[Any]:
 
 
 def plain_ticks(ax: Any, which: str, log: bool = False) -> None:
-    """Tick labels as 60, 100, 200k, 1.2M instead of 6x10^1 or an offset 1e6."""
+    """Tick labels as 60, 100, 200k, 1.2M instead of 6x10^1 or an offset 1e6. A log axis (`log`,
+    called once everything is drawn) is labelled by its span (log_ticks) and ends at labelled
+    ticks at or beyond its highest and lowest points, so that both can be read off the axis."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     axis = ax.xaxis if which == "x" else ax.yaxis
     fmt = FuncFormatter(lambda x, _: fmt_count(x) if abs(x) >= 1000 else f"{x:g}")
     axis.set_major_formatter(fmt)
     if log:
-        lo, hi = ax.get_ylim() if which == "y" else ax.get_xlim()
-        # minor ticks (20, 30, ..., 90) are labelled only when the axis spans little more than a decade
-        axis.set_minor_formatter(fmt if lo > 0 and hi / lo < 20 else NullFormatter())
+        axis.set_minor_formatter(NullFormatter())  # the labelled ticks are the major ones
+        _log_axis(ax, which)
+
+
+TOLERANCE = 1.02  # a labelled tick this close to the highest (lowest) point counts as at it: 200 for 201.6
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """The labelled ticks of a log axis over the data lo..hi (both > 0), one step past each end:
+    1-9 × 10^k when it spans less than 20×, 1-2-5 × 10^k up to 1000×, the decades beyond; evenly
+    spaced round values where that leaves fewer than two ticks in lo..hi (a span of a few percent)."""
+    import math
+
+    span = hi / lo
+    mults = (1, 2, 3, 4, 5, 6, 7, 8, 9) if span < 20 else (1, 2, 5) if span < 1000 else (1,)
+    first, last = math.floor(math.log10(lo)), math.floor(math.log10(hi))
+    ticks = sorted(float(f"{m}e{k}") for k in range(first, last + 2) for m in mults)
+    if sum(1 for t in ticks if lo <= t <= hi) < 2:
+        from matplotlib.ticker import MaxNLocator
+
+        ticks = [float(t) for t in MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi) if t > 0]
+    inside = [t for t in ticks if lo <= t <= hi]
+    below = [t for t in ticks if t < lo][-1:]
+    above = [t for t in ticks if t > hi][:1]
+    return below + inside + above
+
+
+def _log_axis(ax: Any, which: str) -> None:
+    """A log axis' labelled ticks (log_ticks of its data), its view widened to the first of them at
+    or above the highest point and at or below the lowest one."""
+    import math
+
+    from matplotlib.ticker import FixedLocator
+
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    box = ax.dataLim
+    lo, hi = (box.x0, box.x1) if which == "x" else (box.y0, box.y1)
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
+        return  # nothing positive drawn: matplotlib's own ticks
+    view_lo, view_hi = ax.get_xlim() if which == "x" else ax.get_ylim()
+    if lo == hi and 0 < view_lo < view_hi:  # one value: the view matplotlib opened around it
+        lo, hi = view_lo, view_hi
+    ticks = log_ticks(lo, hi)
+    axis.set_major_locator(FixedLocator(ticks))
+    top = min((t for t in ticks if t * TOLERANCE >= hi), default=view_hi)
+    bottom = max((t for t in ticks if t <= lo * TOLERANCE), default=view_lo)
+    (ax.set_xlim if which == "x" else ax.set_ylim)(min(view_lo, bottom), max(view_hi, top))
 
 
 def empty_panel(ax: Any, text: str) -> None:

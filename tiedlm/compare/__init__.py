@@ -174,6 +174,7 @@ def _compare_held(run_dirs: list[Path], left_out: list[LeftOut], req: CompareReq
     tuned = tuned_keys(tuning) or (record.keys if record is not None else [])
     c = build_comparison(runs, skipped, req.baseline, str(out), found.match, primary, tuned=tuned)
     c.select, c.select_reason = select, why
+    c.trained = len(found.trained) if found.trained is not None else None
     c.warnings += guard_warnings(runs, c.primary)
     c.protocol = protocol_line(protocol_differences(select, c.primary, tuning is not None or bool(tuned),
                                                     [v.n_seeds for v in c.variants]))

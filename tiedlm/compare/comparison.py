@@ -110,6 +110,7 @@ class Comparison:
     family: MatchFamily | None = None  # with the match: its two contrasts against untied, judged by Holm
     files: dict[str, str] = field(default_factory=dict)  # output kind -> path, once written
     train_failures: list[TrainFailure] = field(default_factory=list)
+    trained: int | None = None  # compare --config: the runs it trained or found finished (its tuning's too)
     tiedlm_version: str = ""
     level: float = LEVEL
     alpha: float = ALPHA

@@ -22,7 +22,6 @@ def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
     from ..files import atomic_write_text, recording
     from ..runs import AGAIN_HINT, writing
 
-
     out = Path(out)
     c.files = {k: str(out / v) for k, v in FILES.items()}
     if c.matched:
@@ -39,7 +38,7 @@ def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
             plot_tying_map(c.tying_map.tmap, out / TYING_MAP_PLOT)
             plot_tying_map_buckets(c.tying_map.tmap, out / TYING_MAP_BUCKETS_PLOT)
         if c.tuning is not None:
-            plot_tuning(c.tuning, out / TUNE_PLOT)
+            plot_tuning(c, out / TUNE_PLOT)
         for kind, render in (("csv", to_csv), ("markdown", to_markdown), ("json", to_json_text)):
             text = render(c)
             with writing(out / FILES[kind], AGAIN_HINT):  # its runs are finished: nothing to resume

@@ -98,7 +98,7 @@ class CompareRequest:
 class Found:
     """What training and tuning found, for the comparison of their runs: the parameter match
     (--match params), the runs that failed to train (name -> error), the tuning, the sequential
-    design's record and a tuned sweep's record (tuning.json)."""
+    design's record, a tuned sweep's record (tuning.json) and every run trained or found finished."""
 
     match: Any = None
     failed: dict[str, str] = field(default_factory=dict)
@@ -106,6 +106,7 @@ class Found:
     sequential: Any = None
     record: Any = None
     record_note: str | None = None  # why a tuned compare --config left no tuning.json
+    trained: list[str] | None = None  # every run it trained or found finished, compared or not (tuning's too)
 
 
 @dataclass
@@ -230,6 +231,7 @@ def train_for_comparison(req: CompareRequest, spec: Any) -> tuple[list[Path], Fo
             extra = dirs = plan.dirs(req.runs_dir, 0, seeds.seeds, point=shared)
             found.tuning.shared = shared_verdict(found.tuning, shared, dirs, found.failed, req, primary, plan.match)
         chosen = plan.dirs(req.runs_dir, 0, seeds.seeds)
+        found.trained = sorted(n for n, r in executor.results.items() if r.status != "failed")
         if found.tuning is not None:
             found.record_note = _leave_record(req, found, chosen, extra, seeds.auto)
         return chosen, found

@@ -1,7 +1,9 @@
-"""The comparison's PNG plots: validation perplexity during training, final perplexity against
-parameters, loss by frequency bucket, each contrast's effect over training (drawn by
-trajectory.py); and in a grid, the tying effect per setting (against the
-swept key when it is a number, and against the embedding share of parameters).
+"""The comparison's PNG plots: validation perplexity during training, the compared weights'
+perplexity against parameters and loss by frequency bucket (on the verdict's split), each
+contrast's effect over training (drawn by trajectory.py); and in a grid, the tying effect per
+setting (against the swept key when it is a number, and against the embedding share of
+parameters). Each variant has one colour in every figure (variant_colors), and each figure one
+caption in comparison.md (caption), which says what is drawn, on which split and which weights.
 
 matplotlib is imported inside the functions, so that `tiedlm --help` stays instant, and used
 through its object interface (a Figure on an Agg canvas), never pyplot: a library call must not
@@ -23,7 +25,6 @@ from .trajectory import ONE_SEED, SPLIT, Trajectory
 from .variants import Variant
 
 if TYPE_CHECKING:
-    from ..tuning import Tuning
     from .tying_map import TyingMap
 
 TRAJECTORY_PLOT = "tying_effect_vs_tokens.png"  # each contrast's effect over training
@@ -39,6 +40,82 @@ TYING_MAP_BUCKETS_PLOT = "tying_map_buckets.png"  # the map's frequent and rare 
 TUNE_PLOT = "tune_curves.png"  # a tuned comparison's validation perplexity against the tuned value
 
 
+def variant_colors(c: Comparison) -> dict[str, str]:
+    """The one colour of each variant, by label, in the order of the comparison's variants: every
+    figure draws a variant (or its contrast with its reference) in its colour."""
+    return {v.label: f"C{i % 10}" for i, v in enumerate(c.variants)}
+
+
+def tuning_colors(c: Comparison) -> dict[str, str]:
+    """Each tuned variant's tag (tied, untied, tied-matched, ...) -> the colour of the compared
+    variant that holds the runs at its chosen point (the tuning seeds' runs are compared ones); a
+    tag with no compared variant there gets the next colour no variant has."""
+    colors = variant_colors(c)
+    by_run = {run: colors[v.label] for v in c.variants for run in v.runs}
+    out: dict[str, str] = {}
+    spare = (f"C{i % 10}" for i in range(len(colors), len(colors) + 10))
+    for v in c.tuning.variants if c.tuning is not None else []:
+        runs = v.chosen.runs.values() if v.chosen is not None else []
+        out[v.tag] = next((by_run[r] for r in runs if r in by_run), None) or colors.get(v.tag) or next(spare)
+    return out
+
+
+def weights_words(select: str) -> str:
+    """The compared weights, as a caption or a title says them (--select best or final)."""
+    return "each run's best weights (its best validation evaluation)" if select == "best" else "each run's last weights"
+
+
+def bucket_split(c: Comparison) -> str:
+    """The split of the loss by frequency bucket, figure and table: the verdict's (the primary
+    split) where the runs scored buckets there, else validation."""
+    return c.primary if c.bucket_names(c.primary) else "validation"
+
+
+def captions(c: Comparison) -> dict[str, str]:
+    """comparison.md's sentence under each figure, by file name: what is drawn, on which split, and
+    which weights (the compared ones: --select best or final; or the weights as they trained)."""
+    weights = weights_words(c.select)
+    split = bucket_split(c)
+    elsewhere = f" ({c.primary}, the verdict's split, has no per-bucket losses)" if split != c.primary else ""
+    out = {
+        PLOTS["curve"]: "Validation perplexity at every periodic evaluation during training (the weights as they "
+                        "trained, on the evaluation slice `train.eval_tokens`): the geometric mean over each "
+                        "variant's seeds with a band from the lowest to the highest seed, on a log scale, and a "
+                        "triangle at each run's best evaluation.",
+        PLOTS["params"]: f"{c.primary.capitalize()} perplexity of {weights} against the model's total parameters: "
+                         "a faint dot per seed, and the geometric mean over the seeds with its 95% interval.",
+        PLOTS["buckets"]: f"{split.capitalize()} loss (nats per token) of {weights} in each token-frequency bucket "
+                          f"(the vocabulary ranked by training-set count){elsewhere}, mean ± SD over the seeds, a "
+                          "bar per variant.",
+        TRAJECTORY_PLOT: "Each contrast's effect, exp(Δloss) − 1, at every periodic evaluation during training, on "
+                         "the validation slice scored then (the weights as they trained), with its 95% interval as "
+                         f"a band; the verdict is on {c.primary}, with {weights}.",
+    }
+    if c.matched:
+        from .grid import numeric_key
+
+        key = numeric_key(c.matched) or "the setting"
+        out[MATCHED_PLOT] = (f"The tying effect on {c.primary} perplexity of {weights}, exp(Δloss) − 1 with its 95% "
+                             f"interval, a point per setting: against {key} (left) and the embedding share V·d of "
+                             "the untied model's parameters (right).")
+    if c.tying_map is not None:
+        t = c.tying_map.tmap
+        out[TYING_MAP_PLOT] = (f"The tying effect on {t.split} perplexity of {weights} in each cell of the "
+                               f"{t.row_short} × {t.col_short} grid (blue: tying helps, red: tying hurts), with its "
+                               "95% interval and the sign changes along the cell edges.")
+        out[TYING_MAP_BUCKETS_PLOT] = (f"The tying effect on {t.bucket_split or t.split} loss of {weights} in the most "
+                                       "frequent bucket (left) and the rare bucket (right) of each cell.")
+    if c.tuning is not None:
+        tuning = c.tuning
+        seeds = tuning.seeds
+        over = (f"tuning seed {seeds[0]}" if len(seeds) == 1 else
+                f"mean over tuning seeds {', '.join(map(str, seeds))}")
+        keys = ", ".join(tuning.keys)
+        out[TUNE_PLOT] = (f"Validation perplexity of every point of the tuning ({keys}; {tuning.selection}, {over}), "
+                          "a line per variant, and a ring at each variant's choice.")
+    return out
+
+
 def _floor_ppl(variants: list[Variant]) -> tuple[float, str] | None:
     """The validation split's own floor (per token, whatever the tokenizer) and its label; None
     for runs that recorded none (the expected rate alone is no bound, so it is not drawn)."""
@@ -52,10 +129,11 @@ def _floor_ppl(variants: list[Variant]) -> tuple[float, str] | None:
 def plot_curve(c: Comparison, path: Path) -> None:
     with figure(path, "Validation perplexity during training (mean, min–max band over seeds)") as ax:
         drawn = False
-        for i, v in enumerate(c.variants):
+        colors = variant_colors(c)
+        for v in c.variants:
             if not v.curve:
                 continue
-            color = f"C{i % 10}"
+            color = colors[v.label]
             x = [p.tokens for p in v.curve]
             ax.plot(x, [p.mean for p in v.curve], color=color, label=f"{v.label} (n={v.n_seeds})")
             if v.n_seeds > 1:
@@ -85,37 +163,47 @@ def plot_curve(c: Comparison, path: Path) -> None:
 
 
 def plot_params(c: Comparison, path: Path) -> None:
-    with figure(path, "Final validation perplexity against parameters (seeds, geometric mean and 95% CI)") as ax:
+    """The compared weights' perplexity on the verdict's split against the total parameter count."""
+    split = c.primary
+    title = (f"{split.capitalize()} perplexity of {weights_words(c.select).split(' (')[0]} against parameters "
+             "(seeds, geometric mean and 95% CI)")
+    with figure(path, title) as ax:
         drawn = False
-        for i, v in enumerate(c.variants):
+        colors = variant_colors(c)
+        for v in c.variants:
             total = v.params.get("total")
-            m = v.split("validation").perplexity if v.split("validation") else None
+            m = v.split(split).perplexity if v.split(split) else None
             if not isinstance(total, (int, float)) or not m or m.mean is None:
                 continue
-            color = f"C{i % 10}"
+            color = colors[v.label]
             ax.scatter([total] * len(m.values), m.values, color=color, alpha=0.35, s=18)
             yerr = None if m.ci_low is None else [[m.mean - m.ci_low], [m.ci_high - m.mean]]
             ax.errorbar([total], [m.mean], yerr=yerr, fmt="o", color=color, capsize=4, markersize=7, label=v.label)
             drawn = True
         if not drawn:
-            empty_panel(ax, "no final validation perplexity or parameter counts")
+            empty_panel(ax, f"no {split} perplexity or parameter counts")
             return
         ax.set_xlabel("total parameters (unique)")
-        ax.set_ylabel("final validation perplexity")
+        ax.set_ylabel(f"{split} perplexity")
         plain_ticks(ax, "x")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
 
 
 def plot_buckets(c: Comparison, path: Path) -> None:
-    with figure(path, "Validation loss by token frequency (mean ± SD over seeds)") as ax:
-        names = c.bucket_names("validation")
+    """The loss of each frequency bucket on the verdict's split (bucket_split), a bar per variant."""
+    split = bucket_split(c)
+    title = (f"{split.capitalize()} loss by token frequency, {weights_words(c.select).split(' (')[0]} "
+             "(mean ± SD over seeds)")
+    with figure(path, title) as ax:
+        names = c.bucket_names(split)
         if not names:
             empty_panel(ax, "no per-bucket losses in the reports")
             return
         width = 0.8 / max(1, len(c.variants))
+        colors = variant_colors(c)
         for i, v in enumerate(c.variants):
-            mine = {b.name: b for b in v.buckets("validation")}
+            mine = {b.name: b for b in v.buckets(split)}
             xs, ys, errs = [], [], []
             for j, n in enumerate(names):
                 b = mine.get(n)
@@ -124,26 +212,27 @@ def plot_buckets(c: Comparison, path: Path) -> None:
                     ys.append(b.loss.mean)
                     errs.append(b.loss.sd or 0.0)
             ax.bar(xs, ys, width=width, yerr=errs if any(errs) else None, capsize=3,
-                   color=f"C{i % 10}", label=v.label)
+                   color=colors[v.label], label=v.label)
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names)
         ax.set_xlabel("token frequency bucket (training-set counts)")
-        ax.set_ylabel("validation loss (nats per token)")
+        ax.set_ylabel(f"{split} loss (nats per token)")
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
 
 
 def _effect_panel(ax: Any, xs: list[float], c: Comparison, xlabel: str, labels: list[str] | None = None,
                   annotate: bool = False) -> None:
-    """The tying effect (%) with its 95% interval against xs, one point per matched contrast
-    (named by its setting when annotate)."""
+    """The tying effect (%) with its 95% interval against xs, one point per matched contrast in its
+    tied variant's colour (named by its setting when annotate)."""
+    colors = variant_colors(c)
     for x, m in zip(xs, c.matched):
         d = m.split(c.primary)
         if d is None or d.relative is None:
             continue
         y = d.relative * 100
         yerr = None if d.relative_ci_low is None else [[y - d.relative_ci_low * 100], [d.relative_ci_high * 100 - y]]
-        ax.errorbar([x], [y], yerr=yerr, fmt="o", color="C0", capsize=4, markersize=6)
+        ax.errorbar([x], [y], yerr=yerr, fmt="o", color=colors.get(m.tied, "C0"), capsize=4, markersize=6)
         if annotate:
             ax.annotate(m.label, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7, color="0.3")
     ax.axhline(0.0, color="0.3", linewidth=1, linestyle="--")
@@ -228,8 +317,9 @@ def plot_trajectory(c: Comparison, path: Path) -> None:
             empty_panel(ax, "no contrast with periodic validation evaluations shared by every run")
             return
         matched = {m.tied: m.label for m in c.matched}
-        for i, (v, t) in enumerate(shown):
-            _draw(ax, t, f"C{i % 10}", matched.get(v.label) or f"{t.variant} vs {t.reference}")
+        colors = variant_colors(c)
+        for v, t in shown:  # each contrast in its variant's colour
+            _draw(ax, t, colors[v.label], matched.get(v.label) or f"{t.variant} vs {t.reference}")
         if any(t.crossover for _, t in shown):
             ax.scatter([], [], color="0.6", marker="X", edgecolors="black", linewidths=0.5,
                        label="crossover (the last change of sign)")
@@ -437,11 +527,15 @@ def _bucket_panel(ax: Any, t: TyingMap, which: str, vmax: float) -> Any:
 # ============================================================================ the tuning
 
 
-def plot_tuning(tuning: Tuning, path: Path) -> None:
-    """Validation perplexity against the tuned value, a line per variant, each choice ringed. One
-    numeric axis: against its value (log scale when all are positive); train.lr and one other key:
+def plot_tuning(c: Comparison, path: Path) -> None:
+    """The comparison's tuning (c.tuning): validation perplexity against the tuned value, a line per
+    variant in its colour (tuning_colors), each choice ringed. One numeric axis: against its value
+    (log scale when all are positive), ticked at the values tried; train.lr and one other key:
     against lr, a line per variant and value of the other key (the chosen value's drawn solid);
-    otherwise against the points."""
+    otherwise against the points. The perplexity axis ends at a labelled tick at or above the top
+    point."""
+    tuning = c.tuning
+    colors = tuning_colors(c)
     labels = tuning.labels()
     axes = tuning.spec.axes
     plain = not any(isinstance(x, dict) for vals in axes.values() for x in vals)
@@ -450,11 +544,14 @@ def plot_tuning(tuning: Tuning, path: Path) -> None:
     other = next((k for k in axes if k != key), None) if numeric else None  # two keys: a line per its value
     title = f"Tuning on validation ({tuning.selection}); ringed: each variant's choice"
     with figure(path, title) as ax:
-        for i, v in enumerate(tuning.variants):
+        from matplotlib.ticker import NullLocator
+
+        for v in tuning.variants:
+            color = colors[v.tag]
             pts = sorted(((p, labels.index(p.label)) for p in v.points if p.perplexity is not None), key=lambda t: t[1])
             chose = v.chosen.point.get(other) if v.chosen is not None and other else None
             if numeric and pts and all(p.point[key] is None for p, _ in pts):  # a key its tie lacks (untied)
-                ax.axhline(min(p.perplexity for p, _ in pts), color=f"C{i}", linestyle="--",
+                ax.axhline(min(p.perplexity for p, _ in pts), color=color, linestyle="--",
                            label=f"{v.tag} (no {key.rsplit('.', 1)[-1]})")
                 continue
             ats = {p.point[other] for p, _ in pts} if other else {None}
@@ -462,24 +559,29 @@ def plot_tuning(tuning: Tuning, path: Path) -> None:
                 line = sorted(((p, j) for p, j in pts if other is None or p.point[other] == at),
                               key=lambda t: t[0].point[key] if numeric else t[1])
                 xs = [p.point[key] if numeric else j for p, j in line]
-                ax.plot(xs, [p.perplexity for p, _ in line], marker="osv^D<>"[k % 7], color=f"C{i}",
+                ax.plot(xs, [p.perplexity for p, _ in line], marker="osv^D<>"[k % 7], color=color,
                         alpha=1.0 if other is None or at == chose else 0.45,
                         label=v.tag if other is None or at is None else f"{v.tag}, {other.rsplit('.', 1)[-1]}={scalar(at)}")
             if v.chosen is not None and v.chosen.perplexity is not None:
                 x = v.chosen.point[key] if numeric else labels.index(v.chosen.label)
                 ax.scatter([x], [v.chosen.perplexity], s=160, facecolors="none", edgecolors="black", zorder=3)
         if numeric:
-            values = [p.point[key] for v in tuning.variants for p in v.points if p.point[key] is not None]
+            values = sorted({p.point[key] for v in tuning.variants for p in v.points if p.point[key] is not None})
             if values and all(x > 0 for x in values):
                 ax.set_xscale("log")
+                ax.xaxis.set_minor_locator(NullLocator())
+            if values:  # each value tried, by its own name (0.37, not a decade's 10^-1)
+                ax.set_xticks(values)
+                ax.set_xticklabels([scalar(x) for x in values], rotation=30 if len(values) > 6 else 0, fontsize=8)
             ax.set_xlabel(key)
         else:
             ax.set_xticks(range(len(labels)))
             ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
             ax.set_xlabel("point of the tuning grid")
-        ax.set_ylabel("validation perplexity")
+        ax.set_ylabel("validation perplexity (log scale)")
         ax.set_yscale("log")
         plain_ticks(ax, "y", log=True)
+        ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7 if other else None)
 
 

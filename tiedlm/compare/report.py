@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from typing import Any
 
 from ..formatting import (
@@ -24,7 +25,7 @@ from ..formatting import (
 )
 from .comparison import Comparison, RunRow
 from .matching import PARAM_MATCH
-from .plots import MATCHED_PLOT, PLOTS, TYING_MAP_BUCKETS_PLOT, TYING_MAP_PLOT
+from .plots import MATCHED_PLOT, PLOTS, TYING_MAP_BUCKETS_PLOT, TYING_MAP_PLOT, bucket_split, captions
 from .stats import GeometricSummary, Summary, TestResult
 from .sections import (sequential_lines, sequential_markdown, trajectory_lines, trajectory_markdown, tuning_lines,
                        tuning_markdown)
@@ -82,15 +83,27 @@ def _detectable(d: SplitContrast) -> str:
 # ============================================================================ comparison.md
 
 
+def runs_line(c: Comparison) -> str:
+    """How many runs are compared, of how many the command trained (compare --config: every run it
+    trained or found finished, its tuning's included) or found: "4 runs compared of 12 trained"."""
+    n = sum(v.n_seeds for v in c.variants)
+    if c.trained is None:
+        return f"{plural(n, 'finished run')} compared"
+    line = f"{n} run{'s' if n != 1 else ''} compared of {c.trained} trained"
+    rest = c.trained - n
+    if rest > 0 and c.tuning is not None:
+        line += f" (the other {rest} are the tuning's: see *Each variant at its own setting*)"
+    return line
+
+
 def _md_intro(c: Comparison) -> list[str]:
-    n_runs = sum(v.n_seeds for v in c.variants)
     if c.mode == "matched":
         how = ("no single baseline: each tied variant is contrasted with the untied variant identical in every "
                "other key (pass --baseline to compare every variant with one)")
     else:
         how = f"baseline **{c.baseline_label}** ({c.baseline_reason})"
     md = [TITLE, "",
-          f"{plural(n_runs, 'finished run')} in {plural(len(c.variants), 'variant')}; {how}. "
+          f"{runs_line(c)}, in {plural(len(c.variants), 'variant')}; {how}. "
           f"Written by tiedlm {c.tiedlm_version} on {c.created}."]
     md += ["", f"**{c.protocol.split(':', 1)[0]}:**{c.protocol.split(':', 1)[1]}"] if c.protocol else []
     md += [line for w in c.warnings for line in ("", f"**Warning:** {w}")]
@@ -249,10 +262,6 @@ def _md_differences(c: Comparison) -> list[str]:
     return md
 
 
-def _bucket_split(c: Comparison) -> str:
-    return c.primary if c.bucket_names(c.primary) else "validation"
-
-
 def _bucket_cell(c: Comparison, v: Variant, split: str, name: str) -> str:
     """Mean ± SD of a bucket's loss; for a contrasted variant, its difference and Holm-adjusted p."""
     m = v.split(split)
@@ -268,7 +277,7 @@ def _bucket_cell(c: Comparison, v: Variant, split: str, name: str) -> str:
 
 
 def _md_buckets(c: Comparison) -> list[str]:
-    split = _bucket_split(c)
+    split = bucket_split(c)
     names = c.bucket_names(split)
     if not names:
         return []
@@ -348,10 +357,24 @@ def _md_matrices(c: Comparison) -> list[str]:
 def _md_plots(c: Comparison) -> list[str]:
     return ["", "## Plots", "",
             f"![validation perplexity against tokens seen]({PLOTS['curve']})", "",
-            "Validation perplexity during training (on the fixed evaluation slice): geometric mean over seeds, "
-            "band from the lowest to the highest seed, log scale; a triangle marks each run's best evaluation.", "",
-            f"![final validation perplexity against parameter count]({PLOTS['params']})", "",
-            f"![validation loss by frequency bucket]({PLOTS['buckets']})"]
+            f"![{c.primary} perplexity against parameter count]({PLOTS['params']})", "",
+            f"![{bucket_split(c)} loss by frequency bucket]({PLOTS['buckets']})"]
+
+
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)]+)\)")  # a figure in comparison.md, on a line of its own
+
+
+def _captioned(lines: list[str], c: Comparison) -> list[str]:
+    """Every figure with its caption (plots.captions) on the line after next: what is drawn, on
+    which split, which weights."""
+    text = captions(c)
+    out: list[str] = []
+    for line in lines:
+        out.append(line)
+        image = IMAGE.fullmatch(line)
+        if image and image.group(1) in text:
+            out += ["", f"*{text[image.group(1)]}*"]
+    return out
 
 
 def _md_runs(c: Comparison) -> list[str]:
@@ -392,7 +415,7 @@ def to_markdown(c: Comparison) -> str:
                 + _md_results(c) + _md_differences(c) + _md_buckets(c) + _md_matrices(c) + _md_params(c) + _md_cost(c)
                 + _md_plots(c) + _md_runs(c)
                 + _md_left_aside(c))
-    return "\n".join(sections + [""])
+    return "\n".join(_captioned(sections, c) + [""])
 
 
 # ============================================================================ comparison.csv
