@@ -214,7 +214,8 @@ def test_absurd_and_non_finite_values_are_refused(override, message):
 
 
 def test_valid_edge_values_still_load():
-    cfg = load_config(None, BUDGET + ["train.lr=20", "train.weight_decay=0", "data.data_files={train: [a.txt]}",
+    cfg = load_config(None, BUDGET + ["train.lr=20", "train.weight_decay=0", "data.path=text",
+                                      "data.data_files={train: [a.txt]}",
                                       "data.synthetic.train_tokens=1e8", "seed=18446744073709551615"])
     assert cfg.train.lr == 20 and cfg.seed == 2**64 - 1
 

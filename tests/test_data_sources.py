@@ -67,7 +67,8 @@ def test_not_utf8_names_the_file(tmp_path):
 
 @pytest.mark.parametrize("overrides, message, code", [
     (["data.path=./no/such/folder"],
-     "data.path ./no/such/folder does not exist — check the path (hub ids look like owner/name)", 2),
+     "data.path ./no/such/folder does not exist (relative to {cwd}) — check the path; a Hugging Face dataset id "
+     "looks like owner/name", 2),
     (["data.path=text", "data.data_files=nothing*.txt"],
      "data.data_files: 'nothing*.txt' matches no file (relative paths start at {cwd}) — check the path or the "
      "glob", 2),

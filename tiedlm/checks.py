@@ -313,6 +313,13 @@ def _validate_data(d: Any) -> None:
     _check(d.data_files is None or _is_paths(d.data_files) or (
         isinstance(d.data_files, dict) and all(_is_paths(v) for v in d.data_files.values())),
            f"data.data_files must be a path, a glob, a list of them or a mapping split: paths, got {d.data_files!r}")
+    path = d.path.strip()
+    # a built-in corpus reads no files: data_files beside it would be ignored and the run would
+    # train on the corpus while the config seems to name the user's text
+    _check(d.data_files is None or not path.startswith("builtin:"),
+           f"data.data_files is set, and data.path {path} reads no files (it would train on {path}) — to "
+           "train on the files set data.path to their builder (text, json, csv, parquet) or to the file itself, "
+           "or drop data.data_files (--set data.data_files=null)")
     for key in ("validation_fraction", "test_fraction"):
         v = getattr(d, key)
         _check(0.0 <= v < 1.0, f"data.{key} must be a fraction in [0, 1), got {v}")

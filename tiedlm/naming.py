@@ -42,24 +42,71 @@ def sanitize(text: str) -> str:
     return text.lstrip(".") or "run"
 
 
+# The override keys that say which data a run trains on, and what a data file's name may end with
+# (stripped from a run's data name: my.txt.gz names the data "my").
+DATA_KEYS = ("data.path", "data.data_files")
+_DATA_SUFFIX = re.compile(r"\.(txt|text|md|jsonl|json|csv|tsv|parquet|arrow|gz|bz2|xz|zst|zip|tar)$", re.IGNORECASE)
+_BUILDER_NAMES = ("text", "json", "jsonl", "csv", "parquet")
+
+
+def data_name(value: Any) -> str:
+    """A short name for the data a data.path or data.data_files value names: a file's stem, a
+    folder's name, a hub id's last part or a built-in corpus's name (corpus2.txt → corpus2,
+    ../texts/ → texts, roneneldan/TinyStories → TinyStories, builtin:pydoc → pydoc); for a list or
+    a split mapping, its (train) first file; a glob's part without wildcards."""
+    if isinstance(value, dict):
+        value = value.get("train", next(iter(value.values()), None))
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    text = scalar(value).strip() if value is not None else ""
+    if text.startswith("builtin:"):
+        text = text[len("builtin:"):]
+    parts = [q for q in re.split(r"[\\/]+", text) if q not in ("", ".", "..", "~") and not re.search(r"[*?\[\]{}]", q)]
+    name = parts[-1] if parts else ""
+    while _DATA_SUFFIX.search(name) and _DATA_SUFFIX.sub("", name):
+        name = _DATA_SUFFIX.sub("", name)
+    name = sanitize(name)[:32].rstrip("._-=+")
+    return name if name and name != "run" else "data"
+
+
+def _data_tag(items: list[tuple[str, Any, str]]) -> str:
+    """'my-1a2b3c4d' for --set data.path=my.txt: the data's short name (data_name of data.path, or
+    of data.data_files where data.path is a builder such as text or is not overridden) and a hash
+    of the data overrides as written, so that two files of one name, or two spellings of one path
+    (which configs record as they are written), never share a run folder."""
+    paths = [value for key, value, _ in items if key == DATA_KEYS[0]]
+    files = [value for key, value, _ in items if key == DATA_KEYS[1]]  # the last of each counts, as in the config
+    named = paths[-1] if paths and (not files or scalar(paths[-1]).strip() not in _BUILDER_NAMES) else files[-1]
+    digest = hashlib.sha256(" ".join(item for _, _, item in items).encode()).hexdigest()[:8]
+    return f"{data_name(named)}-{digest}"
+
+
 def override_tag(overrides: list[str]) -> str:
     """'-n_embd=256,lr=0.002' for --set model.n_embd=256 --set train.lr=2e-3, so that runs of the
     config with other overrides get folders of their own instead of clashing with the plain runs
-    (a hash when that would be long). Seed and name overrides name nothing new."""
+    (a hash when that would be long). Seed and name overrides name nothing new. An override of the
+    data (data.path, data.data_files) comes first, as the data's short name and a hash of what was
+    written: '-corpus2-1a2b3c4d' for --set data.path=corpus2.txt, then the others as above."""
     from .config import parse_override
 
-    parts = []
+    parts, data, rest = [], [], []
     for item in overrides:
         keys, value = parse_override(item)
         if keys[0] in ("seed", "name"):
             continue
+        if ".".join(keys) in DATA_KEYS:
+            data.append((".".join(keys), value, item.strip()))
+            continue
+        rest.append(item)
         parts.append(f"{keys[-1]}={scalar(value)}")
-    if not parts:
-        return ""
-    tag = sanitize(",".join(parts))
-    if len(tag) > 48:
-        tag = "set-" + hashlib.sha256(" ".join(overrides).encode()).hexdigest()[:10]
-    return "-" + tag
+    tag = ""
+    if parts:
+        tag = sanitize(",".join(parts))
+        if len(tag) > 48:
+            tag = "set-" + hashlib.sha256(" ".join(rest if data else overrides).encode()).hexdigest()[:10]
+    if data:
+        tag = _data_tag(data) + ("-" + tag if tag else "")
+    return "-" + tag if tag else ""
 
 
 def yaml_value(value: Any) -> str:

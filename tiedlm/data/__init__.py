@@ -47,7 +47,7 @@ from .cache import (
     store_tokens,
 )
 from .documents import BATCH_DOCS, Docs, StreamDocs, split_documents
-from .sources import Source, resolve_source
+from .sources import Source, check_source, resolve_source
 from .tokenizers import (
     ByteTokenizer,
     CharTokenizer,
@@ -60,8 +60,8 @@ from .tokenizers import (
 )
 
 __all__ = ["BATCH_DOCS", "CACHE_FORMAT", "ByteTokenizer", "CharTokenizer", "ClearedCache", "HFTokenizer",
-           "PreparedData", "SplitData", "Tokenizer", "cache_entries", "cache_root", "clear_cache", "data_identity",
-           "encode_split", "load_tokenizer", "prepare_data", "summarize", "train_tokenizer"]
+           "PreparedData", "SplitData", "Tokenizer", "cache_entries", "cache_root", "check_source", "clear_cache",
+           "data_identity", "encode_split", "load_tokenizer", "prepare_data", "summarize", "train_tokenizer"]
 
 
 @dataclass

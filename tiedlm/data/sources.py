@@ -139,6 +139,33 @@ def hub_revision(path: str, revision: str | None) -> str:
     return memo.get(name, name)
 
 
+# What a data file's name ends with: the formats tiedlm reads (_EXTENSIONS) and the usual others
+# and compressions. No hub dataset id ends so, so such a path names a file even when it is missing.
+_FILE_SUFFIXES = frozenset(_EXTENSIONS) | {".tsv", ".arrow", ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar"}
+
+
+def looks_local(p: str) -> bool:
+    """Whether data.path names a local file or folder by its spelling alone, present or not: it
+    starts with / ./ ../ ~ or a drive letter, holds a backslash, ends with a separator, has more
+    parts than a hub id's owner/name, or its last part ends with a data file's extension (.txt,
+    .jsonl, .csv.gz, ...). Anything else that does not exist is a hub dataset id (wikitext,
+    roneneldan/TinyStories), which is asked of the hub."""
+    p = p.strip()
+    if p in (".", "..") or p.startswith(("/", "./", "../", "~", ".\\", "..\\")) or "\\" in p:
+        return True
+    if re.match(r"[A-Za-z]:[\\/]", p) or p.endswith("/") or p.count("/") > 1:
+        return True
+    return Path(p).suffix.lower() in _FILE_SUFFIXES
+
+
+def _no_such_path(p: str, local: Path) -> ConfigError:
+    """A local-looking data.path that is not there: said at once, without asking the hub."""
+    where = "" if Path(p).is_absolute() else \
+        f" ({local})" if p.startswith("~") else f" (relative to {Path.cwd()})"
+    return ConfigError(f"data.path {p} does not exist{where} — check the path; a Hugging Face dataset id looks "
+                       "like owner/name")
+
+
 def resolve_source(d: DataConfig) -> Source:
     """Decide what data.path names and fingerprint it, without loading anything."""
     p = d.path.strip()
@@ -149,13 +176,22 @@ def resolve_source(d: DataConfig) -> Source:
             raise ConfigError(f"data.path: {p} needs data.data_files (a path, a glob, a list, or split: files)")
         return _files_source(BUILDERS[p], _resolve_data_files(d.data_files, Path.cwd()), p)
     local = Path(p).expanduser()
-    if p.startswith(("/", "./", "../", "~", ".\\")) or local.exists():
+    if local.exists() or looks_local(p):
         if not local.exists():
-            raise ConfigError(f"data.path {p} does not exist — check the path (hub ids look like owner/name)")
+            raise _no_such_path(p, local)
         return _local_source(p, local.resolve(), d)
     what = f"hub dataset {p}" + (f" ({d.name})" if d.name else "") + (f" @ {d.revision}" if d.revision else "")
     return Source("hub", what, {"hub": p, "name": d.name, "revision": hub_revision(p, d.revision),
                                 "data_files": d.data_files}, p)
+
+
+def check_source(d: DataConfig) -> None:
+    """Refuse at once what resolve_source refuses of a built-in name, a builder's data_files or a
+    local path (missing, empty, of an unknown format), without asking the hub anything: for a
+    command that plans many runs, before the first one."""
+    p = d.path.strip()
+    if p.startswith("builtin:") or p in BUILDERS or looks_local(p) or Path(p).expanduser().exists():
+        resolve_source(d)
 
 
 def _builtin_source(p: str, d: DataConfig) -> Source:
