@@ -7,13 +7,14 @@ The pipeline, the module that does each step, and where its result is cached (un
 
     source (hub / files / folder / save_to_disk / builtin)   sources     fingerprint: revision, sizes+mtimes, params
       → splits (mapped by name, or carved from train)         documents   recorded with the tokenizer entry
+      → eval documents also in train (the leak measure)       overlap     tokenizers/<key>/overlap.json
       → tokenizer (trained on train only)                     tokenizers  tokenizers/<key>/
       → token arrays, one per split (.npy, memory-mapped)     tokenizers  tokens/<key>/
                                                               cache       entries, list, clear
 
-Imports point down: this package's __init__ → documents → sources → cache → tokenizers. A second
-prepare of the same data reads the entries' JSON manifests and memory-maps the arrays: it imports
-neither `datasets` nor trains nor encodes anything.
+Imports point down: this package's __init__ → overlap → documents → sources → cache → tokenizers. A
+second prepare of the same data reads the entries' JSON manifests and memory-maps the arrays: it
+imports neither `datasets` nor trains nor encodes anything.
 
 Errors: what the config names and is not there, empty or unusable as named (a path, a file, a
 split, a column, a dataset config, a tokenizer file) is a ConfigError, exit 2; what the world does
@@ -34,6 +35,7 @@ import numpy as np
 from .. import corpora
 from ..config import ADDED_KEYS, Config, DataConfig, TokenizerConfig
 from ..errors import DataError
+from . import overlap
 from .cache import (
     CACHE_FORMAT,
     ClearedCache,
@@ -41,8 +43,10 @@ from .cache import (
     cache_root,
     clear_cache,
     key_of,
+    read_overlap,
     read_tokenizer,
     read_tokens,
+    store_overlap,
     store_tokenizer,
     store_tokens,
 )
@@ -83,7 +87,7 @@ class PreparedData:
     splits: dict[str, SplitData]  # "train" and "validation" always; "test" when there is one
     train_counts: np.ndarray  # int64 [model_vocab_size], count of each token id in the train split
     floor: dict | None  # builtin:synthetic only: expected rate and each split's own floor (corpora.synthetic_floor)
-    info: dict  # JSON-serialisable: source, fingerprint, carving, cache folders, tokenizer, timings
+    info: dict  # JSON-serialisable: source, fingerprint, carving, overlap, cache folders, tokenizer, timings
 
 
 def data_identity(data: PreparedData) -> dict:
@@ -118,6 +122,7 @@ class _Entries:
     found: dict[str, tuple[SplitData, np.ndarray | None, Path]] = field(default_factory=dict)
     tokenizer_hit: bool = False
     timings: dict[str, float] = field(default_factory=dict)
+    overlap: dict | None = None  # the leak measure (data.overlap), stored with the tokenizer
 
     @property
     def complete(self) -> bool:
@@ -173,7 +178,9 @@ def _read_cached(plan: _Plan) -> _Entries:
         hit = _read_split(plan.split_key(name))
         if hit is not None:
             found[name] = hit
-    return _Entries(tokenizer, folder, manifest["layout"], found, tokenizer_hit=True)
+    stored = read_overlap(folder)
+    measured = stored["splits"] if overlap.is_current(stored) else None
+    return _Entries(tokenizer, folder, manifest["layout"], found, tokenizer_hit=True, overlap=measured)
 
 
 def _load_documents(plan: _Plan, d: DataConfig, progress: bool) -> tuple[dict[str, Docs], dict]:
@@ -211,15 +218,25 @@ def _encode(plan: _Plan, name: str, docs: Docs, tokenizer: Tokenizer, origin: st
 
 
 def _build_missing(plan: _Plan, cfg: Config, entries: _Entries, progress: bool) -> None:
-    """Load the documents, then train the tokenizer and encode the splits the cache lacks."""
+    """Load the documents, then train the tokenizer and encode the splits the cache lacks; measure
+    the overlap of the splits (overlap.py) where the cache lacks it too."""
     t = time.perf_counter()
     docs, layout = _load_documents(plan, cfg.data, progress)
     entries.timings["load_s"] = time.perf_counter() - t
+    streamed = any(isinstance(dd, StreamDocs) for dd in docs.values())
+    sinks, measuring = None, entries.overlap is None
+    if measuring:
+        if streamed:  # read once: the encoder's reading is hashed as it goes
+            sinks = overlap.hash_while_encoding(docs)
+        else:
+            t = time.perf_counter()
+            entries.overlap = overlap.measure(docs, overlap.unit_of(plan.source))
+            entries.timings["overlap_s"] = time.perf_counter() - t
     if entries.tokenizer is None:
         t = time.perf_counter()
         _train_tokenizer(plan, cfg.tokenizer, docs["train"], layout, entries, progress)
         entries.timings["tokenizer_s"] = time.perf_counter() - t
-    if any(isinstance(dd, StreamDocs) for dd in docs.values()):
+    if streamed:
         entries.found = {}  # a stream is read once, in order: encode every split again
     t = time.perf_counter()
     for name in entries.layout["splits"]:
@@ -227,6 +244,12 @@ def _build_missing(plan: _Plan, cfg: Config, entries: _Entries, progress: bool) 
             entries.found[name] = _encode(plan, name, docs[name], entries.tokenizer,
                                           entries.layout["origins"][name], progress)
     entries.timings["encode_s"] = time.perf_counter() - t
+    if sinks is not None:
+        entries.overlap = overlap.result(sinks["train"], {n: d for n, d in sinks.items() if n != "train"},
+                                         overlap.unit_of(plan.source), None)
+    if measuring:
+        store_overlap(entries.tok_folder, {"version": overlap.VERSION, "min_chars": overlap.MIN_CHARS,
+                                           "splits": entries.overlap})
 
 
 def _check_lengths(splits: dict[str, SplitData], block_size: int, limits: dict[str, int | None]) -> None:
@@ -268,6 +291,9 @@ def _info(plan: _Plan, cfg: Config, entries: _Entries, model_vocab: int) -> dict
         "fingerprint": plan.data_key,
         "splits": entries.layout["origins"],
         "carving": entries.layout["carving"],
+        # validation and test documents found verbatim in train (overlap.py); None for a cache
+        # entry made before the measure existed
+        "overlap": entries.overlap,
         "streaming": d.streaming,
         "limits": {"max_train_tokens": d.max_train_tokens, "max_eval_tokens": d.max_eval_tokens,
                    **({"train_fraction": d.train_fraction} if d.train_fraction < 1.0 else {})},
@@ -328,8 +354,25 @@ def summarize(prepared: PreparedData) -> str:
         for name, sf in (f.get("splits") or {}).items():
             lines.append(f"{name:<11}{sf['label']} {sf['nats_per_token']:.4f} nats/token (perplexity "
                          f"{sf['perplexity']:.2f}, {sf['bits_per_byte']:.4f} bits/byte): the true model on its tokens")
+    shown = _overlap_line(info.get("overlap"))
+    if shown:
+        lines += ["", shown]
     c, t = info["cache"], info["timings"]
     how = f"hit, {t['total_s']:.2f} s" if c["hit"] else \
         "built in " + ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in t.items())
     lines += ["", f"cache      {c['root']} ({how})"]
     return "\n".join(lines)
+
+
+def _overlap_line(measured: dict | None) -> str | None:
+    """'overlap    validation: 2 of 1,085 lines of 32+ characters are also in train (0.18%); test: ...'."""
+    if not measured:
+        return None
+    parts = []
+    for name, o in measured.items():
+        share = f" ({100 * o['share']:.2f}%)" if o["share"] is not None else ""
+        parts.append(f"{name}: {o['in_train']:,} of {o['checked']:,}{share}")
+    o = next(iter(measured.values()))
+    part = "" if o["train_checked"] >= o["train_documents"] else \
+        f" (the first {o['train_checked']:,} of {o['train_documents']:,} training {o['unit']})"
+    return (f"overlap    {o['unit']} of {o['min_chars']}+ characters also in train{part} — " + "; ".join(parts))

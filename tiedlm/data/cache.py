@@ -222,6 +222,21 @@ def read_tokenizer(key: str) -> tuple[Tokenizer, dict, Path] | None:
         return None
 
 
+OVERLAP = "overlap.json"  # in a tokenizer entry: the leak measure of its splits (data.overlap)
+
+
+def store_overlap(folder: Path, record: dict) -> None:
+    """Keep the overlap measure beside the tokenizer it was measured with (a tokenizer entry is
+    keyed by the data and its splits), written after the entry when the documents were read for
+    other reasons. Best effort: a cache that cannot be written only measures it again next time."""
+    with contextlib.suppress(OSError):
+        atomic_write_json(Path(folder) / OVERLAP, record, indent=1)
+
+
+def read_overlap(folder: Path | None) -> dict | None:
+    return read_json(Path(folder) / OVERLAP) if folder is not None else None
+
+
 # --------------------------------------------------------------------------------------------
 # What tiedlm's loads made in datasets/
 #
