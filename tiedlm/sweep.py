@@ -420,7 +420,7 @@ def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, job
     from .jobs import Executor
     from .plan import RunSource, Stage
     from .train import train_run
-    from .tuning import TuningSearch, point_label, point_overrides
+    from .tuning import TuningSearch, point_label, point_overrides, point_tag
     from .tuning_record import check_record_target, write_record
 
     check_record_target(grid.out)  # refused: nothing trained
@@ -446,9 +446,9 @@ def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, job
         for (tag, _), point, v in zip(variants, points, tuning.variants):
             if v.chosen is None:
                 continue
-            label = sanitize(point_label(v.chosen.point, tuned_short))
+            label = point_tag(v.chosen.point, tuned_short)
             for seed in grid.seeds:
-                final.append((v, point, seed, source.run(f"{tag}-{label}", v.overrides + point_overrides(
+                final.append((v, point, seed, source.run(f"{tag}-{label}" if label else tag, v.overrides + point_overrides(
                     v.chosen.point, tuning.schedule), seed)))
         executor.may_grow = False  # the last stage: every run is known
         executor.run(Stage("every seed at each point's choice", [run for *_, run in final]))
