@@ -23,7 +23,7 @@ LAYERS = [
     ["checkpoints", "figures", "tensorboard", "runs", "report_md", "process"],
     ["model", "norms", "loss", "counting", "distributed", "device", "threads"],
     ["data", "corpora"],
-    ["naming", "config", "config_layers", "variant", "checks", "tie", "yamlsafe"],
+    ["naming", "config", "config_layers", "variant", "checks", "tie", "arch", "yamlsafe"],
     ["files", "formatting", "errors", "geometry", "nats"],
 ]
 RANK = {name: (i, j) for i, layer in enumerate(LAYERS) for j, name in enumerate(layer)}
@@ -350,3 +350,15 @@ def test_tuning_and_the_sequential_design_call_nothing_of_their_callers():
              for path in ("tuning.py", "tuning_spec.py", "plan.py", "compare/sequential.py", "compare/plan.py",
                           "compare/__init__.py")}
     assert {path: f for path, f in found.items() if f} == {}
+
+
+def test_only_arch_py_decides_by_the_family_s_name():
+    """The block family is one value (arch.Arch): no module but arch.py compares model.arch with a
+    name, and none reads a `.llama` flag; model.py's table of blocks is keyed by the names."""
+    import re
+
+    decides = re.compile(r"""\barch\s*(==|!=)|(==|!=)\s*["'](gpt2|llama)["']|\.llama\b|\barch\s+(not\s+)?in\s+\(""")
+    found = [f"{name}:{i}: {line.strip()}" for name, path in modules().items() if name != "tiedlm.arch"
+             for i, line in enumerate(path.read_text().splitlines(), 1)
+             if decides.search(line.split("#", 1)[0])]
+    assert found == []

@@ -15,6 +15,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
+from .arch import ARCHS, FAMILY_KEYS, arch_of
 from .errors import ConfigError
 from .tie import check_stored
 
@@ -199,24 +200,21 @@ def _validate_model(m: Any) -> None:
     _validate_arch(m)
 
 
-ARCHS = ("gpt2", "llama")
-# Keys of the Llama-style block, with the value a gpt2 config must leave them at (they would change
-# the hash of a model they do not change).
-LLAMA_KEYS = {"n_kv_head": None, "intermediate_size": None, "multiple_of": 64, "rope_theta": 10000.0}
-
-
 def _validate_arch(m: Any) -> None:
-    _check(m.arch in ARCHS, f"model.arch must be gpt2 or llama, got {m.arch!r}")
+    _check(m.arch in ARCHS, f"model.arch must be {' or '.join(ARCHS)}, got {m.arch!r}")
     check_positive(m.norm_eps, "model.norm_eps")
     _check(m.norm_eps >= NORM_EPS_MIN, f"model.norm_eps must be at least 1.2e-38 (float32's smallest normal number, "
                                        f"where the norms compute: below it eps is lost, as 0), got {m.norm_eps:g} — "
                                        "norms use 1e-5 or 1e-6")
     check_at_most(m.norm_eps, 1.0, "model.norm_eps", "it sits beside activations' mean square, of order 1; "
                   "norms use 1e-5 or 1e-6")
-    if m.arch != "llama":
-        for key, default in LLAMA_KEYS.items():
-            _check(getattr(m, key) == default, f"model.{key} applies to Llama-style blocks only — set model.arch: "
-                                               f"llama, or remove model.{key}")
+    family = arch_of(m.arch)
+    for key, default in FAMILY_KEYS.items():  # another family's keys keep their resting value: they would
+        if key not in family.own_keys:        # change the hash of a model they do not change
+            owner = next(a for a in ARCHS.values() if key in a.own_keys)
+            _check(getattr(m, key) == default, f"model.{key} applies to {owner.summary} blocks only — set "
+                                               f"model.arch: {owner.name}, or remove model.{key}")
+    if not family.own_keys:
         return
     for key in ("n_kv_head", "intermediate_size"):
         if getattr(m, key) is not None:

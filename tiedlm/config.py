@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from .checks import validate
+from .arch import Arch, arch_of
 from .errors import ConfigError
 from .tie import Tie
 from .yamlsafe import YAML_VALUES_LIMIT, load_yaml, read_yaml_text  # noqa: F401 (sweep, tuning import load_yaml here)
@@ -103,15 +104,15 @@ class ModelConfig:
         return self.n_kv_head if self.n_kv_head is not None else self.n_head
 
     @property
+    def family(self) -> Arch:
+        """The block family model.arch names, the one value every module asks (arch.Arch)."""
+        return arch_of(self.arch)
+
+    @property
     def mlp_size(self) -> int:
         """The MLP's hidden width: 4·n_embd (gpt2); for llama model.intermediate_size, or Llama's
         rule, 8/3·n_embd rounded up to a multiple of model.multiple_of."""
-        if self.arch != "llama":
-            return 4 * self.n_embd
-        if self.intermediate_size is not None:
-            return self.intermediate_size
-        hidden = int(8 * self.n_embd / 3)
-        return self.multiple_of * -(-hidden // self.multiple_of)
+        return self.family.mlp_size(self.n_embd, self.intermediate_size, self.multiple_of)
 
     @property
     def tie(self) -> Tie:
@@ -310,7 +311,7 @@ def _one_block_form(cfg: Config) -> Config:
     null when Llama's rule at the default multiple_of gives it, else as the width itself, with
     multiple_of back at its default (it only serves the rule)."""
     m = cfg.model
-    if m.arch != "llama":
+    if not m.family.own_keys:  # one form of the keys a family has of its own
         return cfg
     by_rule = dataclasses.replace(m, intermediate_size=None, multiple_of=ModelConfig.multiple_of).mlp_size
     one = dataclasses.replace(m, n_kv_head=None if m.kv_heads == m.n_head else m.n_kv_head,

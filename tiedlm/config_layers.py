@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .arch import DEFAULT, default_bias
 from .errors import ConfigError
 from .tie import RANKED, STRENGTHENED, Tie
 from .yamlsafe import load_yaml, read_yaml_text
@@ -105,14 +106,14 @@ def _normalize_tying(data: dict) -> dict:
     elif isinstance(model, dict) and model.get("tie_mode") in STRENGTHENED:  # two matrices: tie_embeddings false
         _one_tying({"model": {}}, {"model": model})
         model["tie_embeddings"] = False
-    if isinstance(model, dict) and model.get("arch") == "llama" and "bias" not in model:
-        model["bias"] = False  # Llama-style blocks have no biases unless model.bias asks for them
+    if isinstance(model, dict) and "bias" not in model and default_bias(model.get("arch")) is False:
+        model["bias"] = False  # a family without biases by default (Llama-style) has none unless model.bias asks
     return data
 
 
 def _arch_of(data: dict) -> Any:
     model = data.get("model")
-    return model.get("arch", "gpt2") if isinstance(model, dict) else "gpt2"
+    return model.get("arch", DEFAULT) if isinstance(model, dict) else DEFAULT
 
 
 def _arch_layer(before: Any, merged: dict, layer_keys: set[str]) -> dict:

@@ -18,16 +18,16 @@ def count_params_config(model_cfg: ModelConfig, vocab_size: int) -> dict:
     any size (nothing is built), so absurd configs can be refused before they are allocated.
     tests/test_model.py checks it against count_params on built models of every option."""
     d, L, V, b = model_cfg.n_embd, model_cfg.n_layer, vocab_size, int(model_cfg.bias)
-    llama = model_cfg.arch == "llama"
-    ln = d if llama else d * (1 + b)  # gain, and a bias when bias=True (an RMSNorm has none)
+    family = model_cfg.family
+    ln = d if family.rms_norm else d * (1 + b)  # gain, and a bias when bias=True (an RMSNorm has none)
     qkv, hidden = _qkv_width(model_cfg), model_cfg.mlp_size
     attn = d * qkv + b * qkv + d * d + b * d  # c_attn (q, k, v), c_proj
-    up = 2 * hidden if llama else hidden  # SwiGLU's c_fc is gate and up
+    up = 2 * hidden if family.gated else hidden  # SwiGLU's c_fc is gate and up
     mlp = d * up + b * up + hidden * d + b * d  # c_fc, c_proj
     block = 2 * ln + attn + mlp
     tie = model_cfg.tie
     tied = not tie.two_matrices
-    wte, wpe = V * d, 0 if llama else model_cfg.block_size * d
+    wte, wpe = V * d, model_cfg.block_size * d if family.learned_positions else 0
     lm_head = tie.head_params(V, d)  # W_out's own parameters: none when it is E, V·d untied, P or A and B
     lm_head_bias = V if model_cfg.lm_head_bias else 0
     total = wte + wpe + L * block + ln + lm_head + lm_head_bias
@@ -80,7 +80,7 @@ def _size_keys(model_cfg: ModelConfig) -> str:
     config's one form keeps a width set through model.multiple_of as model.intermediate_size)."""
     keys = ["model.n_layer", "model.n_embd"]
     by_rule = dataclasses.replace(model_cfg, intermediate_size=None, multiple_of=ModelConfig.multiple_of).mlp_size
-    if model_cfg.arch == "llama" and model_cfg.mlp_size != by_rule:
+    if model_cfg.family.gated and model_cfg.mlp_size != by_rule:
         keys.append("model.intermediate_size (or model.multiple_of)")
     keys += ["model.block_size", "tokenizer.vocab_size"]
     return ", ".join(keys) + " or train.batch_size"
@@ -103,7 +103,7 @@ def flops_per_token(model_cfg: ModelConfig, vocab_size: int, tokens_per_forward:
     them as `tie_penalty` and added to `train` only (evaluation has no penalty); without, left out.
     The pull mode's decoupled step (5·V·d per optimizer step) is counted the same way."""
     d, L, T, V = model_cfg.n_embd, model_cfg.n_layer, model_cfg.block_size, vocab_size
-    mlp = (3 if model_cfg.arch == "llama" else 2) * d * model_cfg.mlp_size  # d->4d->d, or gate, up, down
+    mlp = model_cfg.family.mlp_matrices * d * model_cfg.mlp_size  # d->4d->d, or gate, up, down
     matmul_params = d * _qkv_width(model_cfg) + d * d + mlp  # a layer's weights: qkv, attention output, MLP
     per_layer = 2 * matmul_params
     attention = 2 * 2 * T * d  # q@k^T and att@v, per layer

@@ -59,7 +59,7 @@ def writes_tied(model: Any) -> bool:
 
 def hf_class(cfg: Any) -> str:
     """The transformers class a run is exported as."""
-    return LLAMA_CLASS if cfg.model.arch == "llama" else "GPT2LMHeadModel"
+    return cfg.model.family.export_class
 
 
 def check_exportable(cfg: Any, tied: bool) -> None:
@@ -68,7 +68,7 @@ def check_exportable(cfg: Any, tied: bool) -> None:
         raise ConfigError(f"model.lm_head_bias: {hf_class(cfg)} has no bias on its head, so this run cannot be "
                           "exported exactly — export runs trained with model.lm_head_bias: false")
     # A tied llama run folds √d into E and 1/√d into the final RMSNorm's gain (export_llama.py).
-    if cfg.model.arch != "llama" and cfg.model.embed_scale == "sqrt_d" and tied:
+    if not cfg.model.family.rms_norm and cfg.model.embed_scale == "sqrt_d" and tied:
         raise ConfigError("model.embed_scale: sqrt_d with a tied matrix: GPT-2 scales no embedding, and folding "
                           "√d into the shared E would scale the head too — export an untied run, or one with "
                           "embed_scale: 1")
@@ -76,7 +76,7 @@ def check_exportable(cfg: Any, tied: bool) -> None:
 
 def hf_config(cfg: Any, vocab: int, tied: bool, eot_id: int) -> dict:
     """config.json of the GPT2LMHeadModel, or of the LlamaForCausalLM."""
-    if cfg.model.arch == "llama":
+    if cfg.model.family.export_class == LLAMA_CLASS:
         from .export_llama import llama_config
 
         return llama_config(cfg, vocab, tied, eot_id)
@@ -100,7 +100,7 @@ def hf_state_dict(model: Any) -> dict:
         sd.pop("lm_head.weight")
     else:  # untied, or a mode's effective W_out (taken before E is scaled below: the head sees E unscaled)
         sd["lm_head.weight"] = model.output_weight().float().cpu().contiguous()
-    if model.llama:
+    if model.family.export_class == LLAMA_CLASS:
         from .export_llama import llama_state_dict
 
         return llama_state_dict(model, sd, writes_tied(model))

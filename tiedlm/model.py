@@ -172,22 +172,25 @@ class LlamaBlock(nn.Module):
 # -------------------------------------------------------------------- the model
 
 
+BLOCKS = {"gpt2": Block, "llama": LlamaBlock}  # each family's block (arch.ARCHS names them)
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         self.cfg = cfg
         self.vocab_size = vocab_size
-        self.llama = cfg.arch == "llama"
+        self.family = cfg.family  # the block family (arch.Arch): what it builds is asked of it
         parts = dict(wte=nn.Embedding(vocab_size, cfg.n_embd))  # E: (V, d)
-        if not self.llama:  # learned positions (GPT-2); a Llama-style model rotates q and k instead
+        if self.family.learned_positions:  # GPT-2; a rotary model rotates q and k instead
             parts["wpe"] = nn.Embedding(cfg.block_size, cfg.n_embd)
-        block = LlamaBlock if self.llama else Block
+        block = BLOCKS[self.family.name]
         parts["drop"] = nn.Dropout(cfg.dropout)
         parts["h"] = nn.ModuleList([block(cfg) for _ in range(cfg.n_layer)])
-        parts["ln_f"] = (nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps) if self.llama
+        parts["ln_f"] = (nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps) if self.family.rms_norm
                          else LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias))
         self.transformer = nn.ModuleDict(parts)
-        if self.llama:  # not in the state dict: a function of the config
+        if self.family.rotary:  # not in the state dict: a function of the config
             cos, sin = rotary_tables(cfg.n_embd // cfg.n_head, cfg.block_size, cfg.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
@@ -344,7 +347,7 @@ class GPT(nn.Module):
         (a part of W_out).
         Projection's P is a d×d map like the blocks' and is not among them."""
         t = self.transformer
-        out = [t.wte.weight] + ([] if self.llama else [t.wpe.weight])
+        out = [t.wte.weight] + ([t.wpe.weight] if self.family.learned_positions else [])
         if not self.is_tied:
             out.append(self.lm_head.weight)
         if self.built_tie.mode == "lowrank":
@@ -380,7 +383,7 @@ class GPT(nn.Module):
         tok = self.transformer.wte(idx)  # (B, T, C)
         if self.embed_scale != 1.0:
             tok = tok * self.embed_scale
-        if self.llama:
+        if self.family.rotary:
             x = self.transformer.drop(tok)
             cos, sin = self.rope_cos[:T], self.rope_sin[:T]
             for block in self.transformer.h:
@@ -454,7 +457,7 @@ def count_params(model: GPT) -> dict:
             seen.add(id(p))
             total += p.numel()
     wte = model.transformer.wte.weight.numel()
-    wpe = 0 if model.llama else model.transformer.wpe.weight.numel()
+    wpe = model.transformer.wpe.weight.numel() if model.family.learned_positions else 0
     tied = model.is_tied
     extra = sum(p.numel() for _, p in model.head_parameters())  # P, or A and B
     lm_head = extra if tied else model.lm_head.weight.numel()

@@ -62,7 +62,7 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
     # a Llama-style block's shape has more numbers (GQA's key/value heads, the SwiGLU width), and
     # no position matrix: its wpe row is 0 because positions are rotary, not because it is missing
     llama = (f" arch=llama n_kv_head={m.kv_heads} intermediate_size={m.mlp_size} (no position matrix: rotary)"
-             if m.arch == "llama" else "")
+             if m.family.rotary else "")
     text = "\n".join([
         f"{cfg.name}: n_layer={m.n_layer} n_head={m.n_head} n_embd={m.n_embd} block_size={m.block_size} "
         f"bias={m.bias}{llama} V={V:,} (from {source})", "",

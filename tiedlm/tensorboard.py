@@ -89,7 +89,7 @@ def run_texts(run_dir: Path, report: runs.RunReport) -> dict[str, str]:
         tie = "input/output embeddings of an unknown tying (its config does not load)"
     else:
         untie = f", untied at {m.untie_at} of training" if m.untie_at is not None else ""
-        arch = "" if m.arch == "gpt2" else f"{m.arch} blocks, "  # gpt2, the default, unnamed as before
+        arch = f"{m.arch} blocks, " if m.family.summary else ""  # the default family, unnamed as before
         tie = f"{arch}{m.tie.label} input/output embeddings{untie}"
     texts = {"run": f"**{Path(run_dir).name}** — {tie}; seed {report.seed}, variant {report.config_hash}"}
     if report.params:

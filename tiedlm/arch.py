@@ -1,0 +1,84 @@
+"""The block family as one value, like the tie (tie.Tie): `model.arch` names it, and every module
+asks the `Arch` it names instead of comparing the name (tests/test_architecture.py forbids reading
+`arch ==` anywhere but here). An Arch knows its position scheme, norm, MLP, the keys that apply to
+it only (refused on the other families), its default for `model.bias`, its MLP width, what a
+report calls it, and the transformers class it exports to. No torch: model.py builds the blocks an
+Arch names, counting.py counts them, export.py writes them.
+
+Adding a family: an entry in ARCHS, its blocks in model.py, its export adapter, and its tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One block family."""
+
+    name: str  # model.arch's value
+    positions: str  # "learned" (a V-independent block_size × d matrix, wpe) or "rotary" (q and k rotated)
+    norm: str  # "layernorm" (gain and, with model.bias, a bias) or "rmsnorm" (a gain)
+    mlp: str  # "gelu" (d -> 4d -> d) or "swiglu" (gate and up d -> h, down h -> d)
+    default_bias: bool  # model.bias when a config does not set it
+    own_keys: dict[str, Any]  # model keys of this family only -> the value the other families must keep
+    export_class: str  # the transformers class `tiedlm export` writes
+    summary: str  # how a report names the block: "" for the default family, which reports leave unnamed
+
+    @property
+    def rotary(self) -> bool:
+        return self.positions == "rotary"
+
+    @property
+    def learned_positions(self) -> bool:
+        return self.positions == "learned"
+
+    @property
+    def rms_norm(self) -> bool:
+        return self.norm == "rmsnorm"
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP is gated (SwiGLU): three matrices of d × hidden instead of two."""
+        return self.mlp == "swiglu"
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.gated else 2
+
+    def mlp_size(self, n_embd: int, intermediate_size: int | None, multiple_of: int) -> int:
+        """The MLP's hidden width: 4·d (GELU); for SwiGLU intermediate_size, or Llama's rule, 8/3·d
+        rounded up to a multiple of multiple_of."""
+        if not self.gated:
+            return 4 * n_embd
+        if intermediate_size is not None:
+            return intermediate_size
+        hidden = int(8 * n_embd / 3)
+        return multiple_of * -(-hidden // multiple_of)
+
+
+_LLAMA_KEYS = {"n_kv_head": None, "intermediate_size": None, "multiple_of": 64, "rope_theta": 10000.0}
+
+GPT2 = Arch(name="gpt2", positions="learned", norm="layernorm", mlp="gelu", default_bias=True, own_keys={},
+            export_class="GPT2LMHeadModel", summary="")
+LLAMA = Arch(name="llama", positions="rotary", norm="rmsnorm", mlp="swiglu", default_bias=False,
+             own_keys=_LLAMA_KEYS, export_class="LlamaForCausalLM", summary="Llama-style")
+
+ARCHS = {a.name: a for a in (GPT2, LLAMA)}
+DEFAULT = GPT2.name
+# every family's own keys, with the value a family without them must leave them at
+FAMILY_KEYS = {k: v for a in ARCHS.values() for k, v in a.own_keys.items()}
+
+
+def arch_of(name: str) -> Arch:
+    """The Arch named; a KeyError for an unknown name (checks.py refuses it first, in one line)."""
+    return ARCHS[name]
+
+
+def default_bias(name: Any) -> bool | None:
+    """model.bias for a family named in a config dict that does not set it; None for a name that
+    is not a family (the config check refuses it)."""
+    a = ARCHS.get(name) if isinstance(name, str) else None
+    return a.default_bias if a is not None else None
