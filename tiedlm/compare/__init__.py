@@ -44,7 +44,7 @@ from .collect import COMPARE_DIR, LeftOut, LoadedRun, choose_weights, discover, 
 from .comparison import Comparison, TrainFailure, build_comparison
 from .grid import MatchedContrast
 from .guards import guard_warnings, protocol_differences, protocol_line
-from .outputs import OVERWRITE_OPTION, check_outputs, write_outputs
+from .outputs import OVERWRITE_OPTION, check_outputs, replaced_note, write_outputs
 from .plan import CompareRequest, Found, train_for_comparison
 from .plots import MATCHED_PLOT, PLOTS  # noqa: F401 (the file names, for users)
 from .report import format_terminal_table
@@ -191,6 +191,7 @@ def _compare_held(run_dirs: list[Path], left_out: list[LeftOut], req: CompareReq
         v.verdicts = verdicts_for(v, c)
     if found.sequential is not None:  # --seeds auto: the primary contrast judged at the design's adjusted level
         found.sequential.apply(c)
+    c.replaced = replaced_note(c, out)
     write_outputs(c, out, req.overwrite_output)
     return c
 

@@ -125,6 +125,7 @@ class Comparison:
     tying_map: Any = None  # map_measures.MapSection: a two-key numeric grid's map, with the matrices beside it
     warnings: list[str] = field(default_factory=list)  # what changes how the verdict reads: first on every report
     protocol: str | None = None  # how the protocol differs from the main job's (guards.protocol_line): at the top
+    replaced: str | None = None  # the line saying an earlier comparison of other runs in its folder was replaced
 
     @property
     def verdicts(self) -> list[str]:

@@ -45,6 +45,26 @@ def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
                 atomic_write_text(out / FILES[kind], text)
 
 
+def replaced_note(c: Comparison, out: Path) -> str | None:
+    """What an earlier comparison in `out` compared, when it was of other runs: the line that says
+    it is replaced (never silently), naming a few of them and how to keep comparisons apart."""
+    import json
+
+    path = Path(out) / FILES["json"]
+    try:
+        before = {r.get("name") for r in json.loads(path.read_text(encoding="utf-8")).get("runs", [])
+                  if isinstance(r, dict)}
+    except (OSError, ValueError, AttributeError):
+        return None  # none there, or not one tiedlm can read: check_outputs has refused what is not tiedlm's
+    now = {r.name for r in c.runs}
+    gone = sorted(n for n in before - now if isinstance(n, str))
+    if not gone:
+        return None
+    shown = ", ".join(gone[:3]) + (f" and {len(gone) - 3} more" if len(gone) > 3 else "")
+    return (f"replaced the comparison in {out}, which compared other runs ({shown}) — give --out DIR to keep "
+            "each comparison in a folder of its own")
+
+
 def check_outputs(out: Path, run_dirs: Iterable[Path] = (), analyze: bool = False, overwrite: bool = False) -> None:
     """Refuse, before anything is trained or written, a comparison folder inside a run's managed
     parts, files there of the comparison's names that tiedlm did not write, and with `analyze` such

@@ -581,4 +581,6 @@ def format_terminal_table(c: Comparison) -> str:
     lines += [f"training failed: {f.name}: {f.error}" for f in c.train_failures]
     if c.files.get("markdown"):
         lines.append(f"wrote {c.files['markdown']} (and .csv, .json, plots)")
+    if c.replaced:
+        lines.append(c.replaced)
     return "\n".join(lines)
