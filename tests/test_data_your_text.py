@@ -137,7 +137,12 @@ def test_compare_runs_are_named_after_the_data(tmp_path, monkeypatch):
         req = CompareRequest(config=ROOT / "configs" / "shakespeare.yaml", overrides=list(overrides)).check()
         return [d.name for d in plan_comparison(req).dirs(Path("runs"), 0, 1)]
 
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my.txt").write_text("a line of my own text\n")  # a missing file is refused when planned
     digest = hashlib.sha256(b"data.path=my.txt").hexdigest()[:8]
     assert names("data.path=my.txt") == [f"shakespeare-my-{digest}-tied-s0", f"shakespeare-my-{digest}-untied-s0"]
     assert names() == ["shakespeare-tied-s0", "shakespeare-untied-s0"]
+    (tmp_path / "my.txt").unlink()
+    with pytest.raises(ConfigError, match=r"data\.path my\.txt does not exist"):
+        names("data.path=my.txt")
     assert names("model.n_embd=64") == ["shakespeare-n_embd=64-tied-s0", "shakespeare-n_embd=64-untied-s0"]

@@ -101,7 +101,7 @@ def test_most_runs_still_improving_is_a_verdict_about_the_budget(tmp_path):
 
 
 @pytest.mark.parametrize("share, carve, warned", [(0.2, "random", True), (0.2, "contiguous", True),
-                                                  (OVERLAP_WARN, "random", False)])
+                                                  (OVERLAP_WARN, "random", False), (0.004, "random", False)])
 def test_evaluation_lines_found_in_train_are_said_with_the_fix(tmp_path, share, carve, warned):
     runs = tmp_path / "runs"
     row = {"unit": "lines", "min_chars": 30, "checked": 1000, "in_train": round(share * 1000), "share": share}
@@ -114,6 +114,16 @@ def test_evaluation_lines_found_in_train_are_said_with_the_fix(tmp_path, share, 
     if warned:
         assert w[0].startswith("20% of the validation lines (200 of 1,000, of at least 30 characters) are also in")
         assert ("data.carve: contiguous" in w[0]) == (carve == "random")
+
+
+def test_a_few_lines_in_a_small_split_are_not_a_leak(tmp_path):
+    runs = tmp_path / "runs"
+    row = {"unit": "lines", "min_chars": 32, "checked": 100, "in_train": 4, "share": 0.04}
+    for seed in (0, 1):
+        for name, tie in (("t", TIED), ("u", UNTIED)):
+            edit_report(make_run(runs, f"{name}-s{seed}", seed, tie, val=60.0 + seed),
+                        data={"overlap": {"validation": row}})
+    assert not [x for x in C.compare_runs(runs_dir=runs).warnings if "also in the training split" in x]
 
 
 def test_the_main_jobs_protocol_has_no_protocol_line(tmp_path):

@@ -189,6 +189,9 @@ def plan_comparison(req: CompareRequest) -> ComparisonPlan:
     from ..naming import override_tag
 
     base = load_config(req.config, req.overrides)
+    from ..data import check_source
+
+    check_source(base.data)  # a local-looking data.path that is not there: one line, before any run
     variants, matched = variants_of(req, base)
     source = RunSource(req.config, tuple(req.overrides), base.name + override_tag(req.overrides))
     return ComparisonPlan(base=base, variants=variants, source=source, match=matched)
