@@ -205,3 +205,17 @@ def test_no_module_but_the_owners_reads_the_stored_tie():
              if str(path.relative_to(package)) not in OWNERS | SWITCHING
              for read in stored_field_reads(path.read_text())]
     assert found == []
+
+
+def test_every_mode_has_its_own_cost_words():
+    """tiedlm params' sentence on what a mode adds to the FLOPs comes from the tie, one per mode:
+    projection's words are projection's alone (a mode without words would be a KeyError)."""
+    from tiedlm.tie import MODES, RANKED, STRENGTHENED, Tie
+
+    words = {}
+    for mode in MODES:
+        kw = {"rank": 4} if mode in RANKED else {"strength": 0.1} if mode in STRENGTHENED else {}
+        words[mode] = Tie(mode, **kw).cost_words(2048, 2)
+    assert len({words[m] for m in MODES if m not in ("tied", "untied")}) == len(MODES) - 2
+    assert words["projection"] == "P h: 2d² more per token" and "2,048 tokens" in words["lowrank"]
+    assert "4,096 tokens" in words["soft"] and "4,096 tokens" in words["pull"]

@@ -48,7 +48,7 @@ class ExportResult:
     hf_perplexity: float | None = None
     tokens: int | None = None  # scored in the check
     note: str | None = None
-    mode: str | None = None  # the run's model.tie_mode when it has one (projection, lowrank, soft)
+    mode: str | None = None  # the run's model.tie_mode when it has one (one of tie.NAMED_MODES)
     hf_class: str = "GPT2LMHeadModel"  # or LlamaForCausalLM (model.arch: llama)
 
 

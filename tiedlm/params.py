@@ -19,7 +19,7 @@ class ParamsReport:
     untied: dict  # ... and of the untied form
     flops_per_token: dict  # model.flops_per_token (the same for both forms)
     text: str  # the table `tiedlm params` prints
-    mode: dict | None = None  # ... and of the config's own model.tie_mode (projection, lowrank, soft), when set
+    mode: dict | None = None  # ... and of the config's own model.tie_mode (one of tie.NAMED_MODES), when set
 
     def to_json(self) -> dict:
         return {"vocab_size": self.vocab_size, "tied": self.tied, "untied": self.untied,
@@ -70,20 +70,9 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
         f"tying saves {saved:,} parameters ({100 * saved / u['total']:.1f}% of the untied model), "
         f"{16 * saved / 2**20:,.1f} MiB of fp32 weights + gradients + AdamW moments", *spent,
         *([] if mode is None else [f"FLOPs per token (train, {mode_label}): {fmode['train']:,.0f} "
-                                   f"({_mode_cost(m.tie.mode, tokens, cfg.train.grad_accum)})"]),
+                                   f"({m.tie.cost_words(tokens, cfg.train.grad_accum)})"]),
         f"FLOPs per token (train, tied or untied): {fpt['train']:,} — tying never saves compute; "
         f"the output projection is {100 * fpt['head'] / fpt['forward']:.1f}% of the forward matmuls"])
     return ParamsReport(V, source, t, u, fpt, text, mode)
 
 
-def _mode_cost(mode: str, tokens: int, grad_accum: int) -> str:
-    """What a mode adds to the FLOPs of tied and untied, in words."""
-    if mode == "lowrank":
-        return f"with A·Bᵀ formed once per micro-batch of {tokens:,} tokens"
-    if mode == "soft":
-        return f"with λ/2·‖W_out − E‖², 6·V·d, once per optimizer step of {tokens * grad_accum:,} tokens"
-    if mode == "pull":
-        return f"with the decoupled pull, 5·V·d, once per optimizer step of {tokens * grad_accum:,} tokens"
-    if mode == "split":
-        return "W_out's own columns beside E's: no FLOPs beyond the head's"
-    return "P h: 2d² more per token"

@@ -149,6 +149,18 @@ class Tie:
         added to the other: 5·V·d. None when there is neither (another mode, or λ = 0)."""
         return 6 * vocab_size * n_embd if self.penalised else 5 * vocab_size * n_embd if self.pulled else None
 
+    def cost_words(self, tokens: int, grad_accum: int) -> str:
+        """What the mode adds to the FLOPs of tied and untied, in words (`tiedlm params`), for a
+        micro-batch of `tokens` and `grad_accum` of them a step. Every mode has its sentence: a mode
+        added without one is a KeyError here, never another mode's words."""
+        step = f"once per optimizer step of {tokens * grad_accum:,} tokens"
+        return {"tied": "nothing: the head's matmul runs either way", "untied": "nothing: the head's matmul runs "
+                "either way", "projection": "P h: 2d² more per token",
+                "lowrank": f"with A·Bᵀ formed once per micro-batch of {tokens:,} tokens",
+                "split": "W_out's own columns beside E's: no FLOPs beyond the head's",
+                "soft": f"with λ/2·‖W_out − E‖², 6·V·d, {step}",
+                "pull": f"with the decoupled pull, 5·V·d, {step}"}[self.mode]
+
 
 UNTIED = Tie("untied")
 
@@ -158,7 +170,7 @@ def check_stored(m: Any) -> None:
     validation)."""
     mode = m.tie_mode
     _check(mode in (None, *NAMED_MODES),
-           f"model.tie_mode must be tied, untied, projection, lowrank, split, soft or pull, got {mode!r}")
+           f"model.tie_mode must be {', '.join(MODES[:-1])} or {MODES[-1]}, got {mode!r}")
     if mode in STRENGTHENED:
         _check(not m.tie_embeddings, f"model.tie_mode {mode} trains W_out as a matrix of its own, so it needs "
                                      "model.tie_embeddings: false — drop model.tie_embeddings")
