@@ -222,7 +222,7 @@ def compare(
     tiedlm compare runs/my_corpus-*   (runs already trained, tied and untied)
     """
 
-    def go():  # the values are checked by CompareRequest.check; here, which options go together
+    def compare_runs_or_config():  # the values are checked by CompareRequest.check; here, which options go together
         from .checks import check_folder_option
 
         out = check_folder_option(out_, "--out")
@@ -265,7 +265,7 @@ def compare(
             raise TiedlmError(f"{len(failures)} run(s) failed to train: "
                               + ", ".join(f.name for f in failures) + " — see the reasons above")
 
-    run_command(go, reads_runs=config is None)
+    run_command(compare_runs_or_config, reads_runs=config is None)
 
 
 @app.command()
@@ -283,7 +283,7 @@ def train(
 ) -> None:
     """Train one model. Re-running a finished run does nothing; an unfinished one resumes."""
 
-    def go():
+    def train_one_run():
         from .checks import check_folder_option, check_run_name, check_seed
 
         out_dir = check_folder_option(out, "--out")
@@ -305,7 +305,7 @@ def train(
         if is_main_process():  # under torchrun, rank 0 speaks for the run
             typer.echo(str(run_dir / "report.md"))
 
-    run_command(go)
+    run_command(train_one_run)
 
 
 @app.command()
@@ -318,7 +318,7 @@ def params(
 ) -> None:
     """Parameter breakdown of the tied and untied forms side by side (no training, instant)."""
 
-    def go():
+    def count_params():
         from .checks import VOCAB_LIMIT, check_at_most, check_positive
 
         if vocab_size is not None:
@@ -333,7 +333,7 @@ def params(
         result = params_report(cfg, vocab_size=vocab_size, use_data=data)
         typer.echo(json.dumps(result.to_json(), indent=2) if as_json else result.text)
 
-    run_command(go)
+    run_command(count_params)
 
 
 @app.command("eval")
@@ -348,7 +348,7 @@ def eval_(
 ) -> None:
     """Re-evaluate a run's checkpoint on whole splits."""
 
-    def go():
+    def score_splits():
         from .checks import check_device, check_positive, check_split
 
         for sp in split or []:
@@ -364,7 +364,7 @@ def eval_(
         typer.echo(json_text(result["results"], indent=2) if as_json
                    else result["text"])
 
-    run_command(go, reads_runs=True)
+    run_command(score_splits, reads_runs=True)
 
 
 @app.command()
@@ -381,7 +381,7 @@ def analyze(
 ) -> None:
     """Look inside E and W_out: norms, anisotropy, spectra, how the two differ, the direct path."""
 
-    def go():
+    def analyze_runs():
         from .checks import check_at_most, check_folder_option, check_positive, check_seed, check_split
 
         out_dir = None if out is None else check_folder_option(out, "--out")
@@ -422,7 +422,7 @@ def analyze(
             codes = {exc.exit_code for _, exc in failed}
             raise typer.Exit(codes.pop() if len(codes) == 1 else 1)
 
-    run_command(go, reads_runs=True)
+    run_command(analyze_runs, reads_runs=True)
 
 
 @app.command()
@@ -434,13 +434,13 @@ def export(
 ) -> None:
     """Export a run as a transformers GPT2LMHeadModel or LlamaForCausalLM (checked against tiedlm's logits)."""
 
-    def go():
+    def write_export():
         from .checks import check_folder_option
         from .export import export_run, summary
 
         typer.echo(summary(export_run(run, check_folder_option(out, "--out"), checkpoint=checkpoint)))
 
-    run_command(go, reads_runs=True)
+    run_command(write_export, reads_runs=True)
 
 
 @app.command()
@@ -458,7 +458,7 @@ def sample(
 ) -> None:
     """Generate text from a run's latest checkpoint, streamed as it is generated."""
 
-    def go():
+    def sample_text():
         import math
 
         from .checks import check_at_most, check_device, check_positive, check_seed
@@ -485,7 +485,7 @@ def sample(
         opts = SampleOptions(prompt, max_new_tokens, temperature, top_k, top_p, seed, num_samples)
         sample_run(run, opts, write, note=lambda m: typer.echo(f"note: {m}", err=True), device=device)
 
-    run_command(go, reads_runs=True)
+    run_command(sample_text, reads_runs=True)
 
 
 @app.command("tensorboard")
@@ -494,7 +494,7 @@ def tensorboard_(
 ) -> None:
     """Write TensorBoard event files (tb/) for runs from their metrics.jsonl and report.json."""
 
-    def go():
+    def write_events():
         from .runs import expand_runs
         from .tensorboard import backfill_many, left_alone_lines, logdir_of
 
@@ -507,7 +507,7 @@ def tensorboard_(
         if written:
             typer.echo(f"view them side by side: tensorboard --logdir {logdir_of(written)}")
 
-    run_command(go, reads_runs=True)
+    run_command(write_events, reads_runs=True)
 
 
 @app.command()
@@ -517,13 +517,13 @@ def data(
 ) -> None:
     """Prepare (download, tokenize, cache) the data of a config and print its statistics."""
 
-    def go():
+    def prepare_and_describe():
         from .data import prepare_data, summarize
 
         cfg = _load(config, set_)
         typer.echo(summarize(prepare_data(cfg, progress=True)))
 
-    run_command(go)
+    run_command(prepare_and_describe)
 
 
 def _cache_folder() -> Path:
@@ -541,7 +541,7 @@ def _cache_folder() -> Path:
 def cache_list() -> None:
     """List the prepared datasets in the token cache."""
 
-    def go():
+    def list_cache():
         from .data import cache_entries
 
         typer.echo(f"cache: {_cache_folder()}")
@@ -553,14 +553,14 @@ def cache_list() -> None:
         total = sum(e.get("bytes") or 0 for e in entries)
         typer.echo(f"  {len(entries)} entries, {total / 2**20:.1f} MiB" if entries else "(empty)")
 
-    run_command(go)
+    run_command(list_cache)
 
 
 @cache_app.command("clear")
 def cache_clear() -> None:
     """Delete the entries tiedlm made in the token cache (nothing else in its folder)."""
 
-    def go():
+    def clear_cache_entries():
         from .data import clear_cache
 
         _cache_folder()
@@ -573,7 +573,7 @@ def cache_clear() -> None:
         if len(done.left_alone) > shown:
             typer.echo(f"left alone: {len(done.left_alone) - shown} more, not made by tiedlm or in use")
 
-    run_command(go)
+    run_command(clear_cache_entries)
 
 
 
@@ -591,7 +591,7 @@ def sweep(
 ) -> None:
     """Run a grid of overrides x seeds one after another (finished runs are skipped), or emit it."""
 
-    def go():
+    def run_grid():
         from .sweep import check_options, format_sweep_summary, load_grid, run_sweep, slurm_script
 
         options = {"partition": partition, "time": time_, "gpus_per_task": gpus_per_task}
@@ -606,7 +606,7 @@ def sweep(
             raise TiedlmError(f"{len(summary.failed)} of {summary.total} runs failed: "
                               + ", ".join(summary.failed))
 
-    run_command(go)
+    run_command(run_grid)
 
 
 if __name__ == "__main__":  # pragma: no cover
