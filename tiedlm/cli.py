@@ -219,7 +219,7 @@ def compare(
 
     tiedlm compare --config configs/shakespeare.yaml --seeds 3 --set data.path=my_corpus.txt
 
-    tiedlm compare runs/my_corpus-*   (runs already trained, tied and untied)
+    tiedlm compare runs/shakespeare-my_corpus-*   (runs already trained, tied and untied)
     """
 
     def compare_runs_or_config():  # the values are checked by CompareRequest.check; here, which options go together
