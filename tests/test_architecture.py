@@ -21,7 +21,7 @@ LAYERS = [
     ["train"],
     ["evaluate"],
     ["checkpoints", "figures", "tensorboard", "runs", "report_md", "process"],
-    ["model", "norms", "loss", "counting", "distributed", "device", "threads"],
+    ["model", "counting", "hf_model", "hf", "norms", "loss", "distributed", "device", "threads"],
     ["data", "corpora"],
     ["naming", "config", "config_layers", "variant", "checks", "tie", "arch", "yamlsafe"],
     ["files", "formatting", "errors", "geometry", "nats"],

@@ -66,7 +66,8 @@ def lowrank_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TIEDLM_CACHE", str(tmp_path_factory.mktemp("cache")))
-        cfg = load_config(None, TINY + ["model.tie_mode=lowrank", "model.untie_rank=2", "train.max_steps=4"])
+        cfg = load_config(None, TINY + ["model.tie_mode=lowrank", "model.untie_rank=2", "train.max_steps=4",
+                                        "train.warmup_steps=1"])
         return train_run(cfg, out=root, name="lr-s0", progress=False)
 
 

@@ -28,6 +28,12 @@ class Arch:
     summary: str  # how a report names the block: "" for the default family, which reports leave unnamed
 
     @property
+    def built_by_transformers(self) -> bool:
+        """Whether transformers builds the model (arch: hf): counted on the meta device, exported
+        as the family's own folder."""
+        return self.name == "hf"
+
+    @property
     def rotary(self) -> bool:
         return self.positions == "rotary"
 
@@ -66,7 +72,15 @@ GPT2 = Arch(name="gpt2", positions="learned", norm="layernorm", mlp="gelu", defa
 LLAMA = Arch(name="llama", positions="rotary", norm="rmsnorm", mlp="swiglu", default_bias=False,
              own_keys=_LLAMA_KEYS, export_class="LlamaForCausalLM", summary="Llama-style")
 
-ARCHS = {a.name: a for a in (GPT2, LLAMA)}
+# Any transformers causal LM (hf.py): its positions, norms and MLP are its family's own; tiedlm's
+# keys set its size, model.hf_config names it and model.hf_overrides sets the rest. Unless
+# model.intermediate_size is set, its MLP width is the gated families' rule (8/3·d, as llama).
+HF = Arch(name="hf", positions="the family's", norm="the family's", mlp="swiglu", default_bias=False,
+          own_keys={"n_kv_head": None, "intermediate_size": None, "multiple_of": 64, "hf_config": None,
+                    "hf_overrides": None}, export_class="(the family's own class)",
+          summary="transformers")
+
+ARCHS = {a.name: a for a in (GPT2, LLAMA, HF)}
 DEFAULT = GPT2.name
 # every family's own keys, with the value a family without them must leave them at
 FAMILY_KEYS = {k: v for a in ARCHS.values() for k, v in a.own_keys.items()}

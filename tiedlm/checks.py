@@ -216,6 +216,8 @@ def _validate_arch(m: Any) -> None:
                                                f"model.arch: {owner.name}, or remove model.{key}")
     if not family.own_keys:
         return
+    if family.built_by_transformers:
+        _validate_hf(m)
     for key in ("n_kv_head", "intermediate_size"):
         if getattr(m, key) is not None:
             check_positive(getattr(m, key), f"model.{key}")
@@ -228,6 +230,26 @@ def _validate_arch(m: Any) -> None:
                                        "(each key/value head serves n_head / n_kv_head query heads)")
     _check((m.n_embd // m.n_head) % 2 == 0, f"the head size n_embd / n_head ({m.n_embd // m.n_head}) must be even "
                                             "for rotary embeddings (they rotate pairs of dimensions) — change model.n_head")
+
+
+def _validate_hf(m: Any) -> None:
+    """arch: hf: the family is named, and tiedlm's keys that the family sets itself are left alone
+    (each would silently not apply): the bias, norm epsilon, dropout and embedding scale are its
+    config's (model.hf_overrides sets them); the tie is tied or untied (untie_at allowed)."""
+    _check(isinstance(m.hf_config, str) and m.hf_config.strip() != "",
+           "model.arch: hf needs model.hf_config — a transformers model_type (qwen2, gemma2, olmo2, phi3, "
+           "gpt_neox, llama, ...) or a local config.json or model folder")
+    _check(m.hf_overrides is None or isinstance(m.hf_overrides, dict),
+           f"model.hf_overrides must be a mapping of the family's config fields, got {m.hf_overrides!r} — e.g. "
+           "{rms_norm_eps: 1.0e-6}")
+    for key, default, field in (("bias", False, "its attention_bias / mlp_bias"), ("norm_eps", 1e-5, "rms_norm_eps"),
+                                ("dropout", 0.0, "attention_dropout"), ("embed_scale", "1", "its own scaling"),
+                                ("lm_head_bias", False, "its head")):
+        _check(getattr(m, key) == default, f"model.{key} is the family's own under model.arch: hf — remove it, and "
+                                           f"set {field} through model.hf_overrides if the family has it")
+    tie = m.tie
+    _check(tie.mode in ("tied", "untied"), f"model.tie_mode {tie.mode} is not built for model.arch: hf (its head is "
+                                           "the family's) — use tied or untied, or a tiedlm block (arch: llama)")
 
 
 def _validate_train(t: Any) -> None:

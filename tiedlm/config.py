@@ -97,6 +97,10 @@ class ModelConfig:
     intermediate_size: int | None = None  # llama: SwiGLU width; None: 8/3·n_embd rounded up to multiple_of
     multiple_of: int = 64  # llama: the rounding of the default intermediate_size
     rope_theta: float = 10000.0  # llama: base of the rotary embeddings' frequencies
+    # hf (hf.py): any transformers causal LM, built from its configuration: a model_type (qwen2, gemma2,
+    # olmo2, ...) or a local config.json or folder; hf_overrides sets any other field of that config
+    hf_config: str | None = None
+    hf_overrides: dict | None = None
 
     @property
     def kv_heads(self) -> int:
@@ -237,6 +241,8 @@ def _coerce(value: Any, tp: Any) -> Any:
             return _NO
         items = [_coerce(v, arg) for v in value]
         return _NO if any(i is _NO for i in items) else items
+    if tp is dict:  # model.hf_overrides: a mapping with string keys, its values as YAML gives them
+        return dict(value) if isinstance(value, dict) and all(isinstance(k, str) for k in value) else _NO
     if tp is bool:
         return value if isinstance(value, bool) else _NO
     if tp is int:

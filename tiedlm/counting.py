@@ -17,6 +17,8 @@ def count_params_config(model_cfg: ModelConfig, vocab_size: int) -> dict:
     """The breakdown count_params gives for GPT(model_cfg, vocab_size), by arithmetic: instant for
     any size (nothing is built), so absurd configs can be refused before they are allocated.
     tests/test_model.py checks it against count_params on built models of every option."""
+    if model_cfg.family.built_by_transformers:
+        return _count_hf(model_cfg, vocab_size)
     d, L, V, b = model_cfg.n_embd, model_cfg.n_layer, vocab_size, int(model_cfg.bias)
     family = model_cfg.family
     ln = d if family.rms_norm else d * (1 + b)  # gain, and a bias when bias=True (an RMSNorm has none)
@@ -86,6 +88,23 @@ def _size_keys(model_cfg: ModelConfig) -> str:
     return ", ".join(keys) + " or train.batch_size"
 
 
+# Above this many parameters (by a Llama-shaped estimate) a transformers model is not built even on
+# the meta device to count it: a typo like n_layer=100000000000 would hang building its modules.
+HF_BUILD_LIMIT = 10 ** 12
+
+
+def _count_hf(model_cfg: ModelConfig, vocab_size: int) -> dict:
+    """arch: hf, counted on the meta device (hf.count_on_meta); past HF_BUILD_LIMIT, the estimate
+    of a Llama-style block of that size, which only serves to refuse it."""
+    d, L = model_cfg.n_embd, model_cfg.n_layer
+    estimate = L * (4 * d * d + 3 * d * model_cfg.mlp_size) + 2 * vocab_size * d
+    if estimate > HF_BUILD_LIMIT:
+        return {"total": estimate, "estimate": True}
+    from .hf_model import count_on_meta
+
+    return count_on_meta(model_cfg, vocab_size)
+
+
 def flops_per_token(model_cfg: ModelConfig, vocab_size: int, tokens_per_forward: int | None = None,
                     tokens_per_step: int | None = None) -> dict:
     """Matmul FLOPs per token (2 per multiply-add), the head counted whether or not it is tied:
@@ -103,8 +122,11 @@ def flops_per_token(model_cfg: ModelConfig, vocab_size: int, tokens_per_forward:
     them as `tie_penalty` and added to `train` only (evaluation has no penalty); without, left out.
     The pull mode's decoupled step (5·V·d per optimizer step) is counted the same way."""
     d, L, T, V = model_cfg.n_embd, model_cfg.n_layer, model_cfg.block_size, vocab_size
-    mlp = model_cfg.family.mlp_matrices * d * model_cfg.mlp_size  # d->4d->d, or gate, up, down
-    matmul_params = d * _qkv_width(model_cfg) + d * d + mlp  # a layer's weights: qkv, attention output, MLP
+    if model_cfg.family.built_by_transformers:  # its layers' matmul weights, from the model on the meta device
+        matmul_params = _count_hf(model_cfg, V).get("non_head_matmul_params", 0) // max(L, 1)  # layers alike
+    else:
+        mlp = model_cfg.family.mlp_matrices * d * model_cfg.mlp_size  # d->4d->d, or gate, up, down
+        matmul_params = d * _qkv_width(model_cfg) + d * d + mlp  # a layer's weights: qkv, attention output, MLP
     per_layer = 2 * matmul_params
     attention = 2 * 2 * T * d  # q@k^T and att@v, per layer
     head = model_cfg.tie.head_flops(V, d)

@@ -247,7 +247,7 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
     from . import checkpoints, runs
     from .data import data_identity, prepare_data
     from .errors import NotARunError, RunError
-    from .model import GPT
+    from .model import build_model
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -275,7 +275,7 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
     if vocab != data.model_vocab_size:
         raise RunError(f"the checkpoint has a vocabulary of {vocab} but the data prepared from the run's config "
                        f"gives {data.model_vocab_size} — the tokenizer changed; re-train the run")
-    model = GPT(cfg.model, vocab)
+    model = build_model(cfg.model, vocab)
     checkpoints.load_weights(model, tensors, manifest)  # a run untied late (untie_at) is stored as two matrices
     return RunModel(run_dir, cfg, data, model, ckpt, tied, report)
 

@@ -240,6 +240,8 @@ class GPT(nn.Module):
     def is_tied(self) -> bool:
         return self.lm_head.weight is self.transformer.wte.weight
 
+    head_key = "lm_head.weight"  # W_out's name in the state dict: stored once, under E's, when tied
+
     @property
     def current_tie(self) -> Tie:
         """The tie the model has now: its config's, or untied once a tied model has split (untie_at)."""
@@ -412,11 +414,20 @@ def lm_loss(model, x: torch.Tensor, y: torch.Tensor, amp=None) -> torch.Tensor:
 # -------------------------------------------------------------------- weights in and out
 
 
+def build_model(cfg: ModelConfig, vocab_size: int) -> nn.Module:
+    """The model a config names: tiedlm's own blocks (GPT), or a transformers family (arch: hf)."""
+    if cfg.family.built_by_transformers:
+        from .hf_model import HFCausalLM
+
+        return HFCausalLM(cfg, vocab_size)
+    return GPT(cfg, vocab_size)
+
+
 def model_tensors(model) -> tuple[dict, dict]:
-    """State dict for safetensors: a tied matrix is stored once (under wte), with the tie recorded."""
+    """State dict for safetensors: a tied matrix is stored once (under E's name), with the tie recorded."""
     sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if model.is_tied:
-        del sd["lm_head.weight"]
+        del sd[model.head_key]
     return sd, {"tied": model.is_tied, "vocab_size": model.vocab_size, "tiedlm_version": _version()}
 
 
@@ -429,7 +440,7 @@ def load_model_tensors(model, tensors: dict, tied: bool) -> None:
     except RuntimeError as exc:  # shape mismatch
         first = str(exc).strip().splitlines()[-1].strip()
         raise RunError(f"checkpoint does not fit the model ({first}) — was the config changed?") from None
-    missing = set(missing) - ({"lm_head.weight"} if tied else set())
+    missing = set(missing) - ({model.head_key} if tied else set())
     if missing or unexpected:
         raise RunError(f"checkpoint does not fit the model (missing {sorted(missing)[:3]}, unexpected "
                        f"{sorted(unexpected)[:3]}) — was the config changed?")

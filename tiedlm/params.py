@@ -63,6 +63,10 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
     # no position matrix: its wpe row is 0 because positions are rotary, not because it is missing
     llama = (f" arch=llama n_kv_head={m.kv_heads} intermediate_size={m.mlp_size} (no position matrix: rotary)"
              if m.family.rotary else "")
+    if m.family.built_by_transformers:  # counted on the meta device, as transformers builds it
+        head = t.get("head_kind", "linear")
+        llama = (f" arch=hf hf_config={m.hf_config} n_kv_head={m.kv_heads} intermediate_size={m.mlp_size} (built by "
+                 f"transformers on the meta device; head: {'a plain linear map' if head == 'linear' else head})")
     text = "\n".join([
         f"{cfg.name}: n_layer={m.n_layer} n_head={m.n_head} n_embd={m.n_embd} block_size={m.block_size} "
         f"bias={m.bias}{llama} V={V:,} (from {source})", "",

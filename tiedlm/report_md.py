@@ -22,7 +22,11 @@ def render_report_md(r: RunReport) -> str:
     tying = (f"Tying: **{m.tie.label}**{untie}; embed_scale {m.embed_scale}; lm_head_bias {m.lm_head_bias}; "
              if m else "Tying: unknown (its config does not load); ")
     block = ""
-    if m is not None and m.family.summary:  # the default family's (gpt2) reports read as before
+    if m is not None and m.family.built_by_transformers:
+        block = (f"Block: **transformers' {m.hf_config}** as published (its norms, MLP, positions and head), at "
+                 f"tiedlm's size: {m.kv_heads} key/value heads for {m.n_head} query heads, MLP {m.mlp_size}"
+                 + (f"; hf_overrides {m.hf_overrides}" if m.hf_overrides else "") + ")")
+    elif m is not None and m.family.summary:  # the default family's (gpt2) reports read as before
         block = (f"Block: **Llama-style** (RMSNorm, SwiGLU of {m.mlp_size}, rotary θ {m.rope_theta:g}, "
                  f"{m.kv_heads} key/value heads for {m.n_head} query heads, biases {str(m.bias).lower()})")
     lines = [f"# {r.name}", "", f"Status: **{r.status}**" + (f" — {r.error}" if r.error else ""), "",

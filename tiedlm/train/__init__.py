@@ -201,7 +201,7 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     the checkpoint's weights, optimizer, RNG and counters applied. Returns (model, optimizer, sampler)."""
     import torch
 
-    from ..model import GPT, flops_per_token
+    from ..model import build_model, flops_per_token
 
     main = pre.dist.main
     tok_dir = run_dir / runs.TOKENIZER
@@ -213,7 +213,7 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     np.random.seed(cfg.seed % 2**32)
     random.seed(cfg.seed)
     sampler = np.random.default_rng(cfg.seed)
-    model = GPT(cfg.model, pre.data.model_vocab_size).to(pre.device)
+    model = build_model(cfg.model, pre.data.model_vocab_size).to(pre.device)
     model.check_tie(not cfg.model.tie.two_matrices)
     params = _params(model, pre.data)
     optimizer = build_optimizer(model, cfg.train)

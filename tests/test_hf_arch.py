@@ -1,0 +1,144 @@
+"""model.arch: hf — transformers' own families built from their configurations, offline, tied and
+untied: the tie by storage and by every config flag, the count on the meta device against the
+built model and against tiedlm's own Llama-style block, training through tiedlm's loop with a
+resume bit for bit, evaluation of the saved weights, the published totals of the shipped
+count-only configs, and the refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import ROOT
+from tiedlm import checkpoints
+from tiedlm.config import load_config
+from tiedlm.counting import count_params_config
+from tiedlm.errors import ConfigError, Interrupted
+from tiedlm.model import build_model, count_params
+
+pytest.importorskip("transformers")
+
+FAMILIES = ["llama", "qwen2", "qwen3", "gemma2", "olmo2", "phi3", "gpt_neox", "mistral"]
+V = 96
+
+
+def cfg_for(family: str, tied: bool, *extra: str):
+    return load_config(None, ["model.arch=hf", f"model.hf_config={family}", "model.n_layer=2", "model.n_embd=32",
+                              "model.n_head=4", "model.block_size=16", f"model.tie_embeddings={str(tied).lower()}",
+                              "train.max_steps=4", "train.warmup_steps=1", *extra])
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_builds_tied_or_untied_and_counts_on_the_meta_device(family, tied):
+    cfg = cfg_for(family, tied)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, V)
+    assert model.is_tied is tied and all(f is tied for f in __import__("tiedlm.hf", fromlist=["x"])
+                                         .config_flags_tied(model.hf.config))
+    model.check_tie(tied)
+    built = count_params(model)
+    meta = count_params_config(cfg.model, V)
+    for key in ("total", "wte", "lm_head", "non_embedding", "saved_by_tying"):
+        assert meta[key] == built[key], key
+    assert built["total"] == sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    assert built["wte"] == V * 32 and built["lm_head"] == (0 if tied else V * 32)
+    x, y = torch.randint(0, V, (2, 8)), torch.randint(0, V, (2, 8))
+    loss = model(x, y)
+    loss.backward()
+    per_token = model(x, y, reduction="none")
+    assert per_token.shape == (2, 8) and per_token.mean().item() == pytest.approx(loss.item(), rel=1e-5)
+    if model.head_kind == "linear":  # the fused loss over the head equals the family's own logits' loss
+        ref = torch.nn.functional.cross_entropy(model.hf(input_ids=x).logits.reshape(-1, V), y.reshape(-1))
+        assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+
+
+def test_the_soft_capped_head_is_trained_on_the_family_s_own_logits():
+    model = build_model(cfg_for("gemma2", True).model, V)
+    assert model.head_kind.startswith("the family's own logits (final-logit soft-capping at 30")
+    x, y = torch.randint(0, V, (2, 8)), torch.randint(0, V, (2, 8))
+    ref = torch.nn.functional.cross_entropy(model.hf(input_ids=x).logits.reshape(-1, V), y.reshape(-1))
+    assert model(x, y).item() == pytest.approx(ref.item(), rel=1e-6)
+
+
+def test_the_llama_family_counts_as_tiedlm_s_own_llama_block():
+    """The same Llama shape built both ways, tied and untied: the same parameters."""
+    for tied in (True, False):
+        hf = count_params_config(cfg_for("llama", tied, "model.n_kv_head=2").model, V)
+        own = load_config(None, ["model.arch=llama", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
+                                 "model.n_kv_head=2", "model.block_size=16", f"model.tie_embeddings={str(tied).lower()}",
+                                 "train.max_steps=4"]).model
+        assert hf["total"] == count_params_config(own, V)["total"]
+
+
+@pytest.mark.parametrize("config, total, tied_published", [("qwen2.5-0.5b", 494_032_768, True),
+                                                           ("gemma-2-2b", 2_614_341_888, True),
+                                                           ("olmo-2-1b", 1_484_916_736, False)])
+def test_the_shipped_count_only_configs_give_the_published_totals(config, total, tied_published):
+    from tiedlm.params import params_report
+
+    report = params_report(load_config(ROOT / "configs" / f"{config}.yaml"))
+    assert (report.tied if tied_published else report.untied)["total"] == total
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma2", "gpt_neox"])
+def test_a_family_trains_through_tiedlm_s_loop_and_resumes_bit_for_bit(family, tmp_path, monkeypatch):
+    from tiedlm.evaluate import evaluate_run
+    from tiedlm.train import train_run
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(ROOT / "configs" / "base.yaml",
+                      ["model.arch=hf", f"model.hf_config={family}", "model.n_layer=1", "model.n_embd=32",
+                       "model.n_head=2", "model.block_size=16", "tokenizer.vocab_size=128", "train.max_steps=6",
+                       "train.warmup_steps=1", "train.batch_size=4", "train.eval_every=0", "train.checkpoint_every=2",
+                       "data.synthetic.train_tokens=4000", "data.synthetic.validation_tokens=600",
+                       "data.synthetic.test_tokens=600", "train.device=cpu", "model.untie_at=0.5"])
+    ref = train_run(cfg, out=tmp_path / "a", progress=False)
+    with pytest.raises(Interrupted):
+        train_run(cfg, out=tmp_path / "b", progress=False, stop_after_step=3)
+    run = train_run(cfg, out=tmp_path / "b", progress=False)
+    a = load_file(str(checkpoints.latest_checkpoint(ref) / checkpoints.MODEL_FILE))
+    b = load_file(str(checkpoints.latest_checkpoint(run) / checkpoints.MODEL_FILE))
+    assert a.keys() == b.keys() and "hf.lm_head.weight" in b  # untied at step 3, so W_out is stored
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    report = json.loads((run / "report.json").read_text())
+    assert report["status"] == "finished" and report["untied_at_step"] == 3 and report["params"]["tied"] is True
+    again = evaluate_run(run, splits=["test"])
+    assert again["results"]["test"]["loss"] == pytest.approx(report["final"]["test"]["loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.hf_config=qwen2", "model.tie_mode=projection"], "model.tie_mode projection is not built for model.arch: hf"),
+    (["model.hf_config=qwen2", "model.bias=true"], "model.bias is the family's own under model.arch: hf"),
+    (["model.hf_config=qwen2", "model.dropout=0.1"], "model.dropout is the family's own"),
+    (["model.n_kv_head=2"], "model.arch: hf needs model.hf_config"),
+    (["model.hf_config=qwen2", "model.rope_theta=500000"], "model.rope_theta applies to Llama-style blocks only"),
+])
+def test_what_the_family_sets_itself_is_refused_in_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(None, ["model.arch=hf", "train.max_steps=2", *overrides])
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.hf_config=gpt_neox", "model.n_kv_head=1"], "model.n_kv_head does not apply to gpt_neox"),
+    (["model.hf_config=no_such_family"], "'no_such_family' is not a transformers model_type"),
+    (["model.hf_config=qwen2", "model.hf_overrides={nonsense_field: 1}"], "nonsense_field is not a field of qwen2"),
+    (["model.hf_config=qwen2", "model.hf_overrides={hidden_size: 8}"], "hidden_size is set by tiedlm's own key"),
+])
+def test_what_the_family_cannot_take_is_refused_when_built(overrides, message):
+    cfg = load_config(None, ["model.arch=hf", "model.n_head=2", "model.n_embd=32", "train.max_steps=2", *overrides])
+    with pytest.raises(ConfigError, match=message):
+        count_params_config(cfg.model, V)
+
+
+def test_a_local_config_json_names_the_family(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "rms_norm_eps": 1e-6}))
+    cfg = load_config(None, ["model.arch=hf", f"model.hf_config={tmp_path}", "model.n_layer=1", "model.n_embd=32",
+                             "model.n_head=2", "train.max_steps=2"])
+    model = build_model(cfg.model, V)
+    assert type(model.hf).__name__ == "Qwen2ForCausalLM" and model.hf.config.rms_norm_eps == 1e-6

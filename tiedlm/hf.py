@@ -1,0 +1,125 @@
+"""model.arch: hf — any transformers causal LM, built from its configuration (never from hub
+weights) and trained by tiedlm's loop like its own blocks.
+
+`model.hf_config` names the family: a transformers model_type (`qwen2`, `gemma2`, `olmo2`, `phi3`,
+`gpt_neox`, `llama`, `mistral`, …) or a local `config.json` or folder holding one. tiedlm's keys set
+its size, mapped to transformers' field names (SIZE_FIELDS); `model.hf_overrides` sets any other
+field. A size key the family's config does not have is refused in one line. The tie is the
+config's `tie_word_embeddings` (and a nested text config's), set from tiedlm's tie, and asserted
+by storage and by that flag wherever the model is built or loaded.
+
+`hf_model.HFCausalLM` gives the model the interface tiedlm's loop, evaluation, checkpoints and counting ask
+of `model.GPT`: E is the family's input embeddings, W_out its output embeddings. Where the head is
+a plain linear map of the final hidden state (checked on the built model), the loss is tiedlm's
+fused one over it; where it is not (Gemma 2's final-logit soft-capping, a logit scale), the
+family's own logits are used, and the report says so (`HFCausalLM.head_kind`).
+
+transformers is an optional extra: without it this arch says which extra to install.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+# tiedlm's size keys -> transformers' config fields (each family's config maps its own names onto
+# these through its attribute_map: GPT-2's n_layer, GPT-NeoX's rotary_pct stay the family's)
+SIZE_FIELDS = {"n_layer": "num_hidden_layers", "n_embd": "hidden_size", "n_head": "num_attention_heads",
+               "n_kv_head": "num_key_value_heads", "intermediate_size": "intermediate_size",
+               "block_size": "max_position_embeddings"}
+TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")  # None: no row of E is a frozen padding row
+NESTED = ("text_config",)  # multimodal configs keep the language model's fields here
+EXTRA = "pip install -e '.[hf]' (transformers)"
+
+
+def require_transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError(f"model.arch: hf builds its model with transformers, which is not installed — {EXTRA}") \
+            from None
+    return transformers
+
+
+def _base_config(name: str) -> Any:
+    """The family's configuration at its defaults: a model_type, or a local config.json / folder."""
+    transformers = require_transformers()
+    path = Path(name).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" or path.exists() or "/" in name:
+        if not path.is_file():
+            raise ConfigError(f"model.hf_config {name}: no such config.json — give a transformers model_type "
+                              "(qwen2, gemma2, olmo2, ...) or a local config.json or model folder")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"model.hf_config {path} is not a JSON config ({exc}) — give a transformers "
+                              "config.json") from None
+        kind = data.get("model_type") if isinstance(data, dict) else None
+        if not isinstance(kind, str):
+            raise ConfigError(f"model.hf_config {path} has no model_type — give a transformers config.json")
+        data.pop("model_type")
+        return transformers.AutoConfig.for_model(kind, **{k: v for k, v in data.items()
+                                                          if k not in ("architectures", "transformers_version")})
+    try:
+        return transformers.AutoConfig.for_model(name)
+    except ValueError:
+        raise ConfigError(f"model.hf_config {name!r} is not a transformers model_type — e.g. qwen2, gemma2, olmo2, "
+                          "phi3, gpt_neox, llama, mistral (transformers "
+                          f"{transformers.__version__}), or a local config.json") from None
+
+
+def language_configs(cfg: Any) -> list[Any]:
+    """The config and its nested language-model configs (text_config), each to be set alike."""
+    return [cfg] + [getattr(cfg, k) for k in NESTED if getattr(cfg, k, None) is not None]
+
+
+def hf_model_config(m: Any, vocab_size: int) -> Any:
+    """The family's config with tiedlm's size, the vocabulary, the tie and model.hf_overrides set."""
+    base = _base_config(m.hf_config)
+    kind = base.model_type
+    inner = language_configs(base)[-1]  # the language model's own config carries the sizes
+    for key, field in SIZE_FIELDS.items():
+        optional = key in ("n_kv_head", "intermediate_size")  # not every family has them
+        if optional and getattr(inner, field, None) is None:
+            if getattr(m, key) is not None:
+                raise ConfigError(f"model.{key} does not apply to {kind} (its config has no {field}) — remove "
+                                  f"model.{key}")
+            continue
+        value = {"n_kv_head": m.kv_heads, "intermediate_size": m.mlp_size}.get(key, getattr(m, key))
+        setattr(inner, field, value)
+    if getattr(inner, "head_dim", None) is not None:
+        inner.head_dim = m.n_embd // m.n_head  # tiedlm's head size, as its own blocks have it
+    inner.vocab_size = vocab_size
+    tied = m.tie.w_out_is_e
+    for c in language_configs(base):
+        c.tie_word_embeddings = tied
+        for field in TOKEN_FIELDS:
+            if hasattr(c, field):
+                setattr(c, field, None)
+        c.use_cache = False
+    for key, value in (m.hf_overrides or {}).items():
+        target = language_configs(base)[-1]
+        if not hasattr(target, key):
+            raise ConfigError(f"model.hf_overrides: {key} is not a field of {kind}'s config — check its name in "
+                              f"transformers' {type(target).__name__}")
+        if key == "tie_word_embeddings" or key in SIZE_FIELDS.values():
+            raise ConfigError(f"model.hf_overrides: {key} is set by tiedlm's own key — use "
+                              f"{_own_key(key)} instead")
+        setattr(target, key, value)
+    return base
+
+
+def _own_key(field: str) -> str:
+    if field == "tie_word_embeddings":
+        return "model.tie_embeddings"
+    return "model." + next(k for k, f in SIZE_FIELDS.items() if f == field)
+
+
+def config_flags_tied(cfg: Any) -> list[bool]:
+    """tie_word_embeddings of the config and of each nested language config."""
+    return [bool(getattr(c, "tie_word_embeddings", False)) for c in language_configs(cfg)]
