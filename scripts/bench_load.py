@@ -243,7 +243,7 @@ def pool_ceiling(rounds: int = 3, steps: int = 5, warmup: int = 2) -> dict:
     `ratio` = parallel / (n · alone) of its time one after another on every core: lower is better,
     and that is before any stage waits for its last run."""
     from tiedlm.device import thread_env
-    from tiedlm.parallel import available_cores
+    from tiedlm.experiment.parallel import available_cores
 
     n = available_cores()
     ours = {**thread_env({}), KEEP: "1"}  # as the tiedlm command and its --jobs workers run
@@ -281,7 +281,7 @@ def allocator(rounds: int = 5, steps: int = 5, warmup: int = 3) -> dict:
     (device.keep_freed_memory), the four in turn round by round: wall time, and the system time and
     page faults per step."""
     from tiedlm.device import thread_env
-    from tiedlm.parallel import available_cores
+    from tiedlm.experiment.parallel import available_cores
 
     cores = str(available_cores())
     cases = [(n, keep) for n in dict.fromkeys(("1", cores)) for keep in (False, True)]

@@ -16,8 +16,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tiedlm"
 # layer below; the order inside a layer is the order of the allowed imports.
 LAYERS = [
     ["cli"],
-    ["compare", "sweep", "slurm", "tuning_record", "tuning", "tuning_spec", "params"],
-    ["analyze", "export", "export_llama", "generate", "jobs", "plan", "parallel"],
+    ["experiment"],
+    ["compare", "params"],
+    ["analyze", "export", "export_llama", "generate"],
     ["train"],
     ["evaluate"],
     ["checkpoints", "figures", "tensorboard", "runs", "report_md", "process"],
@@ -347,9 +348,21 @@ def test_tuning_and_the_sequential_design_call_nothing_of_their_callers():
     assert callbacks_and_closures("def f(train: Callable[[int], bool]):\n    def g():\n        pass\n") == [
         "f(train: Callable)", "f defines g"]
     found = {path: callbacks_and_closures((PACKAGE / path).read_text())
-             for path in ("tuning.py", "tuning_spec.py", "plan.py", "compare/sequential.py", "compare/plan.py",
-                          "compare/__init__.py")}
+             for path in ("experiment/tuning.py", "experiment/tuning_spec.py", "experiment/plan.py",
+                          "experiment/seeds.py", "experiment/driver.py", "experiment/request.py",
+                          "experiment/__init__.py", "compare/sequential.py", "compare/__init__.py")}
     assert {path: f for path, f in found.items() if f} == {}
+
+
+def test_the_judging_side_imports_nothing_of_the_experiment_side():
+    """compare/ takes finished run folders and returns a Comparison: no module of it imports
+    experiment/ (which sits above it in LAYERS), not even inside a function or for annotations."""
+    graph = import_graph()
+    assert sorted(f"{n} -> {t}" for n, ts in graph.items() if n.startswith("tiedlm.compare")
+                  for t in ts if t.startswith("tiedlm.experiment")) == []
+    text = [f"{p.relative_to(PACKAGE)}" for p in (PACKAGE / "compare").rglob("*.py") if "experiment" in
+            "".join(line for line in p.read_text().splitlines() if line.lstrip().startswith(("from ", "import ")))]
+    assert text == []
 
 
 def test_only_arch_py_decides_by_the_family_s_name():

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import tiedlm.compare as C
+import tiedlm.experiment as E
 from tiedlm import runs as run_folder
 from tiedlm.compare.variants import label_variants
 from tiedlm.config import config_hash, load_config, to_yaml
@@ -28,13 +29,15 @@ BUDGET = ["train.max_steps=100", "train.warmup_steps=10"]
 
 def test_the_package_exports_what_users_call():
     """tiedlm.compare exports the entry points, the result's types and the output names; the
-    statistics and the other internals are imported from their modules (tiedlm.compare.stats, ...)."""
+    statistics and the other internals are imported from their modules (tiedlm.compare.stats, ...).
+    compare_config, which trains first, is the experiment side's (tiedlm.experiment)."""
     import tiedlm
 
     assert all(hasattr(C, name) for name in C.__all__)
-    assert {"compare_runs", "compare_config", "Comparison", "Variant", "COMPARE_DIR", "PLOTS"} <= set(C.__all__)
+    assert {"compare_runs", "judge", "glance", "Comparison", "Variant", "COMPARE_DIR", "PLOTS"} <= set(C.__all__)
+    assert all(hasattr(E, name) for name in E.__all__) and "compare_config" in E.__all__
     assert not {"betainc", "holm", "t_sf", "label_variants", "discover", "short_keys"} & set(C.__all__)
-    assert tiedlm.compare_runs is C.compare_runs and tiedlm.compare_config is C.compare_config
+    assert tiedlm.compare_runs is C.compare_runs and tiedlm.compare_config is E.compare_config
 V = 2048  # the fabricated runs' model vocabulary
 BUCKETS = ("top 10%", "next 40%", "rest", "unseen")
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import tiedlm.compare as C
+import tiedlm.experiment as E
 from tiedlm.compare.matching import match_layers
 from tests.test_compare import (
     BUDGET,
@@ -78,7 +79,7 @@ def write_config(tmp_path: Path) -> Path:
 def test_compare_config_trains_both_variants_and_reuses_finished_runs(tmp_path, fake_training):
     cfg_path = write_config(tmp_path)
     runs = tmp_path / "runs"
-    result = C.compare_config(cfg_path, ["train.lr=2e-3"], seeds=2, match=None, runs_dir=runs, progress=False,
+    result = E.compare_config(cfg_path, ["train.lr=2e-3"], seeds=2, match=None, runs_dir=runs, progress=False,
                               train=fake_training.train)
     # --set overrides name the runs, so they never clash with the plain config's runs
     assert fake_training.calls == ["tiny-lr=2e-3-tied-s0", "tiny-lr=2e-3-tied-s1",
@@ -91,7 +92,7 @@ def test_compare_config_trains_both_variants_and_reuses_finished_runs(tmp_path, 
 
     fake_training.calls.clear()
     make_run(runs, "unrelated-s0", 0, TIED + ["model.n_layer=3"])  # compares exactly its own runs
-    again = C.compare_config(cfg_path, ["train.lr=2e-3"], seeds=3, match=None, runs_dir=runs, progress=False,
+    again = E.compare_config(cfg_path, ["train.lr=2e-3"], seeds=3, match=None, runs_dir=runs, progress=False,
                              train=fake_training.train)
     assert fake_training.calls == ["tiny-lr=2e-3-tied-s2", "tiny-lr=2e-3-untied-s2"]  # seeds 0, 1 reused
     assert sorted(r.name for r in again.runs) == sorted(
@@ -101,7 +102,7 @@ def test_compare_config_trains_both_variants_and_reuses_finished_runs(tmp_path, 
 def test_compare_config_seeds_offset_from_config_seed_and_failures_listed(tmp_path, fake_training):
     cfg_path = write_config(tmp_path)
     fake_training.fail.add("tiny-untied-s5")
-    result = C.compare_config(cfg_path, ["seed=4"], seeds=2, match=None, runs_dir=tmp_path / "r", progress=False,
+    result = E.compare_config(cfg_path, ["seed=4"], seeds=2, match=None, runs_dir=tmp_path / "r", progress=False,
                               train=fake_training.train)
     assert fake_training.calls == ["tiny-tied-s4", "tiny-tied-s5", "tiny-untied-s4", "tiny-untied-s5"]
     assert result.train_failures == [C.TrainFailure("tiny-untied-s5", "tiny-untied-s5: loss is nan at step 3")]
@@ -109,10 +110,10 @@ def test_compare_config_seeds_offset_from_config_seed_and_failures_listed(tmp_pa
     assert "loss is nan" in skipped["tiny-untied-s5"]
     assert "training failed" in C.format_terminal_table(result)
     with raises_exactly(ConfigError, match="--seeds must be positive, got 0"):
-        C.compare_config(cfg_path, [], seeds=0, match=None, runs_dir=tmp_path / "r", progress=False,
+        E.compare_config(cfg_path, [], seeds=0, match=None, runs_dir=tmp_path / "r", progress=False,
                          train=fake_training.train)
     with raises_exactly(ConfigError, match="--match 'flops' is not known"):
-        C.compare_config(cfg_path, [], seeds=1, match="flops", runs_dir=tmp_path / "r", progress=False,
+        E.compare_config(cfg_path, [], seeds=1, match="flops", runs_dir=tmp_path / "r", progress=False,
                          train=fake_training.train)
 
 
@@ -127,7 +128,7 @@ def test_compare_config_seeds_offset_from_config_seed_and_failures_listed(tmp_pa
 def test_compare_config_checks_its_options_as_the_command_does(tmp_path, fake_training, options, message):
     """The library checks every option (the CLI only parses them), before the config is read or a run trained."""
     with raises_exactly(ConfigError, match=message):
-        C.compare_config(tmp_path / "no-such.yaml", runs_dir=tmp_path / "r", progress=False,
+        E.compare_config(tmp_path / "no-such.yaml", runs_dir=tmp_path / "r", progress=False,
                          train=fake_training.train, **options)
     assert fake_training.calls == [] and not (tmp_path / "r").exists()
 
@@ -142,13 +143,13 @@ def test_compare_config_refuses_an_edited_config_until_overwrite(tmp_path, fake_
     """Runs of an older config are left out, never compared as the new one; --overwrite retrains them."""
     cfg_path = write_config(tmp_path)
     runs = tmp_path / "runs"
-    C.compare_config(cfg_path, [], seeds=1, runs_dir=runs, progress=False, train=fake_training.train)
+    E.compare_config(cfg_path, [], seeds=1, runs_dir=runs, progress=False, train=fake_training.train)
     cfg_path.write_text(cfg_path.read_text().replace("max_steps: 20", "max_steps: 30"))
     fake_training.calls.clear()
     with raises_exactly(RunError, match="no finished runs.*training this run failed.*different config"):
-        C.compare_config(cfg_path, [], seeds=1, runs_dir=runs, progress=False, train=fake_training.train)
+        E.compare_config(cfg_path, [], seeds=1, runs_dir=runs, progress=False, train=fake_training.train)
     assert fake_training.calls == []
-    again = C.compare_config(cfg_path, [], seeds=1, runs_dir=runs, progress=False, overwrite=True,
+    again = E.compare_config(cfg_path, [], seeds=1, runs_dir=runs, progress=False, overwrite=True,
                              train=fake_training.train)
     assert fake_training.calls == ["tiny-tied-s0", "tiny-untied-s0"] and again.train_failures == []
     assert {v.config.train.max_steps for v in again.variants} == {30}
@@ -167,7 +168,7 @@ def test_match_layers_reproduces_gpt2_small_counts():
 def test_match_params_adds_a_tied_variant_within_one_layer_of_untied(tmp_path, fake_training):
     cfg_path = write_config(tmp_path)
     runs = tmp_path / "runs"
-    result = C.compare_config(cfg_path, [], seeds=2, match="params", runs_dir=runs, progress=False,
+    result = E.compare_config(cfg_path, [], seeds=2, match="params", runs_dir=runs, progress=False,
                               train=fake_training.train)
     assert fake_training.calls[-2:] == ["tiny-tied-matched-s0", "tiny-tied-matched-s1"]
     m = result.match
@@ -223,7 +224,7 @@ train: {device: cpu, dtype: fp32, batch_size: 4, max_steps: 6, warmup_steps: 1, 
         eval_tokens: 256, checkpoint_every: 0, log_every: 3}
 """)
     runs = tmp_path / "runs"
-    result = C.compare_config(cfg, [], seeds=2, match=None, runs_dir=runs, progress=False)
+    result = E.compare_config(cfg, [], seeds=2, match=None, runs_dir=runs, progress=False)
     assert not result.skipped and not result.train_failures
     assert sorted(r.name for r in result.runs) == ["tiny-tied-s0", "tiny-tied-s1", "tiny-untied-s0", "tiny-untied-s1"]
     tied, untied = result.variant("tied"), result.variant("untied")
@@ -243,11 +244,11 @@ train: {device: cpu, dtype: fp32, batch_size: 4, max_steps: 6, warmup_steps: 1, 
     # the config edited: the old finished runs are refused and left out, never compared as new
     cfg.write_text(cfg.read_text().replace("max_steps: 6", "max_steps: 5"))
     with raises_exactly(RunError, match="no finished runs"):
-        C.compare_config(cfg, [], seeds=1, match=None, runs_dir=runs, progress=False)
-    again = C.compare_config(cfg, [], seeds=1, match=None, runs_dir=runs, progress=False, overwrite=True)
+        E.compare_config(cfg, [], seeds=1, match=None, runs_dir=runs, progress=False)
+    again = E.compare_config(cfg, [], seeds=1, match=None, runs_dir=runs, progress=False, overwrite=True)
     assert not again.train_failures
     assert sorted(r.name for r in again.runs) == ["tiny-tied-s0", "tiny-untied-s0"]
     assert {v.config.train.max_steps for v in again.variants} == {5}
     # --set overrides get folders of their own, next to the plain runs
-    other = C.compare_config(cfg, ["train.lr=2e-3"], seeds=1, match=None, runs_dir=runs, progress=False)
+    other = E.compare_config(cfg, ["train.lr=2e-3"], seeds=1, match=None, runs_dir=runs, progress=False)
     assert sorted(r.name for r in other.runs) == ["tiny-lr=2e-3-tied-s0", "tiny-lr=2e-3-untied-s0"]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import tiedlm.compare as C
+import tiedlm.experiment as E
 import tiedlm.compare.plots as plots
 from tests.test_compare import TIED, UNTIED, make_run
 from tests.test_compare_grid import make_grid
@@ -254,7 +255,7 @@ def test_the_runs_line_says_how_many_were_compared_of_how_many_trained(tmp_path,
     assert (tmp_path / "runs" / "compare" / "comparison.md").read_text().splitlines()[2].startswith(
         "4 runs compared of 10 trained")
 
-    untuned = C.compare_config(tmp_path / "tiny.yaml", [], seeds=3, runs_dir=tmp_path / "plain", progress=False,
+    untuned = E.compare_config(tmp_path / "tiny.yaml", [], seeds=3, runs_dir=tmp_path / "plain", progress=False,
                                train=stand_in.train)
     assert untuned.trained == 6
     assert (tmp_path / "plain" / "compare" / "comparison.md").read_text().splitlines()[2].startswith(

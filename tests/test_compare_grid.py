@@ -246,7 +246,7 @@ def test_the_decay_line_appears_only_when_embeddings_are_decayed(tmp_path):
 def test_decay_ablation_grid_loads_and_crosses_tying_with_decay():
     from pathlib import Path
 
-    from tiedlm.sweep import expand, load_grid
+    from tiedlm.experiment.sweep import expand, load_grid
 
     runs = expand(load_grid(Path(__file__).resolve().parents[1] / "configs" / "decay-ablation.yaml"))
     combos = {(r.cfg.model.tie_embeddings, r.cfg.train.decay_embeddings) for r in runs}

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import tiedlm.compare as C
+import tiedlm.experiment as E
 from tests.test_compare import V, make_run
 from tiedlm import runs as run_folder
 from tiedlm.compare import sequential as S
@@ -73,7 +74,7 @@ def config(tmp_path: Path, model: str = "") -> Path:
 
 
 def compare(tmp_path, stand_in, match="params", tune=GRID, seeds=3, **kw):
-    return C.compare_config(config(tmp_path), [], seeds=seeds, match=match, tune=tune, runs_dir=tmp_path / "runs",
+    return E.compare_config(config(tmp_path), [], seeds=seeds, match=match, tune=tune, runs_dir=tmp_path / "runs",
                             progress=False, train=stand_in.train, **kw)
 
 
@@ -158,7 +159,7 @@ def test_a_tuned_compare_leaves_no_record_beside_other_runs_or_after_seeds_auto(
                for n in c.notes)
     alone = tmp_path / "alone"
     alone.mkdir()
-    c = C.compare_config(config(alone), [], seeds="auto", max_seeds=3, match="params", tune=["train.lr=2e-3"],
+    c = E.compare_config(config(alone), [], seeds="auto", max_seeds=3, match="params", tune=["train.lr=2e-3"],
                          runs_dir=alone / "runs", progress=False, train=stand_in.train)
     assert not (alone / "runs" / "tuning.json").exists()
     assert any("sequential design (--seeds auto)" in n for n in c.notes)
@@ -171,7 +172,7 @@ def test_an_earlier_commands_record_is_not_called_absent(tmp_path, stand_in):
     runs = tmp_path / "runs"
     compare(tmp_path, stand_in, match=None, tune=["train.lr=2e-3"], seeds=2)
     before = (runs / "tuning.json").read_text()
-    c = C.compare_config(config(tmp_path), ["train.warmup_steps=3"], seeds=2, match=None, tune=["train.lr=2e-3"],
+    c = E.compare_config(config(tmp_path), ["train.warmup_steps=3"], seeds=2, match=None, tune=["train.lr=2e-3"],
                          runs_dir=runs, progress=False, train=stand_in.train)
     assert (runs / "tuning.json").read_text() == before
     notes = [n for n in c.notes if "tuning.json" in n]
@@ -309,7 +310,7 @@ model: {arch: llama, bias: false, n_layer: 1, n_head: 4, n_kv_head: 2, n_embd: 1
 train: {device: cpu, dtype: fp32, batch_size: 2, max_steps: 2, warmup_steps: 1, eval_every: 2,
         eval_tokens: 64, checkpoint_every: 0, log_every: 2}
 """)
-    c = C.compare_config(cfg, [], seeds=1, match="params:width", runs_dir=tmp_path / "runs", progress=False)
+    c = E.compare_config(cfg, [], seeds=1, match="params:width", runs_dir=tmp_path / "runs", progress=False)
     m = c.match
     assert (m.matched_n_embd, m.matched_n_head, m.matched_n_kv_head) == (24, 6, 3)  # 4 heads of 4, 2 per kv head
     assert sorted(r.name for r in c.runs) == ["tiny-tied-matched-width-s0", "tiny-tied-s0", "tiny-untied-s0"]

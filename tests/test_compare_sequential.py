@@ -15,10 +15,12 @@ import pytest
 from typer.testing import CliRunner
 
 import tiedlm.compare as C
+import tiedlm.experiment as E
 from tests.test_compare import V, gpt2_params, make_run
 from tiedlm import runs as run_folder
 from tiedlm.cli import app
 from tiedlm.compare import sequential as S
+from tiedlm.experiment import seeds
 from tiedlm.compare.stats import ALPHA, detectable_nc, norm_cdf, paired_test, power_analysis, t_two_sided_p
 from tiedlm.errors import ConfigError, DivergedError
 
@@ -260,7 +262,7 @@ def test_next_decision():
 
 def drive(train, contrast_at, **design):
     """Run a SeedDesign as compare does: train each span it gives, tell it what was seen."""
-    seq = S.SeedDesign("auto", **design)
+    seq = seeds.SeedDesign("auto", **design)
     span = seq.first()
     while span is not None:
         ok = train(*span)
@@ -269,8 +271,6 @@ def drive(train, contrast_at, **design):
 
 
 def test_the_design_trains_one_seed_per_variant_per_look_until_decided(monkeypatch):
-    import tiedlm.process
-
     ps = {3: 0.2, 4: 0.01, 5: 1e-4}  # thresholds: 0.00034, 0.0016, 0.0041
     trained, lines = [], []
 
@@ -282,7 +282,7 @@ def test_the_design_trains_one_seed_per_variant_per_look_until_decided(monkeypat
         return types.SimpleNamespace(difference=-0.03, relative=math.expm1(-0.03), p_value=ps[n], se=0.01,
                                      df=n - 1, test="paired", power=types.SimpleNamespace(mde_relative=0.05))
 
-    monkeypatch.setattr(tiedlm.process, "log", lines.append)
+    monkeypatch.setattr(seeds, "log", lines.append)  # imported by name at the top of experiment/seeds.py
     seq = drive(train, contrast_at, progress=True)
     assert trained == [(0, 3), (3, 4), (4, 5)]
     assert [x.decision for x in seq.looks] == ["continue", "continue", "efficacy"] and seq.stopped_because == "efficacy"
@@ -296,18 +296,18 @@ def test_the_design_trains_one_seed_per_variant_per_look_until_decided(monkeypat
 
 
 def test_a_fixed_number_of_seeds_is_one_stage():
-    seq = S.SeedDesign(4)
+    seq = seeds.SeedDesign(4)
     assert seq.first() == (0, 4) and seq.after(True) is None and seq.seeds == 4 and seq.record is None
 
 
 def test_check_auto_refuses_what_auto_cannot_take():
-    assert S.check_auto("auto", None, None) == (10, 0.02)
-    assert S.check_auto(3, None, None) == (10, 0.02)
+    assert seeds.check_auto("auto", None, None) == (10, 0.02)
+    assert seeds.check_auto(3, None, None) == (10, 0.02)
     for bad in [("auto", 2, None), ("auto", 1001, None), ("auto", None, 0.0),
                 ("auto", None, 1.0), ("auto", None, math.nan),
                 (3, 5, None), (3, None, 0.1), ("three", None, None)]:
         with pytest.raises(ConfigError):
-            S.check_auto(*bad)
+            seeds.check_auto(*bad)
 
 
 # ------------------------------------------------------------------ the driver
@@ -353,7 +353,7 @@ def write_config(tmp_path: Path) -> Path:
 
 
 def auto(tmp_path, stand_in, **kw):
-    return C.compare_config(write_config(tmp_path), [], seeds="auto", runs_dir=tmp_path / "runs", progress=False,
+    return E.compare_config(write_config(tmp_path), [], seeds="auto", runs_dir=tmp_path / "runs", progress=False,
                             train=stand_in.train, **kw)
 
 
@@ -438,7 +438,7 @@ def test_tuning_then_auto_seeds_at_the_chosen_values(tmp_path, stand_in):
 
 
 def test_a_number_of_seeds_is_unchanged_and_has_no_design(tmp_path, stand_in):
-    c = C.compare_config(write_config(tmp_path), [], seeds=2, runs_dir=tmp_path / "runs", progress=False,
+    c = E.compare_config(write_config(tmp_path), [], seeds=2, runs_dir=tmp_path / "runs", progress=False,
                          train=stand_in.train)
     assert c.sequential is None and c.to_json()["sequential"] is None and len(stand_in.calls) == 4
     assert "significant at 0.05" in c.variant("tied").verdicts[0]

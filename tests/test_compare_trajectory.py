@@ -8,6 +8,7 @@ import math
 import pytest
 
 import tiedlm.compare as C
+import tiedlm.experiment as E
 from tests.test_compare import PNG, TIED, UNTIED, _strict_json, edit_report, make_run
 from tests.test_compare_config import fake_training, write_config  # noqa: F401 (a fixture)
 from tiedlm import runs as run_folder
@@ -263,7 +264,7 @@ def test_grid_has_a_trajectory_per_matched_contrast(tmp_path):
 
 
 def test_compare_config_writes_the_trajectory_too(tmp_path, fake_training):  # noqa: F811
-    result = C.compare_config(write_config(tmp_path), [], seeds=2, runs_dir=tmp_path / "runs", progress=False,
+    result = E.compare_config(write_config(tmp_path), [], seeds=2, runs_dir=tmp_path / "runs", progress=False,
                               train=fake_training.train)
     assert len(result.trajectories["tied"].points) == 4
     assert (tmp_path / "runs" / "compare" / C.TRAJECTORY_PLOT).read_bytes()[:8] == PNG

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 import tiedlm.compare as C
+import tiedlm.experiment as E
 from tests.test_compare import V, gpt2_params, make_run
 from tiedlm import runs as run_folder
-from tiedlm.tuning import extend_value, spec_from_block, spec_from_options
+from tiedlm.experiment.tuning_spec import extend_value, spec_from_block, spec_from_options
 from tiedlm.errors import ConfigError, Interrupted
 
 OPTIMUM = {True: 1e-3, False: 3e-3}  # tied, untied: each variant's own best lr
@@ -60,7 +61,7 @@ def config(tmp_path: Path, tune: str = "") -> Path:
 
 
 def run(tmp_path, stand_in, tune, seeds=1, **kw):
-    return C.compare_config(config(tmp_path, kw.pop("block", "")), [], seeds=seeds, runs_dir=tmp_path / "runs",
+    return E.compare_config(config(tmp_path, kw.pop("block", "")), [], seeds=seeds, runs_dir=tmp_path / "runs",
                             progress=False, train=stand_in.train, tune=tune, **kw)
 
 
@@ -242,7 +243,7 @@ def test_n_kv_head_at_n_head_is_a_bound_not_an_edge_to_step_past(tmp_path, stand
         val = {1: 60.0, 2: 50.0}[cfg.model.kv_heads] + (0.0 if cfg.model.tie_embeddings else 1.0)
         return make_run(Path(out), name, cfg.seed, val=val, cfg=cfg)
 
-    c = C.compare_config(config(tmp_path), ["model.arch=llama", "model.bias=false"], seeds=1,
+    c = E.compare_config(config(tmp_path), ["model.arch=llama", "model.bias=false"], seeds=1,
                          runs_dir=tmp_path / "runs", progress=False, train=train, tune=["model.n_kv_head=1,2"])
     for v in c.tuning.variants:
         assert v.chosen.point["model.n_kv_head"] == 2 and v.edge is None and not v.extensions
@@ -257,7 +258,7 @@ def test_a_tuned_tie_strength_is_the_pull_variants_alone(tmp_path, stand_in):
     """--tune model.tie_strength with model.tie_mode pull: the untied variant has no strength, so it
     is trained once per seed with none (never handed the tuned value, which its config refuses), and
     its runs are named without the key; the pull variant tries each value."""
-    c = C.compare_config(config(tmp_path), ["model.tie_mode=pull", "model.tie_strength=1"], seeds=2,
+    c = E.compare_config(config(tmp_path), ["model.tie_mode=pull", "model.tie_strength=1"], seeds=2,
                          runs_dir=tmp_path / "runs", progress=False, train=stand_in.train,
                          tune=["model.tie_strength=1,10"])
     pull, untied = (c.tuning.variant(t) for t in ("pull-l1", "untied"))

@@ -28,7 +28,7 @@ def test_every_shipped_config_loads_and_validates(path):
     import yaml
 
     if "grid" in yaml.safe_load(path.read_text()):  # a sweep grid: every run of it must load
-        from tiedlm.sweep import expand, load_grid
+        from tiedlm.experiment.sweep import expand, load_grid
 
         configs = [run.cfg for run in expand(load_grid(path))]
         assert len(configs) > 1 and len({(c.seed, str(c)) for c in configs}) == len(configs)

@@ -148,7 +148,7 @@ def test_a_config_too_large_is_refused_without_reading_it(tmp_path, monkeypatch)
 
 
 def test_a_grid_file_that_is_a_pipe_a_device_or_too_large_is_refused_before_reading(tmp_path, deadline):
-    from tiedlm.sweep import load_grid
+    from tiedlm.experiment.sweep import load_grid
 
     os.mkfifo(tmp_path / "grid.yaml")
     with pytest.raises(ConfigError, match=r"grid file .*grid.yaml is a named pipe, not a regular file"):

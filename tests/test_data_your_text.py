@@ -131,7 +131,8 @@ def test_override_tag_names_the_data_and_keeps_other_names():
 
 
 def test_compare_runs_are_named_after_the_data(tmp_path, monkeypatch):
-    from tiedlm.compare.plan import CompareRequest, plan_comparison
+    from tiedlm.experiment.plan import plan_comparison
+    from tiedlm.experiment.request import CompareRequest
 
     def names(*overrides):
         req = CompareRequest(config=ROOT / "configs" / "shakespeare.yaml", overrides=list(overrides)).check()

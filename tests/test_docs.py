@@ -270,14 +270,14 @@ def test_config_keys_and_file_names_are_not_module_references():
     assert module_references("model.safetensors") is None
     assert module_references("torch.compile") is None
     assert module_references("tokenizers.Tokenizer.from_file") is None
-    assert module_references("jobs.train_jobs") == "jobs.train_jobs"
+    assert module_references("experiment.jobs.train_jobs") == "experiment.jobs.train_jobs"
     assert module_references("model.lm_loss(fused=False)") == "model.lm_loss"
     assert module_references("tiedlm.config.ALL_KEYS") == "config.ALL_KEYS"
     assert module_references("compare.stats.paired_t") == "compare.stats.paired_t"
 
 
 def test_resolve_tells_defined_from_undefined():
-    assert resolve("jobs.train_jobs") is None
+    assert resolve("experiment.jobs.train_jobs") is None
     assert resolve("checks.check_run_name") is None
     assert resolve("config.ALL_KEYS") is None
     assert resolve("load_config") is None  # tiedlm's lazy export

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tiedlm import files, jobs, runs
+from tiedlm import files, runs
+from tiedlm.experiment import jobs
 from tiedlm.errors import RunError
 
 
@@ -69,7 +70,7 @@ def test_an_os_error_of_one_run_is_the_line_train_prints(tmp_path, tiny):
 
 
 def test_a_comparison_folder_that_is_a_file_is_refused_before_training(tmp_path, tiny_yaml):
-    from tiedlm.compare import compare_config
+    from tiedlm.experiment import compare_config
     from tiedlm.errors import ConfigError
 
     (tmp_path / "runs").mkdir()

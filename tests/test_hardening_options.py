@@ -264,7 +264,7 @@ LINE_KINDS = {f"break-{ord(c):x}": f"a{c}touch PWNED" for c in "\r\x0b\x0c\x1c\x
 def test_a_hostile_grid_value_is_refused_or_emitted_one_command_per_line(field, kind, tmp_path, monkeypatch):
     import shlex
 
-    from tiedlm.sweep import load_grid, sweep_commands
+    from tiedlm.experiment.sweep import load_grid, sweep_commands
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(apply_overrides({}, TINY)))

@@ -119,7 +119,7 @@ def test_an_empty_slurm_option_without_emit_slurm_is_refused(tmp_path, monkeypat
     ("time", "4294967293"), ("gpus_per_task", "65534"), ("cpus_per_task", "65534"),  # Slurm's largest
 ])
 def test_slurm_values_of_slurms_grammar_are_taken(key, value):
-    from tiedlm.sweep import check_slurm_option
+    from tiedlm.experiment.sweep import check_slurm_option
 
     assert check_slurm_option(key, value, key) == str(value)
 
@@ -129,7 +129,7 @@ def test_slurm_values_of_slurms_grammar_are_taken(key, value):
     ("gpus_per_task", "a100:1,v100:1"), ("gpus_per_task", "1,a100:2"),  # a comma-separated list of [type:]count
 ])
 def test_slurm_values_that_were_wrongly_refused_are_taken(key, value, tmp_path, monkeypatch):
-    from tiedlm.sweep import check_slurm_option
+    from tiedlm.experiment.sweep import check_slurm_option
 
     assert check_slurm_option(key, value, key) == value
     monkeypatch.chdir(tmp_path)
@@ -142,7 +142,7 @@ def test_slurm_values_that_were_wrongly_refused_are_taken(key, value, tmp_path, 
                                         ("gpus_per_task", "a100:1,"), ("gpus_per_task", "a100:1,,v100:1"),
                                         ("gpus_per_task", "a100:1,v100:65535")])
 def test_slurm_values_just_past_the_grammar_are_still_refused(key, value):
-    from tiedlm.sweep import check_slurm_option
+    from tiedlm.experiment.sweep import check_slurm_option
 
     with pytest.raises(ConfigError, match=f"^{key} must be"):
         check_slurm_option(key, value, key)

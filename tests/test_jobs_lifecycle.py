@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from tiedlm import parallel
+from tiedlm.experiment import parallel
 from tiedlm.config import apply_overrides
 from tiedlm.files import HOST
 from tiedlm.process import PARENT_ENV
@@ -151,7 +151,7 @@ def test_the_watchdog_ends_a_child_whose_parent_was_killed():
 
 def test_the_data_is_prepared_once_before_any_child_starts(tiny, tmp_path, monkeypatch):
     from tiedlm.data import cache_entries
-    from tiedlm.jobs import train_jobs
+    from tiedlm.experiment.jobs import train_jobs
 
     seen = []
     popen = parallel.subprocess.Popen

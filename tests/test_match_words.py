@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 
 import tiedlm.compare as C
+import tiedlm.experiment as E
 from tests.test_compare import V, gpt2_params, raises_exactly
 from tests.test_compare_config import fake_training  # noqa: F401  (a fixture)
 from tiedlm.compare.matching import PARAM_MATCH, match_layers, match_width
@@ -31,7 +32,7 @@ def test_match_with_untie_at_is_refused_before_anything_is_trained(tmp_path, fak
     cfg = _config(tmp_path, 2, 64)
     with raises_exactly(ConfigError, match=r"--match params grows a model that stays tied.*model\.untie_at is 0\.5"
                                            r".*drop --match, or set model\.untie_at=null"):
-        C.compare_config(cfg, ["model.untie_at=0.5"], seeds=1, match="params", runs_dir=tmp_path / "runs",
+        E.compare_config(cfg, ["model.untie_at=0.5"], seeds=1, match="params", runs_dir=tmp_path / "runs",
                          progress=False, train=fake_training.train)
     assert fake_training.calls == [] and not (tmp_path / "runs").exists()
 
@@ -41,7 +42,7 @@ def test_a_match_outside_the_band_is_not_called_equal_parameters(tmp_path, fake_
     # has one more layer and 265,472 parameters more than the untied one (+14.3%)
     cfg = _config(tmp_path, 1, 256)
     runs = tmp_path / "runs"
-    result = C.compare_config(cfg, [], seeds=2, match="params", runs_dir=runs, progress=False,
+    result = E.compare_config(cfg, [], seeds=2, match="params", runs_dir=runs, progress=False,
                               train=fake_training.train)
     m = result.match
     assert m.matched_n_layer == 2 and m.matched_total - m.untied_total == 789_760 - V * 256
@@ -58,7 +59,7 @@ def test_a_match_outside_the_band_is_not_called_equal_parameters(tmp_path, fake_
 
 
 def test_a_match_within_the_band_keeps_its_name(tmp_path, fake_training):  # noqa: F811
-    result = C.compare_config(_config(tmp_path, 2, 64), [], seeds=2, match="params", runs_dir=tmp_path / "runs",
+    result = E.compare_config(_config(tmp_path, 2, 64), [], seeds=2, match="params", runs_dir=tmp_path / "runs",
                               progress=False, train=fake_training.train)
     assert result.match.within and abs(result.match.gap) <= PARAM_MATCH
     md = (tmp_path / "runs" / "compare" / "comparison.md").read_text()
@@ -68,7 +69,7 @@ def test_a_match_within_the_band_keeps_its_name(tmp_path, fake_training):  # noq
 def test_no_third_variant_gets_no_matched_variant_sentence(tmp_path, fake_training):  # noqa: F811
     # d 512, one layer: V·d = 1,048,576 is less than half a layer (3,152,384): nothing to grow
     runs = tmp_path / "runs"
-    result = C.compare_config(_config(tmp_path, 1, 512), [], seeds=2, match="params", runs_dir=runs,
+    result = E.compare_config(_config(tmp_path, 1, 512), [], seeds=2, match="params", runs_dir=runs,
                               progress=False, train=fake_training.train)
     assert not result.match.adds_a_variant and len(result.variants) == 2
     md = (runs / "compare" / "comparison.md").read_text()

@@ -76,7 +76,7 @@ def test_the_lock_is_taken_again_by_its_holder_and_leaves_no_folder_it_made(tmp_
 
 
 def test_a_refused_compare_config_leaves_no_empty_folder(tmp_path):
-    from tiedlm.compare import compare_config
+    from tiedlm.experiment import compare_config
 
     with pytest.raises(ConfigError):
         compare_config(tmp_path / "missing.yaml", runs_dir=tmp_path / "runs", progress=False)

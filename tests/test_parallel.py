@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from tiedlm.cli import app
 from tiedlm.config import apply_overrides
 from tiedlm.errors import ConfigError
-from tiedlm.parallel import JOBS_LIMIT, parse_jobs, resolve_workers
+from tiedlm.experiment.parallel import JOBS_LIMIT, parse_jobs, resolve_workers
 
 from .conftest import TINY
 
@@ -31,8 +31,8 @@ def test_parse_jobs():
 
 
 def test_auto_is_one_process_per_core_for_small_models(tiny, monkeypatch):
-    monkeypatch.setattr("tiedlm.parallel.available_cores", lambda: 4)
-    monkeypatch.setattr("tiedlm.parallel.visible_gpus", lambda cfgs: [])
+    monkeypatch.setattr("tiedlm.experiment.parallel.available_cores", lambda: 4)
+    monkeypatch.setattr("tiedlm.experiment.parallel.visible_gpus", lambda cfgs: [])
     cfgs = [tiny(seed=s) for s in range(6)]
     assert resolve_workers("auto", cfgs) == 4 and resolve_workers("auto", cfgs[:2]) == 2
     assert resolve_workers("auto", [tiny("model.n_embd=1024", "model.n_layer=2")]) == 1
@@ -42,7 +42,7 @@ def test_auto_is_one_process_per_core_for_small_models(tiny, monkeypatch):
 def test_gpus_are_looked_for_only_where_a_driver_made_its_device_files(tiny, tmp_path, monkeypatch):
     import torch
 
-    from tiedlm import parallel
+    from tiedlm.experiment import parallel
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # torch would say two GPUs
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -81,7 +81,7 @@ def _metrics(run: Path) -> list:
 
 
 def test_parallel_runs_end_as_sequential_ones(tiny_yaml, tmp_path):
-    from tiedlm.compare import compare_config
+    from tiedlm.experiment import compare_config
 
     one = compare_config(tiny_yaml, [], seeds=1, runs_dir=tmp_path / "one", progress=False, jobs=1)
     two = compare_config(tiny_yaml, [], seeds=1, runs_dir=tmp_path / "two", progress=False, jobs=2)
@@ -99,7 +99,7 @@ def test_parallel_runs_end_as_sequential_ones(tiny_yaml, tmp_path):
 
 
 def test_a_failing_run_is_reported_and_the_others_finish(tiny, tmp_path, capsys):
-    from tiedlm.jobs import train_jobs
+    from tiedlm.experiment.jobs import train_jobs
 
     jobs = [("good", tiny()), ("bad", tiny("train.lr=1e6", "train.weight_decay=0", "train.max_skipped=0")), ("good2", tiny(seed=1))]
     results = train_jobs(jobs, tmp_path, progress=False, parallel=2)

@@ -65,7 +65,7 @@ def test_a_tuning_grid_never_steps_past_the_bounds_the_config_check_sets():
     """A grid at rope_theta 2 extended downwards goes halfway to 1, never to 1 or below; norm_eps's
     floor is float32's smallest normal number, as the check's."""
     from tiedlm.checks import NORM_EPS_MIN
-    from tiedlm.tuning_spec import BOUNDS, extend_value
+    from tiedlm.experiment.tuning_spec import BOUNDS, extend_value
 
     low = extend_value([2.0, 4.0], 2.0, -1, False, BOUNDS["model.rope_theta"])
     assert low is not None and 1.0 < low < 2.0

@@ -8,7 +8,7 @@ import pytest
 
 from tiedlm.config import load_config
 from tiedlm.errors import ConfigError
-from tiedlm.sweep import expand, load_grid
+from tiedlm.experiment.sweep import expand, load_grid
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -45,7 +45,7 @@ def test_the_vocabulary_map_and_its_matched_rows_load_and_validate():
     assert all(r.cfg.data.path == "text" and r.cfg.train.keep_best and r.cfg.model.n_embd == 128 for r in runs)
     match = load_config(CONFIGS / "study-vocab-match.yaml")
     assert (match.tokenizer.kind, match.tokenizer.vocab_size, match.data.train_fraction) == ("word", 10000, 1.0)
-    from tiedlm.tuning import read_tune_block
+    from tiedlm.experiment.tuning_spec import read_tune_block
 
     assert read_tune_block(CONFIGS / "study-vocab-match.yaml").axes == {"train.lr": [1e-3, 3e-3, 1e-2],
                                                                         "model.dropout": [0.0, 0.2]}
@@ -61,7 +61,8 @@ def test_the_rank_dial_loads_with_each_mode():
 
 
 def test_a_foreign_tuning_record_is_refused_before_training_and_a_damaged_one_ignored(tmp_path):
-    from tiedlm.tuning_record import check_record_target, read_record
+    from tiedlm.compare.tuned import read_record
+    from tiedlm.experiment.tuning_record import check_record_target
 
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "tuning.json").write_text('{"format": 1, "keys": ["train.lr"], "chosen": ["a"]}')

@@ -14,7 +14,8 @@ import pytest
 from tiedlm.config import config_hash, load_config
 from tiedlm.errors import ConfigError, DataError
 from tiedlm.runs import RunRecord, RunReport
-from tiedlm.sweep import load_grid, run_sweep, sweep_commands, yaml_value
+from tiedlm.experiment.sweep import load_grid, run_sweep, sweep_commands
+from tiedlm.naming import yaml_value
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -178,7 +179,7 @@ def test_run_sweep_runs_in_order_survives_failures_and_skips_finished(tmp_path, 
     again = run_sweep(grid, dry_run=False, progress=False, train=fake_train.train)
     assert fake_train.calls == [bad]  # only the failed run is tried again
     assert again.skipped == 7 and again.trained == 1 and again.failed == []
-    from tiedlm.sweep import format_sweep_summary
+    from tiedlm.experiment.sweep import format_sweep_summary
 
     assert "7 already finished" in format_sweep_summary(again)
     assert "failed" in format_sweep_summary(summary) and bad in format_sweep_summary(summary)
@@ -272,7 +273,7 @@ def test_emit_slurm_is_one_array_task_per_run_and_runs_exactly_the_kth(tmp_path,
 
 
 def test_an_unquoted_slurm_time_is_refused_with_the_fix(tmp_path):
-    from tiedlm.sweep import load_grid
+    from tiedlm.experiment.sweep import load_grid
 
     grid = write_grid(tmp_path, TINY_GRID.replace('time: "00:10:00"', "time: 2:00:00"))
     with pytest.raises(ConfigError, match='time must be quoted, e.g. time: "02:00:00"'):
@@ -280,7 +281,7 @@ def test_an_unquoted_slurm_time_is_refused_with_the_fix(tmp_path):
 
 
 def test_a_paired_axis_sets_its_keys_together(tmp_path):
-    from tiedlm.sweep import expand, load_grid
+    from tiedlm.experiment.sweep import expand, load_grid
 
     (tmp_path / "base.yaml").write_text("name: base\ntrain:\n  max_steps: 10\n")
     grid = tmp_path / "grid.yaml"
@@ -300,7 +301,7 @@ def test_a_paired_axis_sets_its_keys_together(tmp_path):
 ])
 def test_a_bad_paired_axis_is_one_line(tmp_path, body, message):
     from tiedlm.errors import ConfigError
-    from tiedlm.sweep import load_grid
+    from tiedlm.experiment.sweep import load_grid
 
     (tmp_path / "base.yaml").write_text("name: base\n")
     grid = tmp_path / "grid.yaml"
@@ -321,7 +322,7 @@ def test_a_tuned_sweep_tunes_each_grid_point_and_trains_every_seed_at_its_choice
     import tiedlm.model
     from tests.test_compare import V, gpt2_params, make_run
     from tiedlm import runs as run_folder
-    from tiedlm.sweep import format_sweep_summary
+    from tiedlm.experiment.sweep import format_sweep_summary
 
     best = {32: 1e-2, 64: 3e-3}
     trained = []
@@ -379,7 +380,7 @@ def test_a_tuned_sweep_tunes_each_grid_point_and_trains_every_seed_at_its_choice
     c = compare_runs([tmp_path / "runs"], out=tmp_path / "cmp4", baseline="stranger-s0")
     assert not any("tuning.json" in n for n in c.notes) and c.primary == "validation"
     # a new tuned sweep removes the old record first: an interrupted one leaves none behind
-    from tiedlm.tuning_record import check_record_target
+    from tiedlm.experiment.tuning_record import check_record_target
 
     check_record_target(tmp_path / "runs")
     assert not (tmp_path / "runs" / "tuning.json").exists()
@@ -429,7 +430,6 @@ def test_two_values_that_make_one_config_are_refused_naming_both_points(tmp_path
 
 
 def test_the_sweep_s_seed_cap_is_compare_s():
-    from tiedlm import sweep
-    from tiedlm.compare import plan
+    from tiedlm.experiment import request, sweep
 
-    assert sweep.SEEDS_LIMIT == plan.SEEDS_LIMIT == 1000
+    assert sweep.SEEDS_LIMIT == request.SEEDS_LIMIT == 1000

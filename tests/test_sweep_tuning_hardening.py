@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 import tiedlm.compare as C
 from tiedlm.cli import app
 from tiedlm.errors import ConfigError
-from tiedlm.sweep import LINE_BREAKS, load_grid, sweep_commands
-from tiedlm.tuning import extend_value, spec_from_block, spec_from_options, whole_key
+from tiedlm.experiment.sweep import LINE_BREAKS, load_grid, sweep_commands
+from tiedlm.experiment.tuning_spec import extend_value, spec_from_block, spec_from_options, whole_key
 
 from .test_compare_tuning import run, stand_in  # noqa: F401 (a fixture)
 from .test_hardening_resources import SHELL, files_under, refused, write_grid
@@ -161,7 +161,7 @@ def test_a_single_tuning_value_says_nothing_was_compared(tmp_path, stand_in):  #
 
 def test_a_tuned_sweep_of_one_point_says_nothing_was_compared(tmp_path, monkeypatch, stand_in):  # noqa: F811
     from tiedlm.compare import compare_runs
-    from tiedlm.sweep import format_sweep_summary, run_sweep
+    from tiedlm.experiment.sweep import format_sweep_summary, run_sweep
 
     (tmp_path / "base.yaml").write_text("name: base\nmodel:\n  n_head: 2\ntrain:\n  max_steps: 10\n")
     grid = tmp_path / "grid.yaml"

@@ -32,7 +32,7 @@ entry = sys.argv[1]
 if entry == "library":
     import tiedlm.train
 elif entry == "worker":  # a --jobs worker, as the pool starts it, given no run
-    from tiedlm.parallel import serve
+    from tiedlm.experiment.parallel import serve
     serve()
 elif entry == "module":
     sys.argv = ["tiedlm", "--version"]
@@ -232,7 +232,7 @@ def test_the_pool_ceiling_times_both_workers_at_once_and_ends_every_timer(monkey
     started = []
     real = mod.start_timer
     monkeypatch.setattr(mod, "start_timer", lambda env: started.append(real(env)) or started[-1])
-    from tiedlm.parallel import available_cores
+    from tiedlm.experiment.parallel import available_cores
 
     r = mod.pool_ceiling(rounds=1, steps=2, warmup=0)
     n = available_cores()
@@ -249,7 +249,7 @@ def test_the_allocator_bench_sets_malloc_in_half_its_timers(monkeypatch):
     malloc setting in force and one without (as each timer's process reports it, whatever the
     caller's own environment says of malloc), and none is left running. That the setting removes
     the faults is test_the_command_and_its_workers_keep_freed_memory_...'s."""
-    from tiedlm.parallel import available_cores
+    from tiedlm.experiment.parallel import available_cores
 
     monkeypatch.setenv("TIEDLM_KEEP_FREED", "0")  # the caller's: no timer may inherit it
     mod = bench_load()

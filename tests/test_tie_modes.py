@@ -222,7 +222,8 @@ def test_labels_name_the_mode():
 
 
 def test_compare_config_trains_a_modes_own_variant_against_untied():
-    from tiedlm.compare.plan import CompareRequest, variants_of
+    from tiedlm.experiment.plan import variants_of
+    from tiedlm.experiment.request import CompareRequest
 
     base = load_config(None, ["model.tie_mode=lowrank", "model.untie_rank=8"])
     variants, _ = variants_of(CompareRequest(overrides=["model.tie_mode=lowrank", "model.untie_rank=8"]), base)

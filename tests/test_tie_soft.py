@@ -202,7 +202,7 @@ def test_a_file_that_says_soft_and_tied_is_refused(tmp_path):
 
 def test_labels_name_the_strength_and_it_tunes_like_any_key():
     from tiedlm.compare.variants import label_variants
-    from tiedlm.tuning_spec import spec_from_block
+    from tiedlm.experiment.tuning_spec import spec_from_block
 
     configs = [load_config(None, [*SOFT, f"model.tie_strength={s}"]) for s in (0, 1, 100)]
     configs.append(load_config(None, ["model.tie_embeddings=false"]))
@@ -424,7 +424,8 @@ def test_pull_runs_logs_its_distance_and_resumes(tiny, tmp_path):
 def test_compare_config_sets_the_mode_against_untied(mode):
     """compare --config on a soft or pull config compares that mode, at its strength, with untied
     (the untied variant has no strength), as it does the modes built from E."""
-    from tiedlm.compare.plan import CompareRequest, variants_of
+    from tiedlm.experiment.plan import variants_of
+    from tiedlm.experiment.request import CompareRequest
 
     sets = [f"model.tie_mode={mode}", "model.tie_strength=0.5"]
     variants, _ = variants_of(CompareRequest(overrides=sets), load_config(None, sets))

@@ -16,7 +16,7 @@ from tests.test_compare import V, gpt2_params, make_run
 from tiedlm.compare import compare_runs
 from tiedlm.compare.report import format_terminal_table
 from tiedlm.config import load_config
-from tiedlm.sweep import load_grid, run_sweep
+from tiedlm.experiment.sweep import load_grid, run_sweep
 
 IGNORED = "the tuning record was ignored"
 

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 import tiedlm.compare as C
+import tiedlm.experiment as E
 from tests.test_compare import V, gpt2_params, make_run
 from tiedlm import runs as run_folder
-from tiedlm.tuning import extend_value
-from tiedlm.tuning_spec import BOUNDS
+from tiedlm.experiment.tuning_spec import extend_value
+from tiedlm.experiment.tuning_spec import BOUNDS
 
 # each variant's own optimum: lr, and the other key (dropout or weight decay)
 OPTIMUM = {True: {"lr": 1e-3, "reg": 0.0}, False: {"lr": 3e-3, "reg": 0.1}}
@@ -58,7 +59,7 @@ def compare(tmp_path: Path, trainer, tune, block: str = "", dropout: float = 0.1
     path = tmp_path / "tiny.yaml"
     path.write_text(f"name: tiny\nmodel:\n  n_layer: 2\n  n_head: 2\n  n_embd: 64\n  block_size: 64\n  dropout: {dropout}\n"
                     f"train:\n  max_steps: 20\n  lr: 3.0e-3\n  min_lr: 3.0e-4\n  weight_decay: {weight_decay}\n" + block)
-    return C.compare_config(path, [], seeds=1, runs_dir=tmp_path / "runs", progress=False, train=trainer.train,
+    return E.compare_config(path, [], seeds=1, runs_dir=tmp_path / "runs", progress=False, train=trainer.train,
                             tune=tune)
 
 
@@ -206,7 +207,7 @@ def test_a_step_the_config_refuses_is_said_with_its_reason(tmp_path, trainer, mo
 
 
 def test_with_a_matched_variant_the_reading_is_tied_against_untied():
-    from tiedlm.tuning import TunedPoint, Tuning, TuneSpec, VariantTuning
+    from tiedlm.compare.tuned import TunedPoint, Tuning, TuneSpec, VariantTuning
 
     spec = TuneSpec(axes={"train.lr": [1e-3, 3e-3], "model.dropout": [0.0, 0.1]})
 

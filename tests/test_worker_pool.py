@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tiedlm import parallel
+from tiedlm.experiment import parallel
 from tiedlm.config import apply_overrides
-from tiedlm.jobs import Executor, Tally, train_jobs
-from tiedlm.plan import PlannedRun, Stage
+from tiedlm.experiment.jobs import Executor, Tally, train_jobs
+from tiedlm.experiment.plan import PlannedRun, Stage
 
 from .conftest import ROOT, TINY
 from .test_parallel import _metrics, _tensors

@@ -16,7 +16,7 @@ _EXPORTS = {
     "load_config": "config",
     "train_run": "train",
     "compare_runs": "compare",
-    "compare_config": "compare",
+    "compare_config": "experiment",
     "prepare_data": "data",
     "evaluate_run": "evaluate",
     "count_params_config": "model",

@@ -238,18 +238,20 @@ def compare(
         elif runs_:
             raise ConfigError("give either --config or run folders, not both — drop one of them")
         n_seeds = _seeds_option(seeds)
-        from .compare import CompareRequest, compare, format_terminal_table
+        from .compare import Judging, format_terminal_table, judge_runs
 
-        if config is not None:
+        if config is not None:  # run the experiment, then judge its runs
+            from .experiment import CompareRequest, compare
+
             req = CompareRequest(config=config, overrides=set_ or [], seeds=1 if n_seeds is None else n_seeds,
                                  match=match, runs_dir=out, baseline=baseline, progress=not quiet,
                                  overwrite=overwrite, primary=primary, select=select, analyze=analyze,
                                  overwrite_output=overwrite_output, tune=tune or [], max_seeds=max_seeds,
                                  min_effect=min_effect, jobs=jobs)
-        else:
-            req = CompareRequest(paths=runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select,
-                                 analyze=analyze, overwrite_output=overwrite_output)
-        result = compare(req)
+            result = compare(req)
+        else:  # judge the finished runs named
+            result = judge_runs(Judging(paths=runs_ or None, runs_dir=out, baseline=baseline, primary=primary,
+                                        select=select, analyze=analyze, overwrite_output=overwrite_output))
         typer.echo(format_terminal_table(result))
         if tensorboard:
             from .tensorboard import backfill_many, left_alone_lines, logdir_of
@@ -592,7 +594,7 @@ def sweep(
     """Run a grid of overrides x seeds one after another (finished runs are skipped), or emit it."""
 
     def run_grid():
-        from .sweep import check_options, format_sweep_summary, load_grid, run_sweep, slurm_script
+        from .experiment.sweep import check_options, format_sweep_summary, load_grid, run_sweep, slurm_script
 
         options = {"partition": partition, "time": time_, "gpus_per_task": gpus_per_task}
         n_jobs = check_options(emit, options, jobs, dry_run)  # one line and exit 2 for a refused one

@@ -1,11 +1,14 @@
-"""Compare runs: tied against untied, across seeds, with intervals, on one primary endpoint.
+"""Judge finished runs: tied against untied, across seeds, with intervals, on one primary endpoint.
+It takes run folders and returns a `Comparison`; it trains nothing and imports nothing from
+experiment/, which runs what compare --config asks and hands the folders here (`judge`, with what
+training `Found`). Mid-plan, the planner asks one thing through one call: `glance`, the primary
+contrast of the runs so far (for the sequential design's looks and the verdict at the shared value).
 
-What was asked, and the runs it takes
-    plan          CompareRequest: every option, checked once; compare --config's variants × points ×
-                  seeds, trained a stage at a time through jobs.Executor (tuning.TuningSearch, then
-                  sequential.SeedDesign); Found: what training and tuning found
+What is judged
     matching      --match params / params:width: the tied model grown (deeper, or wider) to the untied
                   one's parameters, and the two contrasts against untied judged by Holm (MatchFamily)
+    tuned         a tuning as the judge reads it (TuneSpec, Tuning, JointEffect) and a tuned sweep's
+                  record beside its runs (tuning.json, read_record)
 Computing
     collect       find run folders and read finished runs (through runs.py); which weights are compared
     datasets      group runs by the tokens they were trained and evaluated on
@@ -19,8 +22,8 @@ Computing
 Statistics
     stats         every test, interval and correction: t and noncentral t, paired and Welch tests,
                   Holm, Spearman, power; `significant`, the one place significance is decided
-    sequential    --seeds auto: the alpha-spending design, its looks (judged by stats.significant
-                  at the adjusted level) and SeedDesign, which says which seeds to train next
+    sequential    --seeds auto: the alpha-spending design's boundaries (pure maths), its looks (judged
+                  by stats.significant at the adjusted level) and its record, Sequential
 Rendering
     verdicts      the sentences: verdict on the primary endpoint, confirmation, seeds needed, FLOPs
     report        comparison.md / .csv / .json and the terminal table (the sections in order)
@@ -28,40 +31,94 @@ Rendering
     plots         every figure: the curves, the effect over training, the tying map, the tuning
     outputs       writing every file into the comparison folder, and the check before anything is
 
-compare_runs compares runs that exist; compare_config trains the tied and untied variants of a
-config first; both build a CompareRequest and call compare(). They write comparison.md,
-comparison.csv, comparison.json and the plots (atomically) and return the Comparison.
+compare_runs compares runs that exist (experiment.compare_config trains a config's variants first,
+then calls judge). Both write comparison.md, comparison.csv, comparison.json and the plots
+(atomically) and return the Comparison.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ..errors import ConfigError
-from ..tuning import tuned_keys
-from .collect import COMPARE_DIR, LeftOut, LoadedRun, choose_weights, discover, load_runs, no_runs_error, overtrained_notes
+from ..checks import check_split
+from ..errors import ConfigError, TiedlmError
+from ..runs import FolderLock
+from .collect import (COMPARE_DIR, SELECT, LeftOut, LoadedRun, choose_weights, discover, load_runs, no_runs_error,
+                      overtrained_notes)
 from .comparison import Comparison, TrainFailure, build_comparison
 from .grid import MatchedContrast
-from .guards import guard_warnings, protocol_differences, protocol_line
+from .guards import guard_warnings, ignored_record_warning, protocol_differences, protocol_line
+from .matching import ParamMatch
 from .outputs import OVERWRITE_OPTION, check_outputs, replaced_note, write_outputs
-from .plan import CompareRequest, Found, train_for_comparison
-from .plots import MATCHED_PLOT, PLOTS  # noqa: F401 (the file names, for users)
+from .plots import MATCHED_PLOT, PLOTS, TRAJECTORY_PLOT, TYING_MAP_PLOT
 from .report import format_terminal_table
-from .plots import TRAJECTORY_PLOT, TYING_MAP_PLOT
 from .sections import tuning_note
+from .sequential import Sequential, primary_variant
+from .tuned import Tuning, TuningRecord, read_record, tuned_keys
 from .tying_map import TyingMap
 from .variants import Contrast, SplitContrast, Variant
 from .verdicts import verdicts_for
 
-# What a user of the library calls and reads: the two entry points, the outputs, the result's types
+# What a user of the library calls and reads: the entry points, the outputs, the result's types
 # and the names of the files written. Everything else is imported from its module (compare.stats, ...).
 __all__ = [
-    "compare_runs", "compare_config", "compare", "CompareRequest", "check_outputs", "write_outputs",
+    "compare_runs", "judge", "judge_runs", "glance", "Judging", "Found", "Glance", "check_outputs", "write_outputs",
     "format_terminal_table",
     "Comparison", "Variant", "Contrast", "SplitContrast", "MatchedContrast", "TyingMap", "TrainFailure",
     "COMPARE_DIR", "PLOTS", "MATCHED_PLOT", "TRAJECTORY_PLOT", "TYING_MAP_PLOT",
 ]
+
+
+@dataclass
+class Judging:
+    """How finished runs are judged: which weights (`select`), on which split (`primary`), against
+    which variant (`baseline`), and where the comparison goes (`out`, default runs_dir/compare);
+    `paths` are the runs to compare (run folders, folders of runs, or globs; None: every run under
+    `runs_dir`). `analyze` analyses each run's two matrices first; `overwrite_output` replaces
+    files of the outputs' names that tiedlm did not write."""
+
+    paths: list[str | Path] | None = None
+    select: str | None = None
+    primary: str | None = None
+    baseline: str | None = None
+    runs_dir: Path = Path("runs")
+    out: Path | None = None
+    analyze: bool = False
+    overwrite_output: bool = False
+
+    @property
+    def folder(self) -> Path:
+        """Where the comparison is written."""
+        return Path(self.out) if self.out is not None else Path(self.runs_dir) / COMPARE_DIR
+
+    def check(self) -> Judging:
+        """Refuse (ConfigError) what cannot be judged, before any file is read; returns self."""
+        self.runs_dir = Path(self.runs_dir)
+        if self.primary is not None:
+            check_split(self.primary, "--primary")
+        if self.select is not None and self.select not in SELECT:
+            raise ConfigError(f"--select {self.select!r} is not known — choose best (each run's kept best weights) "
+                              "or final (the last weights)")
+        if self.baseline is not None and (not str(self.baseline).strip() or "\n" in str(self.baseline)):
+            raise ConfigError(f"--baseline {self.baseline!r} names no variant — give a variant's label or a run's name")
+        return self
+
+
+@dataclass
+class Found:
+    """What training and tuning found, for the judging of their runs: the parameter match (--match
+    params), the runs that failed to train (name -> error), the tuning, the sequential design's
+    record, a tuned sweep's record (tuning.json) and every run trained or found finished."""
+
+    match: ParamMatch | None = None
+    failed: dict[str, str] = field(default_factory=dict)
+    tuning: Tuning | None = None
+    sequential: Sequential | None = None
+    record: TuningRecord | None = None
+    record_note: str | None = None  # why a tuned compare --config left no tuning.json
+    trained: list[str] | None = None  # every run it trained or found finished, compared or not (tuning's too)
 
 
 def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("runs"),
@@ -76,69 +133,21 @@ def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("r
     `analyze` first analyses each run's two matrices (tiedlm analyze) for the report's section on them.
     Files of the outputs' names that tiedlm did not write are refused (check_outputs) unless
     `overwrite_output`."""
-    return compare(CompareRequest(paths=list(paths) if paths else None, runs_dir=runs_dir, out=out, baseline=baseline,
-                                  primary=primary, select=select, analyze=analyze, overwrite_output=overwrite_output))
+    return judge_runs(Judging(paths=list(paths) if paths else None, runs_dir=runs_dir, out=out, baseline=baseline,
+                              primary=primary, select=select, analyze=analyze, overwrite_output=overwrite_output))
 
 
-def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, **options: Any) -> Comparison:
-    """Train the tied and untied variants of a config (seeds cfg.seed .. cfg.seed+seeds-1; finished
-    runs are reused) and compare exactly those runs; `options` are CompareRequest's fields. match=
-    "params" adds a tied variant with extra layers whose total is as close as possible to the untied
-    one's, "params:width" one with n_embd grown by the head size instead; the matched variant is
-    tuned like the others, and the verdict has both contrasts against untied (tied at equal
-    architecture, the primary one, and matched at equal parameters), Holm-adjusted over the two.
-    Training failures do not stop the others; they are listed in the result's
-    train_failures and among the runs left out. `train` trains one run (train.train_run, the
-    default, or a stand-in with its signature). `overwrite` retrains runs whose folders hold another
-    config; `overwrite_output` replaces files of the outputs' names that tiedlm did not write
-    (check_outputs, before anything is trained). `tune` (`--tune KEY=V1,V2,...`, over the config's
-    tune: block) tunes each variant on validation first and compares each at its own chosen value,
-    on test (tuning.py). `seeds="auto"` adds seeds only while the verdict is undecided
-    (sequential.py: from 3 per variant up to `max_seeds`, stopping for efficacy at the design's
-    adjusted level, or for futility once the smallest detectable effect is below `min_effect`);
-    with tuning, for the seeds at the chosen values. `jobs` (--jobs): train that many runs at once,
-    each in its own process, or "auto" (parallel.py); 1 trains them one after another in this process."""
-    return compare(CompareRequest(config=cfg_path, overrides=list(overrides or []), **options))
-
-
-def compare(req: CompareRequest) -> Comparison:
-    """The comparison a request asks for: of the runs it names, or of a config's variants, trained
-    first (plan.train_for_comparison); the request is checked before anything is read."""
-    import dataclasses
-
-    from ..runs import FolderLock
-    from ..tuning import read_tune_block, spec_from_options
-
-    req.check()
-    if req.config is None:
-        return _compare_existing(req)
-    spec = spec_from_options(req.tune, read_tune_block(req.config))
-    # Held from before the first run is trained until the comparison is written: a second command
-    # comparing into the same folder waits, then finds every run trained (skipped) and compares the
-    # whole set, instead of failing on the runs this one is training and comparing the rest.
-    with FolderLock(req.folder):
-        dirs, found = train_for_comparison(req, spec)
-        if spec is not None:
-            req = dataclasses.replace(req, primary=req.primary or "test")
-        c = _compare(dirs, [], req, found)
-    c.train_failures = [TrainFailure(n, e) for n, e in found.failed.items()]
-    return c
-
-
-def _compare_existing(req: CompareRequest) -> Comparison:
+def judge_runs(judging: Judging) -> Comparison:
     """compare_runs: the runs found, a tuned sweep's folder compared at each point's chosen values."""
-    import dataclasses
-
-    from ..tuning_record import read_record
-
-    run_dirs, missing = discover(req.paths, req.runs_dir, req.folder)
-    paths = req.paths
+    judging.check()
+    run_dirs, missing = discover(judging.paths, judging.runs_dir, judging.folder)
+    paths = judging.paths
     # a tuned sweep's folder, compared whole: each grid point at its chosen values (tuning.json)
-    folder = req.runs_dir if not paths else Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else None
+    folder = judging.runs_dir if not paths else Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else None
     record = read_record(folder, run_dirs) if folder is not None and run_dirs else None
     tuned = record is not None and record.usable
     if tuned:
-        if req.primary == "validation":
+        if judging.primary == "validation":
             raise ConfigError(f"these runs were tuned on validation ({record.folder}/tuning.json), so the verdict is "
                               "on test — drop --primary validation")
         chosen = set(record.chosen)
@@ -148,20 +157,18 @@ def _compare_existing(req: CompareRequest) -> Comparison:
         missing += [LeftOut(str(record.folder / n), n, "chosen by the tuning (tuning.json), but not there")
                     for n in record.chosen if n not in found]
         run_dirs = [d for d in run_dirs if d.name in chosen]
-    req = dataclasses.replace(req, primary=req.primary or ("test" if tuned else None))
-    return _compare(run_dirs, missing, req, Found(record=record))
+    judging = dataclasses.replace(judging, primary=judging.primary or ("test" if tuned else None))
+    return judge(run_dirs, missing, judging, Found(record=record))
 
 
-def _compare(run_dirs: list[Path], left_out: list[LeftOut], req: CompareRequest, found: Found) -> Comparison:
-    """Read, judge and write the comparison of run_dirs, its folder held throughout: never beside
-    another writer's files."""
-    from ..runs import FolderLock
-
-    with FolderLock(req.folder):
-        return _compare_held(run_dirs, left_out, req, found)
+def judge(run_dirs: list[Path], left_out: list[LeftOut], judging: Judging, found: Found) -> Comparison:
+    """Read, judge and write the comparison of run_dirs (`left_out`: runs already set aside, and
+    why), its folder held throughout: never beside another writer's files."""
+    with FolderLock(judging.folder):
+        return _judge_held(run_dirs, left_out, judging, found)
 
 
-def _compare_held(run_dirs: list[Path], left_out: list[LeftOut], req: CompareRequest, found: Found) -> Comparison:
+def _judge_held(run_dirs: list[Path], left_out: list[LeftOut], req: Judging, found: Found) -> Comparison:
     out, tuning, record = req.folder, found.tuning, found.record
     runs, skipped = load_runs(run_dirs, left_out, found.failed)
     check_outputs(out, [Path(r.path) for r in runs], req.analyze, req.overwrite_output)  # before the first write
@@ -180,7 +187,7 @@ def _compare_held(run_dirs: list[Path], left_out: list[LeftOut], req: CompareReq
                                                     [v.n_seeds for v in c.variants]))
     if record is not None:
         c.notes += record.notes()
-        c.warnings += record.warnings(primary)
+        c.warnings += ignored_record_warning(record.ignored, primary)
     if tuning is not None:
         c.tuning = tuning
         c.notes.append(tuning_note(tuning, primary))
@@ -198,9 +205,53 @@ def _compare_held(run_dirs: list[Path], left_out: list[LeftOut], req: CompareReq
 
 def _analyzed(run: LoadedRun, overwrite_output: bool = False) -> LoadedRun:
     """The run with a fresh analysis of its final checkpoint (tiedlm analyze, into its folder)."""
-    import dataclasses
-
     from ..analyze import analyze_run
 
     analysis = analyze_run(run.path, overwrite=overwrite_output, overwrite_option=OVERWRITE_OPTION)
     return dataclasses.replace(run, analysis=analysis, analysis_note=None)
+
+
+# ============================================================================ asked mid-plan
+
+
+@dataclass
+class Glance:
+    """The primary contrast of the runs trained so far, judged as the final comparison judges it
+    but not written: the variant set against the baseline (with --match, tied at equal
+    architecture against untied), the baseline's label, the contrast on `split`, and the seeds
+    the runs judged have."""
+
+    variant: str
+    baseline: str
+    split: str
+    contrast: SplitContrast
+    seeds: list[int]
+
+
+def glance(run_dirs: list[Path], judging: Judging, found: Found, primary: str | None,
+           same_seeds: bool = False) -> Glance | None:
+    """What the planner asks the judging side mid-plan, in one call: the primary contrast of
+    run_dirs (those that exist), judged with `found`'s failures, match and tuning on `primary` (None:
+    the default), or None when there is nothing to contrast. `same_seeds` keeps only the seeds every
+    variant has (paired by seed, as the tuned verdict is): the verdict at the shared value."""
+    runs, skipped = load_runs([d for d in run_dirs if d.is_dir()] if same_seeds else list(run_dirs), [],
+                              found.failed)
+    if same_seeds:
+        by_variant: dict[str, set[int]] = {}
+        for r in runs:
+            by_variant.setdefault(r.config_hash, set()).add(r.seed)
+        shared = set.intersection(*by_variant.values()) if len(by_variant) > 1 else set()
+        runs, skipped = [r for r in runs if r.seed in shared], []
+    if not runs:
+        return None
+    try:
+        runs, left, _, _, primary = choose_weights(runs, judging.select, primary)
+        c = build_comparison(runs, skipped + left, judging.baseline, str(judging.folder), found.match, primary,
+                             tuned=tuned_keys(found.tuning)) if runs else None
+    except TiedlmError:
+        return None  # the final comparison says why
+    picked = primary_variant(c) if c is not None else None
+    if picked is None:
+        return None
+    variant, contrast = picked
+    return Glance(variant.label, c.baseline_label, primary, contrast, sorted({r.seed for r in runs}))

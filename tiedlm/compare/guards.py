@@ -131,3 +131,16 @@ def protocol_line(differences: list[str]) -> str | None:
         return None
     return ("Protocol: " + "; ".join(differences) + ". The main job tunes each variant's learning rate on validation and "
             "compares their best kept weights on test, over 3 seeds (docs/comparing.md).")
+
+
+def ignored_record_warning(ignored: str | None, primary: str) -> list[str]:
+    """What the comparison says first when a tuning record (tuning.json) is ignored (`ignored`, why):
+    every grid point is then a variant of its own, and validation is the split that chose the tuned
+    values. [] where no record was ignored."""
+    if ignored is None:
+        return []
+    on = (f"the verdict is on {primary}, the split that chose the tuned values, so it favours each variant's "
+          "chosen point — use --primary test" if primary == "validation" else f"the verdict is on {primary}")
+    return [f"the tuning record was ignored: {ignored}. Every grid point is compared as a variant of its "
+            f"own, not each variant at its chosen value; {on}. Rerun the sweep (or compare --config) that trained "
+            "them to write the record again"]

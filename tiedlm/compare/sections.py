@@ -15,7 +15,7 @@ from .stats import fmt_threshold
 from .trajectory import SPLIT, Trajectory
 
 if TYPE_CHECKING:
-    from ..tuning import Tuning
+    from .tuned import Tuning
     from .comparison import Comparison
 
 
@@ -175,7 +175,7 @@ def _seeds(tuning: Tuning) -> str:
 
 
 def tuning_note(tuning: Tuning, primary: str) -> str:
-    from ..tuning import not_compared
+    from .tuned import not_compared
 
     if tuning.only_point is not None:
         return f"{not_compared(tuning.keys, tuning.only_point)}; the verdict is on {primary}"
@@ -184,7 +184,7 @@ def tuning_note(tuning: Tuning, primary: str) -> str:
 
 
 def _not_compared(tuning: Tuning) -> str:
-    from ..tuning import not_compared
+    from .tuned import not_compared
 
     return not_compared(tuning.keys, tuning.only_point)
 
@@ -252,10 +252,10 @@ def chosen_lines(tuning: Tuning) -> list[str]:
 
 def _two_axes(tuning: Tuning) -> list[str] | None:
     """The two keys of a tune of two plain axes (lr × dropout), else None."""
-    from ..tuning import _paired
+    from .tuned import paired
 
     axes = tuning.spec.axes
-    return list(axes) if len(axes) == 2 and not any(_paired(x) for x in axes.values()) else None
+    return list(axes) if len(axes) == 2 and not any(paired(x) for x in axes.values()) else None
 
 
 def grid_tables(tuning: Tuning) -> list[tuple[list[str], list[list[str]]]]:

@@ -6,44 +6,16 @@ the protocol."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checks import NORM_EPS_MIN, ROPE_THETA_MAX, ROPE_THETA_MIN
-from .errors import ConfigError
+from ..checks import NORM_EPS_MIN, ROPE_THETA_MAX, ROPE_THETA_MIN
+from ..compare.tuned import TuneSpec, paired
+from ..errors import ConfigError
 
-EXTEND_LIMIT = 3  # steps past each edge of the grid, per variant and axis
 SETTINGS = ("seeds", "extend", "extend_limit", "shared_seeds")  # a tune: block's own keys; the rest are axes
 
 
-@dataclass
-class TuneSpec:
-    """What to tune: axes (a config key -> values, or a name -> mappings of keys to values) and how."""
-
-    axes: dict[str, list] = field(default_factory=dict)
-    seeds: list[int] | None = None  # None: the comparison's first seed
-    extend: bool = True
-    extend_limit: int = EXTEND_LIMIT
-    shared_seeds: bool = False
-
-    @property
-    def keys(self) -> list[str]:
-        """Every config key the grid sets, in axis order."""
-        out: list[str] = []
-        for axis, values in self.axes.items():
-            for k in (values[0].keys() if _paired(values) else [axis]):
-                if k not in out:
-                    out.append(k)
-        return out
-
-    def to_json(self) -> dict:
-        return {"axes": self.axes, "seeds": self.seeds, "extend": self.extend, "extend_limit": self.extend_limit,
-                "shared_seeds": self.shared_seeds}
-
-
-# The range of each bounded numeric key (checks.py refuses the rest): (low, low allowed, high, high
-# allowed), None where a side is open-ended. A step past the grid's edge never leaves it: it stops at
 # an allowed bound, or goes halfway to one that is not allowed (dropout 0.9 -> 0.95, never 1).
 POSITIVE_WHOLE = (1, True, None, False)
 BOUNDS: dict[str, tuple] = {
@@ -82,7 +54,7 @@ def relative_bound(key: str, cfg: Any) -> tuple[str, Any] | None:
     other = RELATIVE_BOUNDS.get(key)
     if other is None or cfg is None:
         return None
-    from .config import flat
+    from ..config import flat
 
     value = flat(cfg).get(other[0])
     return (other[0], value) if isinstance(value, (int, float)) else None
@@ -114,7 +86,7 @@ def whole_key(key: str) -> bool | None:
     (an unknown key, a free type): the key's type decides, not how its values happen to be written."""
     import typing
 
-    from .config import Config
+    from ..config import Config
 
     tp: Any = Config
     for part in key.split("."):
@@ -167,9 +139,6 @@ def _outside(x: Any, bounds: tuple | None) -> bool:
                 or (hi is not None and (x > hi or (x == hi and not hi_in))))
 
 
-def _paired(values: list) -> bool:
-    return bool(values) and all(isinstance(v, dict) for v in values)
-
 
 # Sections whose settings change what the validation loss is measured on: another corpus, split or
 # vocabulary gives a perplexity of another kind, so the lowest one would only pick the easiest text
@@ -183,7 +152,7 @@ def _block(where: str) -> str:
 
 
 def _sections() -> set[str]:
-    from .config import ALL_KEYS
+    from ..config import ALL_KEYS
 
     return {k for k in ALL_KEYS if any(o.startswith(k + ".") for o in ALL_KEYS)}
 
@@ -193,7 +162,7 @@ def _unknown_key(key: str, where: str) -> ConfigError:
     closest of either (a known setting in no section, lr, is pointed to its place, train.lr)."""
     import difflib
 
-    from .config import ALL_KEYS
+    from ..config import ALL_KEYS
 
     leaf = key.rsplit(".", 1)[-1]
     close = difflib.get_close_matches(key, SETTINGS, n=1, cutoff=0.75)
@@ -205,7 +174,7 @@ def _unknown_key(key: str, where: str) -> ConfigError:
 
 
 def _check_key(key: str, where: str) -> None:
-    from .config import ALL_KEYS
+    from ..config import ALL_KEYS
 
     if key not in ALL_KEYS:
         raise _unknown_key(key, where)
@@ -224,7 +193,7 @@ def _check_key(key: str, where: str) -> None:
 def _check_axis(axis: str, values: Any, where: str) -> list:
     if not isinstance(values, list) or not values:
         raise ConfigError(f"{where}: {axis} must be a non-empty list of values, e.g. train.lr: [3.0e-4, 1.0e-3]")
-    if _paired(values):
+    if paired(values):
         keys = list(values[0])
         if not keys or any(list(v) != keys for v in values):
             raise ConfigError(f"{where}: the points of {axis} must each set the same keys ({', '.join(keys)})")
@@ -270,14 +239,14 @@ def spec_from_block(data: Any, where: str) -> TuneSpec:
             inner = next(iter(value), "KEY")
             raise ConfigError(f"{_block(where)} {key} holds a mapping — write tuned keys dotted, e.g. tune: {{{key}."
                               f"{inner}: [...]}} (a paired axis is a list of mappings)")
-        elif _paired(value if isinstance(value, list) else []):
+        elif paired(value if isinstance(value, list) else []):
             spec.axes[key] = _check_axis(key, value, where)  # a paired axis: its name is free
         else:
             _check_key(key, where)  # unknown, a section, or not tunable: said before the values are
             spec.axes[key] = _check_axis(key, value, where)
     if not spec.axes:
         raise ConfigError(f"{where}: tune: names no setting to tune — add one, e.g. train.lr: [3.0e-4, 1.0e-3]")
-    keys = [k for axis, vals in spec.axes.items() for k in (vals[0] if _paired(vals) else [axis])]
+    keys = [k for axis, vals in spec.axes.items() for k in (vals[0] if paired(vals) else [axis])]
     if len(set(keys)) != len(keys):
         raise ConfigError(f"{where}: a key is tuned on two axes ({', '.join(sorted(k for k in set(keys) if keys.count(k) > 1))})"
                           " — give it on one")
@@ -285,7 +254,7 @@ def spec_from_block(data: Any, where: str) -> TuneSpec:
 
 
 def _seeds(value: Any, where: str) -> list[int]:
-    from .checks import check_seed
+    from ..checks import check_seed
 
     if isinstance(value, int) and not isinstance(value, bool):
         # A grid file's `seeds: 3` is a count (seeds 0, 1, 2); here it would name one seed. Neither
@@ -309,7 +278,7 @@ def spec_from_options(items: list[str], base: TuneSpec | None = None) -> TuneSpe
     shared_seeds=true), on top of the config's block (an axis given here replaces the block's)."""
     import yaml
 
-    from .config import load_yaml
+    from ..config import load_yaml
 
     if not items:
         return base
@@ -352,7 +321,7 @@ def _as_number(v: Any) -> Any:
 
 def read_tune_block(cfg_path: str | Path) -> TuneSpec | None:
     """The tune: block of a config file (through its base: files), or None."""
-    from .config import _load_with_bases
+    from ..config import _load_with_bases
 
     data = _load_with_bases(Path(cfg_path))
     block = data.get("tune")

@@ -36,58 +36,16 @@ The block and `--tune` are read and checked in tuning_spec.py.
 
 from __future__ import annotations
 
-import itertools
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .nats import perplexity
-from .plan import PlannedRun, RunSource, Stage
-from .naming import sanitize, scalar, short_keys
-from .tuning_spec import (EXTEND_LIMIT, SETTINGS, TuneSpec, _paired, at_bound, bounds_of,  # noqa: F401 (also tuning's)
-                          extend_value, range_text, read_tune_block, relative_bound, relative_bound_text,
-                          spec_from_block, spec_from_options, whole_key)
-
-LR_KEY, MIN_LR_KEY, RATIO_KEY = "train.lr", "train.min_lr", "train.min_lr_ratio"
-
-
-# ============================================================================ points
-
-
-def points(spec: TuneSpec, axes: dict[str, list] | None = None) -> list[dict[str, Any]]:
-    """The grid: the product of the axes, each point a mapping of config keys to values."""
-    axes = axes if axes is not None else spec.axes
-    out = []
-    for combo in itertools.product(*axes.values()):
-        point: dict[str, Any] = {}
-        for axis, value in zip(axes, combo):
-            point.update(value if isinstance(value, dict) else {axis: value})
-        out.append(point)
-    return out
-
-
-def point_label(point: dict[str, Any], short: dict[str, str]) -> str:
-    """'lr=0.001,dropout=0.1'; a key the variant does not have (None: the untied variant's
-    model.tie_strength) is left out."""
-    if point and all(v is None for v in point.values()):
-        return "(no " + ", ".join(short[k] for k in point) + ")"
-    return ",".join(f"{short[k]}={scalar(v)}" for k, v in point.items() if v is not None)
-
-
-def point_tag(point: dict[str, Any], short: dict[str, str]) -> str:
-    """A point's part of its runs' names ('lr=0.001_dropout=0.1'); '' for a variant that has none
-    of the tuned keys (the untied variant when model.tie_strength is tuned)."""
-    from .naming import sanitize
-
-    return sanitize(point_label(point, short)) if any(v is not None for v in point.values()) else ""
-
-
-def point_overrides(point: dict[str, Any], schedule: list[str]) -> list[str]:
-    from .naming import yaml_value
-
-    return [f"{k}={yaml_value(v)}" for k, v in point.items() if v is not None] + schedule
+from ..compare.tuned import LR_KEY, MIN_LR_KEY, RATIO_KEY, TunedPoint, TuneSpec, Tuning, VariantTuning, paired
+from ..errors import ConfigError
+from ..nats import perplexity
+from ..naming import scalar, short_keys
+from .plan import PlannedRun, RunSource, Stage, point_label, point_overrides, point_tag, points
+from .tuning_spec import at_bound, bounds_of, extend_value, range_text, relative_bound, relative_bound_text, whole_key
 
 
 # Keys of one tie's own: tuned for the variants whose tie has them, absent (None) from the others,
@@ -106,123 +64,20 @@ def schedule_overrides(spec: TuneSpec, base: Any) -> list[str]:
     cosine minimum follows the peak (and min_lr back at its default, as the ratio replaces it)."""
     if LR_KEY not in spec.keys or getattr(base.train, "min_lr_ratio", None) is not None:
         return []
-    from .config import TrainConfig
+    from ..config import TrainConfig
 
     ratio = base.train.min_lr / base.train.lr if base.train.lr else 0.0
     # min_lr back at its default: the ratio replaces it, and checks.py refuses a non-default min_lr beside it
     return [f"{RATIO_KEY}={float(f'{ratio:.6g}')!r}", f"{MIN_LR_KEY}={TrainConfig.min_lr!r}"]
 
 
-# ============================================================================ the tuning itself
-
-
-@dataclass
-class TunedPoint:
-    """One point of one variant's grid: its runs on the tuning seeds and their validation scores."""
-
-    point: dict[str, Any]
-    label: str
-    runs: dict[int, str]  # tuning seed -> run name
-    loss: float | None = None  # mean validation loss over the tuning seeds (the selection's)
-    perplexity: float | None = None  # exp(loss)
-    best_step: float | None = None  # the mean step of the best periodic evaluation
-    tokens: float = 0.0  # tokens the runs trained on, together
-    failed: list[str] = field(default_factory=list)  # runs that did not finish
-
-    def to_json(self) -> dict:
-        return {"point": self.point, "label": self.label, "validation_loss": self.loss,
-                "validation_perplexity": self.perplexity, "best_step": self.best_step,
-                "runs": {str(s): n for s, n in self.runs.items()}, "failed": self.failed}
-
-
-@dataclass
-class VariantTuning:
-    tag: str  # tied, untied
-    overrides: list[str]  # the variant's own overrides
-    axes: dict[str, list]  # this variant's axes, extended where its choice sat at an edge
-    points: list[TunedPoint] = field(default_factory=list)
-    chosen: TunedPoint | None = None
-    extensions: dict[str, int] = field(default_factory=dict)  # "axis:-1" / "axis:+1" -> steps added
-    edge: str | None = None  # why the choice is still at an edge of the grid, if it is
-    bound: str | None = None  # where the choice is at the bound of a key's range (dropout 0): not an edge
-
-    def point(self, label: str) -> TunedPoint | None:
-        return next((p for p in self.points if p.label == label), None)
-
-    def at(self, values: dict[str, Any]) -> TunedPoint | None:  # by value, not label: 0 is 0.0
-        return next((p for p in self.points if all(p.point.get(k) in (x, None) for k, x in values.items())), None)
-
-    def to_json(self) -> dict:
-        return {"variant": self.tag, "chosen": self.chosen.to_json() if self.chosen else None,
-                "points": [p.to_json() for p in self.points], "axes": self.axes,
-                "extensions": self.extensions, "edge": self.edge, "bound": self.bound}
-
-
-@dataclass
-class Tuning:
-    """The whole tuning of a comparison, what comparison.json's `tuning` holds."""
-
-    spec: TuneSpec
-    keys: list[str]
-    seeds: list[int]  # the tuning seeds
-    selection: str  # what chose: "kept best weights" or "final weights"
-    variants: list[VariantTuning]
-    schedule: list[str]  # the overrides that keep the schedule's shape (train.min_lr_ratio)
-    shared: dict | None = None  # the verdict with both variants at the config's own point
-    runs: int = 0  # distinct tuning runs (variant x point x tuning seed)
-    tokens: float = 0.0  # the tokens they trained on
-    config: dict[str, Any] = field(default_factory=dict)  # the config's own value of each tuned key
-
-    @property
-    def joint(self) -> JointEffect | None:
-        """Which key moved the verdict, for a tune of train.lr and one other key (else None)."""
-        return joint_effect(self)
-
-    def variant(self, tag: str) -> VariantTuning | None:
-        return next((v for v in self.variants if v.tag == tag), None)
-
-    @property
-    def only_point(self) -> str | None:
-        """The label of the grid's one point when no variant tried another (a single value per
-        axis, which no edge can extend): nothing was compared, so nothing was chosen. Else None."""
-        return single_point([[p.label for p in v.points] for v in self.variants])
-
-    def labels(self) -> list[str]:
-        """Every point any variant tried, in grid order (the first axis' values ascending)."""
-        seen: dict[str, dict] = {}
-        for v in self.variants:
-            for p in v.points:
-                seen.setdefault(p.label, p.point)
-        order = lambda x: (0, x) if isinstance(x, (int, float)) else (1, str(x))  # noqa: E731
-        return sorted(seen, key=lambda lab: tuple(order(x) for x in seen[lab].values()))
-
-    def to_json(self) -> dict:
-        return {"keys": self.keys, "seeds": self.seeds, "selected_on": "validation", "selection": self.selection,
-                "spec": self.spec.to_json(), "schedule": self.schedule,
-                "variants": [v.to_json() for v in self.variants], "shared": self.shared, "config": self.config,
-                "joint": self.joint.to_json() if self.joint is not None else None,
-                "cost": {"runs": self.runs, "tokens": self.tokens}}
-
-
-def single_point(labels: list[list[str]]) -> str | None:
-    """Each variant's tried point labels -> the one label when every variant tried that one alone."""
-    every = {lab for each in labels for lab in each}
-    return next(iter(every)) if labels and len(every) == 1 and all(len(each) == 1 for each in labels) else None
-
-
-def not_compared(keys: list[str], label: str) -> str:
-    """What a tuning of one point says instead of a choice."""
-    given = f"{keys[0]} was given one value" if len(keys) == 1 else f"{', '.join(keys)} were given one value each"
-    return (f"{given}, {label}, so every variant trained at it and nothing was compared or chosen on validation — "
-            "give two or more values to tune")
-
 
 def score_run(run_dir: Path) -> tuple[float | None, float | None, float]:
     """(validation loss that selects, the best step, tokens seen) of a finished run; None when it
     did not finish or cannot be read. The loss is the kept best weights' when the run kept them,
     else the final one; test is never read."""
-    from .errors import TiedlmError
-    from .runs import read_report
+    from ..errors import TiedlmError
+    from ..runs import read_report
 
     try:
         report = read_report(run_dir)
@@ -276,7 +131,7 @@ def _edges(v: VariantTuning) -> list[tuple[str, int]]:
     variant: the end of the axis, or (past a step along another axis) of the values tried on its line."""
     out = []
     for axis, values in v.axes.items():
-        if _paired(values) or len(values) < 2 or v.chosen is None:
+        if paired(values) or len(values) < 2 or v.chosen is None:
             continue
         line, value = _line(v, axis), v.chosen.point[axis]
         out += [(axis, d) for d, end in ((-1, line[0]), (+1, line[-1])) if value == end]
@@ -323,7 +178,7 @@ class TuningSearch:
         self.spec, self.source, self.runs_dir = spec, source, Path(runs_dir)
         self.seeds = spec.seeds if spec.seeds is not None else [first_seed]
         self.short = short_keys(spec.keys)
-        from .config import flat
+        from ..config import flat
 
         values = flat(base)
         self.tuning = Tuning(spec=spec, keys=spec.keys, seeds=self.seeds, selection=selection, variants=[],
@@ -436,105 +291,10 @@ def shared_point(tuning: Tuning, base: Any) -> dict[str, Any] | None:
     """The config's own value of every tuned key, as the grid spells it, when every variant tried
     that point: where the untuned comparison would have put both variants. Values are compared,
     not labels: a config's dropout 0.0 is the grid's 0."""
-    from .config import flat
+    from ..config import flat
 
     values = flat(base)
     tried = [v.at({k: values.get(k) for k in tuning.keys}) for v in tuning.variants]
     return dict(tried[0].point) if tried and all(p is not None for p in tried) else None
 
 
-# ---------------------------------------------------------------------------- which key moved the verdict
-
-
-@dataclass
-class Reading:
-    """The tied/untied effect on validation with each variant at one kind of point (tuning runs)."""
-
-    points: dict[str, dict[str, Any]]  # variant tag -> its point
-    labels: dict[str, str]
-    perplexity: dict[str, float]  # variant tag -> validation perplexity there
-    effect: float | None  # exp(loss of the variant − loss of the reference) − 1
-    at_edge: list[str] = field(default_factory=list)  # variants whose best lr here is the end of the lr tried there
-
-    def to_json(self) -> dict:
-        return {"points": self.points, "labels": self.labels, "validation_perplexity": self.perplexity,
-                "relative": self.effect, "lr_at_edge": self.at_edge}
-
-
-@dataclass
-class JointEffect:
-    """A tune of train.lr and one other key, decomposed: the effect at the config's own point, at
-    each variant's best lr with the other key held at the config's value, and at the joint best;
-    all on validation (the split that chose), from the tuning runs, without an interval."""
-
-    variant: str
-    reference: str
-    other: str  # the key tuned beside train.lr
-    held: Any  # the config's value of it
-    seeds: list[int]  # the tuning seeds the readings average over
-    config: Reading | None  # both at the config's own point (None where not every variant tried it)
-    lr_alone: Reading | None  # None where the held value is not in every variant's grid
-    joint: Reading
-
-    @property
-    def moved_by(self) -> str | None:
-        """The key whose tuning changed the effect more: train.lr (config -> lr alone) or the other
-        key (lr alone -> joint); None when either step is unknown or they moved it equally."""
-        if self.config is None or self.lr_alone is None or None in (self.config.effect, self.lr_alone.effect,
-                                                                     self.joint.effect):
-            return None
-        by_lr, by_other = abs(self.lr_alone.effect - self.config.effect), abs(self.joint.effect - self.lr_alone.effect)
-        return None if by_lr == by_other else LR_KEY if by_lr > by_other else self.other
-
-    def to_json(self) -> dict:
-        return {"variant": self.variant, "reference": self.reference, "split": "validation", "other": self.other,
-                "held": self.held, "seeds": self.seeds, "interval": None, "moved_by": self.moved_by,
-                **{k: r.to_json() if r is not None else None
-                   for k, r in (("config", self.config), ("lr_alone", self.lr_alone), ("joint", self.joint))}}
-
-
-def _reading(pick: dict[str, TunedPoint | None], variant: str, reference: str) -> Reading | None:
-    if any(p is None or p.loss is None for p in pick.values()):
-        return None
-    from .nats import relative
-
-    return Reading(points={t: p.point for t, p in pick.items()}, labels={t: p.label for t, p in pick.items()},
-                   perplexity={t: p.perplexity for t, p in pick.items()},
-                   effect=relative(pick[variant].loss - pick[reference].loss))
-
-
-def _best_at(v: VariantTuning, key: str, value: Any) -> TunedPoint | None:
-    """The variant's best scored point with `key` at `value` (its best lr there)."""
-    scored = [p for p in v.points if p.loss is not None and p.point.get(key) in (value, None)]  # None: not its key
-    return min(scored, key=lambda p: p.loss) if scored else None
-
-
-def joint_effect(tuning: Tuning) -> JointEffect | None:
-    """The decomposition of a tune of exactly two plain axes, one of them train.lr, for the first
-    variant against untied (tied vs untied; with --match, the primary contrast); else None."""
-    axes, ref = tuning.spec.axes, tuning.variant("untied")
-    if (len(axes) != 2 or LR_KEY not in axes or any(_paired(vals) for vals in axes.values()) or ref is None
-            or len(tuning.variants) < 2 or tuning.only_point is not None):
-        return None
-    pair = [next(v for v in tuning.variants if v is not ref), ref]
-    variant, reference = (v.tag for v in pair)
-    other = next(k for k in axes if k != LR_KEY)
-    held = next((x for v in pair for x in v.axes[other] if x == tuning.config.get(other)), tuning.config.get(other))
-    joint = _reading({v.tag: v.chosen for v in pair}, variant, reference)
-    if joint is None:
-        return None
-    alone_pick = {v.tag: _best_at(v, other, held) for v in pair}
-    alone = _reading(alone_pick, variant, reference)
-    for v in pair if alone is not None else []:
-        line = sorted(p.point[LR_KEY] for p in v.points if p.point.get(other) in (held, None))
-        if len(line) > 1 and alone_pick[v.tag].point[LR_KEY] in (line[0], line[-1]):
-            alone.at_edge.append(v.tag)
-    return JointEffect(variant=variant, reference=reference, other=other, held=held, seeds=list(tuning.seeds),
-                       config=_reading({v.tag: v.at(tuning.config) for v in pair}, variant, reference), lr_alone=alone,
-                       joint=joint)
-
-
-def tuned_keys(tuning: Tuning | None) -> list[str]:
-    """Keys that differ between variants by design when each is tuned: the tuned ones and the
-    schedule's (labels and the twin matching leave them out; the tuning table shows them); [] untuned."""
-    return [*tuning.keys, MIN_LR_KEY, RATIO_KEY] if tuning is not None else []

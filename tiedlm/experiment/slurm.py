@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .formatting import shown_text
+from ..errors import ConfigError
+from ..formatting import shown_text
 
 SLURM_KEYS = ("partition", "time", "gpus_per_task", "cpus_per_task", "mem", "account")
 

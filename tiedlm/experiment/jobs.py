@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import runs
-from .config import Config, config_hash
-from .errors import ConfigMismatchError, Interrupted, TiedlmError
-from .files import check_writable, os_error_line
-from .process import log
-from .train import train_run
+from .. import runs
+from ..config import Config, config_hash
+from ..errors import ConfigMismatchError, Interrupted, TiedlmError
+from ..files import check_writable, os_error_line
+from ..process import log
+from ..train import train_run
 
 if TYPE_CHECKING:
     from .plan import Stage

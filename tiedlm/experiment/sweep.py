@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from .errors import ConfigError
-from .naming import sanitize, scalar, short_keys, yaml_value  # noqa: F401 (yaml_value: also sweep's)
-from .formatting import shown_text
+from ..errors import ConfigError
+from ..naming import sanitize, scalar, short_keys, yaml_value
+from ..formatting import shown_text
 from .slurm import check_slurm_option, read_slurm_block
 
 GRID_KEYS = ("config", "set", "grid", "seeds", "out", "name", "slurm", "tune")
@@ -73,7 +73,7 @@ def _fail(path: Path, message: str) -> ConfigError:
 def _read_grid_file(path: Path) -> dict:
     import yaml
 
-    from .yamlsafe import load_yaml, read_yaml_text
+    from ..yamlsafe import load_yaml, read_yaml_text
 
     try:  # a regular file of at most YAML_BYTES_LIMIT bytes; duplicate keys and deep nesting refused, as in configs
         data = load_yaml(read_yaml_text(path, "grid file"), str(path))
@@ -93,7 +93,7 @@ def _read_grid_file(path: Path) -> dict:
 
 def _overrides(path: Path, data: dict) -> tuple[list[str], dict[str, list]]:
     """set: and grid:, each key checked (an unknown one is an error with a suggestion)."""
-    from .config import parse_override
+    from ..config import parse_override
 
     sets = data.get("set") or []
     if isinstance(sets, str):
@@ -202,12 +202,12 @@ def load_grid(path: str | Path) -> Grid:
     if name is not None and (not isinstance(name, str) or not name):
         raise _fail(path, "name: must be a string (the prefix of the run names)")
     if name is not None:  # refused as --name is, rather than cleaned into a prefix the user did not write
-        from .checks import check_run_name
+        from ..checks import check_run_name
 
         check_run_name(name, f"{path}: name:")
     tune = None
     if data.get("tune") is not None:
-        from .tuning import spec_from_block
+        from .tuning_spec import spec_from_block
 
         tune = spec_from_block(data["tune"], str(path))
         swept = {k for axis, vals in grid.items() for k in (vals[0] if isinstance(vals[0], dict) else [axis])}
@@ -220,7 +220,7 @@ def load_grid(path: str | Path) -> Grid:
 
 def expand(grid: Grid) -> list[SweepRun]:
     """Every (grid point, seed) of the sweep as a resolved config and a unique, readable name."""
-    from .config import load_config, to_yaml
+    from ..config import load_config, to_yaml
 
     axes = list(grid.grid)
     points = [_point(combo, axes) for combo in itertools.product(*(grid.grid[k] for k in axes))]
@@ -340,7 +340,7 @@ def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: 
             print(line, file=stream or sys.stdout)
         return summary
     from .jobs import train_jobs
-    from .train import train_run
+    from ..train import train_run
 
     results = train_jobs([(r.name, r.cfg) for r in runs], grid.out, progress, train=train or train_run, parallel=jobs)
     summary.runs = [SweepEntry(name=res.name, status=res.status, error=res.error, seed=run.seed, point=run.point,
@@ -416,11 +416,11 @@ def _tuned_cannot_list(grid: Grid) -> ConfigError:
 def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, jobs: int | str = 1) -> SweepSummary:
     """Each grid point a variant of its own tuning (tuning.TuningSearch on the tuning seeds, a stage
     at a time), then every seed at each point's chosen values."""
-    from .config import load_config
+    from ..config import load_config
+    from ..train import train_run
+    from .driver import tune
     from .jobs import Executor
-    from .plan import RunSource, Stage
-    from .train import train_run
-    from .tuning import TuningSearch, point_label, point_overrides, point_tag
+    from .plan import RunSource, Stage, point_overrides, point_tag
     from .tuning_record import check_record_target, write_record
 
     check_record_target(grid.out)  # refused: nothing trained
@@ -434,13 +434,7 @@ def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, job
     source = RunSource(grid.config, tuple(grid.set), prefix, where=str(grid.path))
     executor = Executor(grid.out, progress, train=train or train_run, parallel=jobs, may_grow=True)
     with executor:  # the --jobs workers serve every stage
-        selection = "kept best weights" if base.train.keep_best else "final weights"
-        search = TuningSearch(grid.tune, variants, source, grid.out, grid.seeds[0], selection, base)
-        stage = search.next_stage()
-        while stage is not None:
-            executor.run(stage)
-            stage = search.next_stage()
-        tuning = search.tuning
+        tuning = tune(executor, grid.tune, variants, source, grid.out, grid.seeds[0], base)
         tuned_short = short_keys(tuning.keys)
         final = []  # (variant, grid point, seed, run)
         for (tag, _), point, v in zip(variants, points, tuning.variants):
@@ -516,7 +510,7 @@ def format_sweep_summary(summary: SweepSummary) -> str:
         return "\n".join(lines)
     t = summary.tuning
     if t.only_point is not None:
-        from .tuning import not_compared
+        from ..compare.tuned import not_compared
 
         lines.append(f"not tuned: {not_compared(t.keys, t.only_point)} ({t.runs} tuning runs)")
         lines.append(f"compare the runs (each point at {t.only_point}, on test) with: tiedlm compare "

@@ -1,0 +1,80 @@
+"""What a comparison of a config was asked: `CompareRequest`, every option of `tiedlm compare
+--config` and of compare_config, checked once by `check()` (naming the CLI's options) before
+anything is read, trained or written. The judging side's own options (which weights, which split,
+the baseline, where the comparison goes) are its `judging` (compare.Judging)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..checks import check_at_most, check_positive
+from ..compare import Judging
+from ..compare.matching import match_by
+from .parallel import parse_jobs
+from .seeds import check_auto
+
+SEEDS_LIMIT = 1000  # compare_config seeds: a typo (1000000) would queue a million trainings per variant
+
+
+@dataclass
+class CompareRequest:
+    """One comparison: of finished runs (`paths`, or every run under `runs_dir`), or, with
+    `config`, of the tied and untied variants of a config trained first (`overrides`, `seeds` or
+    the sequential design, `tune`, `match`). `select`, `primary` and `baseline` say what is
+    judged; `out` (default runs_dir/compare) where the comparison goes. `train` trains one run
+    (train.train_run, or a stand-in with its signature); `jobs` is --jobs."""
+
+    config: str | Path | None = None
+    overrides: list[str] = field(default_factory=list)
+    paths: list[str | Path] | None = None
+    seeds: int | str = 1
+    max_seeds: int | None = None
+    min_effect: float | None = None
+    tune: list[str] = field(default_factory=list)
+    match: str | None = None
+    select: str | None = None
+    primary: str | None = None
+    baseline: str | None = None
+    runs_dir: Path = Path("runs")
+    out: Path | None = None
+    overwrite: bool = False
+    overwrite_output: bool = False
+    analyze: bool = False
+    progress: bool = True
+    jobs: int | str | None = 1
+    train: Callable[..., Any] | None = None
+    design: tuple[int, float] = (10, 0.02)  # --max-seeds and --min-effect with their defaults (check)
+
+    @property
+    def judging(self) -> Judging:
+        """How the runs are judged: the request's fields that the judging side reads."""
+        return Judging(paths=self.paths, select=self.select, primary=self.primary, baseline=self.baseline,
+                       runs_dir=Path(self.runs_dir), out=self.out, analyze=self.analyze,
+                       overwrite_output=self.overwrite_output)
+
+    @property
+    def folder(self) -> Path:
+        """Where the comparison is written."""
+        return self.judging.folder
+
+    def check(self) -> CompareRequest:
+        """Refuse (ConfigError) what cannot be asked, before any file is read; returns self."""
+        self.runs_dir = Path(self.runs_dir)
+        if self.config is not None:
+            self._check_training()
+        self.judging.check()
+        if self.config is not None:
+            self.jobs = parse_jobs(self.jobs)
+        return self
+
+    def _check_training(self) -> None:
+        """compare --config's own options, before its config is read."""
+        match_by(self.match)  # refuses an unknown --match
+        if self.seeds != "auto" and isinstance(self.seeds, int) and not isinstance(self.seeds, bool):
+            check_positive(self.seeds, "--seeds")
+            check_at_most(self.seeds, SEEDS_LIMIT, "--seeds", "each seed trains every variant once more")
+        self.design = check_auto(self.seeds, self.max_seeds, self.min_effect)
+        self.overrides = list(self.overrides or [])
+        self.tune = list(self.tune or [])
