@@ -109,6 +109,38 @@ def test_a_family_trains_through_tiedlm_s_loop_and_resumes_bit_for_bit(family, t
     assert report["status"] == "finished" and report["untied_at_step"] == 3 and report["params"]["tied"] is True
     again = evaluate_run(run, splits=["test"])
     assert again["results"]["test"]["loss"] == pytest.approx(report["final"]["test"]["loss"], rel=1e-6)
+    _exports_and_reloads(run, tmp_path / "export", tied=False)
+
+
+def _exports_and_reloads(run, folder, tied: bool) -> None:
+    """tiedlm export writes the family's own folder; transformers reloads it with the run's logits,
+    the tie by storage and by flag, and the safetensors keys a tied or untied model should have."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from tiedlm.export import export_run
+
+    result = export_run(run, folder)
+    assert result.verified and result.tied is tied and result.max_abs_diff <= 1e-4
+    hf = AutoModelForCausalLM.from_pretrained(str(folder))
+    assert (hf.get_output_embeddings().weight is hf.get_input_embeddings().weight) is tied
+    assert hf.config.tie_word_embeddings is tied
+    shape = list(hf.get_input_embeddings().weight.shape)
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        matrices = [k for k in f.keys() if f.get_slice(k).get_shape() == shape and ".layers." not in f".{k}"]
+    assert len(matrices) == (1 if tied else 2), matrices  # E once when tied; E and W_out when not
+
+
+def test_a_tied_family_exports_tied(tmp_path, monkeypatch):
+    from tiedlm.train import train_run
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(ROOT / "configs" / "base.yaml",
+                      ["model.arch=hf", "model.hf_config=olmo2", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
+                       "model.block_size=16", "tokenizer.vocab_size=128", "train.max_steps=2", "train.warmup_steps=1",
+                       "train.batch_size=4", "train.eval_every=0", "data.synthetic.train_tokens=4000",
+                       "data.synthetic.validation_tokens=600", "data.synthetic.test_tokens=600", "train.device=cpu"])
+    _exports_and_reloads(train_run(cfg, out=tmp_path / "runs", progress=False), tmp_path / "export", tied=True)
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -139,8 +139,9 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         _write_folder(tmp, rm, model)
+        family_class = type(model.hf).__name__ if rm.cfg.model.family.built_by_transformers else hf_class(rm.cfg)
         result = ExportResult(out, writes_tied(model), rm.checkpoint.name, verified=False,
-                              mode=model.built_tie.stored_mode, hf_class=hf_class(rm.cfg))
+                              mode=model.built_tie.stored_mode, hf_class=family_class)
         if verify:
             _verify(tmp, rm, model, result, batch)
         if out.exists():
@@ -160,6 +161,14 @@ def _write_folder(folder: Path, rm: Any, model: Any) -> None:
     from .runs import AGAIN_HINT, writing
 
     tok = rm.data.tokenizer
+    if rm.cfg.model.family.built_by_transformers:  # the family's own folder, as transformers writes it
+        with writing(folder, AGAIN_HINT):
+            for c in [model.hf.config, *(getattr(model.hf.config, k) for k in ("text_config",)
+                                          if getattr(model.hf.config, k, None) is not None)]:
+                c.bos_token_id = c.eos_token_id = tok.eot_id  # for generation; training had none
+            model.hf.save_pretrained(str(folder), safe_serialization=True)
+            write_hf_tokenizer(tok, folder, rm.cfg.model.block_size)
+        return
     with writing(folder, AGAIN_HINT):
         (folder / "config.json").write_text(json.dumps(hf_config(rm.cfg, model.vocab_size, writes_tied(model), tok.eot_id),
                                                        indent=2) + "\n")
@@ -205,10 +214,21 @@ def _verify(folder: Path, rm: Any, model: Any, result: ExportResult, batch: int)
             hf.get_input_embeddings().weight.data_ptr():
         raise RunError("the exported model loads untied in transformers although the run is tied — "
                        "this is a bug in tiedlm's export; please report it")
+    if rm.cfg.model.family.built_by_transformers:
+        _verify_family_tie(folder, hf, writes_tied(model))
     x, y = _batch(rm, batch)
     tok = rm.data.tokenizer
     text = tok.decode([int(i) for i in x[0] if int(i) not in (tok.eot_id, tok.unk_id)])  # the run's own text
     hf_ids = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)(text, add_special_tokens=False)
+    if hf_ids["input_ids"] != tok.encode(text) and rm.cfg.model.family.built_by_transformers:
+        # transformers picks some families' own tokenizer class from config.json's model_type (qwen2),
+        # which builds its own pipeline over tokenizer.json: the folder's tokenizer is read as it is written
+        from transformers import PreTrainedTokenizerFast
+
+        hf_ids = PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)(
+            text, add_special_tokens=False)
+        result.note = (f"AutoTokenizer reads this folder's tokenizer as {rm.cfg.model.hf_config}'s own class, which "
+                       "encodes otherwise: load it with transformers.PreTrainedTokenizerFast.from_pretrained(folder)")
     if hf_ids["input_ids"] != tok.encode(text):
         raise RunError("the exported tokenizer encodes the run's text to other ids than tiedlm's — the export "
                        "was removed; this is a bug in tiedlm's export, please report it")
@@ -226,6 +246,24 @@ def _verify(folder: Path, rm: Any, model: Any, result: ExportResult, batch: int)
     if not diff <= allowed:
         raise RunError(f"the exported model's logits differ from tiedlm's by up to {diff:.3g} (more than {allowed:.3g}) "
                        "— the export was removed; this is a bug in tiedlm's export, please report it")
+
+
+def _verify_family_tie(folder: Path, hf: Any, tied: bool) -> None:
+    """arch: hf: the reloaded model's tie flag, in every nested config, and the safetensors agree
+    with the run: a tied export holds one V × d matrix (E), an untied one two (E and W_out),
+    whatever names the family saves them under (GPT-NeoX's embed_out)."""
+    from safetensors import safe_open
+
+    from .hf import config_flags_tied
+
+    flags = config_flags_tied(hf.config)
+    shape = list(hf.get_input_embeddings().weight.shape)
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        matrices = [k for k in f.keys() if f.get_slice(k).get_shape() == shape and ".layers." not in f".{k}"]
+    if any(flag != tied for flag in flags) or len(matrices) != (1 if tied else 2):
+        raise RunError(f"the exported {type(hf).__name__} does not hold the run's tie ({'tied' if tied else 'untied'}: "
+                       f"tie_word_embeddings {flags}, V × d matrices in the safetensors {matrices}) — the export was "
+                       "removed; this is a bug in tiedlm's export, please report it")
 
 
 def summary(r: ExportResult) -> str:

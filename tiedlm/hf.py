@@ -44,12 +44,14 @@ def require_transformers() -> Any:
     return transformers
 
 
-def _base_config(name: str) -> Any:
-    """The family's configuration at its defaults: a model_type, or a local config.json / folder."""
+def _base_config(name: str) -> tuple[str, dict, Any]:
+    """(model_type, the fields a local config.json gives, the family's config built from them):
+    a model_type names the family at its defaults; a config.json or a folder holding one, at its own."""
     transformers = require_transformers()
     path = Path(name).expanduser()
     if path.is_dir():
         path = path / "config.json"
+    data: dict = {}
     if path.suffix == ".json" or path.exists() or "/" in name:
         if not path.is_file():
             raise ConfigError(f"model.hf_config {name}: no such config.json — give a transformers model_type "
@@ -59,14 +61,12 @@ def _base_config(name: str) -> Any:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"model.hf_config {path} is not a JSON config ({exc}) — give a transformers "
                               "config.json") from None
-        kind = data.get("model_type") if isinstance(data, dict) else None
-        if not isinstance(kind, str):
+        if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
             raise ConfigError(f"model.hf_config {path} has no model_type — give a transformers config.json")
-        data.pop("model_type")
-        return transformers.AutoConfig.for_model(kind, **{k: v for k, v in data.items()
-                                                          if k not in ("architectures", "transformers_version")})
+        name = data.pop("model_type")
+        data = {k: v for k, v in data.items() if k not in ("architectures", "transformers_version")}
     try:
-        return transformers.AutoConfig.for_model(name)
+        return name, data, transformers.AutoConfig.for_model(name, **data)
     except ValueError:
         raise ConfigError(f"model.hf_config {name!r} is not a transformers model_type — e.g. qwen2, gemma2, olmo2, "
                           "phi3, gpt_neox, llama, mistral (transformers "
@@ -79,38 +79,34 @@ def language_configs(cfg: Any) -> list[Any]:
 
 
 def hf_model_config(m: Any, vocab_size: int) -> Any:
-    """The family's config with tiedlm's size, the vocabulary, the tie and model.hf_overrides set."""
-    base = _base_config(m.hf_config)
-    kind = base.model_type
-    inner = language_configs(base)[-1]  # the language model's own config carries the sizes
+    """The family's config with tiedlm's size, the vocabulary, the tie and model.hf_overrides set,
+    built by the family's own config class from them (so that what it derives from the size, such
+    as each layer's attention type, follows the size)."""
+    kind, data, probe = _base_config(m.hf_config)
+    fields: dict[str, Any] = {}
     for key, field in SIZE_FIELDS.items():
-        optional = key in ("n_kv_head", "intermediate_size")  # not every family has them
-        if optional and getattr(inner, field, None) is None:
+        if key in ("n_kv_head", "intermediate_size") and getattr(probe, field, None) is None:  # not every family's
             if getattr(m, key) is not None:
                 raise ConfigError(f"model.{key} does not apply to {kind} (its config has no {field}) — remove "
                                   f"model.{key}")
             continue
-        value = {"n_kv_head": m.kv_heads, "intermediate_size": m.mlp_size}.get(key, getattr(m, key))
-        setattr(inner, field, value)
-    if getattr(inner, "head_dim", None) is not None:
-        inner.head_dim = m.n_embd // m.n_head  # tiedlm's head size, as its own blocks have it
-    inner.vocab_size = vocab_size
+        fields[field] = {"n_kv_head": m.kv_heads, "intermediate_size": m.mlp_size}.get(key, getattr(m, key))
+    if getattr(probe, "head_dim", None) is not None:
+        fields["head_dim"] = m.n_embd // m.n_head  # tiedlm's head size, as its own blocks have it
+    if isinstance(data.get("layer_types"), list) and len(data["layer_types"]) != m.n_layer:
+        data.pop("layer_types")  # the family derives them again for this depth
     tied = m.tie.w_out_is_e
+    fields.update(vocab_size=vocab_size, tie_word_embeddings=tied, use_cache=False,
+                  **{t: None for t in TOKEN_FIELDS if hasattr(probe, t)})
+    for key in (m.hf_overrides or {}):
+        if not hasattr(probe, key):
+            raise ConfigError(f"model.hf_overrides: {key} is not a field of {kind}'s config — check its name in "
+                              f"transformers' {type(probe).__name__}")
+        if key == "tie_word_embeddings" or key in SIZE_FIELDS.values():
+            raise ConfigError(f"model.hf_overrides: {key} is set by tiedlm's own key — use {_own_key(key)} instead")
+    base = type(probe)(**{**data, **fields, **(m.hf_overrides or {})})
     for c in language_configs(base):
         c.tie_word_embeddings = tied
-        for field in TOKEN_FIELDS:
-            if hasattr(c, field):
-                setattr(c, field, None)
-        c.use_cache = False
-    for key, value in (m.hf_overrides or {}).items():
-        target = language_configs(base)[-1]
-        if not hasattr(target, key):
-            raise ConfigError(f"model.hf_overrides: {key} is not a field of {kind}'s config — check its name in "
-                              f"transformers' {type(target).__name__}")
-        if key == "tie_word_embeddings" or key in SIZE_FIELDS.values():
-            raise ConfigError(f"model.hf_overrides: {key} is set by tiedlm's own key — use "
-                              f"{_own_key(key)} instead")
-        setattr(target, key, value)
     return base
 
 
