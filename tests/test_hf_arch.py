@@ -174,3 +174,19 @@ def test_a_local_config_json_names_the_family(tmp_path):
                              "model.n_head=2", "train.max_steps=2"])
     model = build_model(cfg.model, V)
     assert type(model.hf).__name__ == "Qwen2ForCausalLM" and model.hf.config.rms_norm_eps == 1e-6
+
+
+def test_the_run_report_names_the_family_and_how_its_loss_is_taken(tmp_path, monkeypatch):
+    from tiedlm.train import train_run
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(ROOT / "configs" / "base.yaml",
+                      ["model.arch=hf", "model.hf_config=gemma2", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
+                       "model.block_size=16", "tokenizer.vocab_size=128", "train.max_steps=2", "train.warmup_steps=1",
+                       "train.batch_size=4", "train.eval_every=0", "data.synthetic.train_tokens=4000",
+                       "data.synthetic.validation_tokens=600", "data.synthetic.test_tokens=600", "train.device=cpu"])
+    run = train_run(cfg, out=tmp_path / "runs", progress=False)
+    report = json.loads((run / "report.json").read_text())
+    assert report["params"]["head_kind"].startswith("the family's own logits (final-logit soft-capping at 30")
+    md = (run / "report.md").read_text()
+    assert "Block: **transformers' gemma2** as published" in md and "the loss over the family's own logits" in md

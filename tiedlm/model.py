@@ -484,4 +484,5 @@ def count_params(model: GPT) -> dict:
         "tie_mode": model.current_tie.mode,
         "tied": tied,
         "vocab_size": model.vocab_size,
+        **({"head_kind": model.head_kind} if hasattr(model, "head_kind") else {}),  # arch: hf: how the loss is taken
     }

@@ -24,8 +24,10 @@ def render_report_md(r: RunReport) -> str:
     block = ""
     if m is not None and m.family.built_by_transformers:
         block = (f"Block: **transformers' {m.hf_config}** as published (its norms, MLP, positions and head), at "
-                 f"tiedlm's size: {m.kv_heads} key/value heads for {m.n_head} query heads, MLP {m.mlp_size}"
-                 + (f"; hf_overrides {m.hf_overrides}" if m.hf_overrides else "") + ")")
+                 f"tiedlm's size ({m.kv_heads} key/value heads for {m.n_head} query heads, MLP {m.mlp_size}"
+                 + (f"; hf_overrides {m.hf_overrides}" if m.hf_overrides else "") + "); the loss over "
+                 + ("its head as a plain linear map (tiedlm's fused cross-entropy)"
+                    if (r.params or {}).get("head_kind", "linear") == "linear" else (r.params or {})["head_kind"]))
     elif m is not None and m.family.summary:  # the default family's (gpt2) reports read as before
         block = (f"Block: **Llama-style** (RMSNorm, SwiGLU of {m.mlp_size}, rotary θ {m.rope_theta:g}, "
                  f"{m.kv_heads} key/value heads for {m.n_head} query heads, biases {str(m.bias).lower()})")
