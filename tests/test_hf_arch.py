@@ -190,3 +190,27 @@ def test_the_run_report_names_the_family_and_how_its_loss_is_taken(tmp_path, mon
     assert report["params"]["head_kind"].startswith("the family's own logits (final-logit soft-capping at 30")
     md = (run / "report.md").read_text()
     assert "Block: **transformers' gemma2** as published" in md and "the loss over the family's own logits" in md
+
+
+def test_analyze_and_sample_read_a_family_s_run(tmp_path, monkeypatch):
+    """analyze measures E and W_out (the family's input and output embeddings) and says why the
+    direct path is not measured; sample generates from the run."""
+    from tiedlm.analyze import analyze_run
+    from tiedlm.generate import SampleOptions, sample_run
+    from tiedlm.train import train_run
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(ROOT / "configs" / "base.yaml",
+                      ["model.arch=hf", "model.hf_config=qwen2", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
+                       "model.block_size=16", "tokenizer.vocab_size=128", "train.max_steps=2", "train.warmup_steps=1",
+                       "train.batch_size=4", "train.eval_every=0", "data.synthetic.train_tokens=4000",
+                       "data.synthetic.validation_tokens=600", "data.synthetic.test_tokens=600", "train.device=cpu",
+                       "model.tie_embeddings=false"])
+    run = train_run(cfg, out=tmp_path / "runs", progress=False)
+    result = analyze_run(run, out=tmp_path / "analysis")
+    assert result["tied"] is False and "W_out" in result["matrices"] and result["pair"]["tied"] is False
+    assert result["direct_path"]["skipped"].startswith("The direct path is not measured for arch: hf")
+    assert "## The direct path" in (tmp_path / "analysis" / "analysis.md").read_text()
+    out: list[str] = []
+    sample_run(run, SampleOptions(max_new_tokens=8, seed=0), out.append, lambda _: None)
+    assert "".join(out).strip() != ""

@@ -191,7 +191,7 @@ def summary_line(r: dict, where: Path) -> str:
     if not r["tied"]:
         p = r["pair"]
         parts.append(f"pair cosine {fmt(p['cosine'], 3)} (aligned {fmt(p['aligned_cosine'], 3)}), CKA {fmt(p['cka'], 3)}")
-    path = f"direct path {fmt(d['nll'], 3)} nats"
+    path = "direct path not measured (arch: hf)" if d.get("skipped") else f"direct path {fmt(d['nll'], 3)} nats"
     if d.get("with_e_as_w_out"):
         path += f" (with W_out := E {fmt(d['with_e_as_w_out']['nll'], 3)})"
     parts.append(path)

@@ -75,6 +75,10 @@ def direct_path(model, tokens: np.ndarray, vocab: int, max_pairs: int) -> dict:
     norm's kind."""
     import torch
 
+    if model.family.built_by_transformers:  # its final norm is the family's own ((1 + w) RMSNorm, post-norms, ...)
+        return {"skipped": "The direct path is not measured for arch: hf: it would score the embedding through "
+                           f"the final norm of {model.cfg.hf_config}, which tiedlm does not model; the matrices and "
+                           "their pair above are measured as for tiedlm's own blocks."}
     t = model.transformer
     E = t.wte.weight.detach().float()
     W = model.output_weight().float()  # the effective W_out (E·P, E + A·Bᵀ for the tying modes)

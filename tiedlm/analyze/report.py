@@ -114,6 +114,8 @@ _NORM_NAMES = {"layernorm": "LN_f", "rmsnorm": "RMSNorm_f"}
 
 def _md_direct(r: dict) -> list[str]:
     d = r["direct_path"]
+    if d.get("skipped"):
+        return ["## The direct path", "", d["skipped"]]
     n = _NORM_NAMES.get(d.get("final_norm"), "LN_f")  # an analysis.json from before final_norm: a LayerNorm
     rows = [[f"W_out · {n}(E[t]), this model's direct path", fmt(d["nll"], 4), fmt(d["perplexity"], 2)]]
     if d.get("with_e_as_w_out"):
