@@ -31,6 +31,16 @@ def cfg_for(family: str, tied: bool, *extra: str):
                               "train.max_steps=4", "train.warmup_steps=1", *extra])
 
 
+def run_config(family: str, *extra: str):
+    """A family at the smallest size on base.yaml's synthetic language, 2 steps unless `extra` says."""
+    return load_config(ROOT / "configs" / "base.yaml",
+                       ["model.arch=hf", f"model.hf_config={family}", "model.n_layer=1", "model.n_embd=32",
+                        "model.n_head=2", "model.block_size=16", "tokenizer.vocab_size=128", "train.max_steps=2",
+                        "train.warmup_steps=1", "train.batch_size=4", "train.eval_every=0",
+                        "data.synthetic.train_tokens=4000", "data.synthetic.validation_tokens=600",
+                        "data.synthetic.test_tokens=600", "train.device=cpu", *extra])
+
+
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_family_builds_tied_or_untied_and_counts_on_the_meta_device(family, tied):
@@ -90,12 +100,7 @@ def test_a_family_trains_through_tiedlm_s_loop_and_resumes_bit_for_bit(family, t
     from tiedlm.train import train_run
 
     monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
-    cfg = load_config(ROOT / "configs" / "base.yaml",
-                      ["model.arch=hf", f"model.hf_config={family}", "model.n_layer=1", "model.n_embd=32",
-                       "model.n_head=2", "model.block_size=16", "tokenizer.vocab_size=128", "train.max_steps=6",
-                       "train.warmup_steps=1", "train.batch_size=4", "train.eval_every=0", "train.checkpoint_every=2",
-                       "data.synthetic.train_tokens=4000", "data.synthetic.validation_tokens=600",
-                       "data.synthetic.test_tokens=600", "train.device=cpu", "model.untie_at=0.5"])
+    cfg = run_config(family, "train.max_steps=6", "train.checkpoint_every=2", "model.untie_at=0.5")
     ref = train_run(cfg, out=tmp_path / "a", progress=False)
     with pytest.raises(Interrupted):
         train_run(cfg, out=tmp_path / "b", progress=False, stop_after_step=3)
@@ -135,11 +140,7 @@ def test_a_tied_family_exports_tied(tmp_path, monkeypatch):
     from tiedlm.train import train_run
 
     monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
-    cfg = load_config(ROOT / "configs" / "base.yaml",
-                      ["model.arch=hf", "model.hf_config=olmo2", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
-                       "model.block_size=16", "tokenizer.vocab_size=128", "train.max_steps=2", "train.warmup_steps=1",
-                       "train.batch_size=4", "train.eval_every=0", "data.synthetic.train_tokens=4000",
-                       "data.synthetic.validation_tokens=600", "data.synthetic.test_tokens=600", "train.device=cpu"])
+    cfg = run_config("olmo2")
     _exports_and_reloads(train_run(cfg, out=tmp_path / "runs", progress=False), tmp_path / "export", tied=True)
 
 
@@ -180,11 +181,7 @@ def test_the_run_report_names_the_family_and_how_its_loss_is_taken(tmp_path, mon
     from tiedlm.train import train_run
 
     monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
-    cfg = load_config(ROOT / "configs" / "base.yaml",
-                      ["model.arch=hf", "model.hf_config=gemma2", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
-                       "model.block_size=16", "tokenizer.vocab_size=128", "train.max_steps=2", "train.warmup_steps=1",
-                       "train.batch_size=4", "train.eval_every=0", "data.synthetic.train_tokens=4000",
-                       "data.synthetic.validation_tokens=600", "data.synthetic.test_tokens=600", "train.device=cpu"])
+    cfg = run_config("gemma2")
     run = train_run(cfg, out=tmp_path / "runs", progress=False)
     report = json.loads((run / "report.json").read_text())
     assert report["params"]["head_kind"].startswith("the family's own logits (final-logit soft-capping at 30")
@@ -200,12 +197,7 @@ def test_analyze_and_sample_read_a_family_s_run(tmp_path, monkeypatch):
     from tiedlm.train import train_run
 
     monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
-    cfg = load_config(ROOT / "configs" / "base.yaml",
-                      ["model.arch=hf", "model.hf_config=qwen2", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
-                       "model.block_size=16", "tokenizer.vocab_size=128", "train.max_steps=2", "train.warmup_steps=1",
-                       "train.batch_size=4", "train.eval_every=0", "data.synthetic.train_tokens=4000",
-                       "data.synthetic.validation_tokens=600", "data.synthetic.test_tokens=600", "train.device=cpu",
-                       "model.tie_embeddings=false"])
+    cfg = run_config("qwen2", "model.tie_embeddings=false")
     run = train_run(cfg, out=tmp_path / "runs", progress=False)
     result = analyze_run(run, out=tmp_path / "analysis")
     assert result["tied"] is False and "W_out" in result["matrices"] and result["pair"]["tied"] is False
