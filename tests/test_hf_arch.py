@@ -206,3 +206,14 @@ def test_analyze_and_sample_read_a_family_s_run(tmp_path, monkeypatch):
     out: list[str] = []
     sample_run(run, SampleOptions(max_new_tokens=8, seed=0), out.append, lambda _: None)
     assert "".join(out).strip() != ""
+
+
+def test_hf_overrides_is_one_key_of_the_variant(tmp_path):
+    """A mapping value is one leaf of the config's dotted view: the hash, labels and twins see
+    model.hf_overrides whole, and two different overrides are two variants."""
+    from tiedlm.config import config_hash, flat
+
+    a = cfg_for("llama", True, "model.hf_overrides={rms_norm_eps: 1.0e-5}")
+    b = cfg_for("llama", True, "model.hf_overrides={rms_norm_eps: 1.0e-6}")
+    assert flat(a)["model.hf_overrides"] == {"rms_norm_eps": 1e-5}
+    assert config_hash(a) != config_hash(b) and config_hash(a) != config_hash(cfg_for("llama", True))

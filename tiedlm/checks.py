@@ -70,10 +70,13 @@ RUN_NAME_RULE = ("letters, digits, '-', '_', '.', '=' and '+', not starting with
                  f"at most {RUN_NAME_LIMIT} characters")
 _RUN_NAME_CHARS = re.compile(r"[A-Za-z0-9_.=+-]*")
 
+MAPPING_VALUES = ("data_files", "hf_overrides")  # keys whose value is a mapping of their own: one leaf
+
+
 def flatten(data: dict, prefix: str = "") -> dict:
     out = {}
     for key, value in data.items():
-        if isinstance(value, dict) and value and not key.endswith("data_files"):
+        if isinstance(value, dict) and value and not key.endswith(MAPPING_VALUES):
             out.update(flatten(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
