@@ -100,9 +100,15 @@ def _count_hf(model_cfg: ModelConfig, vocab_size: int) -> dict:
     estimate = L * (4 * d * d + 3 * d * model_cfg.mlp_size) + 2 * vocab_size * d
     if estimate > HF_BUILD_LIMIT:
         return {"total": estimate, "estimate": True}
-    from .hf_model import count_on_meta
+    key = (repr(model_cfg), vocab_size)  # one meta build per model: the memory check, params and FLOPs ask alike
+    if key not in _HF_COUNTS:
+        from .hf_model import count_on_meta
 
-    return count_on_meta(model_cfg, vocab_size)
+        _HF_COUNTS[key] = count_on_meta(model_cfg, vocab_size)
+    return dict(_HF_COUNTS[key])
+
+
+_HF_COUNTS: dict[tuple[str, int], dict] = {}  # _count_hf's results, by the model config and vocabulary
 
 
 def flops_per_token(model_cfg: ModelConfig, vocab_size: int, tokens_per_forward: int | None = None,
