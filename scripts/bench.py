@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_models, bench_
 import bench_counted  # noqa: E402
 from bench_models import (  # noqa: E402,F401  (re-exported: bench_load and the tests use bench.step_fn ...)
     CHUNK_LOGITS_BYTES,
+    archhf_model,
     bench_device,
     child_result,
     dims,
@@ -127,11 +128,12 @@ def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int,
     amp = autocast_ctx(device, dtype)
     x = torch.randint(0, V, (B, T + 1), device=device, generator=None)
     steps_of = {}
-    for kind, build in (("tiedlm", tiedlm_model), ("plain", tiedlm_model), ("transformers", hf_model)):
+    for kind, build in (("tiedlm", tiedlm_model), ("plain", tiedlm_model), ("transformers", hf_model),
+                        ("archhf", archhf_model)):
         for tied in (True, False):
             built = build(shape, tied, device)
             if built is not None:
-                steps_of[(kind, tied)] = step_fn(kind, *built, x, amp)
+                steps_of[(kind, tied)] = step_fn("tiedlm" if kind == "archhf" else kind, *built, x, amp)
     for step in steps_of.values():
         for _ in range(warmup):
             step()
@@ -161,7 +163,8 @@ def train_rates(shape, device, dtype: str, steps: int, rounds: int, warmup: int,
     return {label[k]: v for k, v in times.items()}
 
 
-LABELS = {"tiedlm": "tiedlm", "plain": "tiedlm plain loss", "transformers": "transformers"}
+LABELS = {"tiedlm": "tiedlm", "plain": "tiedlm plain loss", "transformers": "transformers",
+          "archhf": "arch: hf"}
 
 
 def eval_rates(shape, device, dtype: str, batches: int, rounds: int) -> dict:
@@ -340,6 +343,9 @@ def child_shape(spec: dict) -> None:
             entry[f"ratio_{tying}"] = statistics.median(a / b for a, b in zip(ours, theirs))
             entry[f"ratio_plain_{tying}"] = statistics.median(a / b for a, b in zip(plain, theirs))
         entry[f"fused_over_plain_{tying}"] = statistics.median(a / b for a, b in zip(ours, plain))
+        archhf = rates.get(f"arch: hf {tying}")
+        if archhf:  # tiedlm's own block against the family's under the same loop and loss
+            entry[f"native_over_archhf_{tying}"] = statistics.median(a / b for a, b in zip(ours, archhf))
         entry[f"mfu_{tying}"] = statistics.median(ours) * fpt / rate
         entry[f"mfu_plain_{tying}"] = statistics.median(plain) * fpt / rate
     entry["pid"] = os.getpid()  # the process that timed it (the run's own is result["pid"])
@@ -510,6 +516,10 @@ def print_shape(e: dict) -> None:
         gain = f"{e[f'fused_over_plain_{tying}']:.2f}×" if k.startswith("tiedlm") and not plain else ""
         faults = f"{e['faults_per_step'][k]:,.0f}" if k in e.get("faults_per_step", {}) else ""
         print(f"| {k} | {s['median']:,.0f} | {s['min']:,.0f} – {s['max']:,.0f} | {mfu} | {ratio} | {gain} | {faults} |")
+    native = [f"{e[f'native_over_archhf_{t}']:.2f}× {t}" for t in ("tied", "untied") if f"native_over_archhf_{t}" in e]
+    if native:
+        print(f"tiedlm's own block / arch: hf (transformers' blocks under tiedlm's loop and fused loss): "
+              f"{', '.join(native)}")
     if "counted" not in e:
         return
     c = e["counted"]

@@ -106,6 +106,34 @@ def tiedlm_model(shape, tied: bool, device):
     return model, build_optimizer(model, TrainConfig(max_steps=1))
 
 
+def archhf_model(shape, tied: bool, device):
+    """tiedlm's `model.arch: hf` of a llama shape (transformers' LlamaForCausalLM blocks under tiedlm's
+    loop and fused loss, rms_norm_eps as tiedlm's), with tiedlm's optimizer; None for a GPT-2 shape or
+    without transformers. Its parameter count is asserted equal to tiedlm's own block's."""
+    if arch(shape) != "llama":
+        return None
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return None
+    import dataclasses
+
+    import torch
+
+    from tiedlm.config import TrainConfig
+    from tiedlm.model import build_model
+    from tiedlm.train.optim import build_optimizer
+
+    ours = model_config(shape, tied)
+    cfg = dataclasses.replace(ours, arch="hf", hf_config="llama", n_kv_head=ours.kv_heads, intermediate_size=ours.mlp_size,
+                              hf_overrides={"rms_norm_eps": ours.norm_eps})
+    torch.manual_seed(0)
+    model = build_model(cfg, dims(shape)[5]).to(device)
+    native = unique_params(tiedlm_model(shape, tied, torch.device("cpu"))[0])
+    assert unique_params(model) == native, f"{shape[0]}: arch: hf {unique_params(model):,} params, tiedlm {native:,}"
+    return model, build_optimizer(model, TrainConfig(max_steps=1))
+
+
 def unique_params(model) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 

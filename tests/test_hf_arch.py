@@ -217,3 +217,38 @@ def test_hf_overrides_is_one_key_of_the_variant(tmp_path):
     b = cfg_for("llama", True, "model.hf_overrides={rms_norm_eps: 1.0e-6}")
     assert flat(a)["model.hf_overrides"] == {"rms_norm_eps": 1e-5}
     assert config_hash(a) != config_hash(b) and config_hash(a) != config_hash(cfg_for("llama", True))
+
+
+
+def counted_forward_flops(model, V: int, T: int) -> float:
+    """torch's FLOP counter over one forward pass of T tokens, per token. Attention runs on SDPA's
+    math kernel, whose products the counter sees (it has no formula for the CPU's fused kernel)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.randint(0, V, (1, T)))
+    return counter.get_total_flops() / T
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "olmo2"])
+def test_torch_s_flop_counter_gives_tiedlm_s_forward_flops(family):
+    """FLOPs per token from tiedlm's arithmetic (counting.flops_per_token, on the layers' matmul
+    weights taken from the model on the meta device) against torch's FLOP counter over one forward
+    pass of block_size tokens of the built model: every matmul, attention's two products over the
+    full T x T as both count them, and the head."""
+    from tiedlm.counting import flops_per_token
+
+    cfg = cfg_for(family, True, "model.n_kv_head=2")
+    model = build_model(cfg.model, V).eval()
+    assert counted_forward_flops(model, V, cfg.model.block_size) == flops_per_token(cfg.model, V)["forward"]
+
+
+def test_torch_s_flop_counter_gives_tiedlm_s_flops_for_its_own_llama_block():
+    """The same check on tiedlm's own Llama-style block of that shape: the arithmetic both share."""
+    from tiedlm.counting import flops_per_token
+
+    cfg = load_config(None, ["model.arch=llama", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
+                             "model.n_kv_head=2", "model.block_size=16", "train.max_steps=4", "train.warmup_steps=1"])
+    model = build_model(cfg.model, V).eval()
+    assert counted_forward_flops(model, V, 16) == flops_per_token(cfg.model, V)["forward"]
