@@ -71,14 +71,20 @@ def report(run_dir: Path) -> dict:
     return json.loads((run_dir / runs.REPORT).read_text())
 
 
-@pytest.mark.parametrize("extra", [{}, {"tie_embeddings": False}, {"untie_at": 0.5}, {"arch": "llama", "n_kv_head": 1}],
-                         ids=["tied", "untied", "untie_at", "llama-tied-gqa"])
+HF = {"arch": "hf", "hf_config": "qwen2", "n_kv_head": 1}  # transformers' Qwen2 (arch: hf): biases on q, k and v
+
+
+@pytest.mark.parametrize("extra", [{}, {"tie_embeddings": False}, {"untie_at": 0.5}, {"arch": "llama", "n_kv_head": 1},
+                                   HF, {**HF, "untie_at": 0.5}],
+                         ids=["tied", "untied", "untie_at", "llama-tied-gqa", "hf-qwen2-tied", "hf-qwen2-untie_at"])
 def test_two_processes_end_where_one_does(tmp_path, extra, monkeypatch):
+    if extra.get("arch") == "hf":
+        pytest.importorskip("transformers")
     cfg = config(tmp_path)
     if extra:
         data = yaml.safe_load(cfg.read_text())
         data["model"].update(extra)
-        if extra.get("arch") == "llama":  # at 1e-2 the GQA model's dynamics amplify rounding to 4e-4 by step 30
+        if extra.get("arch") in ("llama", "hf"):  # at 1e-2 the GQA model's dynamics amplify rounding to 4e-4 by step 30
             data["train"]["lr"] = 3.0e-3
         cfg.write_text(yaml.safe_dump(data))
     r = torchrun(cfg, tmp_path / "two", tmp_path)
