@@ -5,6 +5,7 @@ meta device. Imported only where such a model is built (torch and transformers a
 from __future__ import annotations
 
 import types
+import warnings
 from typing import Any
 
 import torch
@@ -142,7 +143,8 @@ def count_on_meta(m: Any, vocab_size: int) -> dict:
     """The breakdown model.count_params gives, of the model built on the meta device (nothing is
     allocated): every parameter once (a shared one is one Parameter), E, W_out's own (0 tied), and
     the rest; with the decoder's matmul weights (its 2-D parameters but E), for the FLOPs."""
-    with torch.device("meta"):
+    with torch.device("meta"), warnings.catch_warnings():  # V = 0 (the memory check before a tokenizer
+        warnings.filterwarnings("ignore", "Initializing zero-element tensors")  # exists): E has no rows
         model = HFCausalLM(m, vocab_size)
     total = sum(p.numel() for p in model.parameters())  # parameters() yields a shared one once
     wte, tied = model.transformer.wte.weight.numel(), model.is_tied
