@@ -20,6 +20,7 @@ from tiedlm import runs as run_folder
 from tiedlm.compare.variants import label_variants
 from tiedlm.config import config_hash, load_config, to_yaml
 from tiedlm.errors import ConfigError, NotARunError, RunError
+from tiedlm.formatting import percent
 from tiedlm.naming import short_keys
 
 scipy_stats = pytest.importorskip("scipy.stats")  # the cross-check only; tiedlm itself needs no scipy
@@ -414,7 +415,17 @@ def test_end_to_end_writes_every_output_and_valid_pngs(tmp_path):
     assert "paired over 3 seeds" in md and "significant at 0.05" in md
     assert "The primary endpoint is the validation loss: it alone carries the verdict. Test is reported as " \
            "confirmation, and the per-bucket differences are secondary" in md
-    assert "  - test confirms: " in md and "not detectable with 3 seeds (80% power, α = 0.05)" in md
+    assert "  - test confirms: " in md and ("may not be detectable with 3 seeds (80% power, α = 0.05), taking the "
+                                           "seed-to-seed spread at its one-sided 80% upper confidence bound (2.12× "
+                                           "the observed spread, which has 2 degrees of freedom)") in md
+    pw = result.variant("tied").contrast("validation").power
+    assert pw.mde_upper == pytest.approx(pw.mde * math.sqrt(2 / scipy_stats.chi2.ppf(0.2, 2)))
+    assert pw.seeds_needed_upper >= pw.seeds_needed
+    assert (f"between {percent(-pw.mde_relative_down_upper)} and {percent(pw.mde_relative_upper)} may not be "
+            f"detectable") in md and (f"at the observed spread itself, between {percent(-pw.mde_relative_down)} "
+                                      f"and {percent(pw.mde_relative)}") in md
+    assert (f"{percent(-pw.mde_relative_down_upper)} / {percent(pw.mde_relative_upper)} / "
+            f"{pw.seeds_needed_upper} |") in md  # the contrasts table leads with the bound
     assert "Student-t interval of the mean loss" in md and "geometric mean over seeds" in md
     assert "Embeddings are weight-decayed" in md  # base config: train.decay_embeddings true
     assert "Loss by token frequency" in md and "top 10%" in md
@@ -439,6 +450,9 @@ def test_end_to_end_writes_every_output_and_valid_pngs(tmp_path):
     assert float(tied["validation_p_value"]) < 0.05 and tied["validation_test"] == "paired"
     assert float(tied["validation_effect"]) == pytest.approx(math.exp(dloss([57.0, 58.1, 57.4], [59.2, 60.0, 60.1])) - 1)
     assert int(tied["validation_seeds_needed"]) >= 2 and tied["reference"] == "untied"
+    assert int(tied["validation_seeds_needed_upper"]) >= int(tied["validation_seeds_needed"])
+    assert float(tied["validation_detectable_effect_upper"]) > float(tied["validation_detectable_effect"])
+    assert float(tied["validation_detectable_decrease_upper"]) > float(tied["validation_detectable_decrease"])
     assert float(tied["validation_loss[top 10%]"]) > 0
     assert no_nan(text)
 
@@ -491,7 +505,9 @@ def test_comparison_json_keys(tmp_path):
                                                "buckets"]
     assert list(vs["validation"]["power"]) == ["test", "seeds", "power", "alpha", "mde", "mde_relative",
                                                "mde_relative_down", "observed",
-                                               "observed_relative", "seeds_needed", "note"]
+                                               "observed_relative", "seeds_needed", "note", "spread_confidence",
+                                               "spread_factor", "mde_upper", "mde_relative_upper",
+                                               "mde_relative_down_upper", "seeds_needed_upper"]
     assert list(vs["validation"]["buckets"]["rest"]) == tested + ["p_holm"]
     assert data["variants"][0]["vs_baseline"] is None
     assert list(data["runs"][0]) == ["name", "path", "variant", "seed", "config_hash", "validation_perplexity",

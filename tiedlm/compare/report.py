@@ -73,11 +73,17 @@ def _nats_ci(d: TestResult) -> str:
 
 
 def _detectable(d: SplitContrast) -> str:
+    """The smallest detectable decrease and increase and the seeds the observed effect needs, at
+    the spread's upper confidence bound (at the observed one where there is no spread to bound)."""
     pw = d.power
     if pw is None or pw.mde_relative is None:
         return MISSING
-    need = f"{pw.seeds_needed}" if pw.seeds_needed is not None else MISSING
-    return f"{percent(-pw.mde_relative_down)} / {percent(pw.mde_relative)} / {need}"
+    bounded = pw.mde_relative_upper is not None
+    down, up = (pw.mde_relative_down_upper, pw.mde_relative_upper) if bounded else (pw.mde_relative_down,
+                                                                                    pw.mde_relative)
+    seeds = pw.seeds_needed_upper if bounded else pw.seeds_needed
+    need = f"{seeds}" if seeds is not None else MISSING
+    return f"{percent(-down)} / {percent(up)} / {need}"
 
 
 # ============================================================================ comparison.md
@@ -245,7 +251,8 @@ def _md_differences(c: Comparison) -> list[str]:
           "when both have the same seeds, Welch's t-test otherwise. `effect` is exp(Δloss) − 1 (negative: the "
           "variant is better) with exp(CI) − 1 bounds; `Δ ppl` (difference of the geometric means) is descriptive "
           "only. `detectable / seeds` is the smallest decrease and increase the seeds run detect with 80% power at α = 0.05, and "
-          "the seeds per variant that would resolve the observed one.", ""]
+          "the seeds per variant that would resolve the observed one, both with the seed-to-seed spread taken at its "
+          "one-sided 80% upper confidence bound (the verdict gives them at the observed spread too).", ""]
     rows = []
     for v in others:
         for s in _present_splits(c):
@@ -439,7 +446,9 @@ def _csv_columns(splits: list[str], bucket_names: list[str], primary: str) -> li
                  f"{s}_perplexity_diff", f"{s}_detectable_effect", f"{s}_seeds_needed"]
     return cols + ["params_relative_change", "train_flops_relative_change", "weights", "best_step",
                    "last_above_best", "reason", "path", "match_role", f"{primary}_p_holm",
-                   *(f"{s}_{k}" for s in splits for k in ("significant", "detectable_decrease"))]
+                   *(f"{s}_{k}" for s in splits for k in ("significant", "detectable_decrease")),
+                   *(f"{s}_{k}" for s in splits for k in ("detectable_effect_upper", "detectable_decrease_upper",
+                                                          "seeds_needed_upper"))]
 
 
 def _csv_contrast(s: str, d: SplitContrast) -> dict[str, Any]:
@@ -449,7 +458,10 @@ def _csv_contrast(s: str, d: SplitContrast) -> dict[str, Any]:
             f"{s}_test": d.test, f"{s}_significant": d.significant, f"{s}_perplexity_diff": d.perplexity_difference,
             f"{s}_detectable_effect": d.power.mde_relative if d.power else None,
             f"{s}_detectable_decrease": d.power.mde_relative_down if d.power else None,
-            f"{s}_seeds_needed": d.power.seeds_needed if d.power else None}
+            f"{s}_seeds_needed": d.power.seeds_needed if d.power else None,
+            f"{s}_detectable_effect_upper": d.power.mde_relative_upper if d.power else None,
+            f"{s}_detectable_decrease_upper": d.power.mde_relative_down_upper if d.power else None,
+            f"{s}_seeds_needed_upper": d.power.seeds_needed_upper if d.power else None}
 
 
 def _csv_variant(v: Variant) -> dict[str, Any]:

@@ -17,10 +17,13 @@ computed on the loss and only then shown as a perplexity.
 - holm: Holm's step-down adjustment of a family of p-values;
 - nct_cdf / t_power / power_analysis: the noncentral t distribution (Lenth 1989, AS 243), the
   power of a two-sided t-test, the smallest effect detectable with 80% power and the seeds that
-  would detect the observed effect.
+  would detect the observed effect, both at the observed spread and at the spread's one-sided
+  80% upper confidence bound (chi2_ppf, spread_factor): with 3 seeds the spread has 2 degrees of
+  freedom, and figures planned from it alone are too small more often than not.
 
 The distributions are implemented here (regularised incomplete beta by continued fraction, the
-noncentral t as a Poisson mixture of incomplete betas) so that tiedlm needs no scipy;
+regularised incomplete gamma by series and continued fraction, the noncentral t as a Poisson
+mixture of incomplete betas) so that tiedlm needs no scipy;
 tests/test_compare_stats.py checks them against scipy.stats.
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
 from typing import Any, Callable, Iterable, Sequence
 
 from ..nats import perplexity, relative
@@ -36,6 +40,7 @@ from ..nats import perplexity, relative
 LEVEL = 0.95  # confidence level of every interval
 ALPHA = 0.05  # significance level of the verdicts
 POWER = 0.80  # the power at which "detectable" is defined
+SPREAD_CONFIDENCE = 0.80  # the one-sided confidence of the spread's upper bound that power plans from
 SEEDS_CAP = 100_000  # seeds_needed beyond this is reported as None ("more than 100,000")
 ZERO_SD = 1e-12  # a spread below ZERO_SD x the largest |value| is float rounding, not spread
 
@@ -399,6 +404,83 @@ def significant(p_value: float | None, level: float = ALPHA) -> bool | None:
     return p_value < level or p_value == 0.0
 
 
+# ============================================================================ the chi-square and the spread's bound
+
+
+def _gamma_series(a: float, x: float) -> float:
+    """Σ_n x^n / (a (a+1) ... (a+n)), the series of P(a, x) (Numerical Recipes 6.2), for x < a + 1."""
+    term = total = 1.0 / a
+    for n in range(1, 10_000):
+        term *= x / (a + n)
+        total += term
+        if abs(term) < abs(total) * 1e-16:
+            break
+    return total
+
+
+def _gamma_fraction(a: float, x: float) -> float:
+    """The continued fraction of Q(a, x)·e^x·x^(−a)·Γ(a) (modified Lentz), for x >= a + 1."""
+    tiny = 1e-300
+    b = x + 1.0 - a
+    c, d = 1.0 / tiny, 1.0 / b
+    h = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2.0
+        d = an * d + b
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = b + an / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        if abs(d * c - 1.0) < 1e-16:
+            break
+    return h
+
+
+def gammainc(a: float, x: float) -> float:
+    """The regularised lower incomplete gamma function P(a, x), for a > 0 (a may be fractional)."""
+    if x <= 0.0:
+        return 0.0
+    log_front = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1.0:
+        return min(1.0, math.exp(log_front) * _gamma_series(a, x))
+    return max(0.0, 1.0 - math.exp(log_front) * _gamma_fraction(a, x))
+
+
+def chi2_cdf(x: float, df: float) -> float:
+    """P(χ²_df <= x), df > 0 and possibly fractional (Welch–Satterthwaite's)."""
+    return gammainc(df / 2.0, x / 2.0)
+
+
+@functools.lru_cache(maxsize=1024)  # one quantile per degrees of freedom in a comparison
+def chi2_ppf(p: float, df: float) -> float:
+    """The p-quantile of χ²_df (bisection on chi2_cdf, to a relative 1e-13)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"chi2_ppf needs 0 < p < 1, got {p}")
+    if not df > 0:
+        raise ValueError(f"chi2_ppf needs df > 0, got {df}")
+    lo, hi = 0.0, max(1.0, df)
+    while chi2_cdf(hi, df) < p:  # bracket the root
+        lo, hi = hi, hi * 2.0
+    for _ in range(400):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi) or hi - lo <= 1e-13 * hi:
+            break
+        if chi2_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def spread_factor(df: float, confidence: float = SPREAD_CONFIDENCE) -> float:
+    """σ_U / s: the one-sided upper confidence bound on a normal sample's SD σ, as a multiple of
+    the sample SD s with df degrees of freedom. (df·s²/σ² is χ²_df, so σ <= s·√(df / χ²_{1−c, df})
+    with probability c.) 2.12 at df = 2 and c = 0.8, 1.35 at df = 7; → 1 as df grows. For Welch's
+    standard error, df is Welch–Satterthwaite's (an approximation, as Welch's test is)."""
+    return math.sqrt(df / chi2_ppf(1.0 - confidence, df))
+
+
 # ============================================================================ the noncentral t and power
 
 
@@ -453,6 +535,7 @@ def t_power(nc: float, df: float, alpha: float = ALPHA) -> float:
     return (1.0 - nct_cdf(c, df, nc)) + nct_cdf(-c, df, nc)
 
 
+@functools.lru_cache(maxsize=1024)  # the same few degrees of freedom in every contrast and simulation
 def detectable_nc(df: float, power: float = POWER, alpha: float = ALPHA) -> float:
     """The noncentrality (effect in standard errors) a two-sided t-test detects with `power`."""
     lo, hi = 0.0, 4.0
@@ -476,7 +559,13 @@ class Power:
     `mde` is the smallest |Δloss| detected with `power` at the seeds run: as ratios of perplexities,
     an increase of mde_relative = exp(mde) − 1 or a decrease of mde_relative_down = 1 − exp(−mde);
     `seeds_needed` the seeds per variant that would detect the observed Δloss with `power`
-    (None: no spread to plan from, no effect observed, or more than SEEDS_CAP)."""
+    (None: no spread to plan from, no effect observed, or more than SEEDS_CAP).
+
+    Those figures take the observed spread for the true one, and with few seeds it is often too
+    small (with 3 seeds, below the true SD 63% of the time), so they over-claim: the `_upper`
+    figures plan from the spread's one-sided `spread_confidence` upper bound instead (the observed
+    SD × `spread_factor`), and are too small only 1 − spread_confidence of the time. The reports
+    lead with them."""
 
     test: str | None
     seeds: int
@@ -489,19 +578,37 @@ class Power:
     observed_relative: float | None = None
     seeds_needed: int | None = None
     note: str | None = None
+    spread_confidence: float = SPREAD_CONFIDENCE
+    spread_factor: float | None = None  # the bound / the observed spread
+    mde_upper: float | None = None
+    mde_relative_upper: float | None = None
+    mde_relative_down_upper: float | None = None
+    seeds_needed_upper: int | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def _smallest_n(power_at: Callable[[int], float], target: float) -> int | None:
-    """The smallest n >= 2 with power_at(n) >= target (power_at increasing in n), or None past SEEDS_CAP."""
-    lo, hi = 1, 2
-    while power_at(hi) < target:
-        lo, hi = hi, hi * 2
-        if lo >= SEEDS_CAP:
-            return None
-    while hi - lo > 1:
+def _smallest_n(power_at: Callable[[int], float], target: float, guess: int = 2) -> int | None:
+    """The smallest n >= 2 with power_at(n) >= target (power_at increasing in n), or None past
+    SEEDS_CAP: a gallop from `guess` (the normal approximation's n, which is near) and bisection."""
+    n = min(max(2, guess), SEEDS_CAP)
+    if power_at(n) >= target:  # the answer is n or below: gallop down to a miss (or to 1)
+        hi, step = n, 1
+        lo = hi - step
+        while lo >= 2 and power_at(lo) >= target:
+            hi, step = lo, step * 2
+            lo = hi - step
+        lo = max(lo, 1)
+    else:  # the answer is above n: gallop up to a hit
+        lo, step = n, 1
+        hi = lo + step
+        while power_at(hi) < target:
+            lo, step = hi, step * 2
+            hi = lo + step
+            if lo >= SEEDS_CAP:
+                return None
+    while hi - lo > 1:  # power_at(lo) < target (or lo = 1) and power_at(hi) >= target
         mid = (lo + hi) // 2
         if power_at(mid) >= target:
             hi = mid
@@ -510,19 +617,27 @@ def _smallest_n(power_at: Callable[[int], float], target: float) -> int | None:
     return hi if hi <= SEEDS_CAP else None
 
 
-def _power_at_seeds(test: TestResult, effect: float, alpha: float) -> Callable[[int], float]:
-    """n -> the power to detect `effect` with n seeds per variant, at the observed spread."""
+def _seeds_needed(test: TestResult, effect: float, power: float, alpha: float, factor: float = 1.0) -> int | None:
+    """The seeds per variant that detect `effect` with `power`, at the observed spread × factor."""
     if test.test == "paired":
-        sd = test.se * math.sqrt(test.n)
-        return lambda n: t_power(effect / (sd / math.sqrt(n)), n - 1, alpha)
-    va, vb = test.sd_a ** 2, test.sd_b ** 2
-    df_per = (va + vb) ** 2 / (va ** 2 + vb ** 2)  # Welch–Satterthwaite df / (n − 1) with n a side
-    return lambda n: t_power(effect / math.sqrt((va + vb) / n), (n - 1) * df_per, alpha)
+        sd = test.se * math.sqrt(test.n) * factor
+        power_at = lambda n: t_power(effect / (sd / math.sqrt(n)), n - 1, alpha)  # noqa: E731
+        var = sd ** 2
+    else:
+        va, vb = (test.sd_a * factor) ** 2, (test.sd_b * factor) ** 2
+        df_per = (va + vb) ** 2 / (va ** 2 + vb ** 2)  # Welch–Satterthwaite df / (n − 1) with n a side
+        power_at = lambda n: t_power(effect / math.sqrt((va + vb) / n), (n - 1) * df_per, alpha)  # noqa: E731
+        var = va + vb
+    z = NormalDist().inv_cdf(1.0 - alpha / 2.0) + NormalDist().inv_cdf(power)
+    guess = z * z * var / (effect * effect)  # n by the normal approximation; the t test needs a little more
+    return _smallest_n(power_at, power, int(min(guess, SEEDS_CAP)) + 1)
 
 
-def power_analysis(test: TestResult, power: float = POWER, alpha: float = ALPHA) -> Power:
-    """The smallest effect the test's seeds detect with `power`, and the seeds the observed one needs."""
-    out = Power(test=test.test, seeds=test.seeds, power=power, alpha=alpha)
+def power_analysis(test: TestResult, power: float = POWER, alpha: float = ALPHA,
+                   spread_confidence: float = SPREAD_CONFIDENCE) -> Power:
+    """The smallest effect the test's seeds detect with `power`, and the seeds the observed one
+    needs: at the observed spread, and at its one-sided `spread_confidence` upper bound."""
+    out = Power(test=test.test, seeds=test.seeds, power=power, alpha=alpha, spread_confidence=spread_confidence)
     if test.difference is None:
         out.note = "nothing to test"
         return out
@@ -536,14 +651,19 @@ def power_analysis(test: TestResult, power: float = POWER, alpha: float = ALPHA)
         out.seeds_needed = None if test.p_value is None else 2
         out.note = "no spread between seeds: any difference is detected with the seeds run"
         return out
-    out.mde = detectable_nc(test.df, power, alpha) * test.se
+    out.spread_factor = spread_factor(test.df, spread_confidence)
+    nc = detectable_nc(test.df, power, alpha)
+    out.mde, out.mde_upper = nc * test.se, nc * test.se * out.spread_factor
     out.mde_relative, out.mde_relative_down = relative(out.mde), -relative(-out.mde)
+    out.mde_relative_upper, out.mde_relative_down_upper = relative(out.mde_upper), -relative(-out.mde_upper)
     if out.observed == 0.0:
         out.note = "no effect observed: no number of seeds resolves it"
         return out
-    out.seeds_needed = _smallest_n(_power_at_seeds(test, out.observed, alpha), power)
-    if out.seeds_needed is None:
-        out.note = f"the observed effect needs more than {SEEDS_CAP:,} seeds"
+    out.seeds_needed = _seeds_needed(test, out.observed, power, alpha)
+    out.seeds_needed_upper = _seeds_needed(test, out.observed, power, alpha, out.spread_factor)
+    if out.seeds_needed_upper is None:
+        out.note = (f"the observed effect needs more than {SEEDS_CAP:,} seeds" if out.seeds_needed is None else
+                    f"at the spread's upper bound, the observed effect needs more than {SEEDS_CAP:,} seeds")
     return out
 
 

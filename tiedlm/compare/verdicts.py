@@ -124,7 +124,9 @@ def confirmation(primary: SplitContrast | None, d: SplitContrast | None, split: 
 
 
 def seeds_sentence(d: SplitContrast | None) -> str | None:
-    """What the seeds could detect (80% power, α = 0.05) and how many the observed effect needs."""
+    """What the seeds could detect (80% power, α = 0.05) and how many the observed effect needs:
+    at the one-sided upper confidence bound of the seed-to-seed spread first (what the seeds can be
+    trusted to see), then at the observed spread (stats.Power)."""
     pw = d.power if d else None
     if pw is None:
         return None
@@ -135,14 +137,23 @@ def seeds_sentence(d: SplitContrast | None) -> str | None:
     if pw.mde == 0.0:
         return (f"The difference has no spread between seeds: any difference is detectable with "
                 f"{plural(pw.seeds, 'seed')} {level}.")
-    head = (f"Effects between {percent(-pw.mde_relative_down)} and {percent(pw.mde_relative)} are not "
-            f"detectable with {plural(pw.seeds, 'seed')} {level}")
+    df = f"{d.df:.0f}" if float(d.df).is_integer() else f"{d.df:.1f}"
+    head = (f"Effects between {percent(-pw.mde_relative_down_upper)} and {percent(pw.mde_relative_upper)} may not be "
+            f"detectable with {plural(pw.seeds, 'seed')} {level}, taking the seed-to-seed spread at its one-sided "
+            f"{pw.spread_confidence:.0%} upper confidence bound ({pw.spread_factor:.2f}× the observed spread, which "
+            f"has {df} degrees of freedom); at the observed spread itself, between {percent(-pw.mde_relative_down)} "
+            f"and {percent(pw.mde_relative)}")
     observed = percent(pw.observed_relative)
-    if pw.seeds_needed is not None:
-        return head + f"; about {pw.seeds_needed} seeds per variant would resolve the observed {observed}."
     if not pw.observed:
         return head + "; no difference was observed."
-    return head + f"; the observed {observed} would need more than {SEEDS_CAP:,} seeds per variant."
+    point = f"about {pw.seeds_needed}" if pw.seeds_needed is not None else f"more than {SEEDS_CAP:,}"
+    if pw.seeds_needed_upper is not None:
+        return head + (f". About {pw.seeds_needed_upper} seeds per variant would resolve the observed {observed} "
+                       f"at the bound ({point} at the observed spread).")
+    if pw.seeds_needed is not None:
+        return head + (f". The observed {observed} would need more than {SEEDS_CAP:,} seeds per variant at the bound "
+                       f"({point} at the observed spread).")
+    return head + f". The observed {observed} would need more than {SEEDS_CAP:,} seeds per variant."
 
 
 def params_sentence(total: int | None, vs: Contrast) -> str | None:
