@@ -24,7 +24,7 @@ LAYERS = [
     ["checkpoints", "figures", "tensorboard", "runs", "report_md", "process"],
     ["model", "counting", "hf_model", "hf", "norms", "loss", "distributed", "device", "threads"],
     ["data", "corpora"],
-    ["naming", "config", "config_layers", "variant", "checks", "tie", "arch", "yamlsafe"],
+    ["naming", "config", "config_layers", "variant", "checks", "pretrained", "tie", "arch", "yamlsafe"],
     ["files", "formatting", "errors", "geometry", "nats"],
 ]
 RANK = {name: (i, j) for i, layer in enumerate(LAYERS) for j, name in enumerate(layer)}

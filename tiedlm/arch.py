@@ -75,6 +75,11 @@ LLAMA = Arch(name="llama", positions="rotary", norm="rmsnorm", mlp="swiglu", def
 # Any transformers causal LM (hf.py): its positions, norms and MLP are its family's own; tiedlm's
 # keys set its size, model.hf_config names it and model.hf_overrides sets the rest. Unless
 # model.intermediate_size is set, its MLP width is the gated families' rule (8/3·d, as llama).
+# arch: hf — tiedlm's size keys -> transformers' config fields (each family's config maps its own
+# names onto these through its attribute_map: GPT-2's n_layer, GPT-NeoX's rotary_pct stay the family's)
+HF_SIZE_FIELDS = {"n_layer": "num_hidden_layers", "n_embd": "hidden_size", "n_head": "num_attention_heads",
+                  "n_kv_head": "num_key_value_heads", "intermediate_size": "intermediate_size",
+                  "block_size": "max_position_embeddings"}
 HF = Arch(name="hf", positions="the family's", norm="the family's", mlp="swiglu", default_bias=False,
           own_keys={"n_kv_head": None, "intermediate_size": None, "multiple_of": 64, "hf_config": None,
                     "hf_overrides": None}, export_class="(the family's own class)",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .arch import ARCHS, FAMILY_KEYS, arch_of
 from .errors import ConfigError
+from .pretrained import TIE_FROM, TRAINABLE
 from .tie import check_stored
 
 if TYPE_CHECKING:
@@ -201,6 +202,7 @@ def _validate_model(m: Any) -> None:
     _check(m.embed_scale in EMBED_SCALES, f"model.embed_scale must be 1 or sqrt_d, got {m.embed_scale!r}")
     check_stored(m)
     _validate_arch(m)
+    _validate_start(m)
 
 
 def _validate_arch(m: Any) -> None:
@@ -233,6 +235,21 @@ def _validate_arch(m: Any) -> None:
                                        "(each key/value head serves n_head / n_kv_head query heads)")
     _check((m.n_embd // m.n_head) % 2 == 0, f"the head size n_embd / n_head ({m.n_embd // m.n_head}) must be even "
                                             "for rotary embeddings (they rotate pairs of dimensions) — change model.n_head")
+
+
+def _validate_start(m: Any) -> None:
+    """model.init_from (pretrained.py resolved it: arch hf, the checkpoint's size) and its keys."""
+    _check(m.tie_from is None or m.tie_from in TIE_FROM,
+           f"model.tie_from must be one of {', '.join(TIE_FROM)}, got {m.tie_from!r} (where the one matrix of an "
+           "untied checkpoint starts when it is tied)")
+    _check(m.tie_from is None or m.init_from, "model.tie_from applies to a pretrained start — set model.init_from, "
+                                               "or remove model.tie_from")
+    _check(m.vocab_size is None or (isinstance(m.vocab_size, int) and m.vocab_size > 0),
+           f"model.vocab_size must be a positive whole number, got {m.vocab_size!r}")
+    if m.init_from:
+        _check(m.tie.mode in ("tied", "untied") and m.untie_at is None,
+               f"a pretrained start (model.init_from) is kept tied or untied, untied by copy or tied from "
+               f"model.tie_from — model.tie_mode {m.tie.mode} and model.untie_at are not built for it")
 
 
 def _validate_hf(m: Any) -> None:
@@ -281,6 +298,8 @@ def _validate_train(t: Any) -> None:
            f"train.lr x train.weight_decay must be below 1, got {t.lr:g} x {t.weight_decay:g} (AdamW scales weights "
            "by 1 - lr x weight_decay each step) — lower train.lr or train.weight_decay")
     _check(0.0 <= t.beta1 < 1.0 and 0.0 <= t.beta2 < 1.0, "train.beta1 and train.beta2 must be in [0, 1)")
+    _check(t.trainable in TRAINABLE, f"train.trainable must be one of {', '.join(TRAINABLE)}, got {t.trainable!r} "
+                                     "(head: W_out alone, E when tied; embeddings: E and W_out)")
 
 
 def _validate_min_lr(t: Any) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Union
 
 from .checks import validate
 from .arch import Arch, arch_of
+from . import pretrained
 from .errors import ConfigError
 from .tie import Tie
 from .yamlsafe import YAML_VALUES_LIMIT, load_yaml, read_yaml_text  # noqa: F401 (sweep, tuning import load_yaml here)
@@ -101,6 +102,12 @@ class ModelConfig:
     # olmo2, ...) or a local config.json or folder; hf_overrides sets any other field of that config
     hf_config: str | None = None
     hf_overrides: dict | None = None
+    # a pretrained start (pretrained.py): a transformers model folder or hub id, whose family, size,
+    # vocabulary and (with no tokenizer keys) tokenizer the run takes; tie_from: where the one matrix
+    # of an untied checkpoint tied starts (e, w_out or mean; None: e)
+    init_from: str | None = None
+    tie_from: str | None = None
+    vocab_size: int | None = None  # the model's vocabulary; None: the tokenizer's, padded (init_from sets it)
 
     @property
     def kv_heads(self) -> int:
@@ -144,6 +151,7 @@ class TrainConfig:
     warmup_steps: int = 100  # linear warmup from 0
     weight_decay: float = 0.1  # on matrices; never on biases and LayerNorm gains
     decay_embeddings: bool = True  # whether E, W_out and the position embeddings are weight-decayed
+    trainable: str = "all"  # all | head (W_out; E when tied) | embeddings (E and W_out): the rest frozen
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
@@ -388,6 +396,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data = _load_with_bases(Path(path)) if path is not None else {}
     data.pop("tune", None)  # the tuning grid of `compare --config` (compare/tuning.py), not a run's setting
     data = apply_overrides(data, overrides)
+    data = pretrained.resolve(data)  # model.init_from: the checkpoint's family, size and tokenizer
     if seed is not None:
         data["seed"] = seed
     cfg = from_dict(data)

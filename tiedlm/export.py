@@ -252,14 +252,16 @@ def _verify_family_tie(folder: Path, hf: Any, tied: bool) -> None:
     """arch: hf: the reloaded model's tie flag, in every nested config, and the safetensors agree
     with the run: a tied export holds one V × d matrix (E), an untied one two (E and W_out),
     whatever names the family saves them under (GPT-NeoX's embed_out)."""
+    import torch
     from safetensors import safe_open
 
     from .hf import config_flags_tied
 
     flags = config_flags_tied(hf.config)
-    shape = list(hf.get_input_embeddings().weight.shape)
-    with safe_open(str(folder / "model.safetensors"), "pt") as f:
-        matrices = [k for k in f.keys() if f.get_slice(k).get_shape() == shape and ".layers." not in f".{k}"]
+    E, W = (m.weight.detach().cpu() for m in (hf.get_input_embeddings(), hf.get_output_embeddings()))
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:  # the keys holding E's or W_out's values: a
+        matrices = [k for k in f.keys() if f.get_slice(k).get_shape() == list(E.shape)  # block's V × d matrix
+                    and any(torch.equal(f.get_tensor(k).float(), m.float()) for m in (E, W))]  # (GPT-2's MLP at V = 4d) is neither
     if any(flag != tied for flag in flags) or len(matrices) != (1 if tied else 2):
         raise RunError(f"the exported {type(hf).__name__} does not hold the run's tie ({'tied' if tied else 'untied'}: "
                        f"tie_word_embeddings {flags}, V × d matrices in the safetensors {matrices}) — the export was "

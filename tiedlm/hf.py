@@ -23,13 +23,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .arch import HF_SIZE_FIELDS
 from .errors import ConfigError
+from .pretrained import checkpoint_config
 
-# tiedlm's size keys -> transformers' config fields (each family's config maps its own names onto
-# these through its attribute_map: GPT-2's n_layer, GPT-NeoX's rotary_pct stay the family's)
-SIZE_FIELDS = {"n_layer": "num_hidden_layers", "n_embd": "hidden_size", "n_head": "num_attention_heads",
-               "n_kv_head": "num_key_value_heads", "intermediate_size": "intermediate_size",
-               "block_size": "max_position_embeddings"}
+SIZE_FIELDS = HF_SIZE_FIELDS  # tiedlm's size keys -> transformers' config fields (arch.py)
 TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")  # None: no row of E is a frozen padding row
 NESTED = ("text_config",)  # multimodal configs keep the language model's fields here
 EXTRA = "pip install -e '.[hf]' (transformers)"
@@ -82,6 +80,8 @@ def hf_model_config(m: Any, vocab_size: int) -> Any:
     """The family's config with tiedlm's size, the vocabulary, the tie and model.hf_overrides set,
     built by the family's own config class from them (so that what it derives from the size, such
     as each layer's attention type, follows the size)."""
+    if m.init_from:
+        return _checkpoint_config(m)
     kind, data, probe = _base_config(m.hf_config)
     fields: dict[str, Any] = {}
     for key, field in SIZE_FIELDS.items():
@@ -98,21 +98,40 @@ def hf_model_config(m: Any, vocab_size: int) -> Any:
     tied = m.tie.w_out_is_e
     fields.update(vocab_size=vocab_size, tie_word_embeddings=tied, use_cache=False,
                   **{t: None for t in TOKEN_FIELDS if hasattr(probe, t)})
-    for key in (m.hf_overrides or {}):
-        if not hasattr(probe, key):
-            raise ConfigError(f"model.hf_overrides: {key} is not a field of {kind}'s config — check its name in "
-                              f"transformers' {type(probe).__name__}")
-        if key == "tie_word_embeddings" or key in SIZE_FIELDS.values():
-            raise ConfigError(f"model.hf_overrides: {key} is set by tiedlm's own key — use {_own_key(key)} instead")
+    _check_overrides(m, kind, probe)
     base = type(probe)(**{**data, **fields, **(m.hf_overrides or {})})
     for c in language_configs(base):
         c.tie_word_embeddings = tied
     return base
 
 
+def _check_overrides(m: Any, kind: str, probe: Any) -> None:
+    for key in (m.hf_overrides or {}):
+        if not hasattr(probe, key):
+            raise ConfigError(f"model.hf_overrides: {key} is not a field of {kind}'s config — check its name in "
+                              f"transformers' {type(probe).__name__}")
+        if key == "tie_word_embeddings" or key in SIZE_FIELDS.values() or key == "vocab_size":
+            raise ConfigError(f"model.hf_overrides: {key} is set by tiedlm's own key — use {_own_key(key)} instead")
+
+
+def _checkpoint_config(m: Any) -> Any:
+    """A pretrained start's config: the checkpoint's own (its size, vocabulary and token ids), with
+    model.hf_overrides and the run's tie set on it."""
+    base = checkpoint_config(Path(m.hf_config))
+    _check_overrides(m, base.model_type, base)
+    for key, value in (m.hf_overrides or {}).items():
+        setattr(base, key, value)
+    base.use_cache = False
+    for c in language_configs(base):
+        c.tie_word_embeddings = m.tie.w_out_is_e
+    return base
+
+
 def _own_key(field: str) -> str:
     if field == "tie_word_embeddings":
         return "model.tie_embeddings"
+    if field == "vocab_size":
+        return "tokenizer.vocab_size"
     return "model." + next(k for k, f in SIZE_FIELDS.items() if f == field)
 
 

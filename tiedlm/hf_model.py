@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import types
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,6 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .hf import language_configs, config_flags_tied, hf_model_config, require_transformers
+from .pretrained import checkpoint_config, checkpoint_tied, describe_start
 from .tie import UNTIED, Tie
 
 
@@ -23,13 +25,49 @@ class HFCausalLM(nn.Module):
         super().__init__()
         transformers = require_transformers()
         self.cfg, self.vocab_size, self.family = cfg, vocab_size, cfg.family
-        self.hf = transformers.AutoModelForCausalLM.from_config(hf_model_config(cfg, vocab_size))
+        config = hf_model_config(cfg, vocab_size)
+        self.start = None  # a pretrained start: what the run's tie did to the checkpoint's (pretrained.py)
+        on_meta = torch.empty(0).device.type == "meta"  # counting: the shape, no weights
+        if cfg.init_from and not on_meta:
+            self.hf = self._load_checkpoint(transformers, cfg, config)
+        else:
+            self.hf = transformers.AutoModelForCausalLM.from_config(config)
         self.built_tie = cfg.tie
         self.embed_scale = 1.0  # the family scales its own embeddings where it does (Gemma)
         # not registered: the same module as the family's, under the name tiedlm's code reads
         object.__setattr__(self, "transformer", types.SimpleNamespace(wte=self.hf.get_input_embeddings()))
         self.head_kind = self._head_kind()
         self.check_tie(cfg.tie.w_out_is_e)
+
+    def _load_checkpoint(self, transformers: Any, cfg: Any, config: Any) -> nn.Module:
+        """The checkpoint's weights in float32, its tie checked by storage against its config, then
+        set to the run's: untied by copy, or tied from E, W_out or their mean (model.tie_from)."""
+        was_tied = checkpoint_tied(checkpoint_config(Path(cfg.hf_config)))
+        for c in language_configs(config):
+            c.tie_word_embeddings = was_tied  # loaded as it was saved; the run's tie is set below
+        model = transformers.AutoModelForCausalLM.from_pretrained(cfg.hf_config, config=config,
+                                                                   dtype=torch.float32)
+        model.train()
+        E, head = model.get_input_embeddings(), model.get_output_embeddings()
+        if (head.weight is E.weight) != was_tied:
+            raise AssertionError(f"the checkpoint in {cfg.init_from} says tie_word_embeddings {was_tied}, but its "
+                                 f"loaded weights are {'' if head.weight is E.weight else 'not '}one matrix")
+        tied = cfg.tie.w_out_is_e
+        with torch.no_grad():
+            if was_tied and not tied:  # untie by copy: never a random head
+                head.weight = nn.Parameter(E.weight.detach().clone())
+            elif tied and not was_tied:
+                source = cfg.tie_from or "e"
+                if source == "w_out":
+                    E.weight.copy_(head.weight)
+                elif source == "mean":
+                    E.weight.copy_((E.weight + head.weight) / 2)
+                head.weight = E.weight
+        for c in language_configs(model.config):
+            c.tie_word_embeddings = tied
+        self.start = {"init_from": cfg.init_from, "checkpoint_tied": was_tied,
+                      "start": describe_start(was_tied, tied, cfg.tie_from)}
+        return model
 
     def _head_kind(self) -> str:
         """'linear' where logits = final hidden state @ W_outᵀ (+ bias); else the reason the

@@ -423,6 +423,19 @@ def build_model(cfg: ModelConfig, vocab_size: int) -> nn.Module:
     return GPT(cfg, vocab_size)
 
 
+def freeze_all_but(model: nn.Module, trainable: str) -> int:
+    """train.trainable: leave the head's parameters (W_out and a tie mode's own; E when tied, as it
+    is W_out), the embedding matrices, or all of them trainable, and freeze the rest. Returns the
+    number of trainable values (a shared matrix once)."""
+    if trainable != "all":
+        keep = ([model.lm_head.weight, *(p for _, p in model.head_parameters())] if trainable == "head"
+                else model.embedding_parameters())
+        kept = {id(p) for p in keep}
+        for p in model.parameters():
+            p.requires_grad_(id(p) in kept)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def model_tensors(model) -> tuple[dict, dict]:
     """State dict for safetensors: a tied matrix is stored once (under E's name), with the tie recorded."""
     sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}

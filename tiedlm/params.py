@@ -43,7 +43,9 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
     else:
         V = 257 if tok.kind == "byte" else tok.vocab_size
         source = "tokenizer.vocab_size (the most the tokenizer may have; --data uses its real size)"
-        V = -(-V // tok.pad_to_multiple) * tok.pad_to_multiple
+        V = cfg.model.vocab_size or -(-V // tok.pad_to_multiple) * tok.pad_to_multiple
+        if cfg.model.vocab_size:
+            source = "the checkpoint's vocabulary (model.init_from)"
     forms = {label: count_params_config(dataclasses.replace(cfg.model.with_tie(Tie(label)), untie_at=None), V)
              for label in ("tied", "untied")}
     m = cfg.model

@@ -320,8 +320,7 @@ def prepare_data(cfg: Config, progress: bool = True) -> PreparedData:
         splits["train"], counts = _first_fraction(splits["train"], cfg.data.train_fraction), None
     _check_lengths(splits, cfg.model.block_size, plan.limits)
     vocab = entries.tokenizer.vocab_size
-    pad = cfg.tokenizer.pad_to_multiple
-    model_vocab = -(-vocab // pad) * pad
+    model_vocab = model_vocab_size(cfg, vocab)
     train_counts = _train_counts(splits, counts, vocab, model_vocab)
     floor = corpora.prepared_floor(cfg.data, splits, entries.tokenizer)
     entries.timings["total_s"] = time.perf_counter() - t_start
@@ -376,3 +375,16 @@ def _overlap_line(measured: dict | None) -> str | None:
     part = "" if o["train_checked"] >= o["train_documents"] else \
         f" (the first {o['train_checked']:,} of {o['train_documents']:,} training {o['unit']})"
     return (f"overlap    {o['unit']} of {o['min_chars']}+ characters also in train{part} — " + "; ".join(parts))
+
+
+def model_vocab_size(cfg: Config, vocab: int) -> int:
+    """The model's vocabulary for a tokenizer of `vocab` ids: model.vocab_size where set (a
+    pretrained start's, init_from), which must hold every id, else `vocab` padded up to
+    tokenizer.pad_to_multiple."""
+    if cfg.model.vocab_size is not None:
+        if cfg.model.vocab_size < vocab:
+            raise ConfigError(f"the tokenizer has {vocab:,} ids but the model's vocabulary is {cfg.model.vocab_size:,} "
+                              "— use the checkpoint's own tokenizer (leave the tokenizer keys unset) or a smaller one")
+        return cfg.model.vocab_size
+    pad = cfg.tokenizer.pad_to_multiple
+    return -(-vocab // pad) * pad

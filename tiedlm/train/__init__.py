@@ -192,8 +192,12 @@ def _params(model, data) -> dict:
     """The model's parameter breakdown, with the tokenizer's and the padded vocabulary."""
     from ..model import count_params
 
-    return {**count_params(model), "model_vocab_size": data.model_vocab_size, "vocab_size": data.vocab_size,
-            "vocab_padding": data.model_vocab_size - data.vocab_size}
+    out = {**count_params(model), "model_vocab_size": data.model_vocab_size, "vocab_size": data.vocab_size,
+           "vocab_padding": data.model_vocab_size - data.vocab_size,
+           "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+    if getattr(model, "start", None):  # a pretrained start (model.init_from): the checkpoint and its tie
+        out["start"] = model.start
+    return out
 
 
 def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, state: TrainState):
@@ -201,7 +205,7 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     the checkpoint's weights, optimizer, RNG and counters applied. Returns (model, optimizer, sampler)."""
     import torch
 
-    from ..model import build_model, flops_per_token
+    from ..model import build_model, flops_per_token, freeze_all_but
 
     main = pre.dist.main
     tok_dir = run_dir / runs.TOKENIZER
@@ -215,6 +219,7 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     sampler = np.random.default_rng(cfg.seed)
     model = build_model(cfg.model, pre.data.model_vocab_size).to(pre.device)
     model.check_tie(not cfg.model.tie.two_matrices)
+    freeze_all_but(model, cfg.train.trainable)
     params = _params(model, pre.data)
     optimizer = build_optimizer(model, cfg.train)
     if pre.loaded is not None:

@@ -24,6 +24,8 @@ def build_optimizer(model, tcfg) -> Any:
     w_out = None if model.is_tied else model.lm_head.weight  # a W_out of its own goes last
     decay, no_decay = [], []
     for p in model.parameters():  # yields a shared Parameter once
+        if not p.requires_grad:  # frozen by train.trainable
+            continue
         wants_decay = tcfg.decay_embeddings if id(p) in embeds else p.dim() >= 2
         (decay if wants_decay else no_decay).append(p)
     last = lambda p: p is w_out  # noqa: E731

@@ -1,0 +1,187 @@
+"""A pretrained start (model.init_from), offline: tiny models trained here and exported (a transformers
+family through arch: hf, and tiedlm's own GPT-2 block) are started from, tied and untied. The
+checkpoint's weights arrive exactly (the same logits as transformers' own load); its tie is kept,
+untied by copy, or tied from E, W_out or their mean; the size and the tokenizer come from the
+checkpoint; train.trainable freezes the rest; a resume is bit for bit; the adapted run exports and
+reloads with its own tie; and what cannot be done is refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import ROOT
+from tiedlm import checkpoints
+from tiedlm.config import load_config
+from tiedlm.errors import ConfigError, Interrupted
+from tiedlm.model import build_model
+
+pytest.importorskip("transformers")
+
+DATA = ["data.synthetic.train_tokens=4000", "data.synthetic.validation_tokens=600", "data.synthetic.test_tokens=600",
+        "data.synthetic.seed=3", "train.max_steps=2", "train.warmup_steps=1", "train.batch_size=4",
+        "train.eval_every=0", "train.device=cpu"]
+
+
+def _pretrain(tmp: Path, name: str, *extra: str) -> Path:
+    """A tiny model trained on base.yaml's synthetic language and exported: its folder."""
+    from tiedlm.export import export_run
+    from tiedlm.train import train_run
+
+    cfg = load_config(ROOT / "configs" / "base.yaml",
+                      ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=16",
+                       "tokenizer.vocab_size=128", "train.max_steps=3", "train.warmup_steps=1", "train.batch_size=4",
+                       "train.eval_every=0", "data.synthetic.train_tokens=4000",
+                       "data.synthetic.validation_tokens=600", "data.synthetic.test_tokens=600", "train.device=cpu",
+                       *extra])
+    run = train_run(cfg, out=tmp / f"runs-{name}", progress=False)
+    assert export_run(run, tmp / name).verified
+    return tmp / name
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    import os
+
+    tmp = tmp_path_factory.mktemp("pretrained")
+    old = os.environ.get("TIEDLM_CACHE")
+    os.environ["TIEDLM_CACHE"] = str(tmp / "cache")
+    try:
+        yield {"qwen2-tied": _pretrain(tmp, "qwen2-tied", "model.arch=hf", "model.hf_config=qwen2"),
+               "qwen2-untied": _pretrain(tmp, "qwen2-untied", "model.arch=hf", "model.hf_config=qwen2",
+                                         "model.tie_embeddings=false"),
+               "gpt2-tied": _pretrain(tmp, "gpt2-tied")}
+    finally:
+        if old is None:
+            os.environ.pop("TIEDLM_CACHE", None)
+        else:
+            os.environ["TIEDLM_CACHE"] = old
+
+
+def start(folder: Path, *extra: str):
+    return load_config(None, [f"model.init_from={folder}", *DATA, *extra])
+
+
+def _transformers_model(folder: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("name", ["qwen2-tied", "qwen2-untied", "gpt2-tied"])
+def test_the_checkpoint_arrives_exactly_with_its_size_and_tokenizer(exports, name):
+    folder = exports[name]
+    cfg = start(folder)  # tie_embeddings unset: tiedlm's default, tied
+    saved = json.loads((folder / "config.json").read_text())
+    assert cfg.model.arch == "hf" and cfg.model.n_embd == 32 and cfg.model.n_layer == 1
+    assert cfg.model.vocab_size == saved["vocab_size"]
+    assert cfg.tokenizer.kind == "pretrained" and Path(cfg.tokenizer.path) == folder.resolve() / "tokenizer.json"
+    for tie in (True, False):
+        model = build_model(start(folder, f"model.tie_embeddings={str(tie).lower()}").model, 128).eval()
+        model.check_tie(tie)
+        theirs = _transformers_model(folder)
+        x = torch.randint(0, cfg.model.vocab_size, (2, 16))
+        with torch.no_grad():
+            ours, ref = model(x), theirs(input_ids=x).logits
+        was_tied = name.endswith("-tied")
+        if was_tied or not tie:  # kept, or untied by copy: the checkpoint's function exactly
+            assert torch.equal(ours, ref)
+            assert torch.equal(model.lm_head.weight, theirs.get_output_embeddings().weight)
+        assert model.start["checkpoint_tied"] is was_tied
+
+
+def test_untie_by_copy_starts_w_out_as_e_and_trains_it_apart(exports, tmp_path, monkeypatch):
+    from tiedlm.train import train_run
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    cfg = start(exports["qwen2-tied"], "model.tie_embeddings=false")
+    model = build_model(cfg.model, 128)
+    assert not model.is_tied and torch.equal(model.lm_head.weight, model.transformer.wte.weight)
+    run = train_run(cfg, out=tmp_path / "runs", progress=False)
+    report = json.loads((run / "report.json").read_text())
+    assert report["params"]["start"] == {"init_from": str(exports["qwen2-tied"]), "checkpoint_tied": True,
+                                         "start": "untied by copy: W_out starts as a copy of E"}
+    weights = load_file(str(checkpoints.latest_checkpoint(run) / checkpoints.MODEL_FILE))
+    E, W = weights["hf.model.embed_tokens.weight"], weights["hf.lm_head.weight"]
+    assert not torch.equal(E, W)  # two matrices, each trained on its own
+
+
+@pytest.mark.parametrize("tie_from", ["e", "w_out", "mean"])
+def test_an_untied_checkpoint_is_tied_from_e_w_out_or_their_mean(exports, tie_from):
+    folder = exports["qwen2-untied"]
+    theirs = _transformers_model(folder)
+    E, W = theirs.get_input_embeddings().weight, theirs.get_output_embeddings().weight
+    assert not torch.equal(E, W)
+    expected = {"e": E, "w_out": W, "mean": (E + W) / 2}[tie_from]
+    model = build_model(start(folder, f"model.tie_from={tie_from}").model, 128)
+    model.check_tie(True)
+    assert torch.equal(model.transformer.wte.weight, expected)
+    assert model.start["start"].startswith({"e": "tied from E", "w_out": "tied from W_out",
+                                            "mean": "tied from the mean"}[tie_from])
+
+
+@pytest.mark.parametrize("trainable, moved", [("head", {"hf.lm_head.weight"}),
+                                              ("embeddings", {"hf.lm_head.weight", "hf.model.embed_tokens.weight"})])
+def test_trainable_freezes_the_rest(exports, tmp_path, monkeypatch, trainable, moved):
+    from tiedlm.train import train_run
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    cfg = start(exports["qwen2-untied"], "model.tie_embeddings=false", f"train.trainable={trainable}")
+    before = {f"hf.{k}": v for k, v in _transformers_model(exports["qwen2-untied"]).state_dict().items()}
+    run = train_run(cfg, out=tmp_path / "runs", progress=False)
+    after = load_file(str(checkpoints.latest_checkpoint(run) / checkpoints.MODEL_FILE))
+    changed = {k for k in after if not torch.equal(after[k], before[k])}
+    assert changed == moved
+    report = json.loads((run / "report.json").read_text())
+    assert report["params"]["trainable"] == sum(after[k].numel() for k in moved)
+
+
+def test_a_pretrained_start_resumes_bit_for_bit_and_exports_with_its_tie(exports, tmp_path, monkeypatch):
+    from tiedlm.train import train_run
+    from tests.test_hf_arch import _exports_and_reloads
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    cfg = start(exports["gpt2-tied"], "model.tie_embeddings=false", "train.max_steps=6", "train.checkpoint_every=2")
+    ref = train_run(cfg, out=tmp_path / "a", progress=False)
+    with pytest.raises(Interrupted):
+        train_run(cfg, out=tmp_path / "b", progress=False, stop_after_step=3)
+    run = train_run(cfg, out=tmp_path / "b", progress=False)
+    a = load_file(str(checkpoints.latest_checkpoint(ref) / checkpoints.MODEL_FILE))
+    b = load_file(str(checkpoints.latest_checkpoint(run) / checkpoints.MODEL_FILE))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    _exports_and_reloads(run, tmp_path / "export", tied=False)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["model.n_embd=64"], "model.n_embd is 64, but the checkpoint in .* has 32 — remove model.n_embd"),
+    (["model.hf_config=llama"], "model.hf_config is 'llama', but model.init_from gives the family"),
+    (["model.tie_mode=projection"], "model.tie_mode projection is not built"),
+    (["model.untie_at=0.5"], "model.untie_at are not built for it"),
+    (["model.tie_from=both"], "model.tie_from must be one of e, w_out, mean"),
+])
+def test_what_a_pretrained_start_cannot_take_is_refused_in_one_line(exports, extra, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        start(exports["qwen2-tied"], *extra)
+    assert "\n" not in str(info.value)
+
+
+def test_a_missing_folder_tokenizer_or_hub_id_offline_is_one_line(exports, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name, message in ((str(tmp_path / "nowhere"), "no such model folder"),
+                          ("someone/some-model", "not a local folder, and the hub could not give it .*"
+                                                 "huggingface-cli download someone/some-model")):
+        with pytest.raises(ConfigError, match=message):
+            start(Path(name))
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((exports["qwen2-tied"] / "config.json").read_text())
+    with pytest.raises(ConfigError, match="the folder has no tokenizer.json"):
+        start(bare)
+    with pytest.raises(ConfigError, match="model.tie_from applies to a pretrained start"):
+        load_config(None, ["model.tie_from=mean", "train.max_steps=2"])
