@@ -483,7 +483,12 @@ def test_comparison_json_keys(tmp_path):
     tied = data["variants"][1]
     assert list(tied) == ["label", "config_hash", "config", "tied", "seeds", "runs", "n_seeds", "metrics", "params",
                           "flops_per_token", "train_flops", "cost", "device", "dtype", "resolution", "floor",
-                          "tokenizer_kind", "curve", "best_points", "matrices", "is_baseline", "vs_baseline", "verdicts"]
+                          "tokenizer_kind", "curve", "best_points", "matrices", "is_baseline", "vs_baseline", "verdicts",
+                          "ledger"]
+    assert list(tied["ledger"]) == ["tie", "head_init", "lr", "min_lr", "weight_decay_e", "weight_decay_w_out",
+                                    "weight_decay_other", "init_std_e", "init_std_w_out", "embed_scale", "lm_head_bias",
+                                    "vd", "vd_share", "source"]
+    assert tied["vs_baseline"]["confounds"] == []  # the pair differs only in the tie
     assert tied["resolution"] == "cpu, fp32" and tied["train_flops"] == pytest.approx(3e7 * 409_600)
     assert list(tied["metrics"]["validation"]) == ["perplexity", "bits_per_byte", "loss", "word_perplexity",
                                                    "by_seed", "loss_by_seed", "buckets"]
@@ -496,7 +501,7 @@ def test_comparison_json_keys(tmp_path):
     vs = tied["vs_baseline"]
     assert list(vs) == ["baseline", "kind", "validation", "test", "params_difference", "params_relative",
                         "parameter_matched", "train_flops_per_token", "baseline_train_flops_per_token",
-                        "train_flops_relative", "compute_matched", "trajectory"]
+                        "train_flops_relative", "compute_matched", "confounds", "trajectory"]
     assert vs["kind"] == "baseline" and vs["parameter_matched"] is False and vs["compute_matched"] is True
     tested = ["test", "difference", "se", "df", "t", "p_value", "ci_low", "ci_high", "level", "note", "n", "seeds_a",
               "seeds_b"]

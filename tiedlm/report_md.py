@@ -1,8 +1,9 @@
 """report.md: a run's report.json for people (runs.RunRecord writes it beside report.json).
 
-The tying, the parameter breakdown, the final evaluation per split (with builtin:synthetic, the
-split's own floor beside the model), the loss by frequency bucket, the best periodic evaluation
-and the kept best weights' scores, and the training's cost and provenance.
+The tying, the parameter breakdown, the confound ledger (ledger.py: what E and W_out received), the
+final evaluation per split (with builtin:synthetic, the split's own floor beside the model), the
+loss by frequency bucket, the best periodic evaluation and the kept best weights' scores, and the
+training's cost and provenance.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .formatting import fmt, markdown_table, params_markdown
+from .ledger import run_lines, stored_ledger
 
 if TYPE_CHECKING:
     from .runs import RunReport
@@ -37,6 +39,8 @@ def render_report_md(r: RunReport) -> str:
         lines += ["## Parameters", "", params_markdown({"parameters": p}),
                   f"| vocabulary (tokenizer / model, padding) | {fmt(p.get('vocab_size'))} / "
                   f"{fmt(p.get('model_vocab_size'))} ({fmt(p.get('vocab_padding'))}) |", ""]
+    if r.config is not None and (r.ledger is not None or r.params):
+        lines += run_lines(stored_ledger(r.ledger, r.config, r.params))
     if r.final:
         lines += _final_md(r.final, r.floor)
     lines += _best_md(r)

@@ -338,6 +338,7 @@ class RunReport:
     floor: dict | None = None  # builtin:synthetic only
     untie_step: int | None = None  # the step at which an untie_at run is to split in two
     decay_embeddings: bool | None = None
+    ledger: dict | None = None  # ledger.Ledger: what E and W_out received (lr, decay, init, V·d's share)
     resumed_at_steps: list = field(default_factory=list)
     # the end
     final: dict | None = None  # split -> evaluate.summarize_nll's result

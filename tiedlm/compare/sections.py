@@ -1,6 +1,8 @@
 """The sections of a comparison's report that belong to one feature, as text: the effect over
-training (its sentences, table and caption), the sequential design (its sentence and looks) and
-the tuning (its table, choices, cost and the verdict at the shared value). report.py puts them in
+training (its sentences, table and caption), the sequential design (its sentence and looks),
+the tuning (its table, choices, cost and the verdict at the shared value) and the confound
+ledger (what each variant's E and W_out received, and whether the contrasted ones differ in more
+than the tie). report.py puts them in
 its one order, for the terminal and for comparison.md; the figures they point to are plots.py's.
 Pure functions of the Comparison; nothing here computes a statistic or reads a run."""
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..formatting import MISSING, fmt_count, fmt_signed, markdown_table, percent
+from ..ledger import FROM_CONFIG, differs_sentence, share_words, value_words
 from .plots import TRAJECTORY_PLOT, TUNE_PLOT
 from .sequential import FIRST_SEEDS, fmt_pvalue, look_words, mc_paths
 from .stats import fmt_threshold
@@ -424,3 +427,44 @@ def _joint_markdown(tuning: Tuning) -> list[str]:
     if table is None or sentence is None:
         return []
     return ["", "### Which key moved the verdict", "", sentence, "", markdown_table(*table)]
+
+
+# ============================================================================ the confound ledger
+
+
+def _ledger_row(v: Any) -> list[str]:
+    g, w = v.ledger, value_words
+    return [v.name, g.head_init, f"{w('lr', g.lr)} → {w('min_lr', g.min_lr)}",
+            " / ".join(w(k, getattr(g, k)) for k in ("weight_decay_e", "weight_decay_w_out", "weight_decay_other")),
+            f"{w('init_std_e', g.init_std_e)} / {w('init_std_w_out', g.init_std_w_out)}", g.embed_scale,
+            w("lm_head_bias", g.lm_head_bias), share_words(g)]
+
+
+def confound_lines(c: Comparison) -> list[str]:
+    """One line per contrast: "tied vs untied: the variants differ only in the tie." or what else
+    they differ in (ledger.differences)."""
+    return [f"{v.label} vs {v.vs_baseline.baseline}: {differs_sentence(v.vs_baseline.confounds)}"
+            for v in c.variants if v.vs_baseline is not None and v.vs_baseline.confounds is not None]
+
+
+def ledger_markdown(c: Comparison) -> list[str]:
+    """comparison.md's confound ledger: per variant what E and W_out received, then per contrast
+    whether the two differ in more than the tie."""
+    shown = [v for v in c.variants if v.ledger is not None]
+    if not shown:
+        return []
+    rows = [_ledger_row(v) for v in shown]
+    md = ["", "## Confound ledger", "",
+          "What each variant's embedding matrices received besides the tie: W_out at the start, the learning rate "
+          "(→ where the cosine ends), AdamW weight decay on E / W_out's own parameters / the other matrices, the "
+          "init std of E / W_out, the input embedding scale, a head bias, and V·d with its share of the "
+          "variant's parameters.", "",
+          markdown_table(["variant", "W_out at the start", "lr", "weight decay E / W_out / other", "init std E / W_out",
+                          "embed scale", "head bias", "V·d"], rows, "lllllrll")]
+    lines = confound_lines(c)
+    md += ["", *(f"- {line}" for line in lines)] if lines else []
+    old = [v.label for v in shown if v.ledger.source == FROM_CONFIG]
+    if old:
+        md += ["", f"Not recorded by the runs of {', '.join(old)} (written before the ledger): computed from their "
+                   "stored configs and parameter counts."]
+    return md

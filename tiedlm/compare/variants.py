@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from ..config import Config
 from ..errors import ConfigError
+from ..ledger import Ledger, differences, stored_ledger
 from ..nats import perplexity, relative
 from ..naming import scalar, short_keys
 from ..tie import STORED_KEYS
@@ -149,6 +150,7 @@ class Contrast:
     train_flops_per_token: float | None = None  # the variant's, then the reference's
     baseline_train_flops_per_token: float | None = None
     train_flops_relative: float | None = None  # total training FLOPs, variant / reference − 1
+    confounds: list[str] | None = None  # ledger.differences: what else than the tie tells the two apart
 
     def split(self, name: str) -> SplitContrast | None:
         return self.splits.get(name)
@@ -167,7 +169,8 @@ class Contrast:
                 "params_difference": self.params_difference, "params_relative": self.params_relative,
                 "parameter_matched": self.parameter_matched, "train_flops_per_token": self.train_flops_per_token,
                 "baseline_train_flops_per_token": self.baseline_train_flops_per_token,
-                "train_flops_relative": self.train_flops_relative, "compute_matched": self.compute_matched}
+                "train_flops_relative": self.train_flops_relative, "compute_matched": self.compute_matched,
+                "confounds": self.confounds}
 
 
 # ============================================================================ variants
@@ -199,6 +202,7 @@ class Variant:
     is_baseline: bool = False
     vs_baseline: Contrast | None = None  # against the baseline, or its matched untied variant
     verdicts: list[str] = field(default_factory=list)  # the verdict, confirmation and seeds-needed sentences
+    ledger: Ledger | None = None  # what its E and W_out received: its first run's, recorded or from its config
 
     @property
     def n_seeds(self) -> int:
@@ -243,7 +247,8 @@ class Variant:
                 "matrices": {k: s.to_json() for k, s in self.matrices.items()},
                 "is_baseline": self.is_baseline,
                 "vs_baseline": self.vs_baseline.to_json() if self.vs_baseline else None,
-                "verdicts": self.verdicts}
+                "verdicts": self.verdicts,
+                "ledger": ({**self.ledger.to_json(), "source": self.ledger.source} if self.ledger else None)}
 
 
 @dataclass
@@ -421,7 +426,7 @@ def aggregate(label: str, runs: list[LoadedRun], key: str = "") -> Variant:
         floor=next((r.report.floor for r in runs if isinstance(r.report.floor, dict)), None),
         tokenizer_kind=first.config.tokenizer.kind,
         curve=_curve(runs), best_points=_best_points(runs), matrices=_matrices(runs), resolution=resolution(first),
-        key=key or first.config_hash,
+        key=key or first.config_hash, ledger=stored_ledger(report.ledger, first.config, first.params),
     )
 
 
@@ -465,4 +470,6 @@ def versus(variant: Variant, base: Variant, kind: str = "baseline") -> Contrast:
         fv, fb = out.train_flops_per_token, out.baseline_train_flops_per_token
     if fv is not None and fb:
         out.train_flops_relative = fv / fb - 1.0
+    if variant.ledger is not None and base.ledger is not None:
+        out.confounds = differences(variant.ledger, base.ledger, variant.config, base.config)
     return out

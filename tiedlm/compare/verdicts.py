@@ -156,6 +156,14 @@ def seeds_sentence(d: SplitContrast | None) -> str | None:
     return head + f". The observed {observed} would need more than {SEEDS_CAP:,} seeds per variant."
 
 
+def confounds_sentence(vs: Contrast) -> str | None:
+    """What the variant differs from its reference in besides the tie (ledger.differences), when
+    anything: a reader should not take the effect for the tie's alone."""
+    if not vs.confounds:
+        return None
+    return f"Besides the tie, it also differs from {vs.baseline} in: {'; '.join(vs.confounds)} (the confound ledger)."
+
+
 def params_sentence(total: int | None, vs: Contrast) -> str | None:
     if vs.params_relative is None or total is None:
         return None
@@ -232,7 +240,8 @@ def verdicts_for(v: Variant, c: Comparison) -> list[str]:
     if first is None:
         return []
     reference = next((x for x in c.variants if x.label == vs.baseline), None)
-    extra = [s for s in (params_sentence(v.params.get("total"), vs), flops_sentence(vs, v, reference)) if s]
+    extra = [s for s in (params_sentence(v.params.get("total"), vs), flops_sentence(vs, v, reference),
+                         confounds_sentence(vs)) if s]
     lines = [" ".join([first] + extra)]
     lines += [line for s in c.confirmations if (line := confirmation(main, vs.split(s), s))]
     seeds = seeds_sentence(main)

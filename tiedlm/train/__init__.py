@@ -35,6 +35,7 @@ from .optim import budget_steps, build_optimizer, lr_at, untie_step, untie_with_
 from ..distributed import check_in_step, is_main_process
 from .selection import BestTracker, evaluate_best, keep_best_weights, stop_reason
 from ..process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
+from ..ledger import ledger_of
 from ..report_md import overtrained_text
 from .preflight import Preflight, preflight
 from .step import BatchSampler, train_step  # noqa: F401 (train_step: the loop's step, also used by tests)
@@ -246,7 +247,8 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     record.write(params=params, flops_per_token=flops_per_token(cfg.model, pre.data.model_vocab_size, per_forward,
                                                                 per_forward * cfg.train.grad_accum),
                  total_steps=pre.total_steps, data=pre.data.info, floor=pre.data.floor,
-                 untie_step=pre.untie_step, decay_embeddings=cfg.train.decay_embeddings)
+                 untie_step=pre.untie_step, decay_embeddings=cfg.train.decay_embeddings,
+                 ledger=ledger_of(cfg, params).to_json())
     return model, optimizer, sampler
 
 

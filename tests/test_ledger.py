@@ -1,0 +1,126 @@
+"""The confound ledger (tiedlm/ledger.py): what each variant's E and W_out received, checked
+against built models and their optimizer, recorded by a training run, and rendered by compare
+(with runs written before the ledger computed from their stored configs)."""
+
+import json
+import math
+
+import pytest
+
+import tiedlm.compare as C
+from tests.test_compare import TIED, UNTIED, make_run
+from tiedlm import runs as run_folder
+from tiedlm.ledger import FROM_CONFIG, INIT_STD, RECORDED, Ledger, differences, differs_sentence, ledger_of
+
+V = 64
+MODES = {  # overrides -> (W_out is E, W_out's values equal E's at the start)
+    "tied": ([], True, True),
+    "untied": (["model.tie_embeddings=false"], False, False),
+    "soft": (["model.tie_embeddings=false", "model.tie_mode=soft", "model.tie_strength=0.1"], False, True),
+    "pull": (["model.tie_embeddings=false", "model.tie_mode=pull", "model.tie_strength=10"], False, True),
+    "projection": (["model.tie_mode=projection"], True, True),
+    "lowrank": (["model.tie_mode=lowrank", "model.untie_rank=4"], True, True),
+    "split": (["model.tie_mode=split", "model.untie_rank=4"], True, True),
+    "untie_at": (["model.untie_at=0.5"], True, True),
+}
+
+
+def _built(cfg):
+    import torch
+
+    from tiedlm.model import GPT, count_params
+    from tiedlm.train.optim import build_optimizer
+
+    torch.manual_seed(0)
+    model = GPT(cfg.model, V)
+    return model, build_optimizer(model, cfg.train), count_params(model)
+
+
+def _decay_of(optimizer, p) -> float:
+    return next(g["weight_decay"] for g in optimizer.param_groups if any(q is p for q in g["params"]))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("decay_embeddings", [True, False])
+def test_the_ledger_says_what_a_built_model_and_its_optimizer_give_the_matrices(tiny, mode, decay_embeddings):
+    import torch
+
+    overrides, shared, equal = MODES[mode]
+    cfg = tiny(*overrides, "train.weight_decay=0.05", f"train.decay_embeddings={str(decay_embeddings).lower()}",
+               "train.lr=0.003")
+    model, optimizer, params = _built(cfg)
+    g = ledger_of(cfg, params)
+    e, w_out = model.transformer.wte.weight, model.lm_head.weight
+    assert (w_out is e) == shared
+    assert torch.equal(w_out, e) == equal and g.head_init.startswith("its own draw") == (not equal)
+    assert e.std().item() == pytest.approx(INIT_STD, rel=0.1) and g.init_std_e == INIT_STD
+    assert w_out.std().item() == pytest.approx(INIT_STD, rel=0.1) and g.init_std_w_out == INIT_STD
+    assert g.weight_decay_e == _decay_of(optimizer, e) == (0.05 if decay_embeddings else 0.0)
+    own = {"projection": [model.head_proj] if mode == "projection" else [],
+           "lowrank": [model.head_a, model.head_b] if mode == "lowrank" else [],
+           "split": [model.head_own] if mode == "split" else []}.get(mode, [w_out])
+    own = [p.weight if hasattr(p, "weight") else p for p in own]
+    assert {_decay_of(optimizer, p) for p in own} == {g.weight_decay_w_out}
+    assert g.weight_decay_other == _decay_of(optimizer, model.transformer.h[0].attn.c_attn.weight) == 0.05
+    assert (g.lr, g.min_lr, g.tie) == (0.003, cfg.train.min_lr, cfg.model.tie.label)
+    assert g.vd == V * 16 and g.vd_share == pytest.approx(V * 16 / sum(p.numel() for p in model.parameters()))
+    assert ("untie_at" in g.head_init) == (mode == "untie_at")
+
+
+def test_differences_name_what_is_not_the_tie(tiny):
+    tied, untied = tiny(), tiny("model.tie_embeddings=false")
+    a, b = ledger_of(tied, {"wte": 960, "total": 5000}), ledger_of(untied, {"wte": 960, "total": 5960})
+    assert a.head_init != b.head_init and a.vd_share != b.vd_share  # the tie's own: not a confound
+    assert differences(a, b, tied, untied) == []
+    assert differs_sentence([]) == "the variants differ only in the tie."
+    tuned = tiny("model.tie_embeddings=false", "train.lr=0.01", "train.decay_embeddings=false", "model.dropout=0.1")
+    found = differences(a, ledger_of(tuned, None), tied, tuned)
+    assert found == ["learning rate 0.001 vs 0.01", "weight decay on E 0.1 vs 0", "weight decay on W_out 0.1 vs 0",
+                     "model.dropout 0 vs 0.1"]
+    assert differs_sentence(found).startswith("they also differ in: learning rate 0.001 vs 0.01; weight decay on E")
+    ratio = tiny("train.min_lr_ratio=0.5")  # the schedule's end, said once as the ledger's field
+    assert differences(a, ledger_of(ratio, None), tied, ratio) == ["final learning rate 0.0001 vs 0.0005"]
+
+
+def test_a_ledger_survives_report_json_and_an_unreadable_one_is_recomputed(tiny):
+    g = ledger_of(tiny(), {"wte": 960, "total": 5000})
+    back = Ledger.from_json(json.loads(json.dumps(g.to_json())))
+    assert back == g and back.source == RECORDED
+    assert Ledger.from_json({"tie": "tied"}) is None and Ledger.from_json(None) is None
+    assert ledger_of(tiny(), None).vd is None  # no parameter breakdown: V·d not recorded
+
+
+def test_a_training_run_records_its_ledger(tiny, tmp_path):
+    from tiedlm import train_run
+
+    run = train_run(tiny("model.tie_embeddings=false", "train.decay_embeddings=false"), out=tmp_path, progress=False)
+    report = run_folder.read_report(run)
+    g = Ledger.from_json(report.ledger)
+    assert g is not None and g.tie == "untied" and g.weight_decay_w_out == 0.0 and g.weight_decay_other == 0.1
+    assert g.vd == report.params["wte"] and g.vd_share == pytest.approx(report.params["wte"] / report.params["total"])
+    md = (run / "report.md").read_text()
+    assert "## Confound ledger" in md and "- weight decay: E 0, W_out 0, other matrices 0.1" in md
+    assert f"W_out at the start: its own draw, normal(0, {INIT_STD:g})" in md
+
+
+def test_a_comparison_renders_the_ledger_and_says_what_else_differs(tmp_path):
+    runs = tmp_path / "runs"
+    for seed, (t, u) in enumerate(((57.0, 59.2), (58.1, 60.0), (57.4, 60.1))):
+        make_run(runs, f"tied-s{seed}", seed, TIED + ["train.lr=0.003"], val=t)
+        make_run(runs, f"untied-s{seed}", seed, UNTIED + ["train.lr=0.01"], val=u)
+    # one run's report records its ledger; the others predate it and are computed from their configs
+    record = run_folder.read_report(runs / "tied-s0")
+    run_folder.RunRecord(runs / "tied-s0", record).write(ledger=ledger_of(record.config, record.params).to_json())
+    c = C.compare_runs(runs_dir=runs)
+    tied, untied = c.variant("tied, lr=0.003"), c.variant("untied, lr=0.01")
+    assert tied.ledger.source == RECORDED and untied.ledger.source == FROM_CONFIG
+    assert tied.vs_baseline.confounds == ["learning rate 0.003 vs 0.01"]
+    assert "Besides the tie, it also differs from untied, lr=0.01 in: learning rate 0.003 vs 0.01" in tied.verdicts[0]
+    md = (runs / "compare" / "comparison.md").read_text()
+    assert "## Confound ledger" in md
+    assert "- tied, lr=0.003 vs untied, lr=0.01: they also differ in: learning rate 0.003 vs 0.01." in md
+    assert "| E itself (one matrix) | 0.003 → 0.0001 | 0.1 / 0.1 / 0.1 | 0.02 / 0.02 |" in md
+    assert "Not recorded by the runs of untied, lr=0.01 (written before the ledger)" in md
+    data = json.loads((runs / "compare" / "comparison.json").read_text())
+    assert data["variants"][1]["vs_baseline"]["confounds"] == ["learning rate 0.003 vs 0.01"]
+    assert math.isclose(data["variants"][1]["ledger"]["vd_share"], tied.ledger.vd_share)
