@@ -38,7 +38,7 @@ def run_config(family: str, *extra: str):
                         "model.n_head=2", "model.block_size=16", "tokenizer.vocab_size=128", "train.max_steps=2",
                         "train.warmup_steps=1", "train.batch_size=4", "train.eval_every=0",
                         "data.synthetic.train_tokens=4000", "data.synthetic.validation_tokens=600",
-                        "data.synthetic.test_tokens=600", "train.device=cpu", *extra])
+                        "data.synthetic.test_tokens=600", "train.device=cpu", "train.threads=1", *extra])
 
 
 @pytest.mark.parametrize("tied", [True, False])

@@ -24,7 +24,7 @@ pytest.importorskip("transformers")
 
 DATA = ["data.synthetic.train_tokens=4000", "data.synthetic.validation_tokens=600", "data.synthetic.test_tokens=600",
         "data.synthetic.seed=3", "train.max_steps=2", "train.warmup_steps=1", "train.batch_size=4",
-        "train.eval_every=0", "train.device=cpu"]
+        "train.eval_every=0", "train.device=cpu", "train.threads=1"]
 
 
 def _pretrain(tmp: Path, name: str, *extra: str) -> Path:
@@ -185,3 +185,36 @@ def test_a_missing_folder_tokenizer_or_hub_id_offline_is_one_line(exports, tmp_p
         start(bare)
     with pytest.raises(ConfigError, match="model.tie_from applies to a pretrained start"):
         load_config(None, ["model.tie_from=mean", "train.max_steps=2"])
+
+
+def test_eval_also_scores_the_old_domain_before_and_after(exports, tmp_path, monkeypatch):
+    """The start's score on eval.also's test split is the pretrained run's own final test score
+    (the same tokens, the same weights), and the adapted run's last and kept best weights are scored
+    on it too."""
+    from tiedlm.train import train_run
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    old = {"path": "builtin:synthetic", "synthetic": {"vocab_size": 4096, "n_classes": 64, "successors": 4, "zipf": 1.1,
+                                                      "train_tokens": 4000, "validation_tokens": 600,
+                                                      "test_tokens": 600, "seed": 0}}
+    cfg = start(exports["qwen2-tied"], "train.max_steps=4", "train.eval_every=2", "train.keep_best=true",
+                "eval.also=" + json.dumps(old))
+    run = train_run(cfg, out=tmp_path / "runs", progress=False)
+    also = json.loads((run / "report.json").read_text())["also"]
+    pretrained = json.loads(next((exports["qwen2-tied"].parent / "runs-qwen2-tied").glob("*/report.json")).read_text())
+    assert also["split"] == "test" and also["data"] == "builtin:synthetic"
+    assert also["before"]["tokens"] == pretrained["final"]["test"]["tokens"]
+    assert also["before"]["loss"] == pytest.approx(pretrained["final"]["test"]["loss"], rel=1e-6)
+    assert also["after"]["loss"] != also["before"]["loss"] and "after_best" in also
+
+
+@pytest.mark.parametrize("also, message", [
+    ("[1, 2]", "eval.also must be"),
+    ('{"carve": "sideways"}', "eval.also: data.carve must be random or contiguous"),
+])
+def test_eval_also_that_cannot_be_read_is_refused_in_one_line(exports, also, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        start(exports["qwen2-tied"], f"eval.also={also}")
+    assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="tokenizer.kind is word"):
+        load_config(ROOT / "configs" / "base.yaml", ['eval.also={"path": "builtin:shakespeare"}'])

@@ -71,7 +71,7 @@ RUN_NAME_RULE = ("letters, digits, '-', '_', '.', '=' and '+', not starting with
                  f"at most {RUN_NAME_LIMIT} characters")
 _RUN_NAME_CHARS = re.compile(r"[A-Za-z0-9_.=+-]*")
 
-MAPPING_VALUES = ("data_files", "hf_overrides")  # keys whose value is a mapping of their own: one leaf
+MAPPING_VALUES = ("data_files", "hf_overrides", "also")  # keys whose value is a mapping of their own: one leaf
 
 
 def flatten(data: dict, prefix: str = "") -> dict:

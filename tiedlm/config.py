@@ -172,6 +172,9 @@ class EvalConfig:
     stride: int | None = None  # window stride; None = block_size (every token scored once, no overlap)
     buckets: list[float] = field(default_factory=lambda: [0.1, 0.5])  # cumulative vocabulary fractions
     batch_size: int = 16
+    # another data set (a data section's keys) whose test split is scored with the run's tokenizer
+    # before training and after: what an adaptation forgets of its old domain (tokenizer.kind pretrained)
+    also: dict | None = None
 
 
 @dataclass
@@ -401,7 +404,27 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         data["seed"] = seed
     cfg = from_dict(data)
     _check_rank_given(cfg, data)
+    if cfg.eval.also is not None:
+        also_config(cfg)  # its data keys checked now, before any run
     return cfg
+
+
+def also_config(cfg: Config) -> Config:
+    """The config of eval.also's data: the run's with its data section replaced (the tokenizer, a
+    tokenizer.json, encodes it as it encodes the run's own)."""
+    if not isinstance(cfg.eval.also, dict) or not cfg.eval.also:
+        raise ConfigError(f"eval.also must be a data section (path, name, data_files, ...), got {cfg.eval.also!r} "
+                          "— e.g. {path: builtin:shakespeare}")
+    if cfg.tokenizer.kind != "pretrained":
+        raise ConfigError(f"eval.also scores another data set with the run's own tokenizer, which must be a file: "
+                          f"tokenizer.kind is {cfg.tokenizer.kind} — use tokenizer.kind: pretrained (a pretrained start, "
+                          "model.init_from, has its folder's)")
+    data = to_dict(cfg)
+    data["data"], data["eval"]["also"] = copy.deepcopy(cfg.eval.also), None
+    try:
+        return from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"eval.also: {exc}") from None
 
 
 def _check_rank_given(cfg: Config, data: dict) -> None:

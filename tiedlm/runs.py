@@ -339,6 +339,7 @@ class RunReport:
     untie_step: int | None = None  # the step at which an untie_at run is to split in two
     decay_embeddings: bool | None = None
     ledger: dict | None = None  # ledger.Ledger: what E and W_out received (lr, decay, init, V·d's share)
+    also: dict | None = None  # eval.also: another data set's test split before and after training
     resumed_at_steps: list = field(default_factory=list)
     # the end
     final: dict | None = None  # split -> evaluate.summarize_nll's result

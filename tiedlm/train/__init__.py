@@ -37,6 +37,7 @@ from .selection import BestTracker, evaluate_best, keep_best_weights, stop_reaso
 from ..process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
 from ..ledger import ledger_of
 from ..report_md import overtrained_text
+from .also import also_record, score_also
 from .preflight import Preflight, preflight
 from .step import BatchSampler, train_step  # noqa: F401 (train_step: the loop's step, also used by tests)
 from ..tensorboard import TrainingLog
@@ -143,7 +144,10 @@ def _train(cfg: Config, run_dir: Path, device: Any, progress: bool, stop_after_s
             model = _train_loop(cfg, run_dir, pre, record, state, signals, interrupted, progress, stop_after_step)
             check_in_step(pre.dist, model, pre.device)
             final = final_evaluation(cfg, run_dir, pre, model, state, signals, interrupted)
-            final_best = _best_evaluation(cfg, run_dir, pre, model, state, signals, interrupted, final)
+            also = [score_also(cfg, pre, model)] if pre.also is not None else None
+            final_best = _best_evaluation(cfg, run_dir, pre, model, state, signals, interrupted, final, also)
+            if also is not None and main:
+                record.write(also=also_record(cfg, record.report.also["before"], *also))
             _finish(record, cfg, pre, model, state, final, final_best, wall_before + time.time() - t_start)
         except (Interrupted, DivergedError):
             raise
@@ -181,7 +185,8 @@ def _start_record(cfg: Config, run_dir: Path, pre: Preflight) -> runs.RunRecord:
         versions=versions(), git_commit=git_commit(), command=" ".join(sys.argv),
         data_identity=data_identity(pre.data))
     if pre.old_report is not None and pre.loaded is not None:
-        report.update(started_at=pre.old_report.started_at or report.started_at,
+        report.update(also=pre.old_report.also,
+                      started_at=pre.old_report.started_at or report.started_at,
                       resumed_at_steps=list(pre.old_report.resumed_at_steps),
                       wall_time_s=pre.old_report.wall_time_s)
     record = runs.RunRecord(run_dir, report)
@@ -221,6 +226,10 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     model = build_model(cfg.model, pre.data.model_vocab_size).to(pre.device)
     model.check_tie(not cfg.model.tie.two_matrices)
     freeze_all_but(model, cfg.train.trainable)
+    if pre.also is not None and pre.loaded is None:  # the start's score (a resume keeps the first attempt's)
+        before = score_also(cfg, pre, model)
+        if main:
+            record.write(also=also_record(cfg, before))
     params = _params(model, pre.data)
     optimizer = build_optimizer(model, cfg.train)
     if pre.loaded is not None:
@@ -492,17 +501,26 @@ def final_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: T
 
 
 def _best_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: TrainState, signals: StopSignals,
-                     interrupted: Callable, final: dict) -> dict | None:
+                     interrupted: Callable, final: dict, also: list | None = None) -> dict | None:
     """With train.keep_best, the kept best weights scored like the last ones (the same numbers,
-    without a second pass, when the best evaluation is the last one)."""
+    without a second pass, when the best evaluation is the last one). With eval.also, `also` holds
+    its score of the last weights, and gets that of the best ones appended."""
     best = state.best
     if not cfg.train.keep_best or best.weights is None:
         return None
     if best.step == state.step:
+        if also is not None:
+            also.append(also[0])
         return final
     log(f"{run_dir.name}: scoring the best weights (step {best.step}) too")
-    return evaluate_best(run_dir, model, best, lambda m: final_evaluation(
-        cfg, run_dir, pre, m, state, signals, interrupted, weights="best"))
+
+    def score(m):
+        result = final_evaluation(cfg, run_dir, pre, m, state, signals, interrupted, weights="best")
+        if also is not None:
+            also.append(score_also(cfg, pre, m))
+        return result
+
+    return evaluate_best(run_dir, model, best, score)
 
 
 def _finish(record: runs.RunRecord, cfg: Config, pre: Preflight, model, state: TrainState, final: dict,

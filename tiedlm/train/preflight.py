@@ -14,6 +14,7 @@ from ..config import Config
 from ..errors import ConfigError, RunError
 from ..tensorboard import TrainingLog, require
 from .optim import budget_steps, check_warmup, untie_step
+from .also import prepare_also
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Preflight:
     old_report: runs.RunReport | None = None
     tb: TrainingLog | None = None  # train.log_to: tensorboard, opened by the loop once the model is built
     dist: Any = None  # distributed.Dist: this process's rank among the run's processes (one by default)
+    also: Any = None  # eval.also's data.PreparedData, or None
 
 
 def preflight(cfg: Config, run_dir: Path, device: Any, fresh: bool, progress: bool, d: Any = None) -> Preflight:
@@ -71,5 +73,6 @@ def preflight(cfg: Config, run_dir: Path, device: Any, fresh: bool, progress: bo
                        "or tokenizer key differ), so its checkpoint no longer fits the tokens — restore the "
                        "data, or start afresh with --overwrite")
     check_fits(cfg.model, data.model_vocab_size, max(cfg.train.batch_size, cfg.eval.batch_size), device)
+    also = prepare_also(cfg, d, progress)
     return Preflight(device, resolve_dtype(cfg.train.dtype, device), total, untie_step(cfg, total), data,
-                     ckpt, note, loaded, old, dist=d)
+                     ckpt, note, loaded, old, dist=d, also=also)
