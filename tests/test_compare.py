@@ -485,7 +485,8 @@ def test_comparison_json_keys(tmp_path):
                           "flops_per_token", "train_flops", "cost", "device", "dtype", "resolution", "floor",
                           "tokenizer_kind", "curve", "best_points", "matrices", "is_baseline", "vs_baseline", "verdicts",
                           "ledger"]
-    assert list(tied["ledger"]) == ["tie", "head_init", "lr", "min_lr", "weight_decay_e", "weight_decay_w_out",
+    assert list(tied["ledger"]) == ["tie", "init", "head_init", "frozen", "lr", "min_lr", "weight_decay_e",
+                                    "weight_decay_w_out",
                                     "weight_decay_other", "init_std_e", "init_std_w_out", "embed_scale", "lm_head_bias",
                                     "vd", "vd_share", "source"]
     assert tied["vs_baseline"]["confounds"] == []  # the pair differs only in the tie

@@ -67,6 +67,41 @@ def test_the_ledger_says_what_a_built_model_and_its_optimizer_give_the_matrices(
     assert ("untie_at" in g.head_init) == (mode == "untie_at")
 
 
+@pytest.mark.parametrize("overrides, trainable, frozen", [
+    (["model.tie_embeddings=false"], "head", "E and the blocks"),
+    ([], "head", "the blocks"),  # tied: E is W_out, and trains
+    (["model.tie_embeddings=false"], "embeddings", "the blocks"),
+    (["model.tie_embeddings=false"], "all", "nothing"),
+])
+def test_the_ledger_says_what_train_trainable_froze(tiny, overrides, trainable, frozen):
+    from tiedlm.model import freeze_all_but
+
+    cfg = tiny(*overrides, f"train.trainable={trainable}")
+    model, _, params = _built(cfg)
+    freeze_all_but(model, trainable)
+    g = ledger_of(cfg, params)
+    assert g.frozen == frozen
+    assert model.transformer.wte.weight.requires_grad == ("E" not in frozen)
+    assert model.lm_head.weight.requires_grad
+    assert model.transformer.h[0].attn.c_attn.weight.requires_grad == (frozen == "nothing")
+
+
+def test_a_pretrained_start_is_the_checkpoint_s_initialisation(tiny):
+    import dataclasses
+
+    cfg = tiny("model.tie_embeddings=false")
+    start = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_from="exports/base-tied"))
+    params = {"wte": 960, "total": 5960, "start": {"init_from": "exports/base-tied", "checkpoint_tied": True,
+                                                   "start": "untied by copy: W_out starts as a copy of E"}}
+    g = ledger_of(start, params)
+    assert g.init == "the checkpoint exports/base-tied" and g.init_std_e is None and g.init_std_w_out is None
+    assert g.head_init == "the checkpoint's (untied by copy: W_out starts as a copy of E)"
+    fresh = ledger_of(cfg, params)
+    assert differences(g, fresh, start, cfg) == [
+        "initialisation the checkpoint exports/base-tied vs normal(0, 0.02), drawn at the run's seed",
+        "init std of E — vs 0.02", "init std of W_out — vs 0.02"]  # model.init_from is said once, as init
+
+
 def test_differences_name_what_is_not_the_tie(tiny):
     tied, untied = tiny(), tiny("model.tie_embeddings=false")
     a, b = ledger_of(tied, {"wte": 960, "total": 5000}), ledger_of(untied, {"wte": 960, "total": 5960})
@@ -80,6 +115,8 @@ def test_differences_name_what_is_not_the_tie(tiny):
     assert differs_sentence(found).startswith("they also differ in: learning rate 0.001 vs 0.01; weight decay on E")
     ratio = tiny("train.min_lr_ratio=0.5")  # the schedule's end, said once as the ledger's field
     assert differences(a, ledger_of(ratio, None), tied, ratio) == ["final learning rate 0.0001 vs 0.0005"]
+    head = tiny("model.tie_embeddings=false", "train.trainable=head")
+    assert differences(ledger_of(head, None), b, head, untied) == ["frozen E and the blocks vs nothing"]
 
 
 def test_a_ledger_survives_report_json_and_an_unreadable_one_is_recomputed(tiny):

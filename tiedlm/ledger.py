@@ -9,11 +9,14 @@ variant, what E and W_out received:
 - the AdamW weight decay on E, on W_out's own parameters (E's when W_out is E: one matrix, decayed
   once) and on the other matrices (train/optim.py: the embedding matrices, model.embedding_parameters,
   follow train.decay_embeddings; every other matrix is decayed at train.weight_decay);
-- the initial scale: the std of E and of W_out (model.GPT._init_weights draws both from
-  normal(0, 0.02); an `arch: hf` family initialises by its own rules) and the input scale
-  (model.embed_scale);
+- the initialisation and the initial scale: a fresh draw (model.GPT._init_weights draws E and
+  W_out from normal(0, 0.02); an `arch: hf` family initialises by its own rules) or a pretrained
+  start (model.init_from: the checkpoint's weights), the std of E and of W_out where tiedlm draws
+  them, and the input scale (model.embed_scale);
 - the head's initialisation: E itself (tied), its own draw (untied), a copy of E (soft, pull, and
-  untie_at at its split), or built from E (projection, lowrank, split: W_out starts as E);
+  untie_at at its split), or built from E (projection, lowrank, split: W_out starts as E); from a
+  checkpoint, what the run's tie did to the checkpoint's (pretrained.describe_start);
+- what train.trainable freezes (E, when only an untied head trains; the blocks);
 - V·d and its share of the model's parameters (the run's parameter breakdown).
 
 `differences` names what two variants differ in beyond the tie: the ledger's fields and any other
@@ -37,18 +40,18 @@ if TYPE_CHECKING:
     from .config import Config
 
 INIT_STD = 0.02  # model.GPT._init_weights: normal(0, 0.02) for every matrix and embedding
-TIE_KEYS = (*STORED_KEYS, "model.untie_at")  # the tie itself: what a difference in is not a confound
+TIE_KEYS = (*STORED_KEYS, "model.untie_at", "model.tie_from")  # the tie itself: what a difference in is not a confound
 RECORDED = "recorded by the run"
 FROM_CONFIG = "computed from the run's stored config (the run predates the ledger)"
 # (field, words): the ledger's fields two variants are compared on, in the order a difference is said
-COMPARED = (("lr", "learning rate"), ("min_lr", "final learning rate"), ("weight_decay_e", "weight decay on E"),
+COMPARED = (("init", "initialisation"), ("frozen", "frozen"), ("lr", "learning rate"), ("min_lr", "final learning rate"), ("weight_decay_e", "weight decay on E"),
             ("weight_decay_w_out", "weight decay on W_out"),
             ("weight_decay_other", "weight decay on the other matrices"),
             ("init_std_e", "init std of E"), ("init_std_w_out", "init std of W_out"),
             ("embed_scale", "input embedding scale"), ("lm_head_bias", "head bias"))
 # config keys the ledger's fields already say: not repeated as "other keys"
 COVERED_KEYS = ("train.lr", "train.min_lr", "train.min_lr_ratio", "train.weight_decay", "train.decay_embeddings",
-                "model.embed_scale", "model.lm_head_bias")
+                "model.embed_scale", "model.lm_head_bias", "model.init_from", "train.trainable")
 
 
 @dataclass(frozen=True)
@@ -57,13 +60,15 @@ class Ledger:
     own initialisation; V·d where no parameter breakdown was recorded)."""
 
     tie: str  # Tie.label
+    init: str  # where the weights come from: a fresh draw, or a checkpoint (model.init_from)
     head_init: str  # how W_out starts
+    frozen: str  # what train.trainable freezes: nothing, the blocks, or E and the blocks
     lr: float
     min_lr: float
     weight_decay_e: float
     weight_decay_w_out: float  # on W_out's own parameters; E's when W_out is E
     weight_decay_other: float  # on every other matrix (biases and norm gains never)
-    init_std_e: float | None
+    init_std_e: float | None  # None: not drawn by tiedlm (an arch: hf family's own rules, or a checkpoint)
     init_std_w_out: float | None
     embed_scale: str  # "1" or "sqrt_d": the input side sees E or √d·E
     lm_head_bias: bool
@@ -86,9 +91,20 @@ class Ledger:
             return None
 
 
-def _head_init(cfg: Config, hf: bool) -> str:
+def _init(cfg: Config, hf: bool) -> str:
+    """Where the weights come from, in words."""
+    if cfg.model.init_from:
+        return f"the checkpoint {cfg.model.init_from}"
+    return "the family's own initialisation" if hf else f"normal(0, {INIT_STD:g}), drawn at the run's seed"
+
+
+def _head_init(cfg: Config, hf: bool, params: dict) -> str:
     """How W_out starts, in words."""
     tie, untie_at = cfg.model.tie, cfg.model.untie_at
+    if cfg.model.init_from:
+        start = params.get("start")
+        words = start.get("start") if isinstance(start, dict) else None
+        return f"the checkpoint's ({words})" if words else "the checkpoint's"
     own = "its own draw, by the family's initialisation" if hf else f"its own draw, normal(0, {INIT_STD:g})"
     words = {"tied": "E itself (one matrix)",
              "untied": own,
@@ -100,6 +116,16 @@ def _head_init(cfg: Config, hf: bool) -> str:
     if tie.mode == "tied" and untie_at:
         return f"E itself until {untie_at:g} of training, then a copy of E trained apart (untie_at)"
     return words
+
+
+def _frozen(cfg: Config) -> str:
+    """What train.trainable leaves untrained (model.freeze_all_but)."""
+    trainable = cfg.train.trainable
+    if trainable == "all":
+        return "nothing"
+    if trainable == "head" and cfg.model.tie.two_matrices:
+        return "E and the blocks"  # only W_out (and a mode's own head parameters) trains
+    return "the blocks"  # head of a tied model (E is W_out), or the embeddings
 
 
 def _decays(cfg: Config) -> tuple[float, float, float]:
@@ -118,13 +144,14 @@ def _decays(cfg: Config) -> tuple[float, float, float]:
 def ledger_of(cfg: Config, params: dict | None, source: str = RECORDED) -> Ledger:
     """The ledger of a run of `cfg` whose parameter breakdown (model.count_params) is `params`."""
     hf = cfg.model.family.built_by_transformers
-    std = None if hf else INIT_STD
+    std = None if hf or cfg.model.init_from else INIT_STD
     e, w_out, other = _decays(cfg)
     p = params if isinstance(params, dict) else {}
     vd, total = p.get("wte"), p.get("total")
     vd = vd if isinstance(vd, int) else None
     share = vd / total if vd is not None and isinstance(total, int) and total > 0 else None
-    return Ledger(tie=cfg.model.tie.label, head_init=_head_init(cfg, hf), lr=cfg.train.lr,
+    return Ledger(tie=cfg.model.tie.label, init=_init(cfg, hf), head_init=_head_init(cfg, hf, p),
+                  frozen=_frozen(cfg), lr=cfg.train.lr,
                   min_lr=effective_min_lr(cfg.train), weight_decay_e=e, weight_decay_w_out=w_out,
                   weight_decay_other=other, init_std_e=std, init_std_w_out=std, embed_scale=str(cfg.model.embed_scale),
                   lm_head_bias=bool(cfg.model.lm_head_bias), vd=vd, vd_share=share, source=source)
@@ -136,10 +163,10 @@ def stored_ledger(recorded: Any, cfg: Config, params: dict | None) -> Ledger:
 
 
 def value_words(field: str, value: Any) -> str:
-    """A ledger value (or a config key's) as the reports write it: 0.003, 0.1, the family's (an
-    init std of None), sqrt_d, yes."""
+    """A ledger value (or a config key's) as the reports write it: 0.003, 0.1, sqrt_d, yes; an
+    init std tiedlm did not draw (see `init`) is "—"."""
     if value is None:
-        return "the family's" if field.startswith("init_std") else "null" if "." in field else "not recorded"
+        return "—" if field.startswith("init_std") else "null" if "." in field else "not recorded"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
@@ -181,6 +208,7 @@ def run_lines(ledger: Ledger) -> list[str]:
             "What this run's embedding matrices received: the fields a comparison checks, so that two "
             "variants that differ in more than the tie are seen to.", "",
             f"- tie: {ledger.tie}; W_out at the start: {ledger.head_init}",
+            f"- initialisation: {ledger.init}; frozen: {ledger.frozen}",
             f"- learning rate {w('lr', ledger.lr)} (cosine to {w('min_lr', ledger.min_lr)})",
             f"- weight decay: E {w('weight_decay_e', ledger.weight_decay_e)}, W_out "
             f"{w('weight_decay_w_out', ledger.weight_decay_w_out)}, other matrices "
