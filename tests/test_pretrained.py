@@ -218,3 +218,52 @@ def test_eval_also_that_cannot_be_read_is_refused_in_one_line(exports, also, mes
     assert "\n" not in str(info.value)
     with pytest.raises(ConfigError, match="tokenizer.kind is word"):
         load_config(ROOT / "configs" / "base.yaml", ['eval.also={"path": "builtin:shakespeare"}'])
+
+
+@pytest.mark.parametrize("tie", ["true", "false"])
+def test_new_tokens_get_rows_at_the_old_rows_mean_and_a_bucket_of_their_own(exports, tmp_path, monkeypatch, tie):
+    """tokenizer.add_tokens: N adds the N most frequent words the tokenizer splits (as " word"); the
+    model grows rows for them, E's (and W_out's, untied) new rows start at the old rows' mean, the
+    old rows are the checkpoint's, and the final evaluation gives the new tokens' loss."""
+    from tiedlm.data import prepare_data
+    from tiedlm.train import train_run
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    folder = exports["qwen2-untied"]
+    cfg = start(folder, f"model.tie_embeddings={tie}", "tokenizer.add_tokens=3", "data.synthetic.vocab_size=300")
+    data = prepare_data(cfg, progress=False)
+    tok = data.tokenizer
+    old = json.loads((folder / "config.json").read_text())["vocab_size"]
+    assert len(tok.added) == 3 and all(t.startswith(" ") for t in tok.added)
+    assert tok.added_ids == list(range(old, old + 3)) and data.model_vocab_size == old + 3
+    assert all(len(tok.encode_batch([t])[0]) == 1 for t in tok.added)  # each one token now
+    run = train_run(cfg, out=tmp_path / "runs", progress=False)
+    report = json.loads((run / "report.json").read_text())
+    assert report["params"]["wte"] == (old + 3) * 32
+    new = report["final"]["test"]["new_tokens"]
+    assert new["types"] == 3 and new["tokens"] > 0 and new["loss"] > 0
+
+    from tiedlm.model import init_new_rows
+
+    model = build_model(cfg.model, data.model_vocab_size)
+    init_new_rows(model, tok.added_ids)
+    theirs = _transformers_model(folder)
+    for mine, saved in ((model.transformer.wte.weight, theirs.get_input_embeddings().weight),
+                        (model.lm_head.weight, theirs.get_output_embeddings().weight)):
+        if tie == "true" and saved is theirs.get_output_embeddings().weight:
+            saved = theirs.get_input_embeddings().weight  # tied from E, the default
+        assert torch.equal(mine[:old], saved)  # the checkpoint's rows untouched
+        assert torch.allclose(mine[old:], saved.mean(0).expand(3, -1), atol=1e-5)
+
+
+def test_new_tokens_that_the_tokenizer_has_are_refused(exports, tmp_path, monkeypatch):
+    from tiedlm.data import prepare_data
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    from tokenizers import Tokenizer
+
+    known = Tokenizer.from_file(str(exports["qwen2-tied"] / "tokenizer.json")).id_to_token(5)
+    with pytest.raises(ConfigError, match=f"{known!r} is already a token of the tokenizer"):
+        prepare_data(start(exports["qwen2-tied"], f"tokenizer.add_tokens=[{known}]"), progress=False)
+    with pytest.raises(ConfigError, match="tokenizer.add_tokens adds to a pretrained tokenizer"):
+        load_config(ROOT / "configs" / "base.yaml", ["tokenizer.add_tokens=4"])

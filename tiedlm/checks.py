@@ -71,6 +71,7 @@ RUN_NAME_RULE = ("letters, digits, '-', '_', '.', '=' and '+', not starting with
                  f"at most {RUN_NAME_LIMIT} characters")
 _RUN_NAME_CHARS = re.compile(r"[A-Za-z0-9_.=+-]*")
 
+ADD_TOKENS_LIMIT = 100_000  # tokenizer.add_tokens: N
 MAPPING_VALUES = ("data_files", "hf_overrides", "also")  # keys whose value is a mapping of their own: one leaf
 
 
@@ -340,6 +341,17 @@ def _validate_tokenizer(tok: Any) -> None:
            "tokenizer.kind: pretrained needs tokenizer.path (a tokenizer.json file)")
     for key in ("vocab_size", "pad_to_multiple", "max_train_bytes"):
         check_positive(getattr(tok, key), f"tokenizer.{key}")
+    add = tok.add_tokens
+    if add is not None:
+        _check(tok.kind == "pretrained", f"tokenizer.add_tokens adds to a pretrained tokenizer (a pretrained start's, or "
+                                         f"tokenizer.kind: pretrained); tokenizer.kind is {tok.kind} — remove "
+                                         "tokenizer.add_tokens, or raise tokenizer.vocab_size")
+        if isinstance(add, list):
+            _check(bool(add) and all(isinstance(t, str) and t != "" for t in add) and len(set(add)) == len(add),
+                   f"tokenizer.add_tokens must be distinct non-empty strings, or a count, got {add!r}")
+        else:
+            _check(isinstance(add, int) and not isinstance(add, bool) and 0 < add <= ADD_TOKENS_LIMIT,
+                   f"tokenizer.add_tokens must be a list of strings or a count from 1 to {ADD_TOKENS_LIMIT:,}, got {add!r}")
     check_at_most(tok.pad_to_multiple, PAD_LIMIT, "tokenizer.pad_to_multiple",
                   "padding rounds the vocabulary up to a GPU-friendly size such as 64; more only adds unused rows")
     # the smallest vocabulary each kind can have: its fixed symbols plus the specials (<unk>, <eot>)

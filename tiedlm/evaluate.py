@@ -176,13 +176,15 @@ def unigram_loss(train_counts: np.ndarray, targets: np.ndarray) -> float:
 
 def summarize_nll(targets: np.ndarray, nll: np.ndarray, n_tokens: int, n_bytes: int | None = None,
                   n_words: int | None = None, train_counts: np.ndarray | None = None,
-                  fractions: list[float] | None = None, unk_id: int | None = None) -> dict:
+                  fractions: list[float] | None = None, unk_id: int | None = None,
+                  new_ids: list[int] | None = None) -> dict:
     """Aggregate per-token NLL into the figures of a report. Bytes and words are apportioned to the
     predicted tokens (all but the first of n_tokens), so bits per byte and perplexity per word use
     the same text as the token perplexity. Given train_counts and fractions: loss per bucket by
     types ("buckets", frequency_buckets) and by token mass ("mass_buckets", mass_buckets, whose
     rows also give train_share: the bucket's share of all training tokens, <unk> included). Given
-    unk_id, <unk> is the last bucket of both, "<unk>"."""
+    unk_id, <unk> is the last bucket of both, "<unk>". Given new_ids (tokenizer.add_tokens), the
+    targets that are new tokens are a bucket of their own, "new_tokens"."""
     total = float(nll.sum())
     n = int(len(nll))
     out: dict[str, Any] = {"tokens": n, "loss": total / n if n else float("nan"),
@@ -201,15 +203,21 @@ def summarize_nll(targets: np.ndarray, nll: np.ndarray, n_tokens: int, n_bytes: 
         held = np.bincount(bucket_of, weights=counts, minlength=len(names)) / max(counts.sum(), 1.0)
         out["mass_buckets"] = [{**row, "train_share": float(h)}
                                for row, h in zip(_bucket_rows(bucket_of, names, targets, nll), held)]
+    if new_ids:
+        is_new = np.isin(targets, np.asarray(new_ids))
+        k = int(is_new.sum())
+        out["new_tokens"] = {"types": len(new_ids), "tokens": k, "share": k / n if n else 0.0,
+                             "loss": float(nll[is_new].sum()) / k if k else None}
     return out
 
 
 def evaluate_split(model, split, block_size: int, stride: int | None, batch_size: int, device: Any,
                    autocast: Any = None, train_counts: np.ndarray | None = None,
                    fractions: list[float] | None = None, max_tokens: int | None = None,
-                   unk_id: int | None = None, shard: tuple[int, int] = (0, 1), reduce: Any = None) -> dict:
+                   unk_id: int | None = None, shard: tuple[int, int] = (0, 1), reduce: Any = None,
+                   new_ids: list[int] | None = None) -> dict:
     """Score a whole split (or its first max_tokens+1 tokens, for the periodic evaluation).
-    unk_id: the tokenizer's <unk>, bucketed on its own (summarize_nll)."""
+    unk_id: the tokenizer's <unk>, bucketed on its own; new_ids: new tokens' (summarize_nll)."""
     tokens = split.tokens
     n_bytes, n_words = split.n_bytes, split.n_words
     if max_tokens is not None and len(tokens) > max_tokens + 1:
@@ -219,7 +227,7 @@ def evaluate_split(model, split, block_size: int, stride: int | None, batch_size
         tokens = tokens[:keep]
     targets, nll = score_tokens(model, tokens, block_size, stride or block_size, batch_size, device, autocast,
                                 shard, reduce)
-    return summarize_nll(targets, nll, len(tokens), n_bytes, n_words, train_counts, fractions, unk_id)
+    return summarize_nll(targets, nll, len(tokens), n_bytes, n_words, train_counts, fractions, unk_id, new_ids)
 
 
 @dataclass

@@ -81,7 +81,7 @@ def hf_model_config(m: Any, vocab_size: int) -> Any:
     built by the family's own config class from them (so that what it derives from the size, such
     as each layer's attention type, follows the size)."""
     if m.init_from:
-        return _checkpoint_config(m)
+        return _checkpoint_config(m, vocab_size)
     kind, data, probe = _base_config(m.hf_config)
     fields: dict[str, Any] = {}
     for key, field in SIZE_FIELDS.items():
@@ -114,10 +114,12 @@ def _check_overrides(m: Any, kind: str, probe: Any) -> None:
             raise ConfigError(f"model.hf_overrides: {key} is set by tiedlm's own key — use {_own_key(key)} instead")
 
 
-def _checkpoint_config(m: Any) -> Any:
+def _checkpoint_config(m: Any, vocab_size: int) -> Any:
     """A pretrained start's config: the checkpoint's own (its size, vocabulary and token ids), with
-    model.hf_overrides and the run's tie set on it."""
+    model.hf_overrides and the run's tie set on it, and its vocabulary grown to `vocab_size` where
+    new tokens need more rows (tokenizer.add_tokens)."""
     base = checkpoint_config(Path(m.hf_config))
+    base.vocab_size = max(base.vocab_size, vocab_size)
     _check_overrides(m, base.model_type, base)
     for key, value in (m.hf_overrides or {}).items():
         setattr(base, key, value)

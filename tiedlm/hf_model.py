@@ -42,7 +42,9 @@ class HFCausalLM(nn.Module):
     def _load_checkpoint(self, transformers: Any, cfg: Any, config: Any) -> nn.Module:
         """The checkpoint's weights in float32, its tie checked by storage against its config, then
         set to the run's: untied by copy, or tied from E, W_out or their mean (model.tie_from)."""
-        was_tied = checkpoint_tied(checkpoint_config(Path(cfg.hf_config)))
+        saved = checkpoint_config(Path(cfg.hf_config))
+        was_tied, rows = checkpoint_tied(saved), config.vocab_size
+        config.vocab_size = saved.vocab_size  # loaded as it was saved; new tokens' rows are added below
         for c in language_configs(config):
             c.tie_word_embeddings = was_tied  # loaded as it was saved; the run's tie is set below
         model = transformers.AutoModelForCausalLM.from_pretrained(cfg.hf_config, config=config,
@@ -65,6 +67,8 @@ class HFCausalLM(nn.Module):
                 head.weight = E.weight
         for c in language_configs(model.config):
             c.tie_word_embeddings = tied
+        if rows > saved.vocab_size:  # tokenizer.add_tokens: rows for the new ids (model.init_new_rows sets them)
+            model.resize_token_embeddings(rows, mean_resizing=False)
         self.start = {"init_from": cfg.init_from, "checkpoint_tied": was_tied,
                       "start": describe_start(was_tied, tied, cfg.tie_from)}
         return model

@@ -436,6 +436,31 @@ def freeze_all_but(model: nn.Module, trainable: str) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+@torch.no_grad()
+def init_new_rows(model: nn.Module, ids: list[int]) -> None:
+    """New tokens (tokenizer.add_tokens): their rows of E, and of W_out when it is a matrix of its
+    own, drawn from a normal with the mean and covariance of the rows of the ids before them (the
+    tokenizer's old ids), scaled by 1e-9 as transformers' mean_resizing does (Hewitt, 2021): each new
+    row starts at the old rows' mean, so that its logit starts at the average token's and
+    generation does not collapse onto it. The mean alone where the covariance is singular (fewer
+    old rows than dimensions)."""
+    if not ids:
+        return
+    first = min(ids)
+    new = torch.as_tensor(ids)
+    mats = [model.transformer.wte.weight] + ([] if model.is_tied else [model.lm_head.weight])
+    for W in mats:
+        old = W[:first].float()
+        mean = old.mean(0)
+        centered = old - mean
+        cov = centered.T @ centered / max(first, 1)
+        try:
+            dist = torch.distributions.MultivariateNormal(mean, covariance_matrix=1e-9 * cov)
+            W[new] = dist.sample((len(ids),)).to(W.dtype)
+        except (ValueError, RuntimeError):  # not positive definite
+            W[new] = mean.to(W.dtype).expand(len(ids), -1)
+
+
 def model_tensors(model) -> tuple[dict, dict]:
     """State dict for safetensors: a tied matrix is stored once (under E's name), with the tie recorded."""
     sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}

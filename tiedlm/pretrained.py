@@ -112,11 +112,11 @@ def resolve(data: dict) -> dict:
                           "model.hf_config")
     model.update(sizes, arch="hf", hf_config=str(folder))
     tokenizer = data.get("tokenizer")
-    if not tokenizer:
+    if not tokenizer or set(tokenizer) == {"add_tokens"}:  # the folder's own, with new tokens or not
         if not (folder / "tokenizer.json").is_file():
             raise ConfigError(f"model.init_from {name}: the folder has no tokenizer.json — set tokenizer.kind: "
                               "pretrained and tokenizer.path to the tokenizer the checkpoint was trained with")
-        data["tokenizer"] = {"kind": "pretrained", "path": str(folder / "tokenizer.json")}
+        data["tokenizer"] = {**(tokenizer or {}), "kind": "pretrained", "path": str(folder / "tokenizer.json")}
     return data
 
 

@@ -42,7 +42,8 @@ ADDED_KEYS = {"train.keep_best": False, "train.early_stop_patience": 0, "train.e
               "model.arch": "gpt2", "model.norm_eps": 1e-5, "model.n_kv_head": None, "model.intermediate_size": None,
               "model.multiple_of": 64, "model.rope_theta": 10000.0, "model.tie_strength": 0.0,
               "model.hf_config": None, "model.hf_overrides": None, "model.init_from": None, "model.tie_from": None,
-              "model.vocab_size": None, "train.trainable": "all", "eval.also": None}
+              "model.vocab_size": None, "train.trainable": "all", "eval.also": None,
+              "tokenizer.add_tokens": None}
 
 
 def selects_checkpoints(cfg: Config) -> bool:

@@ -382,6 +382,8 @@ def model_vocab_size(cfg: Config, vocab: int) -> int:
     pretrained start's, init_from), which must hold every id, else `vocab` padded up to
     tokenizer.pad_to_multiple."""
     if cfg.model.vocab_size is not None:
+        if cfg.tokenizer.add_tokens is not None:  # new tokens: the model's vocabulary grows to hold them
+            return max(cfg.model.vocab_size, vocab)
         if cfg.model.vocab_size < vocab:
             raise ConfigError(f"the tokenizer has {vocab:,} ids but the model's vocabulary is {cfg.model.vocab_size:,} "
                               "— use the checkpoint's own tokenizer (leave the tokenizer keys unset) or a smaller one")

@@ -145,10 +145,12 @@ class CharTokenizer(Tokenizer):
 class HFTokenizer(Tokenizer):
     """bpe, word and pretrained: a `tokenizers.Tokenizer`, whose encoder runs in Rust over threads."""
 
-    def __init__(self, kind: str, tok: Any, eot_token: str):
+    def __init__(self, kind: str, tok: Any, eot_token: str, added: list[str] | None = None):
         self.kind = kind
         self._tok = tok
         self.eot_token = eot_token
+        self.added = list(added or [])  # tokenizer.add_tokens: the new tokens, in id order
+        self.added_ids = [tok.token_to_id(t) for t in self.added]
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self.eot_id = tok.token_to_id(eot_token)
         unk = getattr(tok.model, "unk_token", None)
@@ -182,7 +184,20 @@ class HFTokenizer(Tokenizer):
 
     def save(self, folder: Path) -> None:
         replace_atomically(Path(folder) / HF_FILE, lambda tmp: self._tok.save(str(tmp)))
-        _write_meta(folder, {"kind": self.kind, "eot_token": self.eot_token})
+        _write_meta(folder, {"kind": self.kind, "eot_token": self.eot_token,
+                             **({"added": self.added} if self.added else {})})
+
+    def with_added(self, tokens: list[str]) -> HFTokenizer:
+        """This tokenizer with new tokens (each one id, matched in the text before the rest is
+        split), given ids after every existing one; a token it already has is refused."""
+        from tokenizers import AddedToken
+
+        have = [t for t in tokens if self._tok.token_to_id(t) is not None]
+        if have:
+            raise ConfigError(f"tokenizer.add_tokens: {have[0]!r} is already a token of the tokenizer — remove it "
+                              "from the list")
+        self._tok.add_tokens([AddedToken(t, normalized=False) for t in tokens])
+        return HFTokenizer(self.kind, self._tok, self.eot_token, tokens)
 
 
 def _cut(text: str, size: int = _PIECE) -> list[str]:
@@ -225,7 +240,7 @@ def load_tokenizer(folder: Path) -> Tokenizer:
         tok = RustTokenizer.from_file(str(folder / HF_FILE))
     except Exception as exc:  # the Rust side raises plain Exceptions
         raise DataError(f"cannot read {folder / HF_FILE}: {first_line(exc)} — prepare the data again") from exc
-    return HFTokenizer(meta["kind"], tok, meta["eot_token"])
+    return HFTokenizer(meta["kind"], tok, meta["eot_token"], meta.get("added"))
 
 
 def _train_word(batches: Iterator[list[str]], vocab_size: int) -> HFTokenizer:
@@ -320,9 +335,38 @@ def train_tokenizer(tcfg: TokenizerConfig, docs: Texts, progress: bool = False) 
     if tcfg.kind == "byte":
         return ByteTokenizer()
     if tcfg.kind == "pretrained":
-        return _load_pretrained(tcfg)
+        tok = _load_pretrained(tcfg)
+        if tcfg.add_tokens is None:
+            return tok
+        new = tcfg.add_tokens if isinstance(tcfg.add_tokens, list) else \
+            frequent_split_words(tok, _training_batches(docs, tcfg.max_train_bytes, progress), tcfg.add_tokens)
+        return tok.with_added(new)
     train = {"char": CharTokenizer.train, "word": _train_word, "bpe": _train_bpe}[tcfg.kind]
     return train(_training_batches(docs, tcfg.max_train_bytes, progress), tcfg.vocab_size)
+
+
+def frequent_split_words(tok: HFTokenizer, batches: Iterator[list[str]], n: int) -> list[str]:
+    """tokenizer.add_tokens: N — the N most frequent whitespace-separated words of the training text
+    (its first max_train_bytes) that the tokenizer splits into two tokens or more, or reads as its
+    <unk> (a word-level tokenizer), each with the
+    leading space it has inside a sentence (so that " word" becomes one token where it stood as
+    several). Fewer when the text has fewer such words."""
+    counts: Counter[str] = Counter()
+    for batch in batches:
+        for text in batch:
+            counts.update(text.split())
+    out = []
+    for word, _ in counts.most_common():
+        piece = " " + word
+        ids = tok._encode([piece])[0]
+        if (len(ids) >= 2 or (tok.unk_id is not None and tok.unk_id in ids)) and tok._tok.token_to_id(piece) is None:
+            out.append(piece)
+            if len(out) == n:
+                break
+    if not out:
+        raise ConfigError(f"tokenizer.add_tokens: {n} — the training text has no word that the tokenizer splits or reads as <unk>; "
+                          "nothing to add (remove tokenizer.add_tokens)")
+    return out
 
 
 def tokenizer_fingerprint(tcfg: TokenizerConfig) -> dict:
@@ -333,7 +377,9 @@ def tokenizer_fingerprint(tcfg: TokenizerConfig) -> dict:
         path = _pretrained_file(tcfg)
         st = path.stat()
         return {"kind": "pretrained", "file": [str(path.resolve()), st.st_size, st.st_mtime_ns],
-                "eot_token": tcfg.eot_token}
+                "eot_token": tcfg.eot_token,
+                **({"add_tokens": tcfg.add_tokens, "max_train_bytes": tcfg.max_train_bytes}
+                   if tcfg.add_tokens is not None else {})}
     return {"kind": tcfg.kind, "vocab_size": tcfg.vocab_size, "max_train_bytes": tcfg.max_train_bytes}
 
 

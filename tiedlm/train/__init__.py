@@ -211,7 +211,7 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     the checkpoint's weights, optimizer, RNG and counters applied. Returns (model, optimizer, sampler)."""
     import torch
 
-    from ..model import build_model, flops_per_token, freeze_all_but
+    from ..model import build_model, flops_per_token, freeze_all_but, init_new_rows
 
     main = pre.dist.main
     tok_dir = run_dir / runs.TOKENIZER
@@ -225,6 +225,7 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     sampler = np.random.default_rng(cfg.seed)
     model = build_model(cfg.model, pre.data.model_vocab_size).to(pre.device)
     model.check_tie(not cfg.model.tie.two_matrices)
+    init_new_rows(model, getattr(pre.data.tokenizer, "added_ids", []))  # before freezing: a row, not a step
     freeze_all_but(model, cfg.train.trainable)
     if pre.also is not None and pre.loaded is None:  # the start's score (a resume keeps the first attempt's)
         before = score_also(cfg, pre, model)
@@ -489,7 +490,8 @@ def final_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: T
                              cfg.eval.batch_size, pre.device, autocast_ctx(pre.device, pre.dtype),
                              train_counts=pre.data.train_counts, fractions=cfg.eval.buckets,
                              unk_id=pre.data.tokenizer.unk_id, shard=(d.rank, d.world),
-                             reduce=lambda nll: sum_arrays(d, nll, pre.device))  # each token scored once
+                             reduce=lambda nll: sum_arrays(d, nll, pre.device),  # each token scored once
+                             new_ids=getattr(pre.data.tokenizer, "added_ids", None))
         final[split] = res
         record = {"kind": "final", "step": state.step, "tokens": state.tokens, "split": split,
                   "loss": res["loss"], "perplexity": res["perplexity"]}
