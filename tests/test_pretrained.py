@@ -267,3 +267,22 @@ def test_new_tokens_that_the_tokenizer_has_are_refused(exports, tmp_path, monkey
         prepare_data(start(exports["qwen2-tied"], f"tokenizer.add_tokens=[{known}]"), progress=False)
     with pytest.raises(ConfigError, match="tokenizer.add_tokens adds to a pretrained tokenizer"):
         load_config(ROOT / "configs" / "base.yaml", ["tokenizer.add_tokens=4"])
+
+
+def test_eval_also_is_encoded_with_the_run_s_own_new_tokens(exports, tmp_path, monkeypatch):
+    """tokenizer.add_tokens: N picks the words from the run's training text; eval.also's data is
+    encoded by that same tokenizer (the same new tokens at the same ids), not one picked from it."""
+    from tiedlm.config import also_config
+    from tiedlm.data import prepare_data
+    from tiedlm.train.also import prepare_also
+    from tiedlm.distributed import Dist
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    cfg = start(exports["qwen2-tied"], "tokenizer.add_tokens=3", "data.synthetic.vocab_size=300",
+                'eval.also={"path": "builtin:synthetic", "synthetic": {"vocab_size": 500, "seed": 7, '
+                '"train_tokens": 4000, "validation_tokens": 600, "test_tokens": 600}}')
+    data = prepare_data(cfg, progress=False)
+    also = prepare_also(cfg, data, Dist(), progress=False)
+    assert also.tokenizer.added == data.tokenizer.added and also.tokenizer.added_ids == data.tokenizer.added_ids
+    picked_there = prepare_data(also_config(cfg), progress=False).tokenizer.added
+    assert picked_there != data.tokenizer.added  # what the other text alone would have picked

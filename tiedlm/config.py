@@ -413,9 +413,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return cfg
 
 
-def also_config(cfg: Config) -> Config:
+def also_config(cfg: Config, added: list[str] | None = None) -> Config:
     """The config of eval.also's data: the run's with its data section replaced (the tokenizer, a
-    tokenizer.json, encodes it as it encodes the run's own)."""
+    tokenizer.json, encodes it as it encodes the run's own). `added`: the run's new tokens as its
+    tokenizer holds them (tokenizer.add_tokens: N picks them from the run's own training text)."""
     if not isinstance(cfg.eval.also, dict) or not cfg.eval.also:
         raise ConfigError(f"eval.also must be a data section (path, name, data_files, ...), got {cfg.eval.also!r} "
                           "— e.g. {path: builtin:shakespeare}")
@@ -425,6 +426,8 @@ def also_config(cfg: Config) -> Config:
                           "model.init_from, has its folder's)")
     data = to_dict(cfg)
     data["data"], data["eval"]["also"] = copy.deepcopy(cfg.eval.also), None
+    if added:
+        data["tokenizer"]["add_tokens"] = list(added)
     try:
         return from_dict(data)
     except ConfigError as exc:

@@ -13,11 +13,13 @@ from ..distributed import main_first
 SPLIT = "test"
 
 
-def prepare_also(cfg: Config, d: Any, progress: bool) -> Any:
-    """eval.also's data prepared like the run's own (rank 0 fills the token cache), or None."""
+def prepare_also(cfg: Config, data: Any, d: Any, progress: bool) -> Any:
+    """eval.also's data prepared like the run's own (rank 0 fills the token cache), with the run's
+    tokenizer and its new tokens, or None."""
     if cfg.eval.also is None:
         return None
-    return main_first(d, lambda: prepare_data(also_config(cfg), progress=progress))
+    added = getattr(data.tokenizer, "added", None)
+    return main_first(d, lambda: prepare_data(also_config(cfg, added), progress=progress))
 
 
 def score_also(cfg: Config, pre: Any, model: Any) -> dict:

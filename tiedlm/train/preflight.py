@@ -73,6 +73,6 @@ def preflight(cfg: Config, run_dir: Path, device: Any, fresh: bool, progress: bo
                        "or tokenizer key differ), so its checkpoint no longer fits the tokens — restore the "
                        "data, or start afresh with --overwrite")
     check_fits(cfg.model, data.model_vocab_size, max(cfg.train.batch_size, cfg.eval.batch_size), device)
-    also = prepare_also(cfg, d, progress)
+    also = prepare_also(cfg, data, d, progress)
     return Preflight(device, resolve_dtype(cfg.train.dtype, device), total, untie_step(cfg, total), data,
                      ckpt, note, loaded, old, dist=d, also=also)
