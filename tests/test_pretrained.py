@@ -8,6 +8,7 @@ reloads with its own tie; and what cannot be done is refused in one line."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -286,3 +287,31 @@ def test_eval_also_is_encoded_with_the_run_s_own_new_tokens(exports, tmp_path, m
     assert also.tokenizer.added == data.tokenizer.added and also.tokenizer.added_ids == data.tokenizer.added_ids
     picked_there = prepare_data(also_config(cfg), progress=False).tokenizer.added
     assert picked_there != data.tokenizer.added  # what the other text alone would have picked
+
+
+def test_a_comparison_of_an_adaptation_tabulates_the_start_the_old_domain_and_the_new_tokens(exports, tmp_path,
+                                                                                              monkeypatch):
+    from tiedlm.compare import compare_runs
+    from tiedlm.train import train_run
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    old = {"path": "builtin:synthetic", "synthetic": {"vocab_size": 4096, "n_classes": 64, "train_tokens": 4000,
+                                                      "validation_tokens": 600, "test_tokens": 600}}
+    runs = []
+    for tie in ("true", "false"):
+        for seed in (0, 1):
+            cfg = load_config(None, [f"model.init_from={exports['qwen2-tied']}", *DATA, f"model.tie_embeddings={tie}",
+                                     "tokenizer.add_tokens=2", "data.synthetic.vocab_size=300",
+                                     "eval.also=" + json.dumps(old)], seed=seed)
+            runs.append(train_run(cfg, out=tmp_path / f"runs-{tie}", progress=False))
+    c = compare_runs([str(r) for r in runs], out=tmp_path / "cmp")
+    rows = {a.variant: a for a in c.adaptation}
+    assert set(rows) == {v.label for v in c.variants} and len(rows) == 2
+    untied = next(a for a in c.adaptation if a.start.startswith("untied by copy"))
+    tied = next(a for a in c.adaptation if a.start == "kept tied")
+    reports = [json.loads((r / "report.json").read_text()) for r in runs]
+    befores = [r["also"]["before"]["loss"] for r in reports if r["params"]["start"]["start"] == "kept tied"]
+    assert tied.old_before == pytest.approx(math.exp(sum(befores) / 2))
+    assert tied.seeds == untied.seeds == 2 and tied.new_tokens_loss > 0 and 0 < tied.new_tokens_share < 1
+    md = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "## The pretrained start, the old domain and the new tokens" in md and "untied by copy" in md

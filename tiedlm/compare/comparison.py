@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from typing import Any, Sequence
 
 from ..errors import ConfigError, RunError
+from .adaptation import adaptation_rows
 from .collect import LeftOut, LoadedRun
 from .datasets import DataSet, data_difference, data_sets, mixed_data_message
 from .grid import MatchedContrast, matched_contrasts
@@ -126,6 +127,7 @@ class Comparison:
     warnings: list[str] = field(default_factory=list)  # what changes how the verdict reads: first on every report
     protocol: str | None = None  # how the protocol differs from the main job's (guards.protocol_line): at the top
     replaced: str | None = None  # the line saying an earlier comparison of other runs in its folder was replaced
+    adaptation: list = field(default_factory=list)  # adaptation.Adapted: a pretrained start's rows, per variant
 
     @property
     def verdicts(self) -> list[str]:
@@ -161,6 +163,7 @@ class Comparison:
             "select": {"weights": self.select, "reason": self.select_reason},
             "mode": self.mode, "baseline": {"label": self.baseline_label, "reason": self.baseline_reason},
             "differing_keys": self.differing_keys,
+            "adaptation": [asdict(a) for a in self.adaptation],
             "variants": [variant_json(v, self.trajectories) for v in self.variants],  # with each contrast's trajectory
             "runs": [asdict(r) for r in self.runs], "skipped": [asdict(s) for s in self.skipped],
             "notes": self.notes, "match": self.match.to_json() if self.match else None,
@@ -420,4 +423,5 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
         + (missing_map_note(matched) if tmap is None else []) + _found_match_note(found), data_sets=len(groups),
         not_compared=not_compared, match=match, family=family, tiedlm_version=__version__, primary=primary,
         mode="matched" if matched else "baseline", matched=matched,
-        trajectories=contrast_trajectories(variants, kept))  # on the runs: metrics.jsonl, read again
+        trajectories=contrast_trajectories(variants, kept),  # on the runs: metrics.jsonl, read again
+        adaptation=adaptation_rows(labels, kept, primary))

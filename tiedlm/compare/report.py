@@ -27,6 +27,7 @@ from .comparison import Comparison, RunRow
 from .matching import PARAM_MATCH
 from .plots import MATCHED_PLOT, PLOTS, TYING_MAP_BUCKETS_PLOT, TYING_MAP_PLOT, bucket_split, captions
 from .stats import GeometricSummary, Summary, TestResult
+from .adaptation import adaptation_markdown
 from .sections import (ledger_markdown, sequential_lines, sequential_markdown, trajectory_lines, trajectory_markdown,
                        tuning_lines, tuning_markdown)
 from .variants import SPLITS, SplitContrast, Variant
@@ -419,7 +420,8 @@ def _md_left_aside(c: Comparison) -> list[str]:
 def to_markdown(c: Comparison) -> str:
     sections = (_md_intro(c) + _md_verdict(c) + sequential_markdown(c) + _md_matched(c) + tuning_markdown(c)
                 + trajectory_markdown(c) + _md_match(c)
-                + _md_results(c) + _md_differences(c) + ledger_markdown(c) + _md_buckets(c) + _md_matrices(c)
+                + _md_results(c) + _md_differences(c) + ledger_markdown(c) + adaptation_markdown(c.adaptation, c.primary)
+                + _md_buckets(c) + _md_matrices(c)
                 + _md_params(c) + _md_cost(c)
                 + _md_plots(c) + _md_runs(c)
                 + _md_left_aside(c))
