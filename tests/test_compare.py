@@ -476,7 +476,7 @@ def test_comparison_json_keys(tmp_path):
     data = _strict_json(runs / "compare" / "comparison.json")
     assert list(data) == ["format", "tiedlm_version", "created", "out", "level", "alpha", "power", "interval",
                           "difference", "primary", "confirmation", "secondary", "select", "mode", "baseline", "differing_keys",
-                          "variants", "runs", "skipped", "notes", "match", "match_contrasts", "verdicts", "data_sets", "not_compared",
+                          "adaptation", "variants", "runs", "skipped", "notes", "match", "match_contrasts", "verdicts", "data_sets", "not_compared",
                           "matched", "files", "tuning", "tying_map", "sequential", "warnings", "protocol"]
     assert (data["format"], data["primary"], data["confirmation"], data["mode"]) == (2, "validation", ["test"],
                                                                                      "baseline")
