@@ -207,6 +207,9 @@ def test_eval_also_scores_the_old_domain_before_and_after(exports, tmp_path, mon
     assert also["before"]["tokens"] == pretrained["final"]["test"]["tokens"]
     assert also["before"]["loss"] == pytest.approx(pretrained["final"]["test"]["loss"], rel=1e-6)
     assert also["after"]["loss"] != also["before"]["loss"] and "after_best" in also
+    md = (run / "report.md").read_text()
+    assert f"Started from **{exports['qwen2-tied']}** (a tied checkpoint): kept tied." in md
+    assert f"Also scored (eval.also), builtin:synthetic, test perplexity: before {also['before']['perplexity']:.2f}" in md
 
 
 @pytest.mark.parametrize("also, message", [

@@ -17,6 +17,21 @@ if TYPE_CHECKING:
     from .runs import RunReport
 
 
+def _start_lines(r: RunReport) -> list[str]:
+    """A pretrained start (model.init_from) and eval.also's old domain, before and after."""
+    out = []
+    if start := (r.params or {}).get("start"):
+        tied = "tied" if start.get("checkpoint_tied") else "untied"
+        out += [f"Started from **{start.get('init_from')}** (a {tied} checkpoint): {start.get('start')}.", ""]
+    if also := r.also:
+        scores = [f"before {also['before']['perplexity']:.2f}"]
+        scores += [f"{label} {also[k]['perplexity']:.2f}" for k, label in (("after", "after (last weights)"),
+                                                                           ("after_best", "after (best weights)"))
+                   if also.get(k)]
+        out += [f"Also scored (eval.also), {also.get('data')}, {also.get('split')} perplexity: {', '.join(scores)}.", ""]
+    return out
+
+
 def render_report_md(r: RunReport) -> str:
     """report.json for people."""
     m = r.config.model if r.config is not None else None
@@ -34,7 +49,8 @@ def render_report_md(r: RunReport) -> str:
         block = (f"Block: **Llama-style** (RMSNorm, SwiGLU of {m.mlp_size}, rotary θ {m.rope_theta:g}, "
                  f"{m.kv_heads} key/value heads for {m.n_head} query heads, biases {str(m.bias).lower()})")
     lines = [f"# {r.name}", "", f"Status: **{r.status}**" + (f" — {r.error}" if r.error else ""), "",
-             *([block, ""] if block else []), f"{tying}decay_embeddings {r.decay_embeddings}", ""]
+             *([block, ""] if block else []), f"{tying}decay_embeddings {r.decay_embeddings}", "",
+             *_start_lines(r)]
     if p := r.params:
         lines += ["## Parameters", "", params_markdown({"parameters": p}),
                   f"| vocabulary (tokenizer / model, padding) | {fmt(p.get('vocab_size'))} / "
