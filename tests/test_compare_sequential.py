@@ -475,3 +475,26 @@ def test_the_command_refuses_in_one_line(tmp_path, args, message):
 def test_auto_options_need_config(tmp_path):
     r = runner.invoke(app, ["compare", "--out", str(tmp_path / "runs"), "--max-seeds", "5"])
     assert r.exit_code == 2 and "--max-seeds only applies with --config" in r.stderr
+
+
+def test_the_adjusted_level_is_an_input_of_the_verdict_not_a_rewrite_of_it():
+    """verdicts.verdict judges a contrast at the level it is given (stats.AdjustedLevel): a p-value
+    between the threshold and 0.05 is not significant there, and the sentence says the threshold;
+    the sequential design only hands the level over (no verdict string is edited after it is made)."""
+    import inspect
+
+    from tiedlm.compare.stats import AdjustedLevel
+    from tiedlm.compare.variants import SplitContrast
+    from tiedlm.compare.verdicts import verdict
+
+    d = SplitContrast(difference=0.03, ci_low=0.001, ci_high=0.06, p_value=0.02, n=4, test="paired", relative=0.0305,
+                      relative_ci_low=0.001, relative_ci_high=0.0618, significant=False, variant_mean=103.0,
+                      baseline_mean=100.0, adjusted=AdjustedLevel(0.0125, 4, -0.004, 0.066))
+    line = verdict("tied", "untied", d, "test")
+    assert "p=0.020 (sequential threshold p < 0.0125)" in line
+    assert line.endswith("not significant at the sequential design's adjusted level (p < 0.0125 at 4 seeds; its "
+                         "98.75% interval, −0.40% to +6.60%, includes 0%).")
+    d.adjusted = None
+    assert verdict("tied", "untied", d, "test").endswith(": not significant at 0.05 (the interval includes 0%).")
+    source = inspect.getsource(S)
+    assert ".replace(" not in source and "verdicts[0] =" not in source

@@ -48,7 +48,7 @@ from typing import Any, Sequence
 
 from ..formatting import percent
 from ..nats import relative
-from .stats import ALPHA, fmt_threshold, norm_cdf, significant, t_sf
+from .stats import ALPHA, AdjustedLevel, fmt_pvalue, fmt_threshold, norm_cdf, significant, t_sf  # noqa: F401 (fmt_pvalue: sections)
 
 FIRST_SEEDS = 3  # seeds per variant at the first look
 MAX_SEEDS = 10  # --max-seeds default
@@ -304,8 +304,9 @@ class Sequential:
 
     def apply(self, c: Any) -> None:
         """Record the design on the comparison and judge its primary contrast at the adjusted level:
-        the contrast's `significant`, and its verdict sentence, which says the threshold beside the
-        p-value (the interval shown stays the 95% one; the adjusted one is named)."""
+        the contrast's `significant`, and its `adjusted` level (AdjustedLevel), from which the
+        verdict says the threshold beside the p-value (the interval shown stays the 95% one; the
+        adjusted one is named)."""
         from .verdicts import verdicts_for
 
         c.sequential = self
@@ -321,9 +322,10 @@ class Sequential:
             return
         if d.p_value is not None:
             d.significant = efficacy(d.p_value, self.threshold)
-        v.verdicts = verdicts_for(v, c)
-        if v.verdicts:
-            v.verdicts[0] = self._verdict(v.verdicts[0], d)
+        last = self.looks[-1] if self.looks else None
+        d.adjusted = AdjustedLevel(self.threshold, self.seeds, last.ci_low if last else None,
+                                   last.ci_high if last else None)
+        v.verdicts = verdicts_for(v, c)  # the verdict judges at d.adjusted's level and says so
 
     def _judge_family(self, c: Any, family: Any) -> None:
         """--match under the design: Holm over the two contrasts with the primary one's levels the
@@ -348,31 +350,6 @@ class Sequential:
             if family.member(v.label) is not None:
                 v.verdicts = verdicts_for(v, c)
 
-    def _verdict(self, line: str, d: Any) -> str:
-        from ..formatting import fmt_p
-
-        thr = fmt_threshold(self.threshold)
-        last = self.looks[-1] if self.looks else None
-        interval = ""
-        if last is not None and last.ci_low is not None:
-            interval = (f"; its {(1 - self.threshold) * 100:.2f}% interval, {percent(last.ci_low)} to "
-                        f"{percent(last.ci_high)}, {'excludes' if d.significant else 'includes'} 0%")
-        p = fmt_p(d.p_value) + ", " if d.p_value is not None else None
-        said = f"the sequential design's adjusted level (p < {thr} at {self.seeds} seeds{interval})"
-        old = (": significant at 0.05." if d.significant else ": not significant at 0.05 (the interval includes 0%).")
-        if p is None or p not in line or old not in line:
-            return line + f" (Sequential design: significance is judged at p < {thr}, not 0.05.)"
-        line = line.replace(p, f"{fmt_pvalue(d.p_value)} (sequential threshold p < {thr}), ", 1)
-        return line.replace(old, f": {'' if d.significant else 'not '}significant at {said}.", 1)
-
-
-def fmt_pvalue(p: float | None) -> str:
-    """A p-value precise enough to hold against a small threshold: p=0.035, p=0.00021."""
-    from ..formatting import MISSING, fmt_p
-
-    if p is None:
-        return MISSING
-    return f"p={p:.2g}" if p < 0.001 else fmt_p(p)
 
 
 def primary_variant(c: Any) -> tuple[Any, Any] | None:

@@ -691,3 +691,24 @@ def chi2_sf(x: float, k: int) -> float:
         total += math.exp(-h) * term
         term *= h / (i + 0.5)
     return min(1.0, total)
+
+
+def fmt_pvalue(p: float | None) -> str:
+    """A p-value precise enough to hold against a small threshold: p=0.035, p=0.00021."""
+    from ..formatting import MISSING, fmt_p
+
+    if p is None:
+        return MISSING
+    return f"p={p:.2g}" if p < 0.001 else fmt_p(p)
+
+
+@dataclass(frozen=True)
+class AdjustedLevel:
+    """A level other than 0.05 that judges a contrast: the sequential design's threshold at its last
+    look (--seeds auto), at that many seeds, with the interval at that level there. The verdict
+    reads it (verdicts.verdict) and says the threshold beside the p-value."""
+
+    threshold: float
+    seeds: int
+    ci_low: float | None = None  # the relative effect's (1 − threshold) interval at the last look
+    ci_high: float | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..formatting import fmt, fmt_count, fmt_int, fmt_p, percent
 from .comparison import Comparison
 from .matching import PARAM_MATCH, FamilyMember, MatchFamily
-from .stats import SEEDS_CAP, TestResult
+from .stats import SEEDS_CAP, AdjustedLevel, TestResult, fmt_pvalue, fmt_threshold
 from .variants import COMPUTE_MATCH, Contrast, SplitContrast, Variant
 
 ROLES = ("The primary endpoint is the {primary} loss: it alone carries the verdict. {others} "
@@ -42,6 +42,8 @@ def interval_words(d: SplitContrast) -> str:
     if d.ci_low is None:
         return d.note or "no interval can be given"
     p = fmt_p(d.p_value) if d.p_value is not None else "p undefined"
+    if d.adjusted is not None and d.p_value is not None:
+        p = f"{fmt_pvalue(d.p_value)} (sequential threshold p < {fmt_threshold(d.adjusted.threshold)})"
     return f"95% CI {percent(d.relative_ci_low)} to {percent(d.relative_ci_high)}, {p}, {test_words(d)}"
 
 
@@ -74,12 +76,27 @@ def verdict(label: str, ref: str, d: SplitContrast | None, split: str, member: F
     if member is not None:
         primary = " (the primary contrast)" if member.role == "primary" and holm else ""
         head = f"{member.words[0].upper()}{member.words[1:]}{primary}: {head}"
-    if d.significant is None:
-        return head + ("." if d.ci_low is None else ": no difference on any seed.")
+    if d.significant is None or (d.adjusted is not None and d.p_value is None):
+        end = "." if d.ci_low is None else ": no difference on any seed."
+        return head + end + (f" (Sequential design: significance is judged at p < "
+                             f"{fmt_threshold(d.adjusted.threshold)}, not 0.05.)" if d.adjusted is not None else "")
     if holm:
         return head + _holm_judgement(d, member, family)
+    if d.adjusted is not None:
+        return head + _adjusted_judgement(d, d.adjusted)
     return head + (": significant at 0.05." if d.significant else
                    ": not significant at 0.05 (the interval includes 0%).")
+
+
+def _adjusted_judgement(d: SplitContrast, level: AdjustedLevel) -> str:
+    """The end of a verdict judged at the sequential design's adjusted level, with its interval at
+    that level at the last look."""
+    interval = ""
+    if level.ci_low is not None:
+        interval = (f"; its {(1 - level.threshold) * 100:.2f}% interval, {percent(level.ci_low)} to "
+                    f"{percent(level.ci_high)}, {'excludes' if d.significant else 'includes'} 0%")
+    return (f": {'' if d.significant else 'not '}significant at the sequential design's adjusted level "
+            f"(p < {fmt_threshold(level.threshold)} at {level.seeds} seeds{interval}).")
 
 
 def _holm_words(member: FamilyMember, family: MatchFamily) -> str:
