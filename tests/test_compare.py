@@ -477,7 +477,7 @@ def test_comparison_json_keys(tmp_path):
     assert list(data) == ["format", "tiedlm_version", "created", "out", "level", "alpha", "power", "interval",
                           "difference", "primary", "confirmation", "secondary", "select", "mode", "baseline", "differing_keys",
                           "adaptation", "variants", "runs", "skipped", "notes", "match", "match_contrasts", "verdicts", "data_sets", "not_compared",
-                          "matched", "files", "tuning", "tying_map", "sequential", "warnings", "protocol"]
+                          "matched", "files", "tuning", "tying_map", "tying_line", "sequential", "warnings", "protocol"]
     assert (data["format"], data["primary"], data["confirmation"], data["mode"]) == (2, "validation", ["test"],
                                                                                      "baseline")
     tied = data["variants"][1]

@@ -19,6 +19,7 @@ from .grid import MatchedContrast, matched_contrasts
 from .matching import MatchFamily, ParamMatch, found_match, match_family
 from .stats import ALPHA, LEVEL, POWER, number
 from .trajectory import Trajectory, contrast_trajectories, variant_json
+from .tying_line import tying_line
 from .variants import (
     COST_KEYS,
     SPLITS,
@@ -124,6 +125,7 @@ class Comparison:
     tuning: Any = None  # tuning.Tuning: each variant's own setting, chosen on validation (compare --tune)
     sequential: Any = None  # sequential.Sequential: --seeds auto, the looks and why the seeds stopped
     tying_map: Any = None  # map_measures.MapSection: a two-key numeric grid's map, with the matrices beside it
+    tying_line: Any = None  # tying_line.TyingLine: a one-key numeric grid's line and its crossing
     warnings: list[str] = field(default_factory=list)  # what changes how the verdict reads: first on every report
     protocol: str | None = None  # how the protocol differs from the main job's (guards.protocol_line): at the top
     replaced: str | None = None  # the line saying an earlier comparison of other runs in its folder was replaced
@@ -173,6 +175,7 @@ class Comparison:
             "matched": [m.to_json(self.primary) for m in self.matched], "files": self.files,
             "tuning": self.tuning.to_json() if self.tuning is not None else None,
             "tying_map": self.tying_map.to_json() if self.tying_map is not None else None,
+            "tying_line": self.tying_line.to_json() if self.tying_line is not None else None,
             "sequential": self.sequential.to_json() if self.sequential is not None else None,
             "warnings": self.warnings, "protocol": self.protocol,
         })
@@ -414,7 +417,7 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
 
     tmap = map_section(matched, primary, variants)
     return Comparison(
-        tying_map=tmap,
+        tying_map=tmap, tying_line=tying_line(matched, primary) if tmap is None else None,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), out=out,
         baseline_label=base.label if base else None, baseline_reason=why or reason, differing_keys=keys,
         variants=variants, runs=rows, skipped=skipped,

@@ -172,6 +172,10 @@ def _md_matched(c: Comparison) -> list[str]:
                          rows, "lrrrrrrr"), "", f"![tying effect per setting]({MATCHED_PLOT})"]
     if unmatched:
         md += ["", "No untied variant with the same settings (not contrasted): " + "; ".join(unmatched) + "."]
+    if c.tying_line is not None:
+        md += ["", f"### The tying line over {c.tying_line.short}", "",
+               "The settings' effects (Δloss, nats) fitted as a line in log2 of the key by weighted least squares, and "
+               "where it crosses zero, with Fieller's 95% interval:", "", *(f"- {x}" for x in c.tying_line.lines())]
     return md + (c.tying_map.markdown(TYING_MAP_PLOT, TYING_MAP_BUCKETS_PLOT) if c.tying_map is not None else [])
 
 
@@ -576,6 +580,7 @@ def format_terminal_table(c: Comparison) -> str:
         alone = [v.label for v in c.variants if v.tied and v.vs_baseline is None]
         lines += ["not contrasted (no untied variant with the same settings): " + "; ".join(alone)] if alone else []
         lines += c.tying_map.lines() if c.tying_map is not None else []
+        lines += c.tying_line.lines() if c.tying_line is not None else []
     else:
         header = ["variant", "seeds", f"{SHORT[c.primary]} ppl", "95% CI", f"vs {c.baseline_label}", "95% CI", "p",
                   "params"]

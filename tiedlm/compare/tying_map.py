@@ -132,7 +132,7 @@ class TyingMap:
 # ============================================================================ building the map
 
 
-def _numeric(v: Any) -> bool:
+def is_numeric(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and number(v) is not None
 
 
@@ -175,16 +175,16 @@ def _bucket_split(matched: list[MatchedContrast], split: str) -> str | None:
     return None
 
 
-def _axes(matched: list[MatchedContrast], keys: list[str]) -> tuple[list[str], dict[str, dict]]:
+def grid_axes(matched: list[MatchedContrast], keys: list[str]) -> tuple[list[str], dict[str, dict]]:
     """The map's keys, with each non-numeric key that another key's values determine set aside (a
     paired grid axis: tokenizer.kind beside tokenizer.vocab_size): (the keys left, {key set aside:
     {"by": the key that determines it, "values": {its value: that key's values}}}). Keys are kept as they are when none is set aside."""
     follows: dict[str, dict] = {}
     left = list(keys)
     for k in keys:
-        if all(_numeric(m.setting[k]) for m in matched):
+        if all(is_numeric(m.setting[k]) for m in matched):
             continue
-        for by in (x for x in left if x != k and all(_numeric(m.setting[x]) for m in matched)):
+        for by in (x for x in left if x != k and all(is_numeric(m.setting[x]) for m in matched)):
             seen: dict[Any, Any] = {}
             if all(seen.setdefault(m.setting[by], m.setting[k]) == m.setting[k] for m in matched):
                 values: dict[str, list] = {}
@@ -205,8 +205,8 @@ def tying_map(matched: list[MatchedContrast], primary: str) -> TyingMap | None:
     keys = list(matched[0].setting)
     if any(set(m.setting) != set(keys) for m in matched):
         return None
-    keys, follows = _axes(matched, keys)
-    if len(keys) != 2 or not all(_numeric(m.setting[k]) for m in matched for k in keys):
+    keys, follows = grid_axes(matched, keys)
+    if len(keys) != 2 or not all(is_numeric(m.setting[k]) for m in matched for k in keys):
         return None
     row_key, col_key = keys
     cells: dict[Cell, MapCell] = {}

@@ -42,8 +42,9 @@ def interval_words(d: SplitContrast) -> str:
     if d.ci_low is None:
         return d.note or "no interval can be given"
     p = fmt_p(d.p_value) if d.p_value is not None else "p undefined"
-    if d.adjusted is not None and d.p_value is not None:
-        p = f"{fmt_pvalue(d.p_value)} (sequential threshold p < {fmt_threshold(d.adjusted.threshold)})"
+    adjusted = getattr(d, "adjusted", None)  # a contrast judged at the sequential design's level
+    if adjusted is not None and d.p_value is not None:
+        p = f"{fmt_pvalue(d.p_value)} (sequential threshold p < {fmt_threshold(adjusted.threshold)})"
     return f"95% CI {percent(d.relative_ci_low)} to {percent(d.relative_ci_high)}, {p}, {test_words(d)}"
 
 
@@ -76,14 +77,15 @@ def verdict(label: str, ref: str, d: SplitContrast | None, split: str, member: F
     if member is not None:
         primary = " (the primary contrast)" if member.role == "primary" and holm else ""
         head = f"{member.words[0].upper()}{member.words[1:]}{primary}: {head}"
-    if d.significant is None or (d.adjusted is not None and d.p_value is None):
+    adjusted = getattr(d, "adjusted", None)
+    if d.significant is None or (adjusted is not None and d.p_value is None):
         end = "." if d.ci_low is None else ": no difference on any seed."
         return head + end + (f" (Sequential design: significance is judged at p < "
-                             f"{fmt_threshold(d.adjusted.threshold)}, not 0.05.)" if d.adjusted is not None else "")
+                             f"{fmt_threshold(adjusted.threshold)}, not 0.05.)" if adjusted is not None else "")
     if holm:
         return head + _holm_judgement(d, member, family)
-    if d.adjusted is not None:
-        return head + _adjusted_judgement(d, d.adjusted)
+    if adjusted is not None:
+        return head + _adjusted_judgement(d, adjusted)
     return head + (": significant at 0.05." if d.significant else
                    ": not significant at 0.05 (the interval includes 0%).")
 

@@ -1,0 +1,67 @@
+"""The tying line (compare/tying_line.py): a one-key grid's effects fitted in log2 of the key by
+weighted least squares, and its zero crossing with Fieller's interval, against independent
+arithmetic: numpy.polyfit's weighted fit and covariance, scipy's t quantile, and the defining
+equation of Fieller's set at the interval's ends."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from tiedlm.compare.tying_line import fit_line, tying_line
+
+XS = [152509, 305018, 610036, 1220072, 2440144]
+
+
+def test_the_fit_and_its_slope_s_standard_error_are_numpy_s_weighted_polyfit():
+    ys = [0.080, 0.041, 0.012, -0.020, -0.055]
+    ses = [0.010, 0.012, 0.009, 0.015, 0.011]
+    line = fit_line("train.max_tokens", list(zip(XS, ys, ses)))
+    u = np.log2(XS) - line.centre
+    coef, cov = np.polyfit(u, ys, 1, w=1 / np.asarray(ses), cov=True)  # polyfit weights the residuals: 1/σ
+    assert line.slope == pytest.approx(coef[0], rel=1e-9) and line.intercept == pytest.approx(coef[1], rel=1e-9)
+    assert line.slope_se == pytest.approx(math.sqrt(cov[0, 0]), rel=1e-6)
+    assert line.slope_p == pytest.approx(2 * stats.t.sf(abs(coef[0]) / math.sqrt(cov[0, 0]), 3), rel=1e-6)
+    assert line.crossing == pytest.approx(2 ** (-coef[1] / coef[0] + line.centre), rel=1e-9)
+    assert XS[1] < line.crossing < XS[3] and line.bounded
+    # Fieller's ends: where the line's 95% interval just touches zero
+    t = stats.t.ppf(0.975, 3)
+    for end in (line.low, line.high):
+        g = math.log2(end) - line.centre
+        pred = coef[1] + coef[0] * g
+        var = cov[1, 1] + 2 * g * cov[0, 1] + g * g * cov[0, 0]
+        assert pred ** 2 == pytest.approx(t * t * var, rel=1e-6)
+    assert line.low < line.crossing < line.high
+    text = " ".join(line.lines())
+    assert "Tying starts to help where the line crosses zero" in text and "Fieller" in text
+
+
+def test_a_slope_that_is_not_significant_leaves_the_crossing_unplaced():
+    ys = [0.02, -0.03, 0.025, -0.02, 0.01]
+    line = fit_line("train.max_tokens", [(x, y, 0.02) for x, y in zip(XS, ys)])
+    assert not line.bounded and line.low is None and line.high is None
+    assert "unbounded: the slope is not significant" in " ".join(line.lines()) or line.crossing is None
+
+
+def test_too_few_settings_with_a_standard_error_fit_no_line():
+    line = fit_line("train.max_tokens", [(XS[0], 0.1, 0.01), (XS[1], 0.05, None), (XS[2], 0.0, 0.01)])
+    assert line.slope is None and any("3 needed" in n for n in line.notes)
+    assert any("1 setting(s) left out" in n for n in line.notes)
+
+
+def test_a_one_key_grid_gets_its_line_and_a_two_key_grid_does_not():
+    from types import SimpleNamespace
+
+    def matched(setting, y, se):
+        d = SimpleNamespace(difference=y, se=se)
+        return SimpleNamespace(setting=setting, split=lambda name, d=d: d)
+
+    one = [matched({"train.max_tokens": x}, 0.05 - 0.02 * i, 0.01) for i, x in enumerate(XS)]
+    line = tying_line(one, "test")
+    assert line is not None and line.short == "max_tokens" and line.slope < 0
+    two = [matched({"train.max_tokens": x, "model.n_embd": 64}, 0.05, 0.01) for x in XS]
+    two += [matched({"train.max_tokens": x, "model.n_embd": 128}, 0.05, 0.01) for x in XS]
+    assert tying_line(two, "test") is None

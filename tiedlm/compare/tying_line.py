@@ -1,0 +1,151 @@
+"""The tying line: in a grid of one numeric key (the training budget, say), the cells' tying
+effects as a line in log2 of the key, and where that line crosses zero: where tying starts (or
+stops) helping, with its 95% interval.
+
+The model, by weighted least squares over the settings with an effect and a standard error
+(surface.wls, as the map's surface):
+
+    y = b0 + b1·u        weights w = 1 / se²
+
+y is the setting's effect on the loss scale (Δloss in nats, tied minus untied), se its standard
+error (the setting's paired or Welch test), u = log2 of the key's value centred at the middle of
+the measured range: b0 is the predicted effect there, b1 nats per doubling. The coefficients'
+covariance is s²·(XᵀWX)⁻¹ with s² = χ²/(n − 2) (the settings' scatter about the line sets the
+scale), Student t on n − 2 degrees of freedom, so at least 3 settings are needed.
+
+The crossing is u₀ = −b0/b1. Its 95% interval is Fieller's: the values of u where the line's own
+95% interval contains 0, {u : ŷ(u)² ≤ t²·var ŷ(u)}. It is a bounded interval only where the slope
+is significant (b1² > t²·var b1); otherwise the data do not place the crossing and it is said to
+be unbounded. Pure numbers and numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..naming import scalar, short_keys
+from .stats import LEVEL, t_ppf, t_two_sided_p
+from .surface import FAR, wls
+from .tying_map import grid_axes, is_numeric
+
+MIN_SETTINGS = 3  # two parameters and at least one residual degree of freedom
+
+
+@dataclass
+class TyingLine:
+    key: str  # the grid's key, dotted (train.max_tokens)
+    short: str  # its short name (max_tokens)
+    points: list[tuple[float, float, float]]  # (value, Δloss, se) of each setting fitted
+    intercept: float | None = None  # nats at the measured range's centre
+    slope: float | None = None  # nats per doubling of the key
+    slope_se: float | None = None
+    slope_p: float | None = None
+    dof: int = 0
+    centre: float | None = None  # log2 of the key at the centre
+    crossing: float | None = None  # the key's value where the line predicts no effect
+    low: float | None = None  # Fieller's 95% interval of the crossing (None: unbounded that side)
+    high: float | None = None
+    bounded: bool = False  # the slope is significant: Fieller's set is an interval
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "summary": self.lines()}
+
+    def lines(self) -> list[str]:
+        return line_sentences(self)
+
+
+def fit_line(key: str, points: list[tuple[float, float, float]]) -> TyingLine:
+    """The line over the settings (value, Δloss, se); fitted where at least MIN_SETTINGS have a
+    positive value, a finite effect and se > 0 (the others are named in its notes)."""
+    import numpy as np
+
+    line = TyingLine(key=key, short=short_keys([key])[key], points=[])
+    usable = [(x, y, se) for x, y, se in points
+              if x is not None and x > 0 and y is not None and math.isfinite(y) and se is not None and se > 0]
+    if len(usable) < len(points):
+        line.notes.append(f"{len(points) - len(usable)} setting(s) left out of the fit: no effect with a standard "
+                          "error (one seed, or no spread between seeds)")
+    line.points = sorted(usable)
+    if len(usable) < MIN_SETTINGS:
+        line.notes.append(f"no line fitted: {len(usable)} setting(s) with an effect and a standard error, "
+                          f"{MIN_SETTINGS} needed")
+        return line
+    u = np.log2([x for x, _, _ in line.points])
+    line.centre = float((u.min() + u.max()) / 2)
+    X = np.column_stack([np.ones(len(u)), u - line.centre])
+    y = np.array([p[1] for p in line.points])
+    w = 1.0 / np.array([p[2] for p in line.points]) ** 2
+    fit = wls(X, y, w)
+    if fit is None:
+        line.notes.append("no line fitted: the settings' values do not span a line")
+        return line
+    cov = fit.unscaled * (fit.chi2 / fit.dof)
+    a, b = (float(v) for v in fit.beta)
+    line.intercept, line.slope, line.dof = a, b, fit.dof
+    line.slope_se = math.sqrt(float(cov[1, 1]))
+    line.slope_p = t_two_sided_p(b / line.slope_se, fit.dof) if line.slope_se > 0 else None
+    _crossing(line, a, b, cov, t_ppf(0.5 + LEVEL / 2, fit.dof))
+    return line
+
+
+def _crossing(line: TyingLine, a: float, b: float, cov: Any, t: float) -> None:
+    """u₀ = −a/b, and Fieller's set {u : (a + b·u)² ≤ t²·(A + 2B·u + D·u²)} (u centred)."""
+    if b != 0 and abs(-a / b) <= FAR:
+        line.crossing = float(2 ** (-a / b + line.centre))
+    A, B, D = float(cov[0, 0]), float(cov[0, 1]), float(cov[1, 1])
+    alpha, beta2, gamma = b * b - t * t * D, a * b - t * t * B, a * a - t * t * A
+    if alpha <= 0:  # the slope is not significant: the set is unbounded
+        return
+    disc = max(0.0, beta2 * beta2 - alpha * gamma)
+    r1, r2 = (-beta2 - math.sqrt(disc)) / alpha, (-beta2 + math.sqrt(disc)) / alpha
+    line.bounded = True
+    line.low = float(2 ** (r1 + line.centre)) if abs(r1) <= FAR else None
+    line.high = float(2 ** (r2 + line.centre)) if abs(r2) <= FAR else None
+
+
+def line_sentences(line: TyingLine) -> list[str]:
+    if line.slope is None:
+        return list(line.notes)
+    lo, hi = line.points[0][0], line.points[-1][0]
+    p = "" if line.slope_p is None else f", p={line.slope_p:.3g}"
+    direction = "falls" if line.slope < 0 else "rises"
+    out = [f"Fitted over log2 {line.short} ({len(line.points)} settings, weighted by 1/se², {line.dof} residual "
+           f"degree{'s' if line.dof != 1 else ''} of freedom): the tying effect {direction} by "
+           f"{abs(line.slope):.4f} nats per doubling of {line.short} (se {line.slope_se:.4f}{p})."]
+    helps = "starts to help" if line.slope < 0 else "stops helping"
+    if line.crossing is None:
+        out.append(f"The line does not cross zero within 2^{FAR:g} of the measured range: no crossover.")
+    else:
+        where = ("inside" if lo <= line.crossing <= hi else "outside") + f" the measured range ({scalar(lo)} to {scalar(hi)})"
+        if not line.bounded:
+            band = "its 95% interval is unbounded: the slope is not significant, so the data do not place it"
+        else:
+            band = (f"95% interval {'unbounded' if line.low is None else scalar(float(f'{line.low:.3g}'))} to "
+                    f"{'unbounded' if line.high is None else scalar(float(f'{line.high:.3g}'))} (Fieller)")
+        out.append(f"Tying {helps} where the line crosses zero: {line.short} ≈ {scalar(float(f'{line.crossing:.3g}'))}, "
+                   f"{where}; {band}.")
+    return out + list(line.notes)
+
+
+def tying_line(matched: list, primary: str) -> TyingLine | None:
+    """The line of a grid whose settings vary in one numeric key (the others following it, as a
+    tuned key chosen per setting does); None otherwise."""
+    if not matched:
+        return None
+    keys = list(matched[0].setting)
+    if any(set(m.setting) != set(keys) for m in matched):
+        return None
+    keys, _ = grid_axes(matched, keys)
+    if len(keys) != 1 or not all(is_numeric(m.setting[keys[0]]) for m in matched):
+        return None
+    key = keys[0]
+    if len({m.setting[key] for m in matched}) != len(matched):  # several tied variants at one setting
+        return None
+    points = []
+    for m in matched:
+        d = m.split(primary)
+        points.append((float(m.setting[key]), d.difference if d else None, d.se if d else None))
+    return fit_line(key, points)
