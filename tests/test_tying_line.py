@@ -65,3 +65,29 @@ def test_a_one_key_grid_gets_its_line_and_a_two_key_grid_does_not():
     two = [matched({"train.max_tokens": x, "model.n_embd": 64}, 0.05, 0.01) for x in XS]
     two += [matched({"train.max_tokens": x, "model.n_embd": 128}, 0.05, 0.01) for x in XS]
     assert tying_line(two, "test") is None
+
+
+def test_the_mechanism_rows_give_the_bucket_effects_and_who_peaked_first():
+    from types import SimpleNamespace
+
+    from tiedlm.compare.tying_line import mechanism_markdown
+
+    def variant(label, budget, best_tokens):
+        cfg = SimpleNamespace(train=SimpleNamespace(max_tokens=budget))
+        return SimpleNamespace(label=label, config=cfg, best_points=[(t, 50.0) for t in best_tokens])
+
+    b = lambda diff: SimpleNamespace(difference=diff, ci_low=diff - 0.01, ci_high=diff + 0.01)  # noqa: E731
+    matched, variants = [], []
+    for i, x in enumerate(XS[:3]):
+        d = SimpleNamespace(difference=0.04 - 0.03 * i, se=0.01, relative=math.expm1(0.04 - 0.03 * i),
+                            buckets={"top 10%": b(0.01), "next 40%": b(0.0), "rest": b(0.05 - 0.06 * i)})
+        matched.append(SimpleNamespace(setting={"train.max_tokens": x}, tied=f"t{i}", untied=f"u{i}",
+                                       split=lambda name, d=d: d))
+        variants += [variant(f"t{i}", x, [x, x]), variant(f"u{i}", x, [x // 2, x // 4])]
+    line = tying_line(matched, "test", variants)
+    rows = line.mechanism
+    assert [r["setting"] for r in rows] == XS[:3]
+    assert rows[2]["rare"]["bucket"] == "rest" and rows[2]["rare"]["effect"] == pytest.approx(math.expm1(-0.07))
+    assert rows[0]["frequent"]["effect"] == pytest.approx(math.expm1(0.01))
+    assert rows[1]["tied_best_share"] == 1.0 and rows[1]["untied_best_share"] == pytest.approx(0.375, abs=1e-5)
+    assert "untied best at" in "\n".join(mechanism_markdown(line)) and "38%" in "\n".join(mechanism_markdown(line))

@@ -417,7 +417,7 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
 
     tmap = map_section(matched, primary, variants)
     return Comparison(
-        tying_map=tmap, tying_line=tying_line(matched, primary) if tmap is None else None,
+        tying_map=tmap, tying_line=tying_line(matched, primary, variants) if tmap is None else None,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), out=out,
         baseline_label=base.label if base else None, baseline_reason=why or reason, differing_keys=keys,
         variants=variants, runs=rows, skipped=skipped,

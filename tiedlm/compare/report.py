@@ -28,6 +28,7 @@ from .matching import PARAM_MATCH
 from .plots import MATCHED_PLOT, PLOTS, TYING_MAP_BUCKETS_PLOT, TYING_MAP_PLOT, bucket_split, captions
 from .stats import GeometricSummary, Summary, TestResult
 from .adaptation import adaptation_markdown
+from .tying_line import mechanism_markdown
 from .sections import (ledger_markdown, sequential_lines, sequential_markdown, trajectory_lines, trajectory_markdown,
                        tuning_lines, tuning_markdown)
 from .variants import SPLITS, SplitContrast, Variant
@@ -175,7 +176,8 @@ def _md_matched(c: Comparison) -> list[str]:
     if c.tying_line is not None:
         md += ["", f"### The tying line over {c.tying_line.short}", "",
                "The settings' effects (Δloss, nats) fitted as a line in log2 of the key by weighted least squares, and "
-               "where it crosses zero, with Fieller's 95% interval:", "", *(f"- {x}" for x in c.tying_line.lines())]
+               "where it crosses zero, with Fieller's 95% interval:", "", *(f"- {x}" for x in c.tying_line.lines()),
+               *mechanism_markdown(c.tying_line)]
     return md + (c.tying_map.markdown(TYING_MAP_PLOT, TYING_MAP_BUCKETS_PLOT) if c.tying_map is not None else [])
 
 

@@ -25,10 +25,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..formatting import markdown_table, percent
 from ..naming import scalar, short_keys
-from .stats import LEVEL, t_ppf, t_two_sided_p
+from ..nats import relative
+from .stats import LEVEL, number, t_ppf, t_two_sided_p
 from .surface import FAR, wls
-from .tying_map import grid_axes, is_numeric
+from .tying_map import frequency_ends, grid_axes, is_numeric
 
 MIN_SETTINGS = 3  # two parameters and at least one residual degree of freedom
 
@@ -49,6 +51,7 @@ class TyingLine:
     high: float | None = None
     bounded: bool = False  # the slope is significant: Fieller's set is an interval
     notes: list[str] = field(default_factory=list)
+    mechanism: list[dict] = field(default_factory=list)  # per setting: the buckets' effects and each variant's best
 
     def to_json(self) -> dict:
         return {**asdict(self), "summary": self.lines()}
@@ -130,7 +133,56 @@ def line_sentences(line: TyingLine) -> list[str]:
     return out + list(line.notes)
 
 
-def tying_line(matched: list, primary: str) -> TyingLine | None:
+def _best_share(v: Any) -> float | None:
+    """Where a variant's runs had their best validation evaluation, as a share of their budget (the
+    mean over seeds): 1 for a run still improving at its end, less for one that over-fitted."""
+    budget = v.config.train.max_tokens
+    if not v.best_points or not budget:
+        return None
+    return sum(t for t, _ in v.best_points) / len(v.best_points) / budget
+
+
+def mechanism_rows(matched: list, variants: list, primary: str, key: str) -> list[dict]:
+    """Per setting: the effect on the most frequent and the rarest ranked bucket (the primary split's
+    buckets, Δ loss as exp(Δ) − 1), and where each variant's best weights came in its budget (who
+    over-fits first)."""
+    by_label = {v.label: v for v in variants}
+    rows = []
+    for m in sorted(matched, key=lambda m: m.setting[key]):
+        d = m.split(primary)
+        top, rest = frequency_ends(list(d.buckets)) if d else (None, None)
+        row = {"setting": m.setting[key], "effect": number(d.relative) if d else None}
+        for name, end in (("frequent", top), ("rare", rest)):
+            b = d.buckets.get(end) if d and end else None
+            row[name] = {"bucket": end, "effect": relative(b.difference) if b else None,
+                         "ci_low": relative(b.ci_low) if b else None, "ci_high": relative(b.ci_high) if b else None}
+        row["tied_best_share"] = _best_share(by_label[m.tied]) if m.tied in by_label else None
+        row["untied_best_share"] = _best_share(by_label[m.untied]) if m.untied in by_label else None
+        rows.append(row)
+    return rows
+
+
+def mechanism_markdown(line: TyingLine) -> list[str]:
+    if not line.mechanism:
+        return []
+
+    def pct(x):
+        return "—" if x is None else percent(x)
+
+    def share(x):
+        return "—" if x is None else f"{x:.0%}"
+
+    rows = [[scalar(r["setting"]), pct(r["effect"]),
+             f"{pct(r['frequent']['effect'])} ({r['frequent']['bucket'] or '—'})",
+             f"{pct(r['rare']['effect'])} ({r['rare']['bucket'] or '—'})",
+             share(r["tied_best_share"]), share(r["untied_best_share"])] for r in line.mechanism]
+    return ["", f"Per {line.short}: the tying effect, on the most frequent and the rarest tokens, and where each variant's "
+                "best weights came in its budget (the mean over seeds; below 100%, it had begun to over-fit):", "",
+            markdown_table([line.short, "effect", "frequent tokens", "rare tokens", "tied best at", "untied best at"],
+                           rows, "rrrrrr")]
+
+
+def tying_line(matched: list, primary: str, variants: list | None = None) -> TyingLine | None:
     """The line of a grid whose settings vary in one numeric key (the others following it, as a
     tuned key chosen per setting does); None otherwise."""
     if not matched:
@@ -148,4 +200,6 @@ def tying_line(matched: list, primary: str) -> TyingLine | None:
     for m in matched:
         d = m.split(primary)
         points.append((float(m.setting[key]), d.difference if d else None, d.se if d else None))
-    return fit_line(key, points)
+    line = fit_line(key, points)
+    line.mechanism = mechanism_rows(matched, variants, primary, key) if variants is not None else []
+    return line
