@@ -502,7 +502,7 @@ def test_comparison_json_keys(tmp_path):
     vs = tied["vs_baseline"]
     assert list(vs) == ["baseline", "kind", "validation", "test", "params_difference", "params_relative",
                         "parameter_matched", "train_flops_per_token", "baseline_train_flops_per_token",
-                        "train_flops_relative", "compute_matched", "confounds", "trajectory"]
+                        "train_flops_relative", "compute_matched", "confounds", "tuned_differences", "trajectory"]
     assert vs["kind"] == "baseline" and vs["parameter_matched"] is False and vs["compute_matched"] is True
     tested = ["test", "difference", "se", "df", "t", "p_value", "ci_low", "ci_high", "level", "note", "n", "seeds_a",
               "seeds_b"]

@@ -161,3 +161,23 @@ def test_a_comparison_renders_the_ledger_and_says_what_else_differs(tmp_path):
     data = json.loads((runs / "compare" / "comparison.json").read_text())
     assert data["variants"][1]["vs_baseline"]["confounds"] == ["learning rate 0.003 vs 0.01"]
     assert math.isclose(data["variants"][1]["ledger"]["vd_share"], tied.ledger.vd_share)
+
+
+def test_a_tuned_key_s_difference_is_the_protocol_s_not_a_confound():
+    """compare --tune: each variant at its own learning rate is what the protocol asks; the ledger
+    names it as each variant's own choice, and only other differences as confounds."""
+    import dataclasses
+
+    from tiedlm.config import load_config
+    from tiedlm.ledger import differences, ledger_of
+
+    a = load_config(None, ["train.max_steps=10", "train.warmup_steps=1", "train.lr=0.01"])
+    b = load_config(None, ["train.max_steps=10", "train.warmup_steps=1", "train.lr=0.003",
+                           "model.tie_embeddings=false", "model.dropout=0.1"])
+    la, lb = ledger_of(a, None), ledger_of(b, None)
+    assert any(x.startswith("learning rate") for x in differences(la, lb, a, b))  # untuned: a confound
+    confounds = differences(la, lb, a, b, tuned=["train.lr"])
+    chosen = differences(la, lb, a, b, tuned=["train.lr"], chosen=True)
+    assert not any(x.startswith("learning rate") for x in confounds) and any("dropout" in x for x in confounds)
+    assert any(x.startswith("learning rate 0.01 vs 0.003") for x in chosen) and not any("dropout" in x for x in chosen)
+    assert dataclasses.is_dataclass(la)

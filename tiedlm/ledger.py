@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .config import effective_min_lr, flat
 from .tie import STORED_KEYS
@@ -49,6 +49,9 @@ COMPARED = (("init", "initialisation"), ("frozen", "frozen"), ("lr", "learning r
             ("weight_decay_other", "weight decay on the other matrices"),
             ("init_std_e", "init std of E"), ("init_std_w_out", "init std of W_out"),
             ("embed_scale", "input embedding scale"), ("lm_head_bias", "head bias"))
+# a tuned key -> the ledger's fields it sets (the cosine's end follows a tuned lr through min_lr_ratio)
+TUNED_FIELDS = {"train.lr": ("lr", "min_lr"), "train.min_lr": ("min_lr",), "train.min_lr_ratio": ("min_lr",),
+                "train.weight_decay": ("weight_decay_e", "weight_decay_w_out", "weight_decay_other")}
 # config keys the ledger's fields already say: not repeated as "other keys"
 COVERED_KEYS = ("train.lr", "train.min_lr", "train.min_lr_ratio", "train.weight_decay", "train.decay_embeddings",
                 "model.embed_scale", "model.lm_head_bias", "model.init_from", "train.trainable")
@@ -174,15 +177,20 @@ def value_words(field: str, value: Any) -> str:
     return str(value)
 
 
-def differences(a: Ledger, b: Ledger, cfg_a: Config | None = None, cfg_b: Config | None = None) -> list[str]:
+def differences(a: Ledger, b: Ledger, cfg_a: Config | None = None, cfg_b: Config | None = None,
+                tuned: Sequence[str] = (), chosen: bool = False) -> list[str]:
     """What variant a differs from b in besides the tie: "learning rate 0.003 vs 0.01", then any
-    other key of their configs (the variant view) as "model.dropout 0.1 vs 0"."""
+    other key of their configs (the variant view) as "model.dropout 0.1 vs 0". `tuned`: the keys
+    each variant chose for itself on validation (compare --tune), and the ledger's fields that
+    follow them (TUNED_FIELDS): left out, or with `chosen`, the only ones given — a difference the
+    protocol makes on purpose, not a confound."""
+    own = {f for k in tuned for f in TUNED_FIELDS.get(k, ())}
     out = [f"{words} {value_words(k, getattr(a, k))} vs {value_words(k, getattr(b, k))}"
-           for k, words in COMPARED if getattr(a, k) != getattr(b, k)]
+           for k, words in COMPARED if getattr(a, k) != getattr(b, k) and (k in own) == chosen]
     if cfg_a is not None and cfg_b is not None:
         fa, fb = flat(cfg_a, variant=True), flat(cfg_b, variant=True)
         keys = sorted(k for k in set(fa) | set(fb)
-                      if k not in TIE_KEYS and k not in COVERED_KEYS and fa.get(k) != fb.get(k))
+                      if k not in TIE_KEYS and k not in COVERED_KEYS and fa.get(k) != fb.get(k) and (k in tuned) == chosen)
         out += [f"{k} {value_words(k, fa.get(k))} vs {value_words(k, fb.get(k))}" for k in keys]
     return out
 

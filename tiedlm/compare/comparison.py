@@ -318,7 +318,7 @@ def _contrast(variants: list[Variant], keys: list[str], baseline: str | None, ba
         base, why = next(v for v in variants if v.key == base_key), ""
     for v in variants:
         v.is_baseline = v is base
-        v.vs_baseline = None if v is base else versus(v, base)
+        v.vs_baseline = None if v is base else versus(v, base, tuned=tuned)
     return base, why, []
 
 

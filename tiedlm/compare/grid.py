@@ -90,7 +90,7 @@ def matched_contrasts(variants: list[Variant], differing_keys: list[str],
             # here (eval_every without keep_best) is not part of the variant, yet it has a value.
             values = flat(tied.config)
             setting = {k: values[k] for k in other}
-            tied.vs_baseline = versus(tied, ref, kind="matched")
+            tied.vs_baseline = versus(tied, ref, kind="matched", tuned=tuned)
             out.append(MatchedContrast(
                 setting=setting, label=", ".join(f"{short[k]}={scalar(values[k])}" for k in other),
                 tied=tied.label, untied=ref.label, contrast=tied.vs_baseline, embedding_share=_share(ref),

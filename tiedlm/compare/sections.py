@@ -443,8 +443,18 @@ def _ledger_row(v: Any) -> list[str]:
 def confound_lines(c: Comparison) -> list[str]:
     """One line per contrast: "tied vs untied: the variants differ only in the tie." or what else
     they differ in (ledger.differences)."""
-    return [f"{v.label} vs {v.vs_baseline.baseline}: {differs_sentence(v.vs_baseline.confounds)}"
-            for v in c.variants if v.vs_baseline is not None and v.vs_baseline.confounds is not None]
+    out = []
+    for v in c.variants:
+        vs = v.vs_baseline
+        if vs is None or vs.confounds is None:
+            continue
+        line = f"{v.label} vs {vs.baseline}: {differs_sentence(vs.confounds)}"
+        if vs.tuned_differences:  # the protocol's own difference, said as such
+            own = "; ".join(vs.tuned_differences)
+            line = (f"{v.label} vs {vs.baseline}: besides the tie, they differ only in what each chose on validation "
+                    f"({own})." if not vs.confounds else f"{line} Each at its own tuned setting: {own}.")
+        out.append(line)
+    return out
 
 
 def ledger_markdown(c: Comparison) -> list[str]:

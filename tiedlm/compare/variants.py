@@ -152,6 +152,7 @@ class Contrast:
     baseline_train_flops_per_token: float | None = None
     train_flops_relative: float | None = None  # total training FLOPs, variant / reference − 1
     confounds: list[str] | None = None  # ledger.differences: what else than the tie tells the two apart
+    tuned_differences: list[str] = field(default_factory=list)  # what each chose for itself (compare --tune)
 
     def split(self, name: str) -> SplitContrast | None:
         return self.splits.get(name)
@@ -171,7 +172,7 @@ class Contrast:
                 "parameter_matched": self.parameter_matched, "train_flops_per_token": self.train_flops_per_token,
                 "baseline_train_flops_per_token": self.baseline_train_flops_per_token,
                 "train_flops_relative": self.train_flops_relative, "compute_matched": self.compute_matched,
-                "confounds": self.confounds}
+                "confounds": self.confounds, "tuned_differences": self.tuned_differences}
 
 
 # ============================================================================ variants
@@ -452,7 +453,7 @@ def _split_contrast(mv: SplitMetrics, mb: SplitMetrics) -> SplitContrast:
         power=power_analysis(test) if test.test else None, buckets=_bucket_contrasts(mv, mb))
 
 
-def versus(variant: Variant, base: Variant, kind: str = "baseline") -> Contrast:
+def versus(variant: Variant, base: Variant, kind: str = "baseline", tuned: Sequence[str] = ()) -> Contrast:
     """variant against base on every split both have, in total parameters and in training FLOPs."""
     out = Contrast(baseline=base.label, kind=kind)
     for split in SPLITS:
@@ -472,5 +473,6 @@ def versus(variant: Variant, base: Variant, kind: str = "baseline") -> Contrast:
     if fv is not None and fb:
         out.train_flops_relative = fv / fb - 1.0
     if variant.ledger is not None and base.ledger is not None:
-        out.confounds = differences(variant.ledger, base.ledger, variant.config, base.config)
+        out.confounds = differences(variant.ledger, base.ledger, variant.config, base.config, tuned)
+        out.tuned_differences = differences(variant.ledger, base.ledger, variant.config, base.config, tuned, chosen=True)
     return out

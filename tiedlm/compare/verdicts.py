@@ -178,9 +178,13 @@ def seeds_sentence(d: SplitContrast | None) -> str | None:
 def confounds_sentence(vs: Contrast) -> str | None:
     """What the variant differs from its reference in besides the tie (ledger.differences), when
     anything: a reader should not take the effect for the tie's alone."""
+    own = getattr(vs, "tuned_differences", None)
+    chose = f"Each is at its own tuned setting: {'; '.join(own)}." if own else ""
     if not vs.confounds:
-        return None
-    return f"Besides the tie, it also differs from {vs.baseline} in: {'; '.join(vs.confounds)} (the confound ledger)."
+        return chose or None
+    also = f"Besides the tie{' and those' if own else ''}, it also differs from {vs.baseline} in: " \
+           f"{'; '.join(vs.confounds)} (the confound ledger)."
+    return f"{chose} {also}".strip()
 
 
 def params_sentence(total: int | None, vs: Contrast) -> str | None:
