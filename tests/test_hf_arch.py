@@ -101,20 +101,30 @@ def test_a_family_trains_through_tiedlm_s_loop_and_resumes_bit_for_bit(family, t
 
     monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
     cfg = run_config(family, "train.max_steps=6", "train.checkpoint_every=2", "model.untie_at=0.5")
+    run, weights = resumes_bit_for_bit(cfg, tmp_path)
+    assert "hf.lm_head.weight" in weights  # untied at step 3, so W_out is stored
+    report = json.loads((run / "report.json").read_text())
+    assert report["status"] == "finished" and report["untied_at_step"] == 3 and report["params"]["tied"] is True
+    again = evaluate_run(run, splits=["test"])
+    assert again["results"]["test"]["loss"] == pytest.approx(report["final"]["test"]["loss"], rel=1e-6)
+    _exports_and_reloads(run, tmp_path / "export", tied=False)
+
+
+def resumes_bit_for_bit(cfg, tmp_path):
+    """A run trained whole, and the same run stopped at step 3 and resumed, end with the same
+    weights bit for bit. Returns (the resumed run's folder, its final weights)."""
+    from tiedlm.train import train_run
+
     ref = train_run(cfg, out=tmp_path / "a", progress=False)
     with pytest.raises(Interrupted):
         train_run(cfg, out=tmp_path / "b", progress=False, stop_after_step=3)
     run = train_run(cfg, out=tmp_path / "b", progress=False)
     a = load_file(str(checkpoints.latest_checkpoint(ref) / checkpoints.MODEL_FILE))
     b = load_file(str(checkpoints.latest_checkpoint(run) / checkpoints.MODEL_FILE))
-    assert a.keys() == b.keys() and "hf.lm_head.weight" in b  # untied at step 3, so W_out is stored
+    assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    report = json.loads((run / "report.json").read_text())
-    assert report["status"] == "finished" and report["untied_at_step"] == 3 and report["params"]["tied"] is True
-    again = evaluate_run(run, splits=["test"])
-    assert again["results"]["test"]["loss"] == pytest.approx(report["final"]["test"]["loss"], rel=1e-6)
-    _exports_and_reloads(run, tmp_path / "export", tied=False)
+    return run, b
 
 
 def _exports_and_reloads(run, folder, tied: bool) -> None:

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from tests.conftest import ROOT
 from tiedlm import checkpoints
 from tiedlm.config import load_config
-from tiedlm.errors import ConfigError, Interrupted
+from tiedlm.errors import ConfigError
 from tiedlm.model import build_model
 
 pytest.importorskip("transformers")
@@ -142,20 +142,11 @@ def test_trainable_freezes_the_rest(exports, tmp_path, monkeypatch, trainable, m
 
 
 def test_a_pretrained_start_resumes_bit_for_bit_and_exports_with_its_tie(exports, tmp_path, monkeypatch):
-    from tiedlm.train import train_run
-    from tests.test_hf_arch import _exports_and_reloads
+    from tests.test_hf_arch import _exports_and_reloads, resumes_bit_for_bit
 
     monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
     cfg = start(exports["gpt2-tied"], "model.tie_embeddings=false", "train.max_steps=6", "train.checkpoint_every=2")
-    ref = train_run(cfg, out=tmp_path / "a", progress=False)
-    with pytest.raises(Interrupted):
-        train_run(cfg, out=tmp_path / "b", progress=False, stop_after_step=3)
-    run = train_run(cfg, out=tmp_path / "b", progress=False)
-    a = load_file(str(checkpoints.latest_checkpoint(ref) / checkpoints.MODEL_FILE))
-    b = load_file(str(checkpoints.latest_checkpoint(run) / checkpoints.MODEL_FILE))
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
+    run, _ = resumes_bit_for_bit(cfg, tmp_path)
     _exports_and_reloads(run, tmp_path / "export", tied=False)
 
 
