@@ -7,14 +7,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import checkpoints, runs
 from ..config import Config
+from ..distributed import Dist
 from ..errors import ConfigError, RunError
 from ..tensorboard import TrainingLog, require
 from .optim import budget_steps, check_warmup, untie_step
 from .also import prepare_also
+
+if TYPE_CHECKING:
+    from ..data import PreparedData
 
 
 @dataclass
@@ -25,14 +29,14 @@ class Preflight:
     dtype: str  # fp32 | bf16
     total_steps: int
     untie_step: int | None  # the step at which an untie_at run splits in two
-    data: Any  # data.PreparedData
+    data: PreparedData
     checkpoint: Path | None = None  # the checkpoint to resume from
     checkpoint_note: str | None = None  # how it was found, when not through LATEST
     loaded: tuple | None = None  # checkpoints.load_checkpoint(checkpoint): verified, not yet applied
     old_report: runs.RunReport | None = None
     tb: TrainingLog | None = None  # train.log_to: tensorboard, opened by the loop once the model is built
-    dist: Any = None  # distributed.Dist: this process's rank among the run's processes (one by default)
-    also: Any = None  # eval.also's data.PreparedData, or None
+    dist: Dist | None = None  # this process's rank among the run's processes (one by default)
+    also: PreparedData | None = None  # eval.also's data
 
 
 def preflight(cfg: Config, run_dir: Path, device: Any, fresh: bool, progress: bool, d: Any = None) -> Preflight:
@@ -42,7 +46,7 @@ def preflight(cfg: Config, run_dir: Path, device: Any, fresh: bool, progress: bo
     from ..counting import check_fits
     from ..data import data_identity, prepare_data
     from ..device import resolve_dtype
-    from ..distributed import Dist, check_batch, main_first, start
+    from ..distributed import check_batch, main_first, start
 
     if "tensorboard" in cfg.train.log_to:
         require()
