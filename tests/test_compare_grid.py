@@ -285,3 +285,31 @@ def test_grid_rows_of_two_tie_modes_at_one_setting_name_their_tie(tmp_path):
     assert len(set(labels)) == len(labels)
     md = (runs / "compare" / "comparison.md").read_text()
     assert "| lowrank r=4, n_embd=64 |" in md and "| projection, n_embd=64 |" in md
+
+
+def test_a_one_key_grid_gets_the_tying_line_from_its_settings(tmp_path):
+    """Four widths, tying helping more as the model grows, with seed noise: compare fits the line
+    over log2 n_embd from the matched contrasts and says where it crosses zero, in the terminal,
+    comparison.md and comparison.json."""
+    runs = tmp_path / "runs"
+    effect = {32: 0.04, 64: 0.015, 128: -0.01, 256: -0.035}
+    for d, e in effect.items():
+        for seed in (0, 1, 2):
+            base = 40.0 + 8000.0 / d + 0.7 * seed
+            make_run(runs, f"g-tie_embeddings=false-n_embd={d}-s{seed}", seed, UNTIED + [f"model.n_embd={d}"],
+                     val=base * (1 + 0.002 * seed))
+            make_run(runs, f"g-tie_embeddings=true-n_embd={d}-s{seed}", seed, TIED + [f"model.n_embd={d}"],
+                     val=base * (1 + e) * (1 + 0.003 * (seed - 1)))
+    result = C.compare_runs(runs_dir=runs)
+    line = result.tying_line
+    assert result.tying_map is None and line is not None and line.key == "model.n_embd"
+    d = {m.setting["model.n_embd"]: m.split("validation").difference for m in result.matched}
+    assert [p[1] for p in line.points] == pytest.approx([d[w] for w in (32, 64, 128, 256)])
+    assert line.slope < 0 and 64 < line.crossing < 128
+    md = (runs / "compare" / "comparison.md").read_text()
+    assert "### The tying line over n_embd" in md and "Tying starts to help where the line crosses zero" in md
+    data = json.loads((runs / "compare" / "comparison.json").read_text())
+    assert data["tying_line"]["crossing"] == pytest.approx(line.crossing)
+    from tiedlm.compare.report import format_terminal_table
+
+    assert "Tying starts to help where the line crosses zero" in format_terminal_table(result)
