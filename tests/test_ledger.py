@@ -116,7 +116,7 @@ def test_differences_name_what_is_not_the_tie(tiny):
     ratio = tiny("train.min_lr_ratio=0.5")  # the schedule's end, said once as the ledger's field
     assert differences(a, ledger_of(ratio, None), tied, ratio) == ["final learning rate 0.0001 vs 0.0005"]
     head = tiny("model.tie_embeddings=false", "train.trainable=head")
-    assert differences(ledger_of(head, None), b, head, untied) == ["frozen E and the blocks vs nothing"]
+    assert differences(ledger_of(head, None), b, head, untied) == ["train.trainable head vs all"]
 
 
 def test_a_ledger_survives_report_json_and_an_unreadable_one_is_recomputed(tiny):

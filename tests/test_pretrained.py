@@ -152,6 +152,7 @@ def test_a_pretrained_start_resumes_bit_for_bit_and_exports_with_its_tie(exports
 
 @pytest.mark.parametrize("extra, message", [
     (["model.n_embd=64"], "model.n_embd is 64, but the checkpoint in .* has 32 — remove model.n_embd"),
+    (["model.block_size=64"], "model.block_size is 64, but the checkpoint in .* holds positions up to 16"),
     (["model.hf_config=llama"], "model.hf_config is 'llama', but model.init_from gives the family"),
     (["model.tie_mode=projection"], "model.tie_mode projection is not built"),
     (["model.untie_at=0.5"], "model.untie_at are not built for it"),
@@ -173,10 +174,15 @@ def test_a_missing_folder_tokenizer_or_hub_id_offline_is_one_line(exports, tmp_p
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "config.json").write_text((exports["qwen2-tied"] / "config.json").read_text())
+    with pytest.raises(ConfigError, match="the folder has a config.json but no weights"):
+        start(bare)
+    (bare / "model.safetensors").write_bytes((exports["qwen2-tied"] / "model.safetensors").read_bytes())
     with pytest.raises(ConfigError, match="the folder has no tokenizer.json"):
         start(bare)
     with pytest.raises(ConfigError, match="model.tie_from applies to a pretrained start"):
         load_config(None, ["model.tie_from=mean", "train.max_steps=2"])
+    with pytest.raises(ConfigError, match="train.trainable head with model.untie_at"):
+        load_config(None, ["train.trainable=head", "model.untie_at=0.5", "train.max_steps=2"])
 
 
 def test_eval_also_scores_the_old_domain_before_and_after(exports, tmp_path, monkeypatch):
@@ -229,7 +235,7 @@ def test_new_tokens_get_rows_at_the_old_rows_mean_and_a_bucket_of_their_own(expo
     data = prepare_data(cfg, progress=False)
     tok = data.tokenizer
     old = json.loads((folder / "config.json").read_text())["vocab_size"]
-    assert len(tok.added) == 3 and all(t.startswith(" ") for t in tok.added)
+    assert len(tok.added) == 3  # the words the word-level tokenizer read as <unk>, as its pre-tokenizer cuts them
     assert tok.added_ids == list(range(old, old + 3)) and data.model_vocab_size == old + 3
     assert all(len(tok.encode_batch([t])[0]) == 1 for t in tok.added)  # each one token now
     run = train_run(cfg, out=tmp_path / "runs", progress=False)
@@ -309,3 +315,50 @@ def test_a_comparison_of_an_adaptation_tabulates_the_start_the_old_domain_and_th
     assert tied.seeds == untied.seeds == 2 and tied.new_tokens_loss > 0 and 0 < tied.new_tokens_share < 1
     md = (tmp_path / "cmp" / "comparison.md").read_text()
     assert "## The pretrained start, the old domain and the new tokens" in md and "untied by copy" in md
+
+
+def test_a_pretrained_start_may_use_a_shorter_context_and_its_own_tokenizer_keys(exports):
+    cfg = start(exports["qwen2-tied"], "model.block_size=8", "tokenizer.eot_token=<eot>")
+    assert cfg.model.block_size == 8 and cfg.tokenizer.kind == "pretrained" and cfg.tokenizer.eot_token == "<eot>"
+    assert start(exports["qwen2-tied"]).model.block_size == 16  # the checkpoint's longest by default
+
+
+def test_a_checkpoint_missing_weights_is_refused_rather_than_filled_at_random(exports, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "partial"
+    folder.mkdir()
+    for f in exports["qwen2-untied"].iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(str(folder / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match="the checkpoint's weights lack 1 of the model's \\(lm_head.weight\\)"):
+        build_model(start(folder, "model.tie_embeddings=false").model, 128)
+
+
+def test_new_words_are_counted_as_the_pre_tokenizer_cuts_them():
+    """A byte-level BPE cuts " GLOUCESTER" only after a space: a name that always opens a line is
+    counted without one, and the piece added is the one the text holds; a word it already holds
+    whole (" the") is not added; an added " king" is one token, and the text decodes as it was
+    (inside " kingdom" it is matched too, as a BPE piece would be)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from tiedlm.data.tokenizers import HFTokenizer, frequent_split_words
+
+    text = ["GLOUCESTER: the king\nGLOUCESTER: the queen and the prince there\n" * 50]
+    rust = Tokenizer(models.BPE())
+    rust.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    rust.decoder = decoders.ByteLevel()
+    rust.train_from_iterator(text, trainers.BpeTrainer(vocab_size=260, special_tokens=["<|endoftext|>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                       show_progress=False))
+    tok = HFTokenizer("pretrained", rust, "<|endoftext|>")
+    assert tok.pieces_of(" the") == 1
+    words = frequent_split_words(tok, iter([text]), 3)
+    assert "GLOUCESTER" in words and " GLOUCESTER" not in words and " the" not in words and " king" in words
+    grown = tok.with_added(words)
+    king = grown.added_ids[words.index(" king")]
+    for text in ("the king sleeps", "the kingdom", "king"):
+        ids = grown.encode_batch([text])[0].tolist()
+        assert grown.decode(ids) == text and (king in ids) is (" king" in text)

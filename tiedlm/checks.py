@@ -183,6 +183,9 @@ def validate(cfg: Config) -> None:
         check_seed(value, key)
     _validate_model(cfg.model)
     _validate_train(cfg.train)
+    _check(cfg.train.trainable == "all" or cfg.model.untie_at is None,
+           f"train.trainable {cfg.train.trainable} with model.untie_at: the split would leave E and W_out in their "
+           "tied state's trainable set — remove one of them")
     _validate_tokens_per_step(cfg.train, cfg.model)
     _validate_tokenizer(cfg.tokenizer)
     _validate_data(cfg.data)

@@ -317,7 +317,8 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
             results[split] = evaluate_split(model, data.splits[split], cfg.model.block_size,
                                             stride or cfg.eval.stride, cfg.eval.batch_size, device,
                                             autocast_ctx(device, dtype), train_counts=data.train_counts,
-                                            fractions=cfg.eval.buckets, unk_id=data.tokenizer.unk_id)
+                                            fractions=cfg.eval.buckets, unk_id=data.tokenizer.unk_id,
+                                            new_ids=getattr(data.tokenizer, "added_ids", None))
         if results[split]["tokens"] and not math.isfinite(results[split]["loss"]):
             raise RunError(f"the loss of {rm.checkpoint} on {split} is not finite although its weights are (the "
                            "activations overflow) — the run diverged; use an earlier checkpoint if the run kept one "

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .errors import ConfigError
 from .hf import language_configs, config_flags_tied, hf_model_config, require_transformers
 from .pretrained import checkpoint_config, checkpoint_tied, describe_start
 from .tie import UNTIED, Tie
@@ -47,13 +48,19 @@ class HFCausalLM(nn.Module):
         config.vocab_size = saved.vocab_size  # loaded as it was saved; new tokens' rows are added below
         for c in language_configs(config):
             c.tie_word_embeddings = was_tied  # loaded as it was saved; the run's tie is set below
-        model = transformers.AutoModelForCausalLM.from_pretrained(cfg.hf_config, config=config,
-                                                                   dtype=torch.float32)
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(cfg.hf_config, config=config,
+                                                                         dtype=torch.float32, output_loading_info=True)
+        missing = [k for k in info.get("missing_keys", []) if not (was_tied and k.endswith("lm_head.weight"))]
+        if missing:  # transformers would fill them at random, and say so only in a log line
+            raise ConfigError(f"model.init_from {cfg.init_from}: the checkpoint's weights lack {len(missing)} of the "
+                              f"model's ({', '.join(sorted(missing)[:3])}) — it would start with those at random; "
+                              "give a complete model folder")
         model.train()
         E, head = model.get_input_embeddings(), model.get_output_embeddings()
         if (head.weight is E.weight) != was_tied:
-            raise AssertionError(f"the checkpoint in {cfg.init_from} says tie_word_embeddings {was_tied}, but its "
-                                 f"loaded weights are {'' if head.weight is E.weight else 'not '}one matrix")
+            raise ConfigError(f"model.init_from {cfg.init_from}: its config says tie_word_embeddings {was_tied}, but its "
+                              f"weights load as {'one matrix' if head.weight is E.weight else 'two different matrices'} "
+                              "— fix tie_word_embeddings in the folder's config.json")
         tied = cfg.tie.w_out_is_e
         with torch.no_grad():
             if was_tied and not tied:  # untie by copy: never a random head

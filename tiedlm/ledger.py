@@ -33,7 +33,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .config import effective_min_lr, flat
+from .config import ADDED_KEYS, effective_min_lr, flat
 from .tie import STORED_KEYS
 
 if TYPE_CHECKING:
@@ -44,17 +44,19 @@ TIE_KEYS = (*STORED_KEYS, "model.untie_at", "model.tie_from")  # the tie itself:
 RECORDED = "recorded by the run"
 FROM_CONFIG = "computed from the run's stored config (the run predates the ledger)"
 # (field, words): the ledger's fields two variants are compared on, in the order a difference is said
-COMPARED = (("init", "initialisation"), ("frozen", "frozen"), ("lr", "learning rate"), ("min_lr", "final learning rate"), ("weight_decay_e", "weight decay on E"),
+COMPARED = (("init", "initialisation"), ("lr", "learning rate"), ("min_lr", "final learning rate"), ("weight_decay_e", "weight decay on E"),
             ("weight_decay_w_out", "weight decay on W_out"),
             ("weight_decay_other", "weight decay on the other matrices"),
             ("init_std_e", "init std of E"), ("init_std_w_out", "init std of W_out"),
             ("embed_scale", "input embedding scale"), ("lm_head_bias", "head bias"))
 # a tuned key -> the ledger's fields it sets (the cosine's end follows a tuned lr through min_lr_ratio)
 TUNED_FIELDS = {"train.lr": ("lr", "min_lr"), "train.min_lr": ("min_lr",), "train.min_lr_ratio": ("min_lr",),
-                "train.weight_decay": ("weight_decay_e", "weight_decay_w_out", "weight_decay_other")}
+                "train.weight_decay": ("weight_decay_e", "weight_decay_w_out", "weight_decay_other"),
+                "train.decay_embeddings": ("weight_decay_e", "weight_decay_w_out"),
+                "model.embed_scale": ("embed_scale",), "model.lm_head_bias": ("lm_head_bias",)}
 # config keys the ledger's fields already say: not repeated as "other keys"
 COVERED_KEYS = ("train.lr", "train.min_lr", "train.min_lr_ratio", "train.weight_decay", "train.decay_embeddings",
-                "model.embed_scale", "model.lm_head_bias", "model.init_from", "train.trainable")
+                "model.embed_scale", "model.lm_head_bias", "model.init_from")
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,7 @@ def differences(a: Ledger, b: Ledger, cfg_a: Config | None = None, cfg_b: Config
     out = [f"{words} {value_words(k, getattr(a, k))} vs {value_words(k, getattr(b, k))}"
            for k, words in COMPARED if getattr(a, k) != getattr(b, k) and (k in own) == chosen]
     if cfg_a is not None and cfg_b is not None:
-        fa, fb = flat(cfg_a, variant=True), flat(cfg_b, variant=True)
+        fa, fb = ({**ADDED_KEYS, **flat(c, variant=True)} for c in (cfg_a, cfg_b))  # a key left out: its default
         keys = sorted(k for k in set(fa) | set(fb)
                       if k not in TIE_KEYS and k not in COVERED_KEYS and fa.get(k) != fb.get(k) and (k in tuned) == chosen)
         out += [f"{k} {value_words(k, fa.get(k))} vs {value_words(k, fb.get(k))}" for k in keys]

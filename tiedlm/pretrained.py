@@ -92,8 +92,9 @@ def checkpoint_tied(config: Any) -> bool:
 
 def resolve(data: dict) -> dict:
     """The raw config (after overrides) with model.init_from's checkpoint applied: arch hf, the
-    family's config the folder, the size and vocabulary the checkpoint's, the tokenizer the
-    folder's when no tokenizer key is set. A size key set to another value is refused."""
+    family's config the folder, the size and vocabulary the checkpoint's (model.block_size may be
+    shorter than its longest context), the tokenizer the folder's when tokenizer.kind is not set.
+    A size key set to another value is refused."""
     model = data.get("model")
     if not isinstance(model, dict) or not model.get("init_from"):
         return data
@@ -101,22 +102,32 @@ def resolve(data: dict) -> dict:
     if not isinstance(name, str):
         raise ConfigError(f"model.init_from must be a model folder or hub id, got {name!r}")
     folder = checkpoint_folder(name)
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        raise ConfigError(f"model.init_from {name}: the folder has a config.json but no weights (*.safetensors or "
+                          "*.bin) — point it at a folder saved with save_pretrained")
     sizes = checkpoint_sizes(checkpoint_config(folder))
+    longest = sizes.pop("block_size", None)  # a shorter context than the checkpoint's longest is fine
     for key, value in sizes.items():
         given = model.get(key)
         if given is not None and given != value:
             raise ConfigError(f"model.{key} is {given}, but the checkpoint in {name} has {value} — remove model.{key} "
                               "(the size of a pretrained start is the checkpoint's)")
+    if longest is not None:
+        given = model.get("block_size")
+        if isinstance(given, int) and given > longest:
+            raise ConfigError(f"model.block_size is {given}, but the checkpoint in {name} holds positions up to "
+                              f"{longest} — set model.block_size to {longest} or less")
+        sizes["block_size"] = given if isinstance(given, int) else longest
     if model.get("hf_config") not in (None, str(folder)):
         raise ConfigError(f"model.hf_config is {model['hf_config']!r}, but model.init_from gives the family — remove "
                           "model.hf_config")
     model.update(sizes, arch="hf", hf_config=str(folder))
-    tokenizer = data.get("tokenizer")
-    if not tokenizer or set(tokenizer) == {"add_tokens"}:  # the folder's own, with new tokens or not
+    tokenizer = data.get("tokenizer") or {}
+    if isinstance(tokenizer, dict) and "kind" not in tokenizer:  # the folder's own (its other keys kept)
         if not (folder / "tokenizer.json").is_file():
             raise ConfigError(f"model.init_from {name}: the folder has no tokenizer.json — set tokenizer.kind: "
                               "pretrained and tokenizer.path to the tokenizer the checkpoint was trained with")
-        data["tokenizer"] = {**(tokenizer or {}), "kind": "pretrained", "path": str(folder / "tokenizer.json")}
+        data["tokenizer"] = {**tokenizer, "kind": "pretrained", "path": str(folder / "tokenizer.json")}
     return data
 
 

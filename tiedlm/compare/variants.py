@@ -39,7 +39,7 @@ from .stats import (
 
 SPLITS = ("train", "validation", "test")  # in report order; only the splits the runs have appear
 MODE_KEYS = STORED_KEYS  # the tie's stored keys make one label part: tied, untied, lowrank r=8 ...
-TYING_KEYS = (*MODE_KEYS, "model.untie_at")  # what a matched contrast may differ in
+TYING_KEYS = (*MODE_KEYS, "model.untie_at", "model.tie_from")  # what a matched contrast may differ in
 COST_KEYS = ("tokens_per_s", "wall_time_s", "peak_memory_bytes", "tokens_seen", "steps")
 COMPUTE_MATCH = 0.01  # training FLOPs within 1% of the reference's: compute-matched
 

@@ -187,15 +187,32 @@ class HFTokenizer(Tokenizer):
         _write_meta(folder, {"kind": self.kind, "eot_token": self.eot_token,
                              **({"added": self.added} if self.added else {})})
 
+    def pieces_of(self, piece: str) -> int:
+        """How many tokens `piece` takes inside a text (after a letter, so that a tokenizer that
+        prepends a space marker to a text does not count it), or 0 where that cannot be told; an
+        <unk> counts as a piece the tokenizer does not hold (2)."""
+        before = self._encode(["a"])[0]
+        ids = self._encode(["a" + piece])[0]
+        if len(ids) < len(before) or list(ids[:len(before)]) != list(before):
+            ids = self._encode([piece])[0]  # the context merged into the piece: the piece alone
+        else:
+            ids = ids[len(before):]
+        if self.unk_id is not None and self.unk_id in ids:
+            return 2
+        return len(ids)
+
     def with_added(self, tokens: list[str]) -> HFTokenizer:
         """This tokenizer with new tokens (each one id, matched in the text before the rest is
         split), given ids after every existing one; a token it already has is refused."""
         from tokenizers import AddedToken
 
-        have = [t for t in tokens if self._tok.token_to_id(t) is not None]
+        have = [t for t in tokens if self._tok.token_to_id(t) is not None or self.pieces_of(t) == 1]
         if have:
             raise ConfigError(f"tokenizer.add_tokens: {have[0]!r} is already a token of the tokenizer — remove it "
                               "from the list")
+        # Matched wherever its text stands, the start of a longer word too (" king" in " kingdom", as a
+        # BPE piece would be): single_word would refuse " king" after "the" (a letter before the
+        # space), and lstrip would drop the space it absorbs from the decoded text.
         self._tok.add_tokens([AddedToken(t, normalized=False) for t in tokens])
         return HFTokenizer(self.kind, self._tok, self.eot_token, tokens)
 
@@ -345,27 +362,32 @@ def train_tokenizer(tcfg: TokenizerConfig, docs: Texts, progress: bool = False) 
     return train(_training_batches(docs, tcfg.max_train_bytes, progress), tcfg.vocab_size)
 
 
+ADD_TOKENS_RULE = 2  # how add_tokens: N picks its pieces (frequent_split_words); part of the tokenizer's key
+
+
 def frequent_split_words(tok: HFTokenizer, batches: Iterator[list[str]], n: int) -> list[str]:
-    """tokenizer.add_tokens: N — the N most frequent whitespace-separated words of the training text
-    (its first max_train_bytes) that the tokenizer splits into two tokens or more, or reads as its
-    <unk> (a word-level tokenizer), each with the
-    leading space it has inside a sentence (so that " word" becomes one token where it stood as
-    several). Fewer when the text has fewer such words."""
+    """tokenizer.add_tokens: N — the N most frequent pieces of the training text (its first
+    max_train_bytes) that the tokenizer's own pre-tokenizer cuts out (" word" with its space, as a
+    byte-level BPE cuts it; "word" for a whitespace one) and that it then encodes as two tokens or
+    more, or as its <unk>. Each is counted as it stands in the text, so a word never seen after a
+    space is never added with one. Fewer when the text has fewer such pieces."""
     counts: Counter[str] = Counter()
+    pre = tok._tok.pre_tokenizer
     for batch in batches:
         for text in batch:
-            counts.update(text.split())
+            if pre is None:
+                counts.update(" " + w for w in text.split())
+            else:
+                counts.update(text[a:b] for _, (a, b) in pre.pre_tokenize_str(text))
     out = []
-    for word, _ in counts.most_common():
-        piece = " " + word
-        ids = tok._encode([piece])[0]
-        if (len(ids) >= 2 or (tok.unk_id is not None and tok.unk_id in ids)) and tok._tok.token_to_id(piece) is None:
+    for piece, _ in counts.most_common():
+        if piece.strip() and tok.pieces_of(piece) != 1 and tok._tok.token_to_id(piece) is None:
             out.append(piece)
             if len(out) == n:
                 break
     if not out:
-        raise ConfigError(f"tokenizer.add_tokens: {n} — the training text has no word that the tokenizer splits or reads as <unk>; "
-                          "nothing to add (remove tokenizer.add_tokens)")
+        raise ConfigError(f"tokenizer.add_tokens: {n} — the training text has no word that the tokenizer splits or reads "
+                          "as <unk>; nothing to add (remove tokenizer.add_tokens)")
     return out
 
 
@@ -378,8 +400,8 @@ def tokenizer_fingerprint(tcfg: TokenizerConfig) -> dict:
         st = path.stat()
         return {"kind": "pretrained", "file": [str(path.resolve()), st.st_size, st.st_mtime_ns],
                 "eot_token": tcfg.eot_token,
-                **({"add_tokens": tcfg.add_tokens, "max_train_bytes": tcfg.max_train_bytes}
-                   if tcfg.add_tokens is not None else {})}
+                **({"add_tokens": tcfg.add_tokens, "max_train_bytes": tcfg.max_train_bytes,
+                    "pieces": ADD_TOKENS_RULE} if tcfg.add_tokens is not None else {})}
     return {"kind": tcfg.kind, "vocab_size": tcfg.vocab_size, "max_train_bytes": tcfg.max_train_bytes}
 
 

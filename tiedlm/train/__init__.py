@@ -146,8 +146,8 @@ def _train(cfg: Config, run_dir: Path, device: Any, progress: bool, stop_after_s
             final = final_evaluation(cfg, run_dir, pre, model, state, signals, interrupted)
             also = [score_also(cfg, pre, model)] if pre.also is not None else None
             final_best = _best_evaluation(cfg, run_dir, pre, model, state, signals, interrupted, final, also)
-            if also is not None and main:
-                record.write(also=also_record(cfg, record.report.also["before"], *also))
+            if also is not None and main:  # the start's score, unless the first attempt's report was lost
+                record.write(also=also_record(cfg, (record.report.also or {}).get("before"), *also))
             _finish(record, cfg, pre, model, state, final, final_best, wall_before + time.time() - t_start)
         except (Interrupted, DivergedError):
             raise

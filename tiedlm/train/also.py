@@ -36,9 +36,11 @@ def score_also(cfg: Config, pre: Any, model: Any) -> dict:
                           reduce=lambda nll: sum_arrays(dist, nll, pre.device))
 
 
-def also_record(cfg: Config, before: dict, after: dict | None = None, after_best: dict | None = None) -> dict:
-    """report.json's `also`: the data, the split, and its scores before and after training."""
-    out: dict[str, Any] = {"data": label(cfg.eval.also), "split": SPLIT, "before": _short(before)}
+def also_record(cfg: Config, before: dict | None, after: dict | None = None, after_best: dict | None = None) -> dict:
+    """report.json's `also`: the data, the split, and its scores before and after training (None
+    before: a resume whose first attempt's report was lost)."""
+    out: dict[str, Any] = {"data": label(cfg.eval.also), "split": SPLIT,
+                           "before": _short(before) if before is not None else None}
     if after is not None:
         out["after"] = _short(after)
     if after_best is not None:
