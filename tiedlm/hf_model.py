@@ -48,6 +48,7 @@ class HFCausalLM(nn.Module):
         config.vocab_size = saved.vocab_size  # loaded as it was saved; new tokens' rows are added below
         for c in language_configs(config):
             c.tie_word_embeddings = was_tied  # loaded as it was saved; the run's tie is set below
+        transformers.utils.logging.disable_progress_bar()  # tiedlm says what it loads; no bar per run
         model, info = transformers.AutoModelForCausalLM.from_pretrained(cfg.hf_config, config=config,
                                                                          dtype=torch.float32, output_loading_info=True)
         missing = [k for k in info.get("missing_keys", []) if not (was_tied and k.endswith("lm_head.weight"))]
