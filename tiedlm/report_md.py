@@ -21,8 +21,8 @@ def _start_lines(r: RunReport) -> list[str]:
     """A pretrained start (model.init_from) and eval.also's old domain, before and after."""
     out = []
     if start := (r.params or {}).get("start"):
-        tied = "tied" if start.get("checkpoint_tied") else "untied"
-        out += [f"Started from **{start.get('init_from')}** (a {tied} checkpoint): {start.get('start')}.", ""]
+        kind = "a tied" if start.get("checkpoint_tied") else "an untied"
+        out += [f"Started from **{start.get('init_from')}** ({kind} checkpoint): {start.get('start')}.", ""]
     if also := r.also:
         scores = [f"before {also['before']['perplexity']:.2f}"]
         scores += [f"{label} {also[k]['perplexity']:.2f}" for k, label in (("after", "after (last weights)"),
