@@ -109,6 +109,13 @@ def _crossing(line: TyingLine, a: float, b: float, cov: Any, t: float) -> None:
     line.high = float(2 ** (r2 + line.centre)) if abs(r2) <= FAR else None
 
 
+def _value(x: float, digits: int | None = None) -> str:
+    """A key's value as a reader takes it: 152,509; 4,530,000 (3 significant digits); 0.003."""
+    if digits is not None:
+        x = float(f"{x:.{digits}g}")
+    return f"{x:,.0f}" if abs(x) >= 1000 and float(x).is_integer() else scalar(x)
+
+
 def line_sentences(line: TyingLine) -> list[str]:
     if line.slope is None:
         return list(line.notes)
@@ -122,13 +129,13 @@ def line_sentences(line: TyingLine) -> list[str]:
     if line.crossing is None:
         out.append(f"The line does not cross zero within 2^{FAR:g} of the measured range: no crossover.")
     else:
-        where = ("inside" if lo <= line.crossing <= hi else "outside") + f" the measured range ({scalar(lo)} to {scalar(hi)})"
+        where = ("inside" if lo <= line.crossing <= hi else "outside") + f" the measured range ({_value(lo)} to {_value(hi)})"
         if not line.bounded:
             band = "its 95% interval is unbounded: the slope is not significant, so the data do not place it"
         else:
-            band = (f"95% interval {'unbounded' if line.low is None else scalar(float(f'{line.low:.3g}'))} to "
-                    f"{'unbounded' if line.high is None else scalar(float(f'{line.high:.3g}'))} (Fieller)")
-        out.append(f"Tying {helps} where the line crosses zero: {line.short} ≈ {scalar(float(f'{line.crossing:.3g}'))}, "
+            band = (f"95% interval {'unbounded' if line.low is None else _value(line.low, 3)} to "
+                    f"{'unbounded' if line.high is None else _value(line.high, 3)} (Fieller)")
+        out.append(f"Tying {helps} where the line crosses zero: {line.short} ≈ {_value(line.crossing, 3)}, "
                    f"{where}; {band}.")
     return out + list(line.notes)
 
@@ -139,7 +146,8 @@ def _best_share(v: Any) -> float | None:
     budget = v.config.train.max_tokens
     if not v.best_points or not budget:
         return None
-    return sum(t for t, _ in v.best_points) / len(v.best_points) / budget
+    # the last step may pass the budget by part of a batch: its best is then the whole budget
+    return min(1.0, sum(t for t, _ in v.best_points) / len(v.best_points) / budget)
 
 
 def mechanism_rows(matched: list, variants: list, primary: str, key: str) -> list[dict]:
@@ -172,7 +180,7 @@ def mechanism_markdown(line: TyingLine) -> list[str]:
     def share(x):
         return "—" if x is None else f"{x:.0%}"
 
-    rows = [[scalar(r["setting"]), pct(r["effect"]),
+    rows = [[_value(r["setting"]), pct(r["effect"]),
              f"{pct(r['frequent']['effect'])} ({r['frequent']['bucket'] or '—'})",
              f"{pct(r['rare']['effect'])} ({r['rare']['bucket'] or '—'})",
              share(r["tied_best_share"]), share(r["untied_best_share"])] for r in line.mechanism]
