@@ -250,6 +250,8 @@ def _validate_start(m: Any) -> None:
                                                "or remove model.tie_from")
     _check(m.vocab_size is None or (isinstance(m.vocab_size, int) and m.vocab_size > 0),
            f"model.vocab_size must be a positive whole number, got {m.vocab_size!r}")
+    if m.vocab_size is not None:
+        check_at_most(m.vocab_size, VOCAB_LIMIT, "model.vocab_size", "real vocabularies stay below a million entries")
     if m.init_from:
         _check(m.tie.mode in ("tied", "untied") and m.untie_at is None,
                f"a pretrained start (model.init_from) is kept tied or untied, untied by copy or tied from "

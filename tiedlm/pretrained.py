@@ -96,11 +96,12 @@ def resolve(data: dict) -> dict:
     shorter than its longest context), the tokenizer the folder's when tokenizer.kind is not set.
     A size key set to another value is refused."""
     model = data.get("model")
-    if not isinstance(model, dict) or not model.get("init_from"):
+    if not isinstance(model, dict) or model.get("init_from") is None:
         return data
     name = model["init_from"]
-    if not isinstance(name, str):
-        raise ConfigError(f"model.init_from must be a model folder or hub id, got {name!r}")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"model.init_from must be a model folder or hub id, got {name!r} — e.g. runs/export "
+                          "(tiedlm export RUN --out runs/export)")
     folder = checkpoint_folder(name)
     if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
         raise ConfigError(f"model.init_from {name}: the folder has a config.json but no weights (*.safetensors or "
