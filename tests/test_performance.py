@@ -205,15 +205,20 @@ def test_bench_quick_runs_and_reports_every_implementation(tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--json", str(tmp_path / "b.json")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = [line for line in out.stdout.splitlines() if line.startswith("| tiedlm") or line.startswith("| transf")]
+    rows = [line for line in out.stdout.splitlines() if line.startswith(("| tiedlm", "| transf", "| arch: hf"))]
     want = ["tiedlm tied", "tiedlm untied", "tiedlm plain loss tied", "tiedlm plain loss untied"]
+    archhf = []
     try:
         import transformers  # noqa: F401
 
         want += ["transformers tied", "transformers untied"]
+        archhf = ["arch: hf tied", "arch: hf untied"]  # transformers' blocks under tiedlm's loop: llama shapes only
     except ImportError:
         pass
-    assert [r.split("|")[1].strip() for r in rows] == want * 2  # the tiny GPT-2 shape, then the tiny llama one
+    # the tiny GPT-2 shape, then the tiny llama one
+    assert [r.split("|")[1].strip() for r in rows] == want + want + archhf
+    if archhf:
+        assert "tiedlm's own block / arch: hf" in out.stdout
     assert "tiny llama (llama: 1 key/value heads" in out.stdout
     assert all(float(r.split("|")[2].replace(",", "")) > 0 for r in rows)
     heads = [line for line in out.stdout.splitlines() if line.startswith("tiny")]
@@ -224,8 +229,9 @@ def test_bench_quick_runs_and_reports_every_implementation(tmp_path):
     result = json.loads((tmp_path / "b.json").read_text())
     timers = [e["pid"] for e in result["shapes"]] + [e["counted"]["pid"] for e in result["shapes"]]
     assert len(set(timers)) == 4 and result["pid"] not in timers  # each shape and its counted line: a fresh process
-    for i, e in enumerate(result["shapes"]):  # page faults a step, by the rates' labels, in the last column
-        table = [r.split("|") for r in rows[i * len(want):(i + 1) * len(want)]]
+    tables = [rows[:len(want)], rows[len(want):]]  # the GPT-2 shape's rows, then the llama one's (with arch: hf)
+    for e, shape_rows in zip(result["shapes"], tables):  # page faults a step, by the rates' labels, in the last column
+        table = [r.split("|") for r in shape_rows]
         assert list(e["faults_per_step"]) == list(e["train"]) == [r[1].strip() for r in table]
         assert [f"{v:,.0f}" for v in e["faults_per_step"].values()] == [r[7].strip() for r in table]
     assert result["settings"]["steps"] == 1 and result["failed_shapes"] == []

@@ -6,11 +6,11 @@ the means (losses averaged, then exponentiated, as the comparison's perplexities
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from ..formatting import markdown_table
+from ..nats import perplexity
 
 
 @dataclass
@@ -29,7 +29,7 @@ def _mean(values: list[float]) -> float | None:
 
 
 def _ppl(loss: float | None) -> float | None:
-    return math.exp(loss) if loss is not None else None
+    return perplexity(loss) if loss is not None else None
 
 
 def adapted_variant(label: str, runs: list[Any], primary: str) -> Adapted | None:
