@@ -32,11 +32,43 @@ def test_every_shipped_config_loads_and_validates(path):
 
         configs = [run.cfg for run in expand(load_grid(path))]
         assert len(configs) > 1 and len({(c.seed, str(c)) for c in configs}) == len(configs)
+    elif "init_from" in (yaml.safe_load(path.read_text()).get("model") or {}):
+        configs = [_pretrained_start(path)]
     else:
         configs = [load_config(path)]
     for cfg in configs:
         assert cfg.name
         assert (cfg.train.max_steps is None) != (cfg.train.max_tokens is None)
+
+
+def _pretrained_start(path):
+    """A shipped config that starts from a checkpoint it tells how to make: without it, one line
+    naming the folder; with a tiny checkpoint of the same kind (a GPT-2 folder and its tokenizer),
+    it loads and takes the checkpoint's size."""
+    import tempfile
+
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    named = yaml_model(path)["init_from"]
+    if not Path(named).exists():
+        with pytest.raises(ConfigError, match="no such model folder"):
+            load_config(path)
+    folder = Path(tempfile.mkdtemp()) / "ckpt"
+    GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=1, n_head=2)).save_pretrained(folder)
+    tok = Tokenizer(models.WordLevel({"<|endoftext|>": 0, "<unk>": 1}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+    cfg = load_config(path, [f"model.init_from={folder}"])
+    assert cfg.model.arch == "hf" and cfg.model.n_embd == 16 and cfg.model.vocab_size == 40
+    return cfg
+
+
+def yaml_model(path) -> dict:
+    import yaml
+
+    return yaml.safe_load(path.read_text()).get("model") or {}
 
 
 def test_precedence_defaults_base_file_set_seed(tmp_path):
