@@ -72,9 +72,9 @@ class TokenizerConfig:
     eot_token: str | None = None  # pretrained: the token between documents; None = find <|endoftext|>, </s>, ...
     max_train_bytes: int = 50_000_000  # text used to train bpe/word/char vocabularies
     pad_to_multiple: int = 1  # pad the model's vocabulary to a multiple of this (64 is common on GPUs)
-    # pretrained: new tokens, a list of strings or N, the N most frequent words of the training text that
-    # the tokenizer splits (added with their leading space); their rows of E and W_out start from the
-    # old rows' mean and covariance, and their loss is a bucket of its own
+    # pretrained: new tokens, a list of strings or N, the N most frequent pieces of the training text (as
+    # the tokenizer's pre-tokenizer cuts them) that it splits or reads as <unk>; their rows of E and W_out
+    # start from the old rows' mean and covariance, and their loss is a bucket of its own
     add_tokens: Union[list[str], int, None] = None
 
 

@@ -423,7 +423,7 @@ def build_model(cfg: ModelConfig, vocab_size: int) -> nn.Module:
     return GPT(cfg, vocab_size)
 
 
-def freeze_all_but(model: nn.Module, trainable: str) -> int:
+def freeze_all_but(model: nn.Module, trainable: str) -> None:
     """train.trainable: leave the head's parameters (W_out and a tie mode's own; E when tied, as it
     is W_out), the embedding matrices, or all of them trainable, and freeze the rest. Returns the
     number of trainable values (a shared matrix once)."""
@@ -433,7 +433,6 @@ def freeze_all_but(model: nn.Module, trainable: str) -> int:
         kept = {id(p) for p in keep}
         for p in model.parameters():
             p.requires_grad_(id(p) in kept)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 @torch.no_grad()

@@ -30,7 +30,7 @@ from ..naming import scalar, short_keys
 from ..nats import relative
 from .stats import LEVEL, number, t_ppf, t_two_sided_p
 from .surface import FAR, wls
-from .tying_map import frequency_ends, grid_axes, is_numeric
+from .tying_map import frequency_ends, numeric_axes
 
 MIN_SETTINGS = 3  # two parameters and at least one residual degree of freedom
 
@@ -193,15 +193,10 @@ def mechanism_markdown(line: TyingLine) -> list[str]:
 def tying_line(matched: list, primary: str, variants: list | None = None) -> TyingLine | None:
     """The line of a grid whose settings vary in one numeric key (the others following it, as a
     tuned key chosen per setting does); None otherwise."""
-    if not matched:
+    axes = numeric_axes(matched, 1)
+    if axes is None:
         return None
-    keys = list(matched[0].setting)
-    if any(set(m.setting) != set(keys) for m in matched):
-        return None
-    keys, _ = grid_axes(matched, keys)
-    if len(keys) != 1 or not all(is_numeric(m.setting[keys[0]]) for m in matched):
-        return None
-    key = keys[0]
+    key = axes[0][0]
     if len({m.setting[key] for m in matched}) != len(matched):  # several tied variants at one setting
         return None
     points = []

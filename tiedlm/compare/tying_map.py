@@ -196,19 +196,30 @@ def grid_axes(matched: list[MatchedContrast], keys: list[str]) -> tuple[list[str
     return left, follows
 
 
-def tying_map(matched: list[MatchedContrast], primary: str) -> TyingMap | None:
-    """The map of the matched contrasts on the split `primary`; None unless every setting has the
-    same two keys, both with numeric values, each setting has one contrast (not several tied
-    variants against one untied), and at least 2 rows and 2 columns have an effect."""
+def numeric_axes(matched: list[MatchedContrast], n: int) -> tuple[list[str], dict[str, dict]] | None:
+    """The grid's `n` numeric axes and the keys set aside as following them (grid_axes), where every
+    setting has the same keys; None otherwise (no settings, settings with other keys, another
+    number of axes, or an axis with a value that is not a number)."""
     if not matched:
         return None
     keys = list(matched[0].setting)
     if any(set(m.setting) != set(keys) for m in matched):
         return None
     keys, follows = grid_axes(matched, keys)
-    if len(keys) != 2 or not all(is_numeric(m.setting[k]) for m in matched for k in keys):
+    if len(keys) != n or not all(is_numeric(m.setting[k]) for m in matched for k in keys):
         return None
-    row_key, col_key = keys
+    return keys, follows
+
+
+def tying_map(matched: list[MatchedContrast], primary: str) -> TyingMap | None:
+    """The map of the matched contrasts on the split `primary`; None unless every setting has the
+    same two keys, both with numeric values, each setting has one contrast (not several tied
+    variants against one untied), and at least 2 rows and 2 columns have an effect."""
+    axes = numeric_axes(matched, 2)
+    if axes is None:
+        return None
+    (row_key, col_key), follows = axes
+    keys = [row_key, col_key]
     cells: dict[Cell, MapCell] = {}
     bucket_split = _bucket_split(matched, primary)
     for m in matched:

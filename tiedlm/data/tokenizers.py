@@ -151,6 +151,7 @@ class HFTokenizer(Tokenizer):
         self.eot_token = eot_token
         self.added = list(added or [])  # tokenizer.add_tokens: the new tokens, in id order
         self.added_ids = [tok.token_to_id(t) for t in self.added]
+        self._context: np.ndarray | None = None  # pieces_of's "a", encoded once
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self.eot_id = tok.token_to_id(eot_token)
         unk = getattr(tok.model, "unk_token", None)
@@ -191,7 +192,9 @@ class HFTokenizer(Tokenizer):
         """How many tokens `piece` takes inside a text (after a letter, so that a tokenizer that
         prepends a space marker to a text does not count it), or 0 where that cannot be told; an
         <unk> counts as a piece the tokenizer does not hold (2)."""
-        before = self._encode(["a"])[0]
+        if self._context is None:
+            self._context = self._encode(["a"])[0]
+        before = self._context
         ids = self._encode(["a" + piece])[0]
         if len(ids) < len(before) or list(ids[:len(before)]) != list(before):
             ids = self._encode([piece])[0]  # the context merged into the piece: the piece alone
