@@ -50,8 +50,9 @@ def checkpoint_folder(name: str) -> Path:
         return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
     except Exception as exc:  # offline, unknown id, gated: the hub's own errors vary by version
         raise ConfigError(f"model.init_from {name}: not a local folder, and the hub could not give it "
-                          f"({type(exc).__name__}) — download it where the network allows "
-                          f"(huggingface-cli download {name} --local-dir DIR) and set model.init_from: DIR") from None
+                          f"({type(exc).__name__}) — if it is a folder, check its path (relative to {Path.cwd()}); "
+                          f"if a hub id, download it where the network allows (huggingface-cli download {name} "
+                          "--local-dir DIR) and set model.init_from: DIR") from None
 
 
 def checkpoint_config(folder: Path) -> Any:
