@@ -122,6 +122,16 @@ def test_direct_path_equals_the_model_without_its_layers(pair, tmp_path, tag):
         assert d["with_e_as_w_out"]["nll"] == pytest.approx(forced, abs=2e-5)
     assert a["model_loss"] == json.loads((pair[tag] / runs.REPORT).read_text())["final"]["test"]["loss"]
     assert a["floor"]["nats_per_token"] > 0
+    # per byte: the nats over ln 2, over the split's mean UTF-8 bytes per token (counted here from its text)
+    split = rm.data.splits["test"]
+    assert split.n_bytes > 0
+    per_token_bytes = split.n_bytes / len(tokens)
+    assert d["bits_per_byte"] == pytest.approx(d["nll"] / math.log(2) / per_token_bytes, rel=1e-12)
+    if tag == "untied":
+        assert d["with_e_as_w_out"]["bits_per_byte"] == pytest.approx(
+            d["with_e_as_w_out"]["nll"] / math.log(2) / per_token_bytes, rel=1e-12)
+    md = (tmp_path / "analysis.md").read_text()
+    assert "bits/byte" in md and f"{d['bits_per_byte']:.4f}" in md
 
 
 def test_language_asymmetry_against_the_explicit_bigram_matrix():

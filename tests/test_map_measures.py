@@ -99,14 +99,17 @@ def test_correlations_follow_the_cells_and_say_whether_the_sign_is_the_predicted
     effects = {(r, c): e for (r, c), e in zip([(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)], [0.3, 0.1, -0.05, -0.2, 0.2])}
     cka = {(0, 0): 0.2, (0, 1): 0.4, (1, 0): 0.5, (1, 1): 0.9, (2, 0): 0.3}  # higher where tying helps
     measures = {at: {"cka": cka[at], "aligned_cosine": 0.5, "direct_path_nll": 5.0,
-                     "direct_path_nll_e_as_w_out": 5.0 + effects[at]} for at in effects}
+                     "direct_path_nll_e_as_w_out": 5.0 + effects[at], "direct_path_bpb": 1.2,
+                     "direct_path_bpb_e_as_w_out": 1.2 + 2 * effects[at]} for at in effects}
     tmap, variants = fake_map(effects, measures)
     cells = cell_measures(tmap, variants)
     assert cells[(0, 0)]["direct_path_cost"] == pytest.approx(0.3)
+    assert cells[(0, 0)]["direct_path_cost_bpb"] == pytest.approx(0.6)
     found = {c.key: c for c in correlations(tmap, cells)}
     assert found["cka"].rho == pytest.approx(scipy_stats.spearmanr(list(effects.values()), list(cka.values())).statistic)
     assert found["cka"].rho == -1.0 and found["cka"].agrees is True
     assert found["direct_path_cost"].rho == pytest.approx(1.0) and found["direct_path_cost"].agrees is True
+    assert found["direct_path_cost_bpb"].rho == pytest.approx(1.0) and found["direct_path_cost_bpb"].agrees is True
     assert found["aligned_cosine"].rho is None  # a constant measure has no rank correlation
     lines = measure_lines(list(found.values()))
     assert any("untied CKA: Spearman ρ = −1.00 (p = 0.017, 5 cells) — the sign the symmetry argument predicts" in line

@@ -98,3 +98,10 @@ def test_a_huge_finite_loss_ends_the_run_as_diverged_and_every_rerun_says_so(tmp
     assert report["status"] == "diverged" and "no perplexity" in report["error"]
     for line in (run / "metrics.jsonl").read_text().splitlines():
         json.loads(line, parse_constant=lambda c: pytest.fail(f"metrics.jsonl holds {c}"))
+
+
+def test_bits_per_byte_is_the_total_over_ln2_over_the_bytes():
+    from tiedlm.nats import bits_per_byte
+
+    assert bits_per_byte(math.log(2) * 12.0, 3) == pytest.approx(4.0)  # 12 bits over 3 bytes
+    assert bits_per_byte(5.0, 0) is None and bits_per_byte(5.0, None) is None

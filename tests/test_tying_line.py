@@ -74,7 +74,7 @@ def test_the_mechanism_rows_give_the_bucket_effects_and_who_peaked_first():
 
     def variant(label, budget, best_tokens):
         cfg = SimpleNamespace(train=SimpleNamespace(max_tokens=budget))
-        return SimpleNamespace(label=label, config=cfg, best_points=[(t, 50.0) for t in best_tokens])
+        return SimpleNamespace(label=label, config=cfg, best_points=[(t, 50.0) for t in best_tokens], matrices={})
 
     b = lambda diff: SimpleNamespace(difference=diff, ci_low=diff - 0.01, ci_high=diff + 0.01)  # noqa: E731
     matched, variants = [], []
@@ -91,3 +91,33 @@ def test_the_mechanism_rows_give_the_bucket_effects_and_who_peaked_first():
     assert rows[0]["frequent"]["effect"] == pytest.approx(math.expm1(0.01))
     assert rows[1]["tied_best_share"] == 1.0 and rows[1]["untied_best_share"] == pytest.approx(0.375, abs=1e-5)
     assert "untied best at" in "\n".join(mechanism_markdown(line)) and "38%" in "\n".join(mechanism_markdown(line))
+    assert all(r["direct_path_cost_bpb"] is None for r in rows)  # no run analysed: no direct-path column
+    assert "bits/byte" not in "\n".join(mechanism_markdown(line))
+
+
+def test_the_mechanism_rows_give_the_direct_path_cost_per_byte_of_an_analysed_untied_pair():
+    from types import SimpleNamespace
+
+    from tiedlm.compare.tying_line import mechanism_markdown
+
+    def summary(x):
+        return SimpleNamespace(mean=x, n=2)
+
+    def variant(label, budget, matrices):
+        cfg = SimpleNamespace(train=SimpleNamespace(max_tokens=budget))
+        return SimpleNamespace(label=label, config=cfg, best_points=[(budget, 5.0)], matrices=matrices)
+
+    matched, variants = [], []
+    for i, x in enumerate(XS[:3]):
+        d = SimpleNamespace(difference=0.04 - 0.03 * i, se=0.01, relative=math.expm1(0.04 - 0.03 * i), buckets={})
+        matched.append(SimpleNamespace(setting={"train.max_tokens": x}, tied=f"t{i}", untied=f"u{i}",
+                                       split=lambda name, d=d: d))
+        own, forced = 1.5 - 0.1 * i, 1.9 - 0.3 * i  # bits per byte: the cost falls 0.4, 0.2, 0.0
+        analysed = {"direct_path_bpb": summary(own), "direct_path_bpb_e_as_w_out": summary(forced)} if i < 2 else {}
+        variants += [variant(f"t{i}", x, {}), variant(f"u{i}", x, analysed)]
+    rows = tying_line(matched, "test", variants).mechanism
+    assert rows[0]["direct_path_cost_bpb"] == pytest.approx(0.4)
+    assert rows[1]["direct_path_cost_bpb"] == pytest.approx(0.2)
+    assert rows[2]["direct_path_cost_bpb"] is None  # its untied runs were not analysed
+    md = "\n".join(mechanism_markdown(tying_line(matched, "test", variants)))
+    assert "W_out := E costs (bits/byte)" in md and "0.4000" in md and "0.2000" in md

@@ -38,7 +38,7 @@ import numpy as np
 from .checks import SPLITS
 from .config import DataConfig, SyntheticConfig
 from .errors import DataError
-from .nats import perplexity
+from .nats import bits_per_byte, perplexity
 
 # Bump when the generator changes, so cached token arrays of the old language are not reused.
 SYNTHETIC_VERSION = 1
@@ -268,7 +268,6 @@ def synthetic_splits(scfg: SyntheticConfig) -> dict[str, str]:
 
 
 UNK, EOT = -1, -2  # codes of a FloorStream besides word ids (>= 0)
-LN2 = math.log(2.0)
 
 
 @dataclass
@@ -322,7 +321,7 @@ def split_floor(lang: SyntheticLanguage, s: FloorStream, unk_words: np.ndarray |
     share = n / s.n_tokens  # bytes and words apportioned to the scored tokens, as evaluate.summarize_nll does
     mean = total / n
     return {"label": "best achievable" if unk else "split floor", "tokens": n, "nats_per_token": mean,
-            "perplexity": perplexity(mean), "bits_per_byte": total / LN2 / (s.n_bytes * share) if s.n_bytes else None,
+            "perplexity": perplexity(mean), "bits_per_byte": bits_per_byte(total, s.n_bytes * share),
             "word_perplexity": perplexity(total / (s.n_words * share)) if s.n_words else None,
             "unk_tokens": unk, "per_token": s.per_token}
 
@@ -340,7 +339,7 @@ def synthetic_floor(scfg: SyntheticConfig, split_words: dict[str, int], split_by
     out: dict = {
         "nats_per_word": h,
         "perplexity_per_word": perplexity(h),
-        "bits_per_byte": {s: h * split_words[s] / LN2 / split_bytes[s] for s in split_words if split_bytes[s]},
+        "bits_per_byte": {s: bits_per_byte(h * split_words[s], split_bytes[s]) for s in split_words if split_bytes[s]},
         "note": ("these are the language's expected entropy rate per word (an average over endless text, "
                  "not a bound on a split); each split's own floor, per token, is under 'splits'"),
     }

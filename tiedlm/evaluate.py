@@ -19,9 +19,8 @@ from typing import Any
 import numpy as np
 
 from . import threads
-from .nats import perplexity
+from .nats import bits_per_byte, perplexity
 
-LN2 = math.log(2.0)
 
 
 def mean_perplexity(total_nll: float, n_tokens: float) -> float:
@@ -191,7 +190,7 @@ def summarize_nll(targets: np.ndarray, nll: np.ndarray, n_tokens: int, n_bytes: 
                            "perplexity": mean_perplexity(total, n)}
     share = n / n_tokens if n_tokens else 0.0
     if n_bytes:
-        out["bits_per_byte"] = total / LN2 / (n_bytes * share)
+        out["bits_per_byte"] = bits_per_byte(total, n_bytes * share)
     if n_words:
         out["word_perplexity"] = mean_perplexity(total, n_words * share)
     if train_counts is not None and n:

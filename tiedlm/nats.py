@@ -6,6 +6,8 @@
   as null (files.strict_json) and text as "∞" (formatting.fmt); it never raises.
 - `relative(delta)`: exp(Δloss) − 1, the ratio of two perplexities less one, the project's
   relative effect (None where it has none).
+- `bits_per_byte(nats, n_bytes)`: a total loss in nats over text of n_bytes UTF-8 bytes, in bits
+  per byte (the measure that reads across tokenizers); None without bytes.
 - `representable(loss)`: whether a loss still has a perplexity; a training or validation loss that
   does not stops the run as diverged.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import math
 import sys
 
+LN2 = math.log(2.0)
 MAX_LOSS = math.log(sys.float_info.max)  # ≈ 709.78 nats: exp() of anything larger overflows
 
 
@@ -39,3 +42,8 @@ def relative(delta: float | None) -> float | None:
     if not representable(delta):
         return None
     return math.exp(delta) - 1.0
+
+
+def bits_per_byte(nats: float, n_bytes: float | None) -> float | None:
+    """A total loss of `nats` over text of n_bytes UTF-8 bytes, in bits per byte; None without bytes."""
+    return nats / LN2 / n_bytes if n_bytes else None

@@ -130,7 +130,8 @@ def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample:
         "vocab_size": V, "model_vocab_size": data.model_vocab_size, "n_embd": cfg.model.n_embd,
         "split": split, "seed": seed, "sample": min(sample, V), "anisotropy_pairs": pairs,
         "matrices": matrices, "pair": pair,
-        "direct_path": {**direct_path(model, data.splits[split].tokens, V, max_pairs), "split": split},
+        "direct_path": {**direct_path(model, data.splits[split].tokens, V, max_pairs, _bytes_per_token(data.splits[split])),
+                        "split": split},
         "model_loss": _model_loss(rm.report, split), "floor": _floor(rm.report, split),
         "language": language_asymmetry(cfg.data.synthetic) if cfg.data.path == "builtin:synthetic" else None,
     }
@@ -142,6 +143,11 @@ def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample:
     with FolderLock(target):  # another analysis or comparison writing there finishes first: no mixed files
         write_analysis(result, arrays, target, overwrite, overwrite_option)
     return result
+
+
+def _bytes_per_token(split: Any) -> float | None:
+    """The split's UTF-8 bytes per token (None when its bytes are not known)."""
+    return split.n_bytes / len(split.tokens) if split.n_bytes and len(split.tokens) else None
 
 
 def _model_loss(report: Any, split: str) -> float | None:

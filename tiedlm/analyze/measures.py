@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .. import geometry as g
+from ..nats import bits_per_byte
 
 
 def matrix_stats(M, counts: np.ndarray, bucket_of: np.ndarray, names: list[str], seed: int,
@@ -65,14 +66,16 @@ def final_norm_args(model) -> dict:
     raise TypeError(f"the direct path knows a final LayerNorm or RMSNorm, not {type(ln).__name__}")
 
 
-def direct_path(model, tokens: np.ndarray, vocab: int, max_pairs: int) -> dict:
+def direct_path(model, tokens: np.ndarray, vocab: int, max_pairs: int, bytes_per_token: float | None = None) -> dict:
     """The direct path from the embedding to the head, softmax(W_out · N_f(scale · E[t])), N_f the
     model's final norm (LayerNorm for gpt2, RMSNorm for llama: final_norm_args), as a bigram model
     scored on the first max_pairs consecutive pairs of `tokens`; for an untied model also with E in
     W_out's place (W_out is the effective one: E·P or E + A·Bᵀ for the tying modes) (what tying
     would have imposed on this path); and the symmetric share of its bilinear form
     W_out · diag(γ) · Eᵀ, γ the final norm's weight (exactly 1 when tied). `final_norm` names the
-    norm's kind."""
+    norm's kind. Given the split's bytes per token, each loss is also given in bits per byte
+    (`bits_per_byte`, the pairs' predicted tokens apportioned the split's mean bytes, as the final
+    evaluation apportions them), which reads across tokenizers where nats per token do not."""
     import torch
 
     if model.family.built_by_transformers:  # its final norm is the family's own ((1 + w) RMSNorm, post-norms, ...)
@@ -88,13 +91,17 @@ def direct_path(model, tokens: np.ndarray, vocab: int, max_pairs: int) -> dict:
     prev, nxt = ids[:-1], ids[1:]
     args = dict(**norm, scale=model.embed_scale, head_bias=head_bias)
     own = g.direct_path_nll(E, W, prev, nxt, **args)
+    def per_byte(nll: float) -> float | None:
+        return bits_per_byte(nll, bytes_per_token) if bytes_per_token else None
+
     out = {"pairs": own["pairs"], "distinct_prev": own["distinct_prev"], "nll": own["nll"],
-           "perplexity": own["perplexity"], "final_norm": norm["norm"],
+           "perplexity": own["perplexity"], "bits_per_byte": per_byte(own["nll"]), "final_norm": norm["norm"],
            **{k: min(1.0, max(0.0, v)) for k, v in  # rounding can leave a tied model's 0 at -1e-8
               g.bilinear_symmetry(E[:vocab], W[:vocab], gain=norm["ln_weight"]).items()}}
     if not model.w_out_is_e:
         tied = g.direct_path_nll(E, E, prev, nxt, **args)
-        out["with_e_as_w_out"] = {"nll": tied["nll"], "perplexity": tied["perplexity"]}
+        out["with_e_as_w_out"] = {"nll": tied["nll"], "perplexity": tied["perplexity"],
+                                  "bits_per_byte": per_byte(tied["nll"])}
     return out
 
 

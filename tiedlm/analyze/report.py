@@ -117,23 +117,26 @@ def _md_direct(r: dict) -> list[str]:
     if d.get("skipped"):
         return ["## The direct path", "", d["skipped"]]
     n = _NORM_NAMES.get(d.get("final_norm"), "LN_f")  # an analysis.json from before final_norm: a LayerNorm
-    rows = [[f"W_out · {n}(E[t]), this model's direct path", fmt(d["nll"], 4), fmt(d["perplexity"], 2)]]
+    rows = [[f"W_out · {n}(E[t]), this model's direct path", fmt(d["nll"], 4), fmt(d["perplexity"], 2),
+             fmt(d.get("bits_per_byte"), 4)]]
     if d.get("with_e_as_w_out"):
         w = d["with_e_as_w_out"]
         rows.append([f"E · {n}(E[t]), the same path with W_out := E (what tying imposes)", fmt(w["nll"], 4),
-                     fmt(w["perplexity"], 2)])
+                     fmt(w["perplexity"], 2), fmt(w.get("bits_per_byte"), 4)])
     if r.get("model_loss") is not None:
         rows.append(["the whole model (final evaluation, every layer)", fmt(r["model_loss"], 4),
-                     fmt(perplexity(r["model_loss"]), 2)])
+                     fmt(perplexity(r["model_loss"]), 2), "—"])
     if r.get("floor"):
         f = r["floor"]
         rows.append([f"the language's true model on this split ({f.get('label')}; no model does better)",
-                     fmt(f["nats_per_token"], 4), fmt(f.get("perplexity"), 2)])
+                     fmt(f["nats_per_token"], 4), fmt(f.get("perplexity"), 2), fmt(f.get("bits_per_byte"), 4)])
     md = ["## The direct path", "",
           f"The embedding straight into the head, no layer between: a bigram model, scored on the first "
           f"{fmt_int(d['pairs'])} consecutive token pairs of {d['split']} ({fmt_int(d['distinct_prev'])} distinct "
           "previous tokens).", "",
-          markdown_table(["path", "loss (nats/token)", "perplexity"], rows, "lrr"), "",
+          markdown_table(["path", "loss (nats/token)", "perplexity", "bits/byte"], rows, "lrrr"), "",
+          "Bits per byte give each pair's predicted token the split's mean bytes per token, so that paths of "
+          "different tokenizers can be read side by side.", "",
           f"Its bilinear form W_out · diag(γ_f) · Eᵀ ({n}'s gain folded in) is {100 * d['symmetric_share']:.1f}% "
           f"symmetric and {100 * d['antisymmetric_share']:.1f}% antisymmetric (shares of its squared Frobenius norm). "
           "Tied, it is exactly symmetric: the direct path cannot say \"b follows a\" without saying \"a follows b\"."]
@@ -220,4 +223,6 @@ def summary_row(analysis: dict) -> dict[str, Any]:
     return {"pair_cosine": pair.get("cosine"), "aligned_cosine": pair.get("aligned_cosine"), "cka": pair.get("cka"),
             "norm_frequency_spearman": ((analysis.get("matrices") or {}).get("E") or {}).get("norm_frequency_spearman"),
             "direct_path_nll": d.get("nll"), "direct_path_nll_e_as_w_out": (d.get("with_e_as_w_out") or {}).get("nll"),
+            "direct_path_bpb": d.get("bits_per_byte"),
+            "direct_path_bpb_e_as_w_out": (d.get("with_e_as_w_out") or {}).get("bits_per_byte"),
             "symmetric_share": d.get("symmetric_share")}

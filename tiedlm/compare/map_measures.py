@@ -6,7 +6,7 @@ learns an W_out close to E anyway. So where tying helps (a negative effect) the 
 should be similar (a high CKA and rotated cosine), and forcing E into W_out's place on the direct
 path (the bigram path softmax(W_out · LN_f(E[t])) (LN_f the final norm: LayerNorm, or RMSNorm for llama)) should cost little. Over the map's cells the
 predicted signs of Spearman's ρ with the effect are: CKA −, rotated cosine −, the direct path's
-cost of W_out := E (the loss with E minus the loss with W_out) +. Each ρ is tested with the
+cost of W_out := E (the loss with E minus the loss with W_out, in nats per token and in bits per byte) +. Each ρ is tested with the
 t approximation scipy.stats.spearmanr uses (t = ρ·√((n − 2)/(1 − ρ²)), n − 2 degrees of freedom), or
 exactly over every ordering up to stats.EXACT_CELLS cells; with a dozen cells it is a weak test, and the
 lines say how many cells it rests on.
@@ -25,7 +25,8 @@ from .stats import ALPHA, number, spearman_test
 MEASURES = (("cka", "untied CKA", -1), ("aligned_cosine", "untied rotated cosine", -1),
             ("direct_path_nll", "untied direct path loss", None),
             ("direct_path_nll_e_as_w_out", "untied direct path loss with W_out := E", None),
-            ("direct_path_cost", "cost of W_out := E on the direct path", +1))
+            ("direct_path_cost", "cost of W_out := E on the direct path", +1),
+            ("direct_path_cost_bpb", "cost of W_out := E on the direct path, bits/byte", +1))
 MIN_CELLS = 4  # fewer cells with both numbers: no correlation is reported
 
 
@@ -55,10 +56,19 @@ def cell_measures(tmap: Any, variants: Sequence[Any]) -> dict:
         v = by_label.get(cell.untied)
         m = {k: number(s.mean) for k, s in (v.matrices if v is not None else {}).items() if s.n}
         if m:
-            own, forced = m.get("direct_path_nll"), m.get("direct_path_nll_e_as_w_out")
-            m["direct_path_cost"] = forced - own if own is not None and forced is not None else None
+            m.update(direct_path_costs(m))
         out[at] = m
     return out
+
+
+def direct_path_costs(m: dict) -> dict:
+    """What forcing E into W_out's place costs the untied direct path: in nats per token, and in bits
+    per byte (which reads across tokenizers); None where a loss is missing."""
+    def cost(own: Any, forced: Any) -> float | None:
+        return forced - own if own is not None and forced is not None else None
+
+    return {"direct_path_cost": cost(m.get("direct_path_nll"), m.get("direct_path_nll_e_as_w_out")),
+            "direct_path_cost_bpb": cost(m.get("direct_path_bpb"), m.get("direct_path_bpb_e_as_w_out"))}
 
 
 def correlations(tmap: Any, measures: dict) -> list[MeasureCorrelation]:

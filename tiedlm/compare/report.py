@@ -349,7 +349,8 @@ def _md_cost(c: Comparison) -> list[str]:
 
 MATRIX_COLUMNS = (("pair_cosine", "cosine e_t·w_t", 3), ("aligned_cosine", "after rotation", 3), ("cka", "CKA", 3),
                   ("norm_frequency_spearman", "E norm–frequency ρ", 3), ("direct_path_nll", "direct path loss", 3),
-                  ("direct_path_nll_e_as_w_out", "with W_out := E", 3), ("symmetric_share", "symmetric share", 3))
+                  ("direct_path_nll_e_as_w_out", "with W_out := E", 3), ("direct_path_bpb", "direct path bits/byte", 3),
+                  ("direct_path_bpb_e_as_w_out", "with W_out := E, bits/byte", 3), ("symmetric_share", "symmetric share", 3))
 
 
 def _md_matrices(c: Comparison) -> list[str]:

@@ -25,11 +25,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..formatting import markdown_table, percent
+from ..formatting import fmt, markdown_table, percent
 from ..naming import scalar, short_keys
 from ..nats import relative
 from .stats import LEVEL, number, t_ppf, t_two_sided_p
 from .surface import FAR, wls
+from .map_measures import direct_path_costs
 from .tying_map import frequency_ends, numeric_axes
 
 MIN_SETTINGS = 3  # two parameters and at least one residual degree of freedom
@@ -153,7 +154,8 @@ def _best_share(v: Any) -> float | None:
 def mechanism_rows(matched: list, variants: list, primary: str, key: str) -> list[dict]:
     """Per setting: the effect on the most frequent and the rarest ranked bucket (the primary split's
     buckets, Δ loss as exp(Δ) − 1), and where each variant's best weights came in its budget (who
-    over-fits first)."""
+    over-fits first), and what W_out := E costs the untied direct path in bits per byte where its runs
+    were analysed (compare --analyze)."""
     by_label = {v.label: v for v in variants}
     rows = []
     for m in sorted(matched, key=lambda m: m.setting[key]):
@@ -166,6 +168,9 @@ def mechanism_rows(matched: list, variants: list, primary: str, key: str) -> lis
                          "ci_low": relative(b.ci_low) if b else None, "ci_high": relative(b.ci_high) if b else None}
         row["tied_best_share"] = _best_share(by_label[m.tied]) if m.tied in by_label else None
         row["untied_best_share"] = _best_share(by_label[m.untied]) if m.untied in by_label else None
+        untied = by_label.get(m.untied)
+        measured = {k: number(x.mean) for k, x in (untied.matrices if untied is not None else {}).items() if x.n}
+        row["direct_path_cost_bpb"] = direct_path_costs(measured)["direct_path_cost_bpb"]
         rows.append(row)
     return rows
 
@@ -180,14 +185,19 @@ def mechanism_markdown(line: TyingLine) -> list[str]:
     def share(x):
         return "—" if x is None else f"{x:.0%}"
 
+    analysed = any(r.get("direct_path_cost_bpb") is not None for r in line.mechanism)
     rows = [[_value(r["setting"]), pct(r["effect"]),
              f"{pct(r['frequent']['effect'])} ({r['frequent']['bucket'] or '—'})",
              f"{pct(r['rare']['effect'])} ({r['rare']['bucket'] or '—'})",
-             share(r["tied_best_share"]), share(r["untied_best_share"])] for r in line.mechanism]
+             share(r["tied_best_share"]), share(r["untied_best_share"]),
+             *([fmt(r.get("direct_path_cost_bpb"), 4)] if analysed else [])] for r in line.mechanism]
+    path = (", and what forcing E into W_out's place costs the untied model's direct path, in bits per byte (the mean "
+            "over its analysed seeds)") if analysed else ""
     return ["", f"Per {line.short}: the tying effect, on the most frequent and the rarest tokens, and where each variant's "
-                "best weights came in its budget (the mean over seeds; below 100%, it had begun to over-fit):", "",
-            markdown_table([line.short, "effect", "frequent tokens", "rare tokens", "tied best at", "untied best at"],
-                           rows, "rrrrrr")]
+                f"best weights came in its budget (the mean over seeds; below 100%, it had begun to over-fit){path}:", "",
+            markdown_table([line.short, "effect", "frequent tokens", "rare tokens", "tied best at", "untied best at",
+                            *(["direct path: W_out := E costs (bits/byte)"] if analysed else [])],
+                           rows, "rrrrrr" + ("r" if analysed else ""))]
 
 
 def tying_line(matched: list, primary: str, variants: list | None = None) -> TyingLine | None:
