@@ -215,7 +215,7 @@ def test_yaml_merge_keys_are_not_duplicates(tmp_path):
     cfg = tmp_path / "merge.yaml"
     cfg.write_text("common: &m {n_layer: 2, n_head: 2, n_embd: 32}\n"
                    "model:\n  <<: *m\n  n_layer: 3\ntrain: {max_steps: 2}\n")
-    from tiedlm.config import load_yaml
+    from tiedlm.yamlsafe import load_yaml
 
     data = load_yaml(cfg.read_text(), "merge.yaml")
     assert data["model"] == {"n_layer": 3, "n_head": 2, "n_embd": 32}

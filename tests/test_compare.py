@@ -18,7 +18,8 @@ import tiedlm.compare as C
 import tiedlm.experiment as E
 from tiedlm import runs as run_folder
 from tiedlm.compare.variants import label_variants
-from tiedlm.config import config_hash, load_config, to_yaml
+from tiedlm.config import load_config, to_yaml
+from tiedlm.variant import config_hash
 from tiedlm.errors import ConfigError, NotARunError, RunError
 from tiedlm.formatting import percent
 from tiedlm.naming import short_keys

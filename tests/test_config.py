@@ -4,14 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from tiedlm.config import (
-    ALL_KEYS,
-    config_hash,
-    diff_keys,
-    load_config,
-    to_dict,
-    to_yaml,
-)
+from tiedlm.config import ALL_KEYS, load_config, to_dict, to_yaml
+from tiedlm.variant import config_hash, diff_keys
 from tiedlm.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -221,7 +221,7 @@ def test_analyze_and_sample_read_a_family_s_run(tmp_path, monkeypatch):
 def test_hf_overrides_is_one_key_of_the_variant(tmp_path):
     """A mapping value is one leaf of the config's dotted view: the hash, labels and twins see
     model.hf_overrides whole, and two different overrides are two variants."""
-    from tiedlm.config import config_hash, flat
+    from tiedlm.variant import config_hash, flat
 
     a = cfg_for("llama", True, "model.hf_overrides={rms_norm_eps: 1.0e-5}")
     b = cfg_for("llama", True, "model.hf_overrides={rms_norm_eps: 1.0e-6}")

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from tiedlm.config import ModelConfig, config_hash
+from tiedlm.config import ModelConfig
+from tiedlm.variant import config_hash
 from tiedlm.config import load_config as _load
 from tiedlm.errors import ConfigError, Interrupted
 from tiedlm.model import GPT, count_params, count_params_config, rotary_tables, rotate

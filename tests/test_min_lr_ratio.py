@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from tiedlm.config import ADDED_KEYS, config_hash, effective_min_lr, from_dict, load_config, to_dict
+from tiedlm.config import effective_min_lr, from_dict, load_config, to_dict
+from tiedlm.variant import ADDED_KEYS, config_hash
 from tiedlm.errors import ConfigError
 from tiedlm.train.optim import lr_at
 

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from tiedlm import runs
 from tiedlm.cli import app
-from tiedlm.config import config_hash, load_config, to_yaml
+from tiedlm.config import load_config, to_yaml
+from tiedlm.variant import config_hash
 from tiedlm.errors import DamagedRunError
 from tiedlm.train import train_run
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tiedlm import checkpoints, runs
-from tiedlm.config import config_hash, load_config, to_dict
+from tiedlm.config import load_config, to_dict
+from tiedlm.variant import config_hash
 from tiedlm.errors import ConfigError, Interrupted, RunError
 from tiedlm.train.selection import OVERTRAINED_MARGIN, BestTracker
 from tiedlm.train import train_run

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tiedlm.config import config_hash, load_config
+from tiedlm.config import load_config
+from tiedlm.variant import config_hash
 from tiedlm.errors import ConfigError, DataError
 from tiedlm.runs import RunRecord, RunReport
 from tiedlm.experiment.sweep import load_grid, run_sweep, sweep_commands

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tiedlm import runs
-from tiedlm.config import config_hash, from_dict, load_config, to_dict, variant_dict
+from tiedlm.config import from_dict, load_config, to_dict
+from tiedlm.variant import config_hash, variant_dict
 from tiedlm.errors import ConfigError, Interrupted, RunError
 from tiedlm.tensorboard import TB, EventWriter, backfill, backfill_many
 from tiedlm.train import train_run

@@ -13,7 +13,8 @@ import torch
 
 from tiedlm import runs
 from tiedlm.checkpoints import load_weights
-from tiedlm.config import ModelConfig, Tie, config_hash, from_dict, load_config, to_yaml
+from tiedlm.config import ModelConfig, Tie, from_dict, load_config, to_yaml
+from tiedlm.variant import config_hash
 from tiedlm.model import GPT, model_tensors
 from tiedlm.tie import UNTIED
 

@@ -20,10 +20,11 @@ from typing import Any, Union
 
 from .checks import validate
 from .arch import Arch, arch_of
+from .config_layers import _arch_layer, _arch_of, _load_with_bases, _normalize_tying, _one_budget, _one_tying
 from . import pretrained
 from .errors import ConfigError
 from .tie import Tie
-from .yamlsafe import YAML_VALUES_LIMIT, load_yaml, read_yaml_text  # noqa: F401 (sweep, tuning import load_yaml here)
+from .yamlsafe import load_yaml
 
 
 @dataclass
@@ -342,22 +343,8 @@ def _one_block_form(cfg: Config) -> Config:
 
 
 # --------------------------------------------------------------------------------------------
-# YAML files, `base:` inheritance, overrides
-
-
-# The layers (base files, a file, the --set options) and how each one's tie, budget and block
-# replace a lower one's are config_layers.py's.
-from .config_layers import (  # noqa: E402,F401  (BASE_*_LIMIT, deep_merge: tests and sweep read them here)
-    BASE_DEPTH_LIMIT,
-    BASE_FILES_LIMIT,
-    _arch_layer,
-    _arch_of,
-    _load_with_bases,
-    _normalize_tying,
-    _one_budget,
-    _one_tying,
-    deep_merge,
-)
+# overrides (YAML files, `base:` inheritance and how each layer replaces a lower one's tie, budget
+# and block are config_layers.py's)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -468,18 +455,3 @@ def effective_min_lr(t: TrainConfig) -> float:
     """Where the cosine decay ends: train.lr x train.min_lr_ratio when the ratio is set (so the
     schedule keeps its shape when lr changes), else the absolute train.min_lr."""
     return t.lr * t.min_lr_ratio if t.min_lr_ratio is not None else t.min_lr
-
-
-# What identifies a variant (its hash, the keys that do not count) is variant.py's; its names are
-# here as well, where the rest of tiedlm has always imported them.
-from .variant import (  # noqa: E402,F401
-    ADDED_KEYS,
-    OPERATIONAL_KEYS,
-    SELECTION_KEYS,
-    config_hash,
-    diff_keys,
-    flat,
-    operational_keys,
-    selects_checkpoints,
-    variant_dict,
-)

@@ -20,7 +20,7 @@ variant, what E and W_out received:
 - V·d and its share of the model's parameters (the run's parameter breakdown).
 
 `differences` names what two variants differ in beyond the tie: the ledger's fields and any other
-key of their configs (config.flat's variant view) besides the tie's own. A run's report.json holds
+key of their configs (variant.flat's variant view) besides the tie's own. A run's report.json holds
 its ledger (`ledger`); for a run written before it, `ledger_of` computes the same from the stored
 config and parameters.
 
@@ -33,7 +33,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .config import ADDED_KEYS, effective_min_lr, flat
+from .config import effective_min_lr
+from .variant import ADDED_KEYS, flat
 from .tie import STORED_KEYS
 
 if TYPE_CHECKING:

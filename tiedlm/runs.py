@@ -32,7 +32,9 @@ from typing import Any, Iterator
 
 from . import files
 from .checks import check_run_name
-from .config import Config, config_hash, diff_keys, from_dict, load_yaml, operational_keys, to_dict, variant_dict
+from .config import Config, from_dict, to_dict
+from .variant import config_hash, diff_keys, operational_keys, variant_dict
+from .yamlsafe import load_yaml
 from .errors import ConfigError, ConfigMismatchError, DamagedRunError, NotARunError, RunError, TiedlmError
 from .files import describe_write_failure
 from .report_md import render_report_md
@@ -321,7 +323,7 @@ class RunReport:
     status: str | None = "running"  # one of STATUSES; None when a report lacks it
     error: str | None = None
     seed: int | None = None
-    config_hash: str | None = None  # config.config_hash: what identifies the variant
+    config_hash: str | None = None  # variant.config_hash: what identifies the variant
     config: Config | None = None  # the resolved config; read_report rebuilds it (None: see config_problem)
     started_at: str | None = None
     device: str | None = None

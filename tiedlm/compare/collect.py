@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import runs as run_folder
-from ..config import Config, config_hash
+from ..config import Config
+from ..variant import config_hash
 from ..errors import DamagedRunError, NotARunError, RunError, TiedlmError
 from ..report_md import overtrained_text
 from ..nats import perplexity

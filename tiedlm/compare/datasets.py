@@ -33,8 +33,8 @@ class DataSet:
 
 
 def data_view(cfg: Config) -> dict[str, Any]:
-    """The data and tokenizer keys of a config -> their values (config.flat)."""
-    from ..config import flat
+    """The data and tokenizer keys of a config -> their values (variant.flat)."""
+    from ..variant import flat
 
     return {k: v for k, v in flat(cfg).items() if k.split(".", 1)[0] in DATA_SECTIONS}
 

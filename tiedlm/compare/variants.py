@@ -3,7 +3,7 @@
 A *variant* is a resolved config apart from its seed, name and operational keys (runs with the
 same config hash). Each is labelled by the keys in which its config differs from the other
 variants of its data set (`tied`/`untied` for model.tie_embeddings, `n_embd=128` for the rest),
-with the values of its `Config` (config.flat), never of a stored dict.
+with the values of its `Config` (variant.flat), never of a stored dict.
 Each variant but the baseline is contrasted with the baseline per split, and per frequency
 bucket (the tying literature's claim is about rare tokens), by stats.compare_by_seed.
 """
@@ -184,7 +184,7 @@ class Variant:
 
     label: str
     config_hash: str
-    config: Config  # its first run's resolved config (comparison.json shows config.variant_dict of it)
+    config: Config  # its first run's resolved config (comparison.json shows variant.variant_dict of it)
     tied: bool | None
     seeds: list[int]
     runs: list[str]  # run folder names, in seed order
@@ -236,7 +236,7 @@ class Variant:
         return self.vs_baseline.split(split) if self.vs_baseline else None
 
     def to_json(self) -> dict:
-        from ..config import variant_dict
+        from ..variant import variant_dict
 
         return {"label": self.label, "config_hash": self.config_hash, "config": variant_dict(self.config),
                 "tied": self.tied, "seeds": self.seeds, "runs": self.runs, "n_seeds": self.n_seeds,
@@ -271,7 +271,7 @@ class Candidate:
 def label_variants(configs: list[Config], ignore: Sequence[str] = ()) -> tuple[list[str], list[str]]:
     """Labels for variants' configs (seed and name excluded) and the dotted keys that tell them apart.
     `ignore`: keys that differ by design and are reported elsewhere (the tuned settings)."""
-    from ..config import diff_keys, flat
+    from ..variant import diff_keys, flat
 
     if not configs:
         return [], []

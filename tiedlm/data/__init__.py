@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import corpora
-from ..config import ADDED_KEYS, Config, DataConfig, TokenizerConfig
+from ..config import Config, DataConfig, TokenizerConfig
+from ..variant import ADDED_KEYS
 from ..errors import DataError
 from . import overlap
 from .cache import (

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .. import runs
-from ..config import Config, config_hash
+from ..config import Config
+from ..variant import config_hash
 from ..errors import ConfigMismatchError, Interrupted, TiedlmError
 from ..files import check_writable, os_error_line
 from ..process import log

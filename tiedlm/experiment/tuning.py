@@ -178,7 +178,7 @@ class TuningSearch:
         self.spec, self.source, self.runs_dir = spec, source, Path(runs_dir)
         self.seeds = spec.seeds if spec.seeds is not None else [first_seed]
         self.short = short_keys(spec.keys)
-        from ..config import flat
+        from ..variant import flat
 
         values = flat(base)
         self.tuning = Tuning(spec=spec, keys=spec.keys, seeds=self.seeds, selection=selection, variants=[],
@@ -291,7 +291,7 @@ def shared_point(tuning: Tuning, base: Any) -> dict[str, Any] | None:
     """The config's own value of every tuned key, as the grid spells it, when every variant tried
     that point: where the untuned comparison would have put both variants. Values are compared,
     not labels: a config's dropout 0.0 is the grid's 0."""
-    from ..config import flat
+    from ..variant import flat
 
     values = flat(base)
     tried = [v.at({k: values.get(k) for k in tuning.keys}) for v in tuning.variants]

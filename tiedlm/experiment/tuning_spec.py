@@ -54,7 +54,7 @@ def relative_bound(key: str, cfg: Any) -> tuple[str, Any] | None:
     other = RELATIVE_BOUNDS.get(key)
     if other is None or cfg is None:
         return None
-    from ..config import flat
+    from ..variant import flat
 
     value = flat(cfg).get(other[0])
     return (other[0], value) if isinstance(value, (int, float)) else None
@@ -278,7 +278,7 @@ def spec_from_options(items: list[str], base: TuneSpec | None = None) -> TuneSpe
     shared_seeds=true), on top of the config's block (an axis given here replaces the block's)."""
     import yaml
 
-    from ..config import load_yaml
+    from ..yamlsafe import load_yaml
 
     if not items:
         return base
@@ -321,7 +321,7 @@ def _as_number(v: Any) -> Any:
 
 def read_tune_block(cfg_path: str | Path) -> TuneSpec | None:
     """The tune: block of a config file (through its base: files), or None."""
-    from ..config import _load_with_bases
+    from ..config_layers import _load_with_bases
 
     data = _load_with_bases(Path(cfg_path))
     block = data.get("tune")

@@ -24,7 +24,8 @@ import numpy as np
 
 from .. import __version__, checkpoints, runs
 from ..checkpoints import rng_state, set_rng_state
-from ..config import Config, config_hash, to_yaml
+from ..config import Config, to_yaml
+from ..variant import config_hash
 from ..files import atomic_write_text
 from ..errors import (
     ConfigError,
