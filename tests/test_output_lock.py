@@ -125,3 +125,23 @@ def test_two_compare_config_on_one_out_both_compare_every_run(tmp_path):
     assert sorted(r["name"] for r in data["runs"]) == sorted(f"tiny-{v}-s{s}" for v in ("tied", "untied")
                                                              for s in (0, 1))
     assert not data.get("train_failures")
+
+
+def test_compare_config_refuses_a_bad_config_without_waiting_for_its_folder(tmp_path, capsys):
+    """The config is read and checked before the comparison folder's lock is taken: a refusal comes
+    at once, not after another command writing there has finished."""
+    from tiedlm.errors import ConfigError
+    from tiedlm.experiment import compare_config
+
+    out = tmp_path / "cmp"
+    holder = hold(out, seconds=30)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ConfigError, match="model.n_embd"):
+            compare_config(ROOT / "configs" / "tied.yaml", [*TINY, "model.n_embd=-4"], out=out,
+                           runs_dir=tmp_path / "runs", progress=False)
+        assert time.monotonic() - t0 < 20
+        assert "waiting" not in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait(10)

@@ -26,6 +26,7 @@ from typing import Any
 from ..compare import Comparison, TrainFailure, judge, judge_runs
 from ..runs import FolderLock
 from .driver import run
+from .plan import plan_comparison
 from .request import CompareRequest
 from .tuning_spec import read_tune_block, spec_from_options
 
@@ -61,11 +62,12 @@ def compare(req: CompareRequest) -> Comparison:
     if req.config is None:
         return judge_runs(req.judging)
     spec = spec_from_options(req.tune, read_tune_block(req.config))
+    plan = plan_comparison(req)  # a config that cannot be run is refused before the folder's lock is waited on
     # Held from before the first run is trained until the comparison is written: a second command
     # comparing into the same folder waits, then finds every run trained (skipped) and compares the
     # whole set, instead of failing on the runs this one is training and comparing the rest.
     with FolderLock(req.folder):
-        dirs, found = run(req, spec)
+        dirs, found = run(req, spec, plan)
         judging = req.judging
         if spec is not None:
             judging = dataclasses.replace(judging, primary=judging.primary or "test")

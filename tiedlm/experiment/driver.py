@@ -40,12 +40,13 @@ def tune(executor: Executor, spec: TuneSpec, variants: list[tuple[str, list[str]
     return search.tuning
 
 
-def run(req: CompareRequest, spec: TuneSpec | None) -> tuple[list[Path], Found]:
+def run(req: CompareRequest, spec: TuneSpec | None, plan: ComparisonPlan | None = None) -> tuple[list[Path], Found]:
     """Train what the request asks (tuned with `spec`, a tuning.TuneSpec, or not) and return the
-    run folders to compare (the seeds at each variant's point) and what training found."""
+    run folders to compare (the seeds at each variant's point) and what training found. `plan`:
+    the request's plan_comparison when the caller made it already."""
     from ..train import train_run
 
-    plan = plan_comparison(req)
+    plan = plan if plan is not None else plan_comparison(req)
     found = Found(match=plan.match)
     executor = Executor(req.runs_dir, req.progress, req.overwrite, req.train or train_run, req.jobs,
                         may_grow=spec is not None)
