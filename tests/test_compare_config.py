@@ -36,7 +36,6 @@ def fake_training(monkeypatch):
     folder holding another config the way the real one does (runs.existing_state); the parameter
     count and the data preparation patched. Records the runs trained."""
     import tiedlm.data
-    import tiedlm.model
 
     calls: list[str] = []
     fail: set[str] = set()
@@ -58,7 +57,6 @@ def fake_training(monkeypatch):
         edit_report(run, flops_per_token=fake_flops(cfg.model))  # deeper costs more, as model.py counts
         return run
 
-    monkeypatch.setattr(tiedlm.model, "count_params_config", gpt2_params)
     monkeypatch.setattr(tiedlm.data, "prepare_data", lambda cfg, progress=True: types.SimpleNamespace(model_vocab_size=V))
     return types.SimpleNamespace(calls=calls, fail=fail, train=train_run)
 

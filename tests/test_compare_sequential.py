@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import tiedlm.compare as C
 import tiedlm.experiment as E
-from tests.test_compare import V, gpt2_params, make_run
+from tests.test_compare import V, make_run
 from tiedlm import runs as run_folder
 from tiedlm.cli import app
 from tiedlm.compare import sequential as S
@@ -320,7 +320,6 @@ def stand_in(monkeypatch):
     with its best at 3e-3) for tuning. Records the runs it trained; `fail` names runs that diverge.
     Plots are not drawn (they cost seconds and say nothing here)."""
     import tiedlm.data
-    import tiedlm.model
 
     state = types.SimpleNamespace(calls=[], fail=set(), diff=lambda seed: -0.05)
 
@@ -337,7 +336,6 @@ def stand_in(monkeypatch):
             val *= math.exp(state.diff(cfg.seed))
         return make_run(Path(out), name, cfg.seed, val=val, test=val * 1.01, cfg=cfg)
 
-    monkeypatch.setattr(tiedlm.model, "count_params_config", gpt2_params)
     monkeypatch.setattr(tiedlm.data, "prepare_data",
                         lambda cfg, progress=True: types.SimpleNamespace(model_vocab_size=V))
     monkeypatch.setattr("tiedlm.compare.outputs.write_plots", lambda c, out: None)

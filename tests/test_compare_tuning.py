@@ -13,7 +13,7 @@ import pytest
 
 import tiedlm.compare as C
 import tiedlm.experiment as E
-from tests.test_compare import V, gpt2_params, make_run
+from tests.test_compare import V, make_run
 from tiedlm import runs as run_folder
 from tiedlm.experiment.tuning_spec import extend_value, spec_from_block, spec_from_options
 from tiedlm.errors import ConfigError, Interrupted
@@ -30,7 +30,6 @@ def stand_in(monkeypatch):
     """A train_run stand-in: a finished run folder whose validation perplexity follows val_ppl and
     whose test perplexity is `poison(cfg)` (default: validation + 1). Records what it trained."""
     import tiedlm.data
-    import tiedlm.model
 
     state = types.SimpleNamespace(calls=[], poison=None, stop_after=None)
 
@@ -46,7 +45,6 @@ def stand_in(monkeypatch):
         test = state.poison(cfg) if state.poison else val + 1.0
         return make_run(Path(out), name, cfg.seed, val=val, test=test, cfg=cfg)
 
-    monkeypatch.setattr(tiedlm.model, "count_params_config", gpt2_params)
     monkeypatch.setattr(tiedlm.data, "prepare_data", lambda cfg, progress=True: types.SimpleNamespace(model_vocab_size=V))
     state.train = train_run
     return state

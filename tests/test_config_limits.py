@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from tiedlm import config, config_layers, runs, yamlsafe
+from tiedlm import config_layers, runs, yamlsafe
 from tiedlm.config import load_config
 from tiedlm.errors import ConfigError, DamagedRunError
 from tiedlm.yamlsafe import YAML_DEPTH_LIMIT, load_yaml, read_yaml_text

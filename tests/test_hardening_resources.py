@@ -292,7 +292,7 @@ def test_the_step_sums_the_loss_without_keeping_a_tensor_per_micro_batch(tiny):
 
     from tiedlm.model import GPT
     from tiedlm.train.optim import build_optimizer
-    from tiedlm.train import train_step
+    from tiedlm.train.step import train_step
 
     torch.manual_seed(0)
     cfg = tiny("train.grad_accum=6")  # each look walks every object alive (gc.get_objects): few of them
@@ -330,7 +330,8 @@ def test_a_signal_between_micro_batches_abandons_the_step_and_resumes_exactly(ti
     import torch
 
     import tiedlm.train
-    from tiedlm.train import BatchSampler, train_run
+    from tiedlm.train import train_run
+    from tiedlm.train.step import BatchSampler
 
     accum = 50
     cfg = tiny(f"train.grad_accum={accum}", "train.max_steps=6", "train.eval_every=0", "model.dropout=0.1")

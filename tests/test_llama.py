@@ -14,7 +14,8 @@ from tiedlm.config import ModelConfig
 from tiedlm.variant import config_hash
 from tiedlm.config import load_config as _load
 from tiedlm.errors import ConfigError, Interrupted
-from tiedlm.model import GPT, count_params, count_params_config, rotary_tables, rotate
+from tiedlm.model import GPT, count_params, rotary_tables, rotate
+from tiedlm.counting import count_params_config
 from tiedlm.train import train_run
 
 from .test_train import metric_rows, weights

@@ -8,14 +8,8 @@ import torch
 from torch.nn import functional as F
 
 from tiedlm.config import ModelConfig
-from tiedlm.model import (
-    GPT,
-    count_params,
-    count_params_config,
-    flops_per_token,
-    load_model_tensors,
-    model_tensors,
-)
+from tiedlm.model import GPT, count_params, load_model_tensors, model_tensors
+from tiedlm.counting import count_params_config, flops_per_token
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, dropout=0.0)
 V = 37

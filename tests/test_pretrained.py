@@ -362,3 +362,14 @@ def test_new_words_are_counted_as_the_pre_tokenizer_cuts_them():
     for text in ("the king sleeps", "the kingdom", "king"):
         ids = grown.encode_batch([text])[0].tolist()
         assert grown.decode(ids) == text and (king in ids) is (" king" in text)
+
+
+def test_a_tokenizer_with_more_ids_than_the_checkpoint_s_vocabulary_is_refused_in_one_line(exports):
+    from tiedlm.data import model_vocab_size
+
+    cfg = start(exports["qwen2-tied"])
+    V = cfg.model.vocab_size
+    assert model_vocab_size(cfg, V) == V and model_vocab_size(cfg, V - 3) == V  # fewer ids fit the checkpoint's rows
+    with pytest.raises(ConfigError, match=f"the tokenizer has {V + 5:,} ids but the model's vocabulary is {V:,}") as info:
+        model_vocab_size(cfg, V + 5)
+    assert "\n" not in str(info.value)

@@ -183,7 +183,7 @@ def test_the_memory_refusal_names_the_mlp_width_that_made_the_model_too_big(tiny
 
 def test_memory_estimate_is_a_lower_bound_that_counts_what_training_keeps():
     from tiedlm.config import ModelConfig
-    from tiedlm.model import count_params_config, training_memory
+    from tiedlm.counting import count_params_config, training_memory
 
     cfg = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=16)
     m = training_memory(cfg, 100, 4)

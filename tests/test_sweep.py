@@ -320,8 +320,7 @@ def test_a_tuned_sweep_tunes_each_grid_point_and_trains_every_seed_at_its_choice
     import types
 
     import tiedlm.data
-    import tiedlm.model
-    from tests.test_compare import V, gpt2_params, make_run
+    from tests.test_compare import V, make_run
     from tiedlm import runs as run_folder
     from tiedlm.experiment.sweep import format_sweep_summary
 
@@ -337,7 +336,6 @@ def test_a_tuned_sweep_tunes_each_grid_point_and_trains_every_seed_at_its_choice
         val = 40 * (1 + math.log(cfg.train.lr / best[cfg.model.n_embd]) ** 2) + cfg.seed
         return make_run(Path(out), name, cfg.seed, val=val, cfg=cfg)
 
-    monkeypatch.setattr(tiedlm.model, "count_params_config", gpt2_params)
     monkeypatch.setattr(tiedlm.data, "prepare_data", lambda cfg, progress=True: types.SimpleNamespace(model_vocab_size=V))
     (tmp_path / "base.yaml").write_text("name: base\nmodel:\n  n_head: 2\ntrain:\n  max_steps: 10\n")
     grid = tmp_path / "grid.yaml"

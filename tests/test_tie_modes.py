@@ -13,7 +13,8 @@ from tiedlm.config import ModelConfig, TrainConfig
 from tiedlm.variant import config_hash
 from tiedlm.config import load_config as _load
 from tiedlm.errors import ConfigError
-from tiedlm.model import GPT, count_params, count_params_config
+from tiedlm.model import GPT, count_params
+from tiedlm.counting import count_params_config
 from tiedlm.train.optim import build_optimizer
 
 BASE = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8)

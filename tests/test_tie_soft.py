@@ -16,7 +16,8 @@ from tiedlm.config import ModelConfig, TrainConfig
 from tiedlm.config import load_config as _load
 from tiedlm.counting import flops_per_token
 from tiedlm.errors import ConfigError, Interrupted
-from tiedlm.model import GPT, count_params, count_params_config
+from tiedlm.model import GPT, count_params
+from tiedlm.counting import count_params_config
 from tiedlm.tie import Tie
 from tiedlm.train.optim import build_optimizer
 from tiedlm.train.step import train_step

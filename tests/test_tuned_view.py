@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_compare import V, gpt2_params, make_run
+from tests.test_compare import V, make_run
 from tiedlm.compare import compare_runs
 from tiedlm.compare.report import format_terminal_table
 from tiedlm.config import load_config
@@ -26,7 +26,6 @@ def swept(tmp_path, monkeypatch):
     """A tuned sweep's runs folder (n_embd 32 and 64, lr tuned, 2 seeds), trained by a stand-in
     whose validation perplexity is least at a known lr per width."""
     import tiedlm.data
-    import tiedlm.model
     from tiedlm import runs as run_folder
 
     best = {32: 1e-2, 64: 3e-3}
@@ -39,7 +38,6 @@ def swept(tmp_path, monkeypatch):
         val = 40 * (1 + math.log(cfg.train.lr / best[cfg.model.n_embd]) ** 2) + cfg.seed
         return make_run(Path(out), name, cfg.seed, val=val, cfg=cfg)
 
-    monkeypatch.setattr(tiedlm.model, "count_params_config", gpt2_params)
     monkeypatch.setattr(tiedlm.data, "prepare_data", lambda cfg, progress=True: types.SimpleNamespace(model_vocab_size=V))
     (tmp_path / "base.yaml").write_text("name: base\nmodel:\n  n_head: 2\ntrain:\n  max_steps: 10\n  warmup_steps: 1\n")
     grid = tmp_path / "grid.yaml"

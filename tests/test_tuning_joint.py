@@ -14,7 +14,7 @@ import pytest
 
 import tiedlm.compare as C
 import tiedlm.experiment as E
-from tests.test_compare import V, gpt2_params, make_run
+from tests.test_compare import V, make_run
 from tiedlm import runs as run_folder
 from tiedlm.experiment.tuning_spec import extend_value
 from tiedlm.experiment.tuning_spec import BOUNDS
@@ -33,7 +33,6 @@ def trainer(monkeypatch):
     """train_run's stand-in: validation perplexity val_ppl(tied, lr, the key in state.reg), test one
     more; records every run it trains and the config it trained."""
     import tiedlm.data
-    import tiedlm.model
 
     state = types.SimpleNamespace(calls=[], configs=[], reg="model.dropout")
 
@@ -48,7 +47,6 @@ def trainer(monkeypatch):
         val = val_ppl(cfg.model.tie_embeddings, cfg.train.lr, getattr(getattr(cfg, section), key))
         return make_run(Path(out), name, cfg.seed, val=val, test=val + 1.0, cfg=cfg)
 
-    monkeypatch.setattr(tiedlm.model, "count_params_config", gpt2_params)
     monkeypatch.setattr(tiedlm.data, "prepare_data", lambda cfg, progress=True: types.SimpleNamespace(model_vocab_size=V))
     state.train = train_run
     return state

@@ -19,7 +19,7 @@ _EXPORTS = {
     "compare_config": "experiment",
     "prepare_data": "data",
     "evaluate_run": "evaluate",
-    "count_params_config": "model",
+    "count_params_config": "counting",
     "params_report": "params",
 }
 __all__ = ["__version__", *_EXPORTS]

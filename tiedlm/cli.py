@@ -9,7 +9,7 @@ import json
 import sys
 import traceback
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 import typer
 from typer.core import TyperGroup

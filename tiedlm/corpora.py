@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
-import math
 import re
 import time
 import zlib

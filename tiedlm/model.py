@@ -32,13 +32,6 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from .config import ModelConfig
-from .counting import (  # noqa: F401  (the arithmetic counts; re-exported: model.count_params_config ...)
-    TRAIN_BYTES_PER_PARAM,
-    check_fits,
-    count_params_config,
-    flops_per_token,
-    training_memory,
-)
 from .errors import RunError
 from .norms import LayerNorm
 from .tie import UNTIED, Tie

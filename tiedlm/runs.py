@@ -476,7 +476,7 @@ def check_config_unedited(run_dir: Path, cfg: Config, report: RunReport | None) 
     raise DamagedRunError(
         f"{path} was edited after the run ({keys}its hash {mine} is not the run's "
         f"{report.config_hash or config_hash(report.config)})", "restore it, or use --overwrite to start afresh "
-        f"with the config given", f"restore it (the run's config is in {REPORT}), or train the edited config as a "
+        "with the config given", f"restore it (the run's config is in {REPORT}), or train the edited config as a "
         f"run of its own: tiedlm train --config {path} --out {Path(run_dir).parent} --name {Path(run_dir).name}-edited")
 
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from ..formatting import MISSING, fmt_count, fmt_signed, markdown_table, percent
 from ..ledger import FROM_CONFIG, differs_sentence, share_words, value_words
 from .plots import TRAJECTORY_PLOT, TUNE_PLOT
-from .sequential import FIRST_SEEDS, fmt_pvalue, look_words, mc_paths
-from .stats import fmt_threshold
+from .sequential import FIRST_SEEDS, look_words, mc_paths
+from .stats import fmt_pvalue, fmt_threshold
 from .trajectory import SPLIT, Trajectory
 
 if TYPE_CHECKING:

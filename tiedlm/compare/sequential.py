@@ -48,7 +48,7 @@ from typing import Any, Sequence
 
 from ..formatting import percent
 from ..nats import relative
-from .stats import ALPHA, AdjustedLevel, fmt_pvalue, fmt_threshold, norm_cdf, significant, t_sf  # noqa: F401 (fmt_pvalue: sections)
+from .stats import ALPHA, AdjustedLevel, fmt_pvalue, fmt_threshold, norm_cdf, significant, t_sf
 
 FIRST_SEEDS = 3  # seeds per variant at the first look
 MAX_SEEDS = 10  # --max-seeds default

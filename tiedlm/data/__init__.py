@@ -35,7 +35,7 @@ import numpy as np
 from .. import corpora
 from ..config import Config, DataConfig, TokenizerConfig
 from ..variant import ADDED_KEYS
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from . import overlap
 from .cache import (
     CACHE_FORMAT,

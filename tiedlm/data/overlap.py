@@ -27,7 +27,7 @@ without reading its text again.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 

@@ -32,7 +32,7 @@ from ..errors import (
     DivergedError,
     Interrupted,
 )
-from .optim import budget_steps, build_optimizer, lr_at, untie_step, untie_with_optimizer  # noqa: F401
+from .optim import build_optimizer, lr_at, untie_with_optimizer
 from ..distributed import check_in_step, is_main_process
 from .selection import BestTracker, evaluate_best, keep_best_weights, stop_reason
 from ..process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
@@ -40,7 +40,7 @@ from ..ledger import ledger_of
 from ..report_md import overtrained_text
 from .also import also_record, score_also
 from .preflight import Preflight, preflight
-from .step import BatchSampler, train_step  # noqa: F401 (train_step: the loop's step, also used by tests)
+from .step import BatchSampler, train_step
 from ..tensorboard import TrainingLog
 
 # ------------------------------------------------------------------------- the entry point
@@ -212,7 +212,8 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     the checkpoint's weights, optimizer, RNG and counters applied. Returns (model, optimizer, sampler)."""
     import torch
 
-    from ..model import build_model, flops_per_token, freeze_all_but, init_new_rows
+    from ..counting import flops_per_token
+    from ..model import build_model, freeze_all_but, init_new_rows
 
     main = pre.dist.main
     tok_dir = run_dir / runs.TOKENIZER

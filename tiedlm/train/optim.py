@@ -16,8 +16,6 @@ def build_optimizer(model, tcfg) -> Any:
     biases and LayerNorm gains never are; the embedding matrices (E, W_out, positions) follow
     train.decay_embeddings (the lowrank mode's A and B with them). W_out goes last in its group so that a model untied late
     (`untie_at`) and one built untied have the same parameter order for optimizer state."""
-    import torch
-
     # the model names its embedding matrices (the lowrank mode's A and B among them: part of W_out);
     # projection's P is a matrix like any other (Press & Wolf regularise it), decayed at train.weight_decay
     embeds = {id(p) for p in model.embedding_parameters()}
