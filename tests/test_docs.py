@@ -367,3 +367,20 @@ def test_the_set_up_commands_are_the_ones_ci_runs():
     assert commands[1] in ci, f".ci/run does not run the README's test command {commands[1]!r}"
     assert ci[-1] == commands[1], ".ci/run's last step must be the README's test command"
     assert "pytest" in commands[1]
+
+
+def test_every_import_in_the_docs_python_examples_resolves():
+    """A `from tiedlm... import ...` line in a ```python block of the README or docs/ names a module
+    and names that exist (an example a user copies must not fail at its first line)."""
+    import importlib
+
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    seen, missing = 0, []
+    for page in pages:
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S):
+            for mod, names in re.findall(r"^\s*from (tiedlm[\w.]*) import ([\w, ]+)", block, re.M):
+                module = importlib.import_module(mod)
+                seen += 1
+                missing += [f"{page.name}: {mod}.{n.strip()}" for n in names.split(",")
+                            if n.strip() and not hasattr(module, n.strip())]
+    assert seen >= 3 and not missing, missing

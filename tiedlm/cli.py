@@ -240,18 +240,17 @@ def compare(
         n_seeds = _seeds_option(seeds)
         from .compare import Judging, format_terminal_table, judge_runs
 
+        judging = Judging(paths=runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select,
+                          analyze=analyze, overwrite_output=overwrite_output)
         if config is not None:  # run the experiment, then judge its runs
             from .experiment import CompareRequest, compare
 
-            req = CompareRequest(config=config, overrides=set_ or [], seeds=1 if n_seeds is None else n_seeds,
-                                 match=match, runs_dir=out, baseline=baseline, progress=not quiet,
-                                 overwrite=overwrite, primary=primary, select=select, analyze=analyze,
-                                 overwrite_output=overwrite_output, tune=tune or [], max_seeds=max_seeds,
-                                 min_effect=min_effect, jobs=jobs)
-            result = compare(req)
+            result = compare(CompareRequest(config=config, overrides=set_ or [], judging=judging,
+                                            seeds=1 if n_seeds is None else n_seeds, match=match, progress=not quiet,
+                                            overwrite=overwrite, tune=tune or [], max_seeds=max_seeds,
+                                            min_effect=min_effect, jobs=jobs))
         else:  # judge the finished runs named
-            result = judge_runs(Judging(paths=runs_ or None, runs_dir=out, baseline=baseline, primary=primary,
-                                        select=select, analyze=analyze, overwrite_output=overwrite_output))
+            result = judge_runs(judging)
         typer.echo(format_terminal_table(result))
         if tensorboard:
             from .tensorboard import backfill_many, left_alone_lines, logdir_of

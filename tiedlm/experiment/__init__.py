@@ -35,7 +35,7 @@ __all__ = ["CompareRequest", "compare", "compare_config", "run"]
 
 def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, **options: Any) -> Comparison:
     """Train the tied and untied variants of a config (seeds cfg.seed .. cfg.seed+seeds-1; finished
-    runs are reused) and compare exactly those runs; `options` are CompareRequest's fields. match=
+    runs are reused) and compare exactly those runs; `options` are CompareRequest.of's keywords. match=
     "params" adds a tied variant with extra layers whose total is as close as possible to the untied
     one's, "params:width" one with n_embd grown by the head size instead; the matched variant is
     tuned like the others, and the verdict has both contrasts against untied (tied at equal
@@ -51,7 +51,7 @@ def compare_config(cfg_path: str | Path, overrides: list[str] | None = None, **o
     adjusted level, or for futility once the smallest detectable effect is below `min_effect`);
     with tuning, for the seeds at the chosen values. `jobs` (--jobs): train that many runs at once,
     each in its own process, or "auto" (parallel.py); 1 trains them one after another in this process."""
-    return compare(CompareRequest(config=cfg_path, overrides=list(overrides or []), **options))
+    return compare(CompareRequest.of(config=cfg_path, overrides=list(overrides or []), **options))
 
 
 def compare(req: CompareRequest) -> Comparison:

@@ -52,7 +52,7 @@ def run(req: CompareRequest, spec: TuneSpec | None, plan: ComparisonPlan | None 
                         may_grow=spec is not None)
     with executor:  # the --jobs workers serve every stage, and end with the comparison
         found.failed = executor.failures
-        primary = req.primary
+        primary = req.judging.primary
         if spec is not None:
             found.tuning = _tune(req, plan, spec, executor)
             primary = primary or "test"
@@ -65,7 +65,7 @@ def run(req: CompareRequest, spec: TuneSpec | None, plan: ComparisonPlan | None 
             if shared is not None and found.tuning.spec.shared_seeds:
                 runs += plan.runs(*span, point=shared)
             new = [run_dir_for(req.runs_dir, r.name) for r in runs]
-            check_outputs(req.folder, [d for d in new if d.is_dir()], req.analyze, req.overwrite_output)
+            check_outputs(req.folder, [d for d in new if d.is_dir()], req.judging.analyze, req.judging.overwrite_output)
             trained = executor.run(Stage(f"seeds {span[0] + 1} to {span[1]}", runs))
             look = glance(plan.dirs(req.runs_dir, 0, seeds.seeds), req.judging, found, primary) if seeds.auto else None
             span = seeds.after(trained, look.contrast if look is not None else None)
@@ -108,10 +108,10 @@ def _tune(req: CompareRequest, plan: ComparisonPlan, spec: TuneSpec, executor: E
     """Each variant's tuning grid on the tuning seeds, stage by stage; the variants' points set."""
     if plan.match is not None:
         check_match_tuning(req, plan, spec)
-    if req.primary == "validation":
+    if req.judging.primary == "validation":
         raise ConfigError("with tuning, validation chose each variant's value, so the verdict is on test — drop "
                           "--primary validation")
-    check_outputs(req.folder, [], req.analyze, req.overwrite_output)  # refused: nothing trained
+    check_outputs(req.folder, [], req.judging.analyze, req.judging.overwrite_output)  # refused: nothing trained
     check_record_target(req.runs_dir, remove=False)  # a record tiedlm did not write: refused
     tuning = tune(executor, spec, plan.variants, plan.source, req.runs_dir, plan.base.seed, plan.base)
     missing = [v.tag for v in tuning.variants if v.chosen is None]

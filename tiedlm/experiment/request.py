@@ -5,7 +5,7 @@ the baseline, where the comparison goes) are its `judging` (compare.Judging)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,39 +20,39 @@ SEEDS_LIMIT = 1000  # compare_config seeds: a typo (1000000) would queue a milli
 
 @dataclass
 class CompareRequest:
-    """One comparison: of finished runs (`paths`, or every run under `runs_dir`), or, with
-    `config`, of the tied and untied variants of a config trained first (`overrides`, `seeds` or
-    the sequential design, `tune`, `match`). `select`, `primary` and `baseline` say what is
-    judged; `out` (default runs_dir/compare) where the comparison goes. `train` trains one run
-    (train.train_run, or a stand-in with its signature); `jobs` is --jobs."""
+    """One comparison: of finished runs (its `judging`'s paths, or every run under its runs_dir),
+    or, with `config`, of the tied and untied variants of a config trained first (`overrides`,
+    `seeds` or the sequential design, `tune`, `match`). `judging` (compare.Judging) is what the
+    judging side reads: which weights, which split, the baseline, where the runs are and where the
+    comparison goes. `train` trains one run (train.train_run, or a stand-in with its signature);
+    `jobs` is --jobs. `CompareRequest.of` takes both sides' options as one set of keywords."""
 
     config: str | Path | None = None
     overrides: list[str] = field(default_factory=list)
-    paths: list[str | Path] | None = None
+    judging: Judging = field(default_factory=Judging)
     seeds: int | str = 1
     max_seeds: int | None = None
     min_effect: float | None = None
     tune: list[str] = field(default_factory=list)
     match: str | None = None
-    select: str | None = None
-    primary: str | None = None
-    baseline: str | None = None
-    runs_dir: Path = Path("runs")
-    out: Path | None = None
     overwrite: bool = False
-    overwrite_output: bool = False
-    analyze: bool = False
     progress: bool = True
     jobs: int | str | None = 1
     train: Callable[..., Any] | None = None
     design: tuple[int, float] = (10, 0.02)  # --max-seeds and --min-effect with their defaults (check)
 
+    @classmethod
+    def of(cls, **options: Any) -> CompareRequest:
+        """A request from compare_config's keywords: Judging's (select, primary, baseline, runs_dir,
+        out, analyze, overwrite_output, paths) go to its `judging`, the rest are the request's."""
+        judged = {f.name for f in fields(Judging)}
+        return cls(judging=Judging(**{k: v for k, v in options.items() if k in judged}),
+                   **{k: v for k, v in options.items() if k not in judged})
+
     @property
-    def judging(self) -> Judging:
-        """How the runs are judged: the request's fields that the judging side reads."""
-        return Judging(paths=self.paths, select=self.select, primary=self.primary, baseline=self.baseline,
-                       runs_dir=Path(self.runs_dir), out=self.out, analyze=self.analyze,
-                       overwrite_output=self.overwrite_output)
+    def runs_dir(self) -> Path:
+        """Where the runs are trained (the judging side's runs_dir)."""
+        return Path(self.judging.runs_dir)
 
     @property
     def folder(self) -> Path:
@@ -61,7 +61,6 @@ class CompareRequest:
 
     def check(self) -> CompareRequest:
         """Refuse (ConfigError) what cannot be asked, before any file is read; returns self."""
-        self.runs_dir = Path(self.runs_dir)
         if self.config is not None:
             self._check_training()
         self.judging.check()
