@@ -1,0 +1,148 @@
+"""Count the two walks of docs/architecture.md by tracing the code that runs, not by reading it.
+
+A walk is every tiedlm file one of whose functions is called after the command starts (code run
+at import time is left out), less the leaves (errors, formatting, files, nats, process, device,
+distributed, threads, and the package's __init__.py, whose lazy exports run for --help):
+
+- compare: `tiedlm compare --config configs/base.yaml --tune train.lr=…` scaled down on
+  builtin:synthetic, from the command line to the printed verdict, training itself left out
+  (calls made inside train.train_run are not counted: it is the seam the second walk enters);
+- train: `tiedlm train` of the same config, to the first optimizer step (the data prepared afresh).
+
+    python scripts/walks.py            # both walks, each file named
+    python scripts/walks.py --json     # the same as JSON
+    python scripts/walks.py --warm     # the training walk with the token cache warm
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PACKAGE = ROOT / "tiedlm"
+LEAVES = {"errors", "formatting", "files", "nats", "process", "device", "distributed", "threads",
+          "__init__"}  # the package's own __init__.py (a subpackage's, as train/__init__, is counted)
+SMALL = ["data.path=builtin:synthetic", "data.synthetic.train_tokens=20000", "data.synthetic.validation_tokens=4000",
+         "data.synthetic.test_tokens=4000", "model.n_layer=1", "model.n_head=2", "model.n_embd=16",
+         "model.block_size=16", "train.batch_size=4", "train.max_steps=4", "train.eval_every=2",
+         "train.eval_tokens=256", "train.warmup_steps=1", "train.threads=1"]
+
+
+@functools.lru_cache(maxsize=None)
+def _module(filename: str) -> str | None:
+    """tiedlm's module of a code object's file ("compare/verdicts"), None outside the package."""
+    try:
+        rel = Path(filename).resolve().relative_to(PACKAGE)
+    except ValueError:
+        return None
+    return str(rel.with_suffix(""))
+
+
+class Walk:
+    """The tiedlm modules whose functions are called while it is on, outside `skip` (train.train_run,
+    whose calls and everything below them are left out: it runs untraced) and until `stop` (a
+    predicate on a called frame) first holds."""
+
+    def __init__(self, skip: bool = False, stop=None):
+        self.seen: set[str] = set()
+        self.skip, self.stop, self.done = skip, stop, False
+
+    def __call__(self, frame, event, arg):
+        if self.done or event != "call":
+            return
+        if self.stop is not None and self.stop(frame):
+            self.done = True
+            sys.setprofile(None)  # the walk is over: the rest of the command runs untraced
+            return
+        mod = _module(frame.f_code.co_filename)
+        if mod is not None and frame.f_code.co_name != "<module>":
+            self.seen.add(mod)
+
+    def counted(self) -> list[str]:
+        return sorted(m for m in self.seen if m not in LEAVES)
+
+    def run(self, argv: list[str]) -> None:
+        """The command, traced (train.train_run untraced when `skip`)."""
+        import tiedlm.train
+
+        seam = tiedlm.train.train_run
+
+        def untraced(*a, **kw):  # the compare walk leaves training out: it runs at full speed
+            sys.setprofile(None)
+            try:
+                return seam(*a, **kw)
+            finally:
+                sys.setprofile(self)
+
+        if self.skip:
+            tiedlm.train.train_run = untraced
+        try:
+            self._invoke(argv, traced=True)
+        finally:
+            tiedlm.train.train_run = seam
+
+    def run_untraced(self, argv: list[str]) -> None:
+        self._invoke(argv, traced=False)
+
+    def _invoke(self, argv: list[str], traced: bool) -> None:
+        from typer.testing import CliRunner
+
+        from tiedlm.cli import app
+
+        if traced:
+            sys.setprofile(self)
+        try:
+            result = CliRunner().invoke(app, argv)
+        finally:
+            sys.setprofile(None)
+        if result.exit_code != 0 and not self.done:
+            raise SystemExit(f"tiedlm {' '.join(argv)} failed: {result.output[-2000:]}")
+
+
+def _optimizer_step(frame) -> bool:
+    return frame.f_code.co_name == "step" and "torch/optim" in frame.f_code.co_filename.replace("\\", "/")
+
+
+def walks(warm: bool = False) -> dict[str, list[str]]:
+    import tiedlm.cli  # noqa: F401  (imported before tracing: import-time code is not counted)
+    import tiedlm.compare  # noqa: F401
+    import tiedlm.experiment  # noqa: F401
+    import tiedlm.train  # noqa: F401
+
+    sets = [a for item in SMALL for a in ("--set", item)]
+    config = str(ROOT / "configs" / "base.yaml")
+    with tempfile.TemporaryDirectory() as tmp:
+        compare = Walk(skip=True)
+        compare.run(["compare", "--config", config, *sets, "--tune", "train.lr=0.001,0.003", "--out", f"{tmp}/runs",
+                     "--jobs", "1"])
+        train = Walk(stop=_optimizer_step)
+        os.environ["TIEDLM_CACHE"] = f"{tmp}/cache"
+        if warm:  # the data prepared (tokenized, cached) before the walk, untraced
+            Walk().run_untraced(["data", "--config", config, *sets])
+        train.run(["train", "--config", config, *sets, "--out", f"{tmp}/one", "--name", "walk", "-q"])
+    return {"compare": compare.counted(), "train": train.counted()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--warm", action="store_true", help="the training walk with the token cache warm")
+    args = parser.parse_args()
+    found = walks(args.warm)
+    if args.json:
+        print(json.dumps({k: {"files": len(v), "modules": v} for k, v in found.items()}, indent=2))
+        return
+    for name, mods in found.items():
+        print(f"{name}: {len(mods)} files — {', '.join(mods)}")
+
+
+if __name__ == "__main__":
+    main()
