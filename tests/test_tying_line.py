@@ -56,7 +56,7 @@ def test_a_one_key_grid_gets_its_line_and_a_two_key_grid_does_not():
     from types import SimpleNamespace
 
     def matched(setting, y, se):
-        d = SimpleNamespace(difference=y, se=se)
+        d = SimpleNamespace(difference=y, se=se, ci_low=y - 2 * se, ci_high=y + 2 * se)
         return SimpleNamespace(setting=setting, split=lambda name, d=d: d)
 
     one = [matched({"train.max_tokens": x}, 0.05 - 0.02 * i, 0.01) for i, x in enumerate(XS)]
@@ -79,7 +79,7 @@ def test_the_mechanism_rows_give_the_bucket_effects_and_who_peaked_first():
     b = lambda diff: SimpleNamespace(difference=diff, ci_low=diff - 0.01, ci_high=diff + 0.01)  # noqa: E731
     matched, variants = [], []
     for i, x in enumerate(XS[:3]):
-        d = SimpleNamespace(difference=0.04 - 0.03 * i, se=0.01, relative=math.expm1(0.04 - 0.03 * i),
+        d = SimpleNamespace(difference=0.04 - 0.03 * i, se=0.01, relative=math.expm1(0.04 - 0.03 * i), ci_low=None, ci_high=None,
                             buckets={"top 10%": b(0.01), "next 40%": b(0.0), "rest": b(0.05 - 0.06 * i)})
         matched.append(SimpleNamespace(setting={"train.max_tokens": x}, tied=f"t{i}", untied=f"u{i}",
                                        split=lambda name, d=d: d))
@@ -109,7 +109,8 @@ def test_the_mechanism_rows_give_the_direct_path_cost_per_byte_of_an_analysed_un
 
     matched, variants = [], []
     for i, x in enumerate(XS[:3]):
-        d = SimpleNamespace(difference=0.04 - 0.03 * i, se=0.01, relative=math.expm1(0.04 - 0.03 * i), buckets={})
+        d = SimpleNamespace(difference=0.04 - 0.03 * i, se=0.01, relative=math.expm1(0.04 - 0.03 * i), buckets={},
+                            ci_low=None, ci_high=None)
         matched.append(SimpleNamespace(setting={"train.max_tokens": x}, tied=f"t{i}", untied=f"u{i}",
                                        split=lambda name, d=d: d))
         own, forced = 1.5 - 0.1 * i, 1.9 - 0.3 * i  # bits per byte: the cost falls 0.4, 0.2, 0.0
@@ -121,3 +122,31 @@ def test_the_mechanism_rows_give_the_direct_path_cost_per_byte_of_an_analysed_un
     assert rows[2]["direct_path_cost_bpb"] is None  # its untied runs were not analysed
     md = "\n".join(mechanism_markdown(tying_line(matched, "test", variants)))
     assert "W_out := E costs (bits/byte)" in md and "0.4000" in md and "0.2000" in md
+
+
+@pytest.mark.figures
+def test_the_line_png_draws_the_settings_the_fit_and_the_crossing(tmp_path):
+    pytest.importorskip("matplotlib")
+    from types import SimpleNamespace
+
+    from tests.test_tying_map import PNG, _colours
+    from tiedlm.compare.plots import plot_tying_line
+
+    def line_of(ys):
+        matched = []
+        for x, y in zip(XS, ys):
+            d = SimpleNamespace(difference=y, se=0.01, ci_low=y - 0.03, ci_high=y + 0.03)
+            matched.append(SimpleNamespace(setting={"train.max_tokens": x}, split=lambda name, d=d: d))
+        return tying_line(matched, "test")
+
+    def orange(path):  # tab:orange, the fit and its crossing
+        px = _colours(path)
+        return int(((px[..., 0] > 0.9) & (abs(px[..., 1] - 0.5) < 0.08) & (px[..., 2] < 0.2)).sum())
+
+    crossing, unfitted = line_of([0.06, 0.03, 0.0, -0.03]), line_of([0.02, 0.02])
+    assert crossing.crossing == pytest.approx(XS[2], rel=0.05) and unfitted.slope is None
+    paths = tmp_path / "crossing.png", tmp_path / "unfitted.png"
+    plot_tying_line(crossing, "test", paths[0])
+    plot_tying_line(unfitted, "test", paths[1])
+    assert all(p.read_bytes().startswith(PNG) for p in paths)
+    assert orange(paths[0]) > 500 and orange(paths[1]) == 0

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Iterable
 
 from .comparison import Comparison
-from .plots import (MATCHED_PLOT, TUNE_PLOT, TYING_MAP_BUCKETS_PLOT, TYING_MAP_PLOT, plot_tuning, plot_tying_map,
-                    plot_tying_map_buckets, write_plots)
+from .plots import (MATCHED_PLOT, TUNE_PLOT, TYING_LINE_PLOT, TYING_MAP_BUCKETS_PLOT, TYING_MAP_PLOT, plot_tuning,
+                    plot_tying_line, plot_tying_map, plot_tying_map_buckets, write_plots)
 from .report import FILES, to_csv, to_json_text, to_markdown
 
 OVERWRITE_OPTION = "--overwrite-output"  # the CLI option that replaces files tiedlm did not write
@@ -29,6 +29,8 @@ def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
     if c.tying_map is not None:
         c.files["plot_tying_map"] = str(out / TYING_MAP_PLOT)
         c.files["plot_tying_map_buckets"] = str(out / TYING_MAP_BUCKETS_PLOT)
+    if c.tying_line is not None:
+        c.files["plot_tying_line"] = str(out / TYING_LINE_PLOT)
     if c.tuning is not None:
         c.files["plot_tuning"] = str(out / TUNE_PLOT)
     names = [Path(f).name for f in c.files.values()]
@@ -37,6 +39,8 @@ def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
         if c.tying_map is not None:
             plot_tying_map(c.tying_map.tmap, out / TYING_MAP_PLOT)
             plot_tying_map_buckets(c.tying_map.tmap, out / TYING_MAP_BUCKETS_PLOT)
+        if c.tying_line is not None:
+            plot_tying_line(c.tying_line, c.primary, out / TYING_LINE_PLOT)
         if c.tuning is not None:
             plot_tuning(c, out / TUNE_PLOT)
         for kind, render in (("csv", to_csv), ("markdown", to_markdown), ("json", to_json_text)):

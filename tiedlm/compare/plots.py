@@ -37,6 +37,7 @@ PLOTS = {
 MATCHED_PLOT = "tying_effect.png"  # written only when the comparison has matched contrasts
 TYING_MAP_PLOT = "tying_map.png"  # a two-key grid's map (tying_map.py), with its fitted zero contour (surface.py)
 TYING_MAP_BUCKETS_PLOT = "tying_map_buckets.png"  # the map's frequent and rare buckets' effects, side by side
+TYING_LINE_PLOT = "tying_line.png"  # a one-key numeric grid's line (tying_line.py) and its zero crossing
 TUNE_PLOT = "tune_curves.png"  # a tuned comparison's validation perplexity against the tuned value
 
 
@@ -105,6 +106,10 @@ def captions(c: Comparison) -> dict[str, str]:
                                "95% interval and the sign changes along the cell edges.")
         out[TYING_MAP_BUCKETS_PLOT] = (f"The tying effect on {t.bucket_split or t.split} loss of {weights} in the most "
                                        "frequent bucket (left) and the rare bucket (right) of each cell.")
+    if c.tying_line is not None:
+        out[TYING_LINE_PLOT] = (f"The tying effect on {c.primary} perplexity of {weights} at each {c.tying_line.short}, "
+                                "with its 95% interval, the line fitted in log2 of the key (weighted by 1/se²), and "
+                                "where it crosses zero with Fieller's 95% interval of the crossing.")
     if c.tuning is not None:
         tuning = c.tuning
         seeds = tuning.seeds
@@ -334,6 +339,62 @@ def plot_trajectory(c: Comparison, path: Path) -> None:
             ax.text(0.01, 0.01, "; ".join(notes), transform=ax.transAxes, fontsize=7, color="0.35", va="bottom")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
+
+
+# ============================================================================ the tying line
+
+
+def plot_tying_line(line: Any, primary: str, path: Path) -> None:
+    """tying_line.png: the effect (%) at each setting of a one-key grid with its 95% interval, on a
+    log2 axis of the key, the fitted line (dashed past the measured range, to the crossing), the
+    zero line, and the crossing with Fieller's 95% interval as a bar along zero (an arrow where it
+    is unbounded on a side). Written atomically."""
+    from ..nats import relative
+    from .tying_line import predicted
+
+    title = f"Tying effect on {primary} perplexity against {line.short} (negative: tying helps)"
+    with figure(path, title) as ax:
+        shown = [(x, lo, hi) for x, lo, hi in line.intervals if lo is not None and hi is not None]
+        if not line.points and not shown:
+            empty_panel(ax, "no setting with an effect and an interval")
+            return
+        for x, d, _ in line.points:
+            ax.scatter([x], [100 * relative(d)], color="tab:blue", s=30, zorder=3)
+        for x, lo, hi in shown:
+            ax.plot([x, x], [100 * relative(lo), 100 * relative(hi)], color="tab:blue", linewidth=1.5)
+        xs = [p[0] for p in line.points] or [x for x, _, _ in shown]
+        lo_x, hi_x = min(xs), max(xs)
+        if line.slope is not None:
+            ends = [lo_x, hi_x]
+            grid = [lo_x * (hi_x / lo_x) ** (i / 50) for i in range(51)] if hi_x > lo_x else ends
+            ax.plot(grid, [100 * relative(predicted(line, x)) for x in grid], color="tab:orange", linewidth=1.5,
+                    label=f"fit: {line.slope:+.4f} nats per doubling")
+            if line.crossing is not None and not lo_x <= line.crossing <= hi_x and hi_x > lo_x:
+                far = [hi_x, line.crossing] if line.crossing > hi_x else [line.crossing, lo_x]
+                span = [far[0] * (far[1] / far[0]) ** (i / 30) for i in range(31)]
+                ax.plot(span, [100 * relative(predicted(line, x)) for x in span], color="tab:orange",
+                        linewidth=1, linestyle="--")
+        if line.crossing is not None:
+            ax.scatter([line.crossing], [0.0], color="tab:orange", marker="X", s=70, zorder=4, edgecolors="black",
+                       linewidths=0.5, label=f"crossing ≈ {line.crossing:,.3g}")
+            if line.bounded:
+                left = line.low if line.low is not None else min(lo_x, line.crossing) / 4
+                right = line.high if line.high is not None else max(hi_x, line.crossing) * 4
+                ax.plot([left, right], [0.0, 0.0], color="tab:orange", linewidth=4, alpha=0.35,
+                        label="its 95% interval (Fieller)" + ("; an arrow: unbounded" if None in (line.low, line.high)
+                                                              else ""))
+                for end, bounded, sign in ((left, line.low is not None, -1), (right, line.high is not None, 1)):
+                    if not bounded:
+                        ax.annotate("", xy=(end * (2.0 ** sign), 0.0), xytext=(end, 0.0),
+                                    arrowprops={"arrowstyle": "->", "color": "tab:orange"})
+        ax.axhline(0.0, color="0.3", linewidth=1, linestyle="--")
+        ax.set_xscale("log", base=2)
+        plain_ticks(ax, "x", log=True)
+        ax.set_xlabel(line.short)
+        ax.set_ylabel(f"tying effect on {primary} perplexity (%)")
+        ax.grid(True, alpha=0.3)
+        if line.slope is not None:
+            ax.legend(fontsize=8)
 
 
 # ============================================================================ the tying map

@@ -25,7 +25,7 @@ from ..formatting import (
 )
 from .comparison import Comparison, RunRow
 from .matching import PARAM_MATCH
-from .plots import MATCHED_PLOT, PLOTS, TYING_MAP_BUCKETS_PLOT, TYING_MAP_PLOT, bucket_split, captions
+from .plots import MATCHED_PLOT, PLOTS, TYING_LINE_PLOT, TYING_MAP_BUCKETS_PLOT, TYING_MAP_PLOT, bucket_split, captions
 from .stats import GeometricSummary, Summary, TestResult
 from .adaptation import adaptation_markdown
 from .tying_line import mechanism_markdown
@@ -174,7 +174,7 @@ def _md_matched(c: Comparison) -> list[str]:
     if unmatched:
         md += ["", "No untied variant with the same settings (not contrasted): " + "; ".join(unmatched) + "."]
     if c.tying_line is not None:
-        md += ["", f"### The tying line over {c.tying_line.short}", "",
+        md += ["", f"### The tying line over {c.tying_line.short}", "", f"![the tying line]({TYING_LINE_PLOT})", "",
                "The settings' effects (Δloss, nats) fitted as a line in log2 of the key by weighted least squares, and "
                "where it crosses zero, with Fieller's 95% interval:", "", *(f"- {x}" for x in c.tying_line.lines()),
                *mechanism_markdown(c.tying_line)]

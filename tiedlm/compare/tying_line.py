@@ -53,6 +53,7 @@ class TyingLine:
     bounded: bool = False  # the slope is significant: Fieller's set is an interval
     notes: list[str] = field(default_factory=list)
     mechanism: list[dict] = field(default_factory=list)  # per setting: the buckets' effects and each variant's best
+    intervals: list[tuple[float, float | None, float | None]] = field(default_factory=list)  # (value, 95% CI of Δloss)
 
     def to_json(self) -> dict:
         return {**asdict(self), "summary": self.lines()}
@@ -209,10 +210,19 @@ def tying_line(matched: list, primary: str, variants: list | None = None) -> Tyi
     key = axes[0][0]
     if len({m.setting[key] for m in matched}) != len(matched):  # several tied variants at one setting
         return None
-    points = []
+    points, intervals = [], []
     for m in matched:
         d = m.split(primary)
         points.append((float(m.setting[key]), d.difference if d else None, d.se if d else None))
+        intervals.append((float(m.setting[key]), d.ci_low if d else None, d.ci_high if d else None))
     line = fit_line(key, points)
     line.mechanism = mechanism_rows(matched, variants, primary, key) if variants is not None else []
+    line.intervals = sorted(intervals)
     return line
+
+
+def predicted(line: TyingLine, x: float) -> float | None:
+    """The fitted Δloss at the key's value x (None without a fit)."""
+    if line.slope is None or line.intercept is None or line.centre is None or x <= 0:
+        return None
+    return line.intercept + line.slope * (math.log2(x) - line.centre)
