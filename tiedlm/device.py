@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Iterator, Mapping, MutableMapping
 
 from .errors import ConfigError
+from . import threads
+from .threads import choose, current, usable_cpus
 
 
 # ------------------------------------------------------------------------- OpenMP and threads
@@ -118,14 +120,12 @@ def auto_threads(cores: int, load: float) -> int:
     use less the 1-minute load average (the processes already running or waiting for a core),
     rounded, at least 1 and at most `cores`. On a quiet machine that is every core; beside a 2-thread
     job on 2 cores it is 1, which leaves the other job its core instead of taking turns with it."""
-    from .threads import choose
 
     return choose(cores, load, cores)
 
 
 def machine_threads() -> int:
     """auto_threads of this machine now (threads.usable_cpus: on Linux the affinity mask)."""
-    from .threads import usable_cpus
 
     try:
         load = os.getloadavg()[0]
@@ -192,7 +192,6 @@ def cpu_threads(n: int | str) -> Iterator[None]:
     follows the load from torch's count down, mid-run; elsewhere resolve_threads, once."""
     import torch
 
-    from . import threads
 
     before = torch.get_num_threads()
     adaptive = n == "auto" and len(threads.usable_cpus()) > 1 and threads.invariant()
@@ -218,7 +217,6 @@ def threads_used(device) -> dict | None:
         return None
     import torch
 
-    from .threads import current
 
     gov = current()
     return gov.summary() if gov is not None else {"adaptive": False, "threads": torch.get_num_threads()}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .errors import ConfigError
+from .errors import RunError
 
 
 @dataclass
@@ -215,7 +216,6 @@ def check_in_step(d: Dist, model: Any, device: Any) -> None:
         return
     import torch
 
-    from .errors import RunError
 
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     if not same_on_every_rank(d, flat, device):

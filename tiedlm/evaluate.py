@@ -20,6 +20,9 @@ import numpy as np
 
 from . import threads
 from .nats import bits_per_byte, perplexity
+from . import runs
+from .device import autocast_ctx, cpu_threads, resolve_device, resolve_dtype
+from .errors import ConfigError, NotARunError, RunError
 
 
 
@@ -253,7 +256,6 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
 
     from . import checkpoints, runs
     from .data import data_identity, prepare_data
-    from .errors import NotARunError, RunError
     from .model import build_model
 
     run_dir = Path(run_dir)
@@ -293,9 +295,6 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
     it kept at its best validation evaluation) and score whole splits."""
     from pathlib import Path
 
-    from . import runs
-    from .device import autocast_ctx, cpu_threads, resolve_device, resolve_dtype
-    from .errors import ConfigError, RunError
 
     stored = runs.read_config(Path(run_dir)) if Path(run_dir).is_dir() else None
     if stored is not None and stride is not None:  # refused before any data are prepared
@@ -333,7 +332,6 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
 def _best_weights(run_dir):
     """The folder of the weights a run kept at its best validation evaluation (report.json's best)."""
     from . import checkpoints, runs
-    from .errors import NotARunError, RunError
 
     report = runs.read_report(run_dir)
     kept = (report.best or {}).get("weights") if report is not None and isinstance(report.best, dict) else None
@@ -372,7 +370,6 @@ def _other_weights(run_dir, ckpt, chooser: str | None) -> str | None:
 def _named_checkpoint(run_dir, name: str):
     """checkpoints/<name> (step-N or best-step-N), which must be one of the run's checkpoints."""
     from . import checkpoints
-    from .errors import NotARunError
 
     have = checkpoints.checkpoint_names(run_dir)
     if name not in have:

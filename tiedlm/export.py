@@ -32,6 +32,8 @@ from .errors import ConfigError, RunError
 from .export_llama import CLASS as LLAMA_CLASS
 from .nats import perplexity
 from .tie import STRENGTHENED
+from .hf import config_flags_tied
+from .runs import AGAIN_HINT, writing
 
 TOLERANCE = 1e-4  # largest |logit difference| accepted between tiedlm and transformers (fp32)
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -158,7 +160,6 @@ def _write_folder(folder: Path, rm: Any, model: Any) -> None:
     from safetensors.torch import save_file
 
     from .data.hf import write_hf_tokenizer
-    from .runs import AGAIN_HINT, writing
 
     tok = rm.data.tokenizer
     if rm.cfg.model.family.built_by_transformers:  # the family's own folder, as transformers writes it
@@ -255,7 +256,6 @@ def _verify_family_tie(folder: Path, hf: Any, tied: bool) -> None:
     import torch
     from safetensors import safe_open
 
-    from .hf import config_flags_tied
 
     flags = config_flags_tied(hf.config)
     E, W = (m.weight.detach().cpu() for m in (hf.get_input_embeddings(), hf.get_output_embeddings()))

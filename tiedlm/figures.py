@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .formatting import fmt_count
+from .files import atomic_write_bytes
+from .runs import AGAIN_HINT, writing
 
 
 @contextlib.contextmanager
@@ -32,8 +34,6 @@ def figure(path: Path, title: str, panels: int = 1) -> Iterator[Any]:
         fig.suptitle(title, fontsize=10)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    from .files import atomic_write_bytes
-    from .runs import AGAIN_HINT, writing
 
     with writing(path, AGAIN_HINT):  # a full disk is then one line, as for every run file
         atomic_write_bytes(path, buf.getvalue())

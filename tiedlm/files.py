@@ -22,6 +22,7 @@ import socket
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
+from .errors import RunError
 
 HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64] or "host"
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # full disk, quota, file-size limit (ulimit -f)
@@ -202,7 +203,6 @@ def check_writable(folder: Path) -> None:
     disk or a folder that is a file, said once before any run is trained into it."""
     import tempfile
 
-    from .errors import RunError
 
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
+from .device import cpu_threads, resolve_device
 
 
 @dataclass
@@ -155,7 +156,6 @@ def sample_run(run_dir: Any, opts: SampleOptions, write: Callable[[str], None], 
     prompt words the vocabulary lacks) through `note`."""
     import torch
 
-    from .device import cpu_threads, resolve_device
     from .evaluate import load_run_model
 
     rm = load_run_model(run_dir)

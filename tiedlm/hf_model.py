@@ -17,6 +17,7 @@ from .errors import ConfigError
 from .hf import language_configs, config_flags_tied, hf_model_config, require_transformers
 from .pretrained import checkpoint_config, checkpoint_tied, describe_start
 from .tie import UNTIED, Tie
+from .loss import cross_entropy, token_losses
 
 
 class HFCausalLM(nn.Module):
@@ -180,7 +181,6 @@ class HFCausalLM(nn.Module):
         h, weight, bias = self.head(self.hidden(idx))
         if targets is None:
             return F.linear(h, weight, bias)
-        from .loss import cross_entropy, token_losses
 
         h2, t = h.reshape(-1, h.size(-1)), targets.reshape(-1)
         if reduction == "none":

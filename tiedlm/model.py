@@ -35,6 +35,7 @@ from .config import ModelConfig
 from .errors import RunError
 from .norms import LayerNorm
 from .tie import UNTIED, Tie
+from .loss import cross_entropy, token_losses
 
 
 class CausalSelfAttention(nn.Module):
@@ -361,7 +362,6 @@ class GPT(nn.Module):
         h, weight, bias = self.head(self.hidden(idx))
         if targets is None:
             return F.linear(h, weight, bias)  # (B, T, V)
-        from .loss import cross_entropy, token_losses
 
         h2, t = h.reshape(-1, h.size(-1)), targets.reshape(-1)
         if reduction == "none":

@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 from typing import Any
+from .config import parse_override
 
 
 def scalar(value: Any) -> str:
@@ -87,7 +88,6 @@ def override_tag(overrides: list[str]) -> str:
     (a hash when that would be long). Seed and name overrides name nothing new. An override of the
     data (data.path, data.data_files) comes first, as the data's short name and a hash of what was
     written: '-corpus2-1a2b3c4d' for --set data.path=corpus2.txt, then the others as above."""
-    from .config import parse_override
 
     parts, data, rest = [], [], []
     for item in overrides:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from .config import Config
 from .tie import Tie
 from .formatting import params_text
+from .counting import count_params_config, flops_per_token
 
 
 @dataclass
@@ -31,7 +32,6 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
     """The vocabulary is, in order: `vocab_size` (--vocab-size), the real size after preparing the
     data (--data), or the tokenizer's nominal size (tokenizer.vocab_size; 257 for bytes), padded
     as configured."""
-    from .counting import count_params_config, flops_per_token
 
     tok = cfg.tokenizer
     if vocab_size is not None:

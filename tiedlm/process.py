@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .distributed import is_main_process
 
 
 class _Stderr:
@@ -51,7 +52,6 @@ STDERR = _Stderr()
 
 
 def log(msg: str) -> None:
-    from .distributed import is_main_process
 
     if not is_main_process():  # the ranks of a distributed run other than 0 do not log
         return

@@ -38,6 +38,8 @@ from .yamlsafe import load_yaml
 from .errors import ConfigError, ConfigMismatchError, DamagedRunError, NotARunError, RunError, TiedlmError
 from .files import describe_write_failure
 from .report_md import render_report_md
+from .process import log
+from .yamlsafe import read_yaml_text
 
 FORMAT = 1  # bumped when the run folder changes incompatibly
 STATUSES = ("running", "finished", "interrupted", "diverged", "failed")
@@ -245,7 +247,6 @@ class FolderLock(RunLock):
     def acquire(self) -> None:
         import time
 
-        from .process import log
 
         if self._key in _held_folders:
             self._nested = True
@@ -484,7 +485,6 @@ def _config_data(run_dir: Path) -> dict | None:
     """config.yaml as stored, None when there is none; a damaged one is a DamagedRunError."""
     import yaml
 
-    from .yamlsafe import read_yaml_text
 
     path = Path(run_dir) / CONFIG
     if not path.exists():

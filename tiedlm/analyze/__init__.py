@@ -21,6 +21,12 @@ from typing import Any
 
 from .measures import direct_path, finite, language_asymmetry, matrix_stats, pair_stats, per_token_arrays
 from .report import ANALYSIS_JSON, ANALYSIS_MD, tie_kind  # report imports nothing from here
+from .. import runs
+from ..device import cpu_threads
+from ..errors import ConfigError, RunError, TiedlmError
+from ..files import check_foreign
+from ..formatting import fmt
+from ..runs import FolderLock
 
 FORMAT = 1
 
@@ -28,7 +34,6 @@ FORMAT = 1
 def _load(run_dir: Path):
     """The run's model and data; a checkpoint replaced by a training run between finding and
     reading it is looked up again."""
-    from ..errors import RunError
     from ..evaluate import load_run_model
 
     try:
@@ -41,7 +46,6 @@ def _load(run_dir: Path):
 
 
 def _status(run_dir: Path) -> str | None:
-    from .. import runs
 
     try:
         report = runs.read_report(run_dir)
@@ -59,7 +63,6 @@ def analyze_run(run_dir: str | Path, out: str | Path | None = None, split: str =
     A file of those names that tiedlm did not write there (files.recording) is refused, before
     anything is read, with a ConfigError naming `overwrite_option`, unless `overwrite`; so is an
     `out` inside a run's managed parts (checkpoints/, tb/, ...)."""
-    from ..device import cpu_threads
 
     run_dir = Path(run_dir)
     check_target(run_dir if out is None else Path(out), overwrite, overwrite_option, out is not None, run_dir)
@@ -75,7 +78,6 @@ def check_target(target: Path, overwrite: bool = False, overwrite_option: str = 
     run's analysis, untied (with the pair-cosine plot) unless its config says tied for good
     (_may_be_untied). write_analysis checks them again once the weights are read."""
     from ..checkpoints import check_outside_runs
-    from ..files import check_foreign
     from .report import analysis_files
 
     if is_out:
@@ -89,8 +91,6 @@ def _may_be_untied(run_dir: Path) -> bool:
     rank above 0 (W_out built from E is a matrix of its own), or an untie_at (which splits the tied
     matrix part-way, so its latest checkpoint may be either). False when the config cannot be
     read: such a run is refused when it is loaded, and nothing is written for it."""
-    from .. import runs
-    from ..errors import TiedlmError
 
     try:
         config = runs.read_config(Path(run_dir))
@@ -101,7 +101,6 @@ def _may_be_untied(run_dir: Path) -> bool:
 
 def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample: int, seed: int, max_pairs: int,
              pairs: int, overwrite: bool = False, overwrite_option: str = "--overwrite") -> dict:
-    from ..errors import ConfigError
     from .report import write_analysis
 
     cfg, data, model = rm.cfg, rm.data, rm.model
@@ -138,7 +137,6 @@ def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample:
     result = _strict(result)
     target = Path(out) if out is not None else run_dir
     arrays = {"counts": counts, "bucket_of": bucket_of, "names": names, "E": E, "W": None if model.w_out_is_e else W}
-    from ..runs import FolderLock
 
     with FolderLock(target):  # another analysis or comparison writing there finishes first: no mixed files
         write_analysis(result, arrays, target, overwrite, overwrite_option)
@@ -186,7 +184,6 @@ def read_analysis(run_dir: str | Path) -> dict | None:
 
 def summary_line(r: dict, where: Path) -> str:
     """One line per analysed run for the terminal."""
-    from ..formatting import fmt
 
     e = r["matrices"]["E"]
     d = r["direct_path"]

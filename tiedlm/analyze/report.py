@@ -8,6 +8,9 @@ from typing import Any
 from ..figures import figure, plain_ticks
 from ..formatting import fmt, fmt_int, markdown_table
 from ..nats import perplexity
+from .. import geometry as g
+from ..files import atomic_write_text, json_text, recording
+from ..runs import AGAIN_HINT, writing
 
 ANALYSIS_JSON = "analysis.json"  # tiedlm.analyze has them from here: report imports nothing of the package
 ANALYSIS_MD = "analysis.md"
@@ -24,9 +27,6 @@ def write_analysis(result: dict, arrays: dict, out: Path, overwrite: bool = Fals
                    overwrite_option: str = "--overwrite") -> None:
     """The files into out, recorded there as tiedlm's (files.recording): a file of one of their
     names that tiedlm did not write is refused unless `overwrite`, before anything is written."""
-    from ..files import recording
-    from ..files import atomic_write_text, json_text
-    from ..runs import AGAIN_HINT, writing
 
     names = analysis_files(arrays["W"] is None)
     with recording(out, names, overwrite_option, overwrite):
@@ -186,7 +186,6 @@ def _scatter_by_count(arrays: dict, path: Path, title: str, ylabel: str, series:
 
 
 def _plot_norms(arrays: dict, path: Path) -> None:
-    from .. import geometry as g
 
     series = [(label, g.row_norms(M).numpy(), color)
               for label, M, color in (("E", arrays["E"], "C0"), ("W_out", arrays["W"], "C1")) if M is not None]
@@ -208,7 +207,6 @@ def _plot_spectrum(result: dict, path: Path) -> None:
 
 
 def _plot_cosines(arrays: dict, path: Path) -> None:
-    from .. import geometry as g
 
     E, W = arrays["E"], arrays["W"]
     series = [("raw", g.pair_cosines(E, W).numpy(), "C0"),

@@ -20,6 +20,7 @@ from ..errors import DamagedRunError, NotARunError, RunError, TiedlmError
 from ..report_md import overtrained_text
 from ..nats import perplexity
 from .stats import number
+from ..errors import ConfigError
 
 COMPARE_DIR = "compare"  # the comparison's own folder under the runs folder, never a run
 
@@ -216,7 +217,6 @@ def choose_weights(runs: list[LoadedRun], select: str | None,
     validation chose them, their validation scores are biased low and the verdict is on test.
     The default is best when every run kept its best weights and scored test with them (and
     --primary is not validation), else final."""
-    from ..errors import ConfigError
 
     kept = [r for r in runs if r.final_best]
     if select is None:

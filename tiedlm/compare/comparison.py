@@ -32,6 +32,8 @@ from .variants import (
     run_loss,
     versus,
 )
+from .datasets import data_view
+from .map_measures import map_section, missing_map_note
 
 PRIMARY = "validation"  # the default primary endpoint
 
@@ -349,7 +351,6 @@ def _twins_across_data_sets(kept_by_group: list[dict[str, list[LoadedRun]]], tun
 def _across_note(groups: list[DataSet], across: tuple | None) -> list[str]:
     if across is None:
         return []
-    from .datasets import data_view
 
     views = [[data_view(r.config) for r in g.runs] for g in groups]
     own = [k for k in views[0][0] if all(len({repr(v[k]) for v in vs}) == 1 for vs in views)
@@ -413,7 +414,6 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
         order = {m.label: i for i, m in enumerate(family.members)}
     variants.sort(key=lambda v: (v is not base, order.get(v.label, len(order)), v.label))
     rows = [_run_row(r, lab) for lab, h in zip(labels, kept) for r in kept[h]]
-    from .map_measures import map_section, missing_map_note
 
     tmap = map_section(matched, primary, variants)
     return Comparison(

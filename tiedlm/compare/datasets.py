@@ -19,6 +19,7 @@ from typing import Any
 from ..config import Config
 from ..naming import scalar
 from .collect import LoadedRun
+from ..variant import flat
 
 DATA_SECTIONS = ("data", "tokenizer")
 
@@ -34,7 +35,6 @@ class DataSet:
 
 def data_view(cfg: Config) -> dict[str, Any]:
     """The data and tokenizer keys of a config -> their values (variant.flat)."""
-    from ..variant import flat
 
     return {k: v for k, v in flat(cfg).items() if k.split(".", 1)[0] in DATA_SECTIONS}
 

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from ..naming import scalar, short_keys
 from .variants import TYING_KEYS, Contrast, SplitContrast, Variant, versus
+from ..variant import flat
 
 
 @dataclass
@@ -50,7 +51,6 @@ class MatchedContrast:
 def _setting_key(v: Variant, tuned: Sequence[str] = ()) -> str:
     """Everything but the tying keys and the tuned ones (each variant's own choice), and the
     resolution: what a matched pair shares."""
-    from ..variant import flat
 
     view = {k: val for k, val in flat(v.config, variant=True).items() if k not in TYING_KEYS and k not in tuned}
     return json.dumps({"config": view, "resolution": v.resolution}, sort_keys=True, default=str)
@@ -70,7 +70,6 @@ def matched_contrasts(variants: list[Variant], differing_keys: list[str],
     only in the tying keys (then a single baseline serves). Sets each paired tied variant's
     vs_baseline. In the order of the settings, then the tied labels. `tuned`: keys each variant
     chose for itself (tuning), which twins may differ in."""
-    from ..variant import flat
 
     other = [k for k in differing_keys if k not in TYING_KEYS]
     if not other:

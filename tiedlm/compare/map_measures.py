@@ -20,6 +20,8 @@ from typing import Any, Sequence
 from ..formatting import fmt_signed, percent
 from ..naming import scalar
 from .stats import ALPHA, number, spearman_test
+from ..formatting import markdown_table
+from .tying_map import bucket_lines, tying_map
 
 # (key in the variant's matrices or computed here, label, the sign of ρ the symmetry argument predicts)
 MEASURES = (("cka", "untied CKA", -1), ("aligned_cosine", "untied rotated cosine", -1),
@@ -118,7 +120,6 @@ class MapSection:
 
     def lines(self) -> list[str]:
         """What the terminal prints: the map's sentences, then the measures'."""
-        from .tying_map import bucket_lines
 
         surface = self.tmap.surface.lines() if self.tmap.surface is not None else []
         return self.tmap.summary_lines() + bucket_lines(self.tmap) + surface + measure_lines(self.correlations)
@@ -126,7 +127,6 @@ class MapSection:
     def markdown(self, plot: str, buckets_plot: str | None = None) -> list[str]:
         """comparison.md's section: the heatmap, its sentences, each cell with its frequent and rare
         buckets' effects and its untied pair's measures, the bucket figure, the fitted surface."""
-        from ..formatting import markdown_table
 
         t = self.tmap
         cells = [(r, col) for r in t.rows for col in t.cols if t.known(r, col) is not None]
@@ -176,7 +176,6 @@ def _bucket_words(b: Any) -> str:
 
 def surface_markdown(s: Any) -> list[str]:
     """The fitted surface's subsection: its coefficients, its residuals (its sentences are among the map's)."""
-    from ..formatting import markdown_table
 
     if s is None or not s.fitted:
         return []
@@ -207,7 +206,6 @@ def _num(x: float | None) -> str:
 
 def map_section(matched: list, primary: str, variants: Sequence[Any]) -> MapSection | None:
     """The comparison's tying map (tying_map.tying_map) with its cells' measures, or None."""
-    from .tying_map import tying_map
 
     tmap = tying_map(matched, primary)
     if tmap is None:

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..tie import UNTIED, Tie
+from .stats import ALPHA, holm, significant
 
 MATCH_BY = {"params": "depth", "params:depth": "depth", "params:width": "width"}  # --match value -> how
 STEP_LIMIT = 100_000  # layers or heads added at most: a bound on the search, never reached in practice
@@ -309,7 +310,6 @@ class MatchFamily:
         """Each member's `significant`: closed testing over the two (Holm's step-down). One of them
         must be significant at its `half` level (the intersection, by Bonferroni) before each is
         judged at its own `level`. A family of one is judged at its level alone."""
-        from .stats import significant
 
         if len(self.members) == 1:
             m = self.members[0]
@@ -334,7 +334,6 @@ def match_family(match: ParamMatch | None, variants: list, base: Any, split: str
     """The two contrasts against the untied baseline (the plain tied variant's first), Holm-adjusted
     on `split` and judged at 0.05; each contrast's `significant` set to the family's judgement.
     None without a match, or when the baseline is not the untied variant (--baseline another)."""
-    from .stats import ALPHA, holm
 
     if match is None or base is None or base.tied is not False:
         return None

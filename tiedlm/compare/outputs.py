@@ -11,6 +11,8 @@ from .comparison import Comparison
 from .plots import (MATCHED_PLOT, TUNE_PLOT, TYING_LINE_PLOT, TYING_MAP_BUCKETS_PLOT, TYING_MAP_PLOT, plot_tuning,
                     plot_tying_line, plot_tying_map, plot_tying_map_buckets, write_plots)
 from .report import FILES, to_csv, to_json_text, to_markdown
+from ..files import atomic_write_text, check_foreign, recording
+from ..runs import AGAIN_HINT, writing
 
 OVERWRITE_OPTION = "--overwrite-output"  # the CLI option that replaces files tiedlm did not write
 
@@ -19,8 +21,6 @@ def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
     """comparison.md, .csv, .json and the plots into out (each written atomically); c.files says where.
     They are recorded there as tiedlm's (files.recording): a file of one of their names that tiedlm
     did not write is refused unless `overwrite`, before anything is written."""
-    from ..files import atomic_write_text, recording
-    from ..runs import AGAIN_HINT, writing
 
     out = Path(out)
     c.files = {k: str(out / v) for k, v in FILES.items()}
@@ -76,7 +76,6 @@ def check_outputs(out: Path, run_dirs: Iterable[Path] = (), analyze: bool = Fals
     run's pair-cosine plot, are checked again when they are written)."""
     from ..analyze import check_target
     from ..checkpoints import check_outside_runs
-    from ..files import check_foreign
 
     check_outside_runs(out, "--out")
     check_foreign(out, FILES.values(), OVERWRITE_OPTION, overwrite)

@@ -23,6 +23,9 @@ from .comparison import Comparison
 from .stats import ALPHA, number
 from .trajectory import ONE_SEED, SPLIT, Trajectory
 from .variants import Variant
+from ..nats import relative
+from .grid import numeric_key
+from .tying_line import predicted
 
 if TYPE_CHECKING:
     from .tying_map import TyingMap
@@ -252,7 +255,6 @@ def _effect_panel(ax: Any, xs: list[float], c: Comparison, xlabel: str, labels: 
 def plot_tying_effect(c: Comparison, path: Path) -> None:
     """Tied against untied per setting: against the swept key (numeric, else by setting) and the
     embedding share V·d / untied total. Negative: tying is better."""
-    from .grid import numeric_key
 
     title = "Tying effect per setting: exp(Δloss) − 1 with 95% CI (negative: tying better)"
     with figure(path, title, panels=2) as (left, right):
@@ -349,8 +351,6 @@ def plot_tying_line(line: Any, primary: str, path: Path) -> None:
     log2 axis of the key, the fitted line (dashed past the measured range, to the crossing), the
     zero line, and the crossing with Fieller's 95% interval as a bar along zero (an arrow where it
     is unbounded on a side). Written atomically."""
-    from ..nats import relative
-    from .tying_line import predicted
 
     title = f"Tying effect on {primary} perplexity against {line.short} (negative: tying helps)"
     with figure(path, title) as ax:

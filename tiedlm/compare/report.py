@@ -33,6 +33,7 @@ from .sections import (ledger_markdown, sequential_lines, sequential_markdown, t
                        tuning_lines, tuning_markdown)
 from .variants import SPLITS, SplitContrast, Variant
 from .verdicts import decay_line, family_markdown, fmt_flops, plural, roles, test_words
+from ..files import json_text
 
 FILES = {"markdown": "comparison.md", "csv": "comparison.csv", "json": "comparison.json",
          **{f"plot_{k}": v for k, v in PLOTS.items()}}
@@ -535,7 +536,6 @@ def to_csv(c: Comparison) -> str:
 
 
 def to_json_text(c: Comparison) -> str:
-    from ..files import json_text
 
     return json_text(c.to_json(), indent=2) + "\n"
 

@@ -16,6 +16,8 @@ from .plots import TRAJECTORY_PLOT, TUNE_PLOT
 from .sequential import FIRST_SEEDS, look_words, mc_paths
 from .stats import fmt_pvalue, fmt_threshold
 from .trajectory import SPLIT, Trajectory
+from ..naming import scalar, short_keys
+from .tuned import not_compared, paired
 
 if TYPE_CHECKING:
     from .tuned import Tuning
@@ -178,7 +180,6 @@ def _seeds(tuning: Tuning) -> str:
 
 
 def tuning_note(tuning: Tuning, primary: str) -> str:
-    from .tuned import not_compared
 
     if tuning.only_point is not None:
         return f"{not_compared(tuning.keys, tuning.only_point)}; the verdict is on {primary}"
@@ -187,7 +188,6 @@ def tuning_note(tuning: Tuning, primary: str) -> str:
 
 
 def _not_compared(tuning: Tuning) -> str:
-    from .tuned import not_compared
 
     return not_compared(tuning.keys, tuning.only_point)
 
@@ -255,7 +255,6 @@ def chosen_lines(tuning: Tuning) -> list[str]:
 
 def _two_axes(tuning: Tuning) -> list[str] | None:
     """The two keys of a tune of two plain axes (lr × dropout), else None."""
-    from .tuned import paired
 
     axes = tuning.spec.axes
     return list(axes) if len(axes) == 2 and not any(paired(x) for x in axes.values()) else None
@@ -265,7 +264,6 @@ def grid_tables(tuning: Tuning) -> list[tuple[list[str], list[list[str]]]]:
     """For two plain axes, one table per variant: a row per value of the first key, a column per
     value of the second, validation perplexity in the cells (the choice starred, blank: not tried);
     [] otherwise."""
-    from ..naming import scalar, short_keys
 
     keys = _two_axes(tuning)
     if keys is None or tuning.only_point is not None:
@@ -313,7 +311,6 @@ def joint_sentence(tuning: Tuning) -> str | None:
     """Which key moved the verdict: 'Tuning model.dropout moved the tied/untied effect from +9.1% to
     +2.3%; lr alone: from +5.0% to +9.1%…', and what the effects are read on; None when the tune is
     not train.lr and one other key."""
-    from ..naming import scalar
 
     j = tuning.joint
     if j is None:
@@ -350,7 +347,6 @@ def joint_sentence(tuning: Tuning) -> str | None:
 def joint_table(tuning: Tuning) -> tuple[list[str], list[list[str]]] | None:
     """A row per reading (the config's own point, best lr with the other key held, the joint best):
     each variant's point and validation perplexity, and the effect."""
-    from ..naming import scalar
 
     j = tuning.joint
     if j is None:

@@ -49,6 +49,9 @@ from typing import Any, Sequence
 from ..formatting import percent
 from ..nats import relative
 from .stats import ALPHA, AdjustedLevel, fmt_pvalue, fmt_threshold, norm_cdf, significant, t_sf
+from .matching import apply_family
+from .stats import t_ppf
+from .verdicts import verdicts_for
 
 FIRST_SEEDS = 3  # seeds per variant at the first look
 MAX_SEEDS = 10  # --max-seeds default
@@ -231,7 +234,6 @@ def next_decision(looks: Sequence[Look], max_seeds: int = MAX_SEEDS, alpha: floa
 def look_at(contrast: Any, seeds: int, threshold_: float) -> Look:
     """A Look from the primary SplitContrast (None: no contrast could be made), with the interval at
     the adjusted level: Δloss ± t(1 − threshold/2, df)·se, as exp() − 1."""
-    from .stats import t_ppf
 
     if contrast is None or contrast.difference is None:
         return Look(seeds, None, threshold_)
@@ -307,7 +309,6 @@ class Sequential:
         the contrast's `significant`, and its `adjusted` level (AdjustedLevel), from which the
         verdict says the threshold beside the p-value (the interval shown stays the 95% one; the
         adjusted one is named)."""
-        from .verdicts import verdicts_for
 
         c.sequential = self
         found = primary_variant(c)
@@ -333,8 +334,6 @@ class Sequential:
         its stricter boundaries at the look where this design stopped is an event of probability at
         most α/2 under no effect, as that design would have crossed there or earlier). The matched
         contrast keeps α and α/2. Holm's adjusted p-values are not given: the levels differ."""
-        from .matching import apply_family
-        from .verdicts import verdicts_for
 
         family.sequential = True
         for m in family.members:

@@ -36,6 +36,8 @@ from statistics import NormalDist
 from typing import Any, Callable, Iterable, Sequence
 
 from ..nats import perplexity, relative
+from ..formatting import MISSING, fmt_p
+from ..geometry import average_ranks, spearman
 
 LEVEL = 0.95  # confidence level of every interval
 ALPHA = 0.05  # significance level of the verdicts
@@ -359,7 +361,6 @@ def spearman_test(x: Sequence[float], y: Sequence[float]) -> tuple[float | None,
     cells the t approximation is far off, e.g. 4 cells in perfect order have p = 2/24, not 0), else
     scipy's t approximation (t = ρ·√((n − 2)/(1 − ρ²)), n − 2 degrees of freedom). (None, None) when
     ρ is undefined."""
-    from ..geometry import average_ranks, spearman
 
     n = len(x)
     rho = spearman(list(x), list(y)) if n >= 2 else math.nan
@@ -695,7 +696,6 @@ def chi2_sf(x: float, k: int) -> float:
 
 def fmt_pvalue(p: float | None) -> str:
     """A p-value precise enough to hold against a small threshold: p=0.035, p=0.00021."""
-    from ..formatting import MISSING, fmt_p
 
     if p is None:
         return MISSING

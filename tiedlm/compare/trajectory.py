@@ -30,6 +30,7 @@ from ..nats import relative
 from .collect import LoadedRun
 from .stats import compare_by_seed, number
 from .variants import Variant
+from .. import runs as run_folder
 
 SPLIT = "validation"  # the only split evaluated during training
 LAST_QUARTER = 0.75  # still_moving: from the evaluation nearest to this fraction of the last one's tokens
@@ -95,7 +96,6 @@ def evaluations(run: LoadedRun) -> dict[float, tuple[int | None, float]]:
     """tokens -> (step, loss) of the run's periodic validation evaluations (metrics.jsonl, through
     runs.py; LoadedRun.curve keeps only tokens and perplexity). The loss is log(perplexity) where a
     record lacks it; a later record at the same tokens (a resumed run) replaces an earlier one."""
-    from .. import runs as run_folder
 
     out: dict[float, tuple[int | None, float]] = {}
     try:

@@ -24,6 +24,7 @@ from ..nats import relative
 from ..naming import scalar, short_keys
 from .grid import MatchedContrast
 from .stats import ALPHA, holm, number, significant
+from .surface import fit_surface
 
 Cell = tuple[Any, Any]  # (row value, column value)
 Edge = tuple[Cell, Cell]
@@ -238,7 +239,6 @@ def tying_map(matched: list[MatchedContrast], primary: str) -> TyingMap | None:
     order = list(cells)  # Holm over the cells: the map is one family of tests, read together
     for at, p in zip(order, holm([cells[at].p_value if cells[at].effect is not None else None for at in order])):
         cells[at].p_holm = p
-    from .surface import fit_surface
 
     tmap.surface = fit_surface([(r, c, cell.difference, cell.se) for (r, c), cell in cells.items()
                                 if cell.effect is not None], tmap.row_short, tmap.col_short)

@@ -36,6 +36,7 @@ from .stats import (
     power_analysis,
     summarize,
 )
+from ..variant import diff_keys, flat, variant_dict
 
 SPLITS = ("train", "validation", "test")  # in report order; only the splits the runs have appear
 MODE_KEYS = STORED_KEYS  # the tie's stored keys make one label part: tied, untied, lowrank r=8 ...
@@ -236,7 +237,6 @@ class Variant:
         return self.vs_baseline.split(split) if self.vs_baseline else None
 
     def to_json(self) -> dict:
-        from ..variant import variant_dict
 
         return {"label": self.label, "config_hash": self.config_hash, "config": variant_dict(self.config),
                 "tied": self.tied, "seeds": self.seeds, "runs": self.runs, "n_seeds": self.n_seeds,
@@ -271,7 +271,6 @@ class Candidate:
 def label_variants(configs: list[Config], ignore: Sequence[str] = ()) -> tuple[list[str], list[str]]:
     """Labels for variants' configs (seed and name excluded) and the dotted keys that tell them apart.
     `ignore`: keys that differ by design and are reported elsewhere (the tuned settings)."""
-    from ..variant import diff_keys, flat
 
     if not configs:
         return [], []

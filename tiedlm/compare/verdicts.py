@@ -11,6 +11,7 @@ from .comparison import Comparison
 from .matching import PARAM_MATCH, FamilyMember, MatchFamily
 from .stats import SEEDS_CAP, AdjustedLevel, TestResult, fmt_pvalue, fmt_threshold
 from .variants import COMPUTE_MATCH, Contrast, SplitContrast, Variant
+from ..formatting import MISSING, markdown_table
 
 ROLES = ("The primary endpoint is the {primary} loss: it alone carries the verdict. {others} "
          "reported as confirmation, and the per-bucket differences are secondary (their p-values "
@@ -285,7 +286,6 @@ def decay_line(c: Comparison) -> str | None:
 
 def _p_only(p: float | None) -> str:
     """0.012 or <0.001: fmt_p without its 'p='; a dash for None."""
-    from ..formatting import MISSING
 
     return fmt_p(p)[1:].lstrip("=") if p is not None else MISSING
 
@@ -294,7 +294,6 @@ def family_markdown(c: Comparison) -> list[str]:
     """comparison.md's table of the two --match contrasts against untied on the primary split: the
     effect, its 95% interval, the p-value, Holm's adjusted one (or the levels under the sequential
     design) and the judgement."""
-    from ..formatting import MISSING, markdown_table
     from .stats import fmt_threshold
 
     family = c.family

@@ -48,6 +48,12 @@ from ..config import Config, to_yaml
 from ..errors import ConfigError, Interrupted
 from ..files import HOST
 from ..process import PARENT_ENV, alive, log
+from ..config import load_config
+from ..counting import count_params_config
+from ..device import keep_freed_memory, thread_env
+from ..errors import TiedlmError
+from ..files import os_error_line
+from ..process import StopSignals, Terminated, die_with_parent
 
 JOBS_LIMIT = 256  # --jobs: more processes than that is a typo, not a machine
 SMALL_MODEL = 10_000_000  # non-embedding parameters below which --jobs auto runs one process per core
@@ -116,7 +122,6 @@ def resolve_workers(spec: int | str, cfgs: list[Config]) -> int:
     gpus = visible_gpus(cfgs)
     if gpus:
         return min(len(cfgs), len(gpus))
-    from ..counting import count_params_config
 
     if all(count_params_config(c.model, 0)["non_embedding"] < SMALL_MODEL for c in cfgs):
         return min(len(cfgs), available_cores())
@@ -174,7 +179,6 @@ def _child_env(gpu: str | None) -> dict:
     """The one place a worker's environment is made: this process's, with device.thread_env's
     variables where it has none of its own (a worker computes as the CLI does, even when this
     process loaded torch before tiedlm could set them), plus what ties it to this process."""
-    from ..device import thread_env
 
     env = dict(os.environ)
     env.update(thread_env(env))
@@ -219,7 +223,6 @@ def _prepare_once(cfgs: list[Config], progress: bool) -> None:
     import json
 
     from ..data import prepare_data
-    from ..process import StopSignals, Terminated
 
     seen = set()
     try:
@@ -389,9 +392,6 @@ def _train_in_worker(job: dict) -> tuple[int, str | None]:
     `tiedlm train -q` would exit with and print (run_command's mapping)."""
     import traceback
 
-    from ..config import load_config
-    from ..errors import TiedlmError
-    from ..files import os_error_line
     from ..train import train_run
 
     try:
@@ -414,8 +414,6 @@ def serve() -> int:
     """A worker's life: read runs (one JSON line each) from stdin, train each, answer one JSON line
     on stdout, until the end of stdin. A run that stops on a signal ends the worker with its exit
     code, as it ends the whole command; one that fails does not: the next run is trained."""
-    from ..device import keep_freed_memory
-    from ..process import die_with_parent
 
     die_with_parent()
     keep_freed_memory()  # as in the command's own process: a worker never imports tiedlm.cli

@@ -24,6 +24,10 @@ from ..compare.tuned import TuneSpec
 from ..errors import ConfigError
 from ..naming import sanitize, scalar, short_keys, yaml_value
 from .request import CompareRequest
+from ..config import load_config
+from ..counting import count_params_config
+from ..naming import override_tag
+from ..runs import run_dir_for
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,6 @@ class RunSource:
     def run(self, tag: str, extra: list[str], seed: int) -> PlannedRun:
         """The run named `name(tag, seed)`, with the overrides and `extra`; a ConfigError when the
         config refuses them."""
-        from ..config import load_config
 
         try:
             cfg = load_config(self.config, [*self.overrides, *extra], seed=seed)
@@ -126,7 +129,6 @@ class ComparisonPlan:
 
     def dirs(self, runs_dir: Path, first: int, stop: int, point: dict | None = None) -> list[Path]:
         """The folders of runs(first, stop, point), named without resolving a config."""
-        from ..runs import run_dir_for
 
         return [run_dir_for(runs_dir, self.source.name(tag, seed)) for tag, _, seed in self._each(first, stop, point)]
 
@@ -151,7 +153,6 @@ def variants_of(req: CompareRequest, base: Any) -> tuple[list[tuple[str, list[st
     """(tag, overrides) of each variant to train, and the parameter match with --match params (the
     tied model deeper) or params:width (wider). A config with a model.tie_mode (projection, lowrank,
     split, soft, pull) is its own variant, against untied: the mode with its rank or strength."""
-    from ..config import load_config
 
     m, tie = base.model, base.model.tie
     untie = ["model.untie_at=null"] if m.untie_at is not None else []  # an untie_at is for tied models
@@ -180,8 +181,6 @@ def variants_of(req: CompareRequest, base: Any) -> tuple[list[tuple[str, list[st
 
 
 def plan_comparison(req: CompareRequest) -> ComparisonPlan:
-    from ..config import load_config
-    from ..naming import override_tag
 
     base = load_config(req.config, req.overrides)
     from ..data import check_source
@@ -196,8 +195,6 @@ def check_match_tuning(req: CompareRequest, plan: ComparisonPlan, spec: Any) -> 
     """Refuse a tuned key that changes a parameter count (model.n_layer, n_embd, ...): the match was
     made at the config's architecture, and a tuned one would leave the matched variant unmatched,
     or (a key the match sets) undo it."""
-    from ..config import load_config
-    from ..counting import count_params_config
 
     m = plan.match
     sets = ["model.n_layer"] if m.by == "depth" else ["model.n_embd", "model.n_head", "model.n_kv_head"]

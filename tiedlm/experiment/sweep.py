@@ -37,6 +37,8 @@ from ..errors import ConfigError
 from ..naming import sanitize, scalar, short_keys, yaml_value
 from ..formatting import shown_text
 from .slurm import check_slurm_option, read_slurm_block
+from ..config import load_config, parse_override, to_yaml
+from ..yamlsafe import load_yaml, read_yaml_text
 
 GRID_KEYS = ("config", "set", "grid", "seeds", "out", "name", "slurm", "tune")
 # The most seeds a sweep trains at each point: a typo (seeds: 100000) would queue that many trainings
@@ -73,7 +75,6 @@ def _fail(path: Path, message: str) -> ConfigError:
 def _read_grid_file(path: Path) -> dict:
     import yaml
 
-    from ..yamlsafe import load_yaml, read_yaml_text
 
     try:  # a regular file of at most YAML_BYTES_LIMIT bytes; duplicate keys and deep nesting refused, as in configs
         data = load_yaml(read_yaml_text(path, "grid file"), str(path))
@@ -93,7 +94,6 @@ def _read_grid_file(path: Path) -> dict:
 
 def _overrides(path: Path, data: dict) -> tuple[list[str], dict[str, list]]:
     """set: and grid:, each key checked (an unknown one is an error with a suggestion)."""
-    from ..config import parse_override
 
     sets = data.get("set") or []
     if isinstance(sets, str):
@@ -220,7 +220,6 @@ def load_grid(path: str | Path) -> Grid:
 
 def expand(grid: Grid) -> list[SweepRun]:
     """Every (grid point, seed) of the sweep as a resolved config and a unique, readable name."""
-    from ..config import load_config, to_yaml
 
     axes = list(grid.grid)
     points = [_point(combo, axes) for combo in itertools.product(*(grid.grid[k] for k in axes))]
@@ -416,7 +415,6 @@ def _tuned_cannot_list(grid: Grid) -> ConfigError:
 def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, jobs: int | str = 1) -> SweepSummary:
     """Each grid point a variant of its own tuning (tuning.TuningSearch on the tuning seeds, a stage
     at a time), then every seed at each point's chosen values."""
-    from ..config import load_config
     from ..train import train_run
     from .driver import tune
     from .jobs import Executor

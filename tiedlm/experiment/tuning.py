@@ -46,6 +46,10 @@ from ..nats import perplexity
 from ..naming import scalar, short_keys
 from .plan import PlannedRun, RunSource, Stage, point_label, point_overrides, point_tag, points
 from .tuning_spec import at_bound, bounds_of, extend_value, range_text, relative_bound, relative_bound_text, whole_key
+from ..config import TrainConfig
+from ..errors import TiedlmError
+from ..runs import read_report
+from ..variant import flat
 
 
 # Keys of one tie's own: tuned for the variants whose tie has them, absent (None) from the others,
@@ -64,7 +68,6 @@ def schedule_overrides(spec: TuneSpec, base: Any) -> list[str]:
     cosine minimum follows the peak (and min_lr back at its default, as the ratio replaces it)."""
     if LR_KEY not in spec.keys or getattr(base.train, "min_lr_ratio", None) is not None:
         return []
-    from ..config import TrainConfig
 
     ratio = base.train.min_lr / base.train.lr if base.train.lr else 0.0
     # min_lr back at its default: the ratio replaces it, and checks.py refuses a non-default min_lr beside it
@@ -76,8 +79,6 @@ def score_run(run_dir: Path) -> tuple[float | None, float | None, float]:
     """(validation loss that selects, the best step, tokens seen) of a finished run; None when it
     did not finish or cannot be read. The loss is the kept best weights' when the run kept them,
     else the final one; test is never read."""
-    from ..errors import TiedlmError
-    from ..runs import read_report
 
     try:
         report = read_report(run_dir)
@@ -178,7 +179,6 @@ class TuningSearch:
         self.spec, self.source, self.runs_dir = spec, source, Path(runs_dir)
         self.seeds = spec.seeds if spec.seeds is not None else [first_seed]
         self.short = short_keys(spec.keys)
-        from ..variant import flat
 
         values = flat(base)
         self.tuning = Tuning(spec=spec, keys=spec.keys, seeds=self.seeds, selection=selection, variants=[],
@@ -291,7 +291,6 @@ def shared_point(tuning: Tuning, base: Any) -> dict[str, Any] | None:
     """The config's own value of every tuned key, as the grid spells it, when every variant tried
     that point: where the untuned comparison would have put both variants. Values are compared,
     not labels: a config's dropout 0.0 is the grid's 0."""
-    from ..variant import flat
 
     values = flat(base)
     tried = [v.at({k: values.get(k) for k in tuning.keys}) for v in tuning.variants]

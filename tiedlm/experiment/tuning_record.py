@@ -9,13 +9,13 @@ from pathlib import Path
 
 from ..compare.tuned import RECORD, Tuning, tuned_keys
 from ..errors import ConfigError
+from ..files import atomic_write_json, foreign_files, recording
 
 def check_record_target(folder: Path, remove: bool = True) -> None:
     """Before a tuned sweep or a tuned compare --config trains: refuse a tuning.json in its runs
     folder that tiedlm did not write, and (`remove`, a sweep) remove tiedlm's own (an earlier
     sweep's, perhaps of another grid): the new one is written when this sweep's runs are done, so an
     interrupted sweep leaves no stale record."""
-    from ..files import foreign_files
 
     folder = Path(folder)
     found = foreign_files(folder, [RECORD])
@@ -35,7 +35,6 @@ def write_record(folder: Path, tuning: Tuning, chosen: list[str], others: list[s
     """tuning.json into a tuned sweep's (or a tuned `compare --config`'s) runs folder, atomically,
     recorded as tiedlm's. `others` are runs it trained that are neither tuning runs nor compared
     (--seeds auto's shared-value runs)."""
-    from ..files import atomic_write_json, recording
 
     folder = Path(folder)
     with recording(folder, [RECORD], "out:", overwrite=True):

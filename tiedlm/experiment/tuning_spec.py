@@ -12,6 +12,11 @@ from typing import Any
 from ..checks import NORM_EPS_MIN, ROPE_THETA_MAX, ROPE_THETA_MIN
 from ..compare.tuned import TuneSpec, paired
 from ..errors import ConfigError
+from ..checks import check_seed
+from ..config import ALL_KEYS, Config
+from ..config_layers import _load_with_bases
+from ..variant import flat
+from ..yamlsafe import load_yaml
 
 SETTINGS = ("seeds", "extend", "extend_limit", "shared_seeds")  # a tune: block's own keys; the rest are axes
 
@@ -54,7 +59,6 @@ def relative_bound(key: str, cfg: Any) -> tuple[str, Any] | None:
     other = RELATIVE_BOUNDS.get(key)
     if other is None or cfg is None:
         return None
-    from ..variant import flat
 
     value = flat(cfg).get(other[0])
     return (other[0], value) if isinstance(value, (int, float)) else None
@@ -86,7 +90,6 @@ def whole_key(key: str) -> bool | None:
     (an unknown key, a free type): the key's type decides, not how its values happen to be written."""
     import typing
 
-    from ..config import Config
 
     tp: Any = Config
     for part in key.split("."):
@@ -152,7 +155,6 @@ def _block(where: str) -> str:
 
 
 def _sections() -> set[str]:
-    from ..config import ALL_KEYS
 
     return {k for k in ALL_KEYS if any(o.startswith(k + ".") for o in ALL_KEYS)}
 
@@ -162,7 +164,6 @@ def _unknown_key(key: str, where: str) -> ConfigError:
     closest of either (a known setting in no section, lr, is pointed to its place, train.lr)."""
     import difflib
 
-    from ..config import ALL_KEYS
 
     leaf = key.rsplit(".", 1)[-1]
     close = difflib.get_close_matches(key, SETTINGS, n=1, cutoff=0.75)
@@ -174,7 +175,6 @@ def _unknown_key(key: str, where: str) -> ConfigError:
 
 
 def _check_key(key: str, where: str) -> None:
-    from ..config import ALL_KEYS
 
     if key not in ALL_KEYS:
         raise _unknown_key(key, where)
@@ -254,7 +254,6 @@ def spec_from_block(data: Any, where: str) -> TuneSpec:
 
 
 def _seeds(value: Any, where: str) -> list[int]:
-    from ..checks import check_seed
 
     if isinstance(value, int) and not isinstance(value, bool):
         # A grid file's `seeds: 3` is a count (seeds 0, 1, 2); here it would name one seed. Neither
@@ -278,7 +277,6 @@ def spec_from_options(items: list[str], base: TuneSpec | None = None) -> TuneSpe
     shared_seeds=true), on top of the config's block (an axis given here replaces the block's)."""
     import yaml
 
-    from ..yamlsafe import load_yaml
 
     if not items:
         return base
@@ -321,7 +319,6 @@ def _as_number(v: Any) -> Any:
 
 def read_tune_block(cfg_path: str | Path) -> TuneSpec | None:
     """The tune: block of a config file (through its base: files), or None."""
-    from ..config_layers import _load_with_bases
 
     data = _load_with_bases(Path(cfg_path))
     block = data.get("tune")

@@ -42,6 +42,11 @@ from .also import also_record, score_also
 from .preflight import Preflight, preflight
 from .step import BatchSampler, train_step
 from ..tensorboard import TrainingLog
+from ..counting import check_fits, flops_per_token
+from ..device import autocast_ctx, cpu_threads, peak_memory, resolve_device, tf32_matmuls, threads_used
+from ..distributed import all_mean, allreduce_bytes, any_rank, barrier, from_env, stop, sum_arrays, wrap
+from ..formatting import fmt
+from ..nats import MAX_LOSS, perplexity, representable
 
 # ------------------------------------------------------------------------- the entry point
 
@@ -53,9 +58,6 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
     An existing folder with the same config is resumed from its last checkpoint, or left alone if
     finished; a different config is refused unless `overwrite`. `stop_after_step` stops the run
     as an interrupt would, after that step (used to test exact resume)."""
-    from ..counting import check_fits
-    from ..device import resolve_device
-    from ..distributed import barrier, from_env, stop
 
     d = from_env()
     run_name = name or f"{cfg.name}-s{cfg.seed}"
@@ -119,7 +121,6 @@ class TrainState:
 
 def _train(cfg: Config, run_dir: Path, device: Any, progress: bool, stop_after_step: int | None, fresh: bool,
            signals: StopSignals, d: Any = None) -> None:
-    from ..device import cpu_threads, tf32_matmuls
 
     t_start = time.time()
     with cpu_threads(cfg.train.threads), tf32_matmuls(device):
@@ -212,7 +213,6 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     the checkpoint's weights, optimizer, RNG and counters applied. Returns (model, optimizer, sampler)."""
     import torch
 
-    from ..counting import flops_per_token
     from ..model import build_model, freeze_all_but, init_new_rows
 
     main = pre.dist.main
@@ -270,11 +270,7 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
     evaluation (the best tracked, its weights kept), the untie split, checkpoints, and a stop at a
     step boundary on a signal (or between micro-batches, the partial step abandoned). Returns the
     trained model."""
-    from ..device import autocast_ctx
-    from ..distributed import all_mean, any_rank
-    from ..formatting import fmt
     from ..model import model_tensors
-    from ..nats import perplexity, representable
 
     tcfg, total, T = cfg.train, pre.total_steps, cfg.model.block_size
     model, optimizer, sampler = _build(cfg, run_dir, pre, record, state)
@@ -388,7 +384,6 @@ def _forward(model, tcfg: Any, pre: Preflight, record: runs.RunRecord):
     and the bytes it all-reduces recorded), compiled with train.compile."""
     import torch
 
-    from ..distributed import allreduce_bytes, wrap
 
     fwd = wrap(model, pre.dist, pre.device)
     if pre.dist.active:
@@ -408,10 +403,7 @@ def _periodic_eval(cfg: Config, run_dir: Path, pre: Preflight, model, state: Tra
                    covered: str | None, quiet_bar: bool) -> None:
     """The validation slice scored; the best evaluation tracked (its weights kept with
     train.keep_best); early stopping decided."""
-    from ..distributed import all_mean
     from ..evaluate import evaluate_split
-    from ..formatting import fmt
-    from ..nats import perplexity
 
     tcfg, step, T = cfg.train, state.step, cfg.model.block_size
     ev = evaluate_split(model, pre.data.splits["validation"], T, T, cfg.eval.batch_size, pre.device, amp,
@@ -467,7 +459,6 @@ def _skip_or_diverge(run_dir: Path, record: runs.RunRecord, state: TrainState, t
 
 
 def _why_unusable(loss: float) -> str:
-    from ..nats import MAX_LOSS
 
     return (f"a loss of {MAX_LOSS:.2f} nats or more has no perplexity (exp overflows)" if loss >= MAX_LOSS
             else "not finite")
@@ -478,8 +469,6 @@ def final_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: T
     """Every eval.splits split scored whole. A signal here stops between splits, and the same
     command then redoes the evaluation from the final checkpoint. `weights` names what is scored
     in metrics.jsonl: the last weights, or the kept best ones."""
-    from ..device import autocast_ctx
-    from ..distributed import any_rank, sum_arrays
     from ..evaluate import evaluate_split
 
     d = pre.dist
@@ -529,7 +518,6 @@ def _best_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: T
 
 def _finish(record: runs.RunRecord, cfg: Config, pre: Preflight, model, state: TrainState, final: dict,
             final_best: dict | None, wall_time: float) -> None:
-    from ..device import peak_memory, threads_used
 
     mem, mem_kind = peak_memory(pre.device)
     run_dir = record.run_dir

@@ -9,6 +9,8 @@ from typing import Any
 from ..config import Config, also_config
 from ..data import prepare_data
 from ..distributed import main_first
+from ..device import autocast_ctx
+from ..distributed import sum_arrays
 
 SPLIT = "test"
 
@@ -25,8 +27,6 @@ def prepare_also(cfg: Config, data: Any, d: Any, progress: bool) -> Any:
 def score_also(cfg: Config, pre: Any, model: Any) -> dict:
     """The also-data's test split scored whole, as the final evaluation scores a split (every token
     once, shared across ranks), its buckets by the also-data's own training frequencies."""
-    from ..device import autocast_ctx
-    from ..distributed import sum_arrays
     from ..evaluate import evaluate_split
 
     also, dist = pre.also, pre.dist

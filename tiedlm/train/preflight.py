@@ -16,6 +16,9 @@ from ..errors import ConfigError, RunError
 from ..tensorboard import TrainingLog, require
 from .optim import budget_steps, check_warmup, untie_step
 from .also import prepare_also
+from ..counting import check_fits
+from ..device import resolve_dtype
+from ..distributed import check_batch, main_first, start
 
 if TYPE_CHECKING:
     from ..data import PreparedData
@@ -43,10 +46,7 @@ def preflight(cfg: Config, run_dir: Path, device: Any, fresh: bool, progress: bo
     """The device this process uses (`device`, train.device resolved, or its rank's GPU), the
     budget, a verified checkpoint (resuming), the data and its identity, and whether the model
     fits: any of them refuses the run while its folder is still untouched."""
-    from ..counting import check_fits
     from ..data import data_identity, prepare_data
-    from ..device import resolve_dtype
-    from ..distributed import check_batch, main_first, start
 
     if "tensorboard" in cfg.train.log_to:
         require()
