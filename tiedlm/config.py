@@ -20,7 +20,7 @@ from typing import Any, Union
 
 from .checks import validate
 from .arch import Arch, arch_of
-from .config_layers import _arch_layer, _arch_of, _load_with_bases, _normalize_tying, _one_budget, _one_tying
+from .config_layers import _arch_layer, _arch_of, _load_with_bases, _normalize_tying, _one_budget, _one_tying, run_sections
 from . import pretrained
 from .errors import ConfigError
 from .tie import Tie
@@ -387,8 +387,7 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 seed: int | None = None) -> Config:
     """Resolve a config: defaults -> base files -> file -> overrides -> seed."""
-    data = _load_with_bases(Path(path)) if path is not None else {}
-    data.pop("tune", None)  # the tuning grid of `compare --config` (compare/tuning.py), not a run's setting
+    data = run_sections(_load_with_bases(Path(path))) if path is not None else {}
     data = apply_overrides(data, overrides)
     data = pretrained.resolve(data)  # model.init_from: the checkpoint's family, size and tokenizer
     if seed is not None:

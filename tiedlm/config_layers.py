@@ -134,6 +134,16 @@ BASE_DEPTH_LIMIT = 16
 BASE_FILES_LIMIT = 100
 
 
+# Sections a config file may carry for the experiment around its runs, not for a run: compare
+# --config's tuning grid (read by experiment/tuning_spec.read_tune_block).
+EXPERIMENT_SECTIONS = ("tune",)
+
+
+def run_sections(data: dict) -> dict:
+    """A config file's data less its experiment sections (EXPERIMENT_SECTIONS): what a run reads."""
+    return {k: v for k, v in data.items() if k not in EXPERIMENT_SECTIONS}
+
+
 def _load_with_bases(path: Path, stack: tuple[Path, ...] = (), read: list[int] | None = None) -> dict:
     path = Path(os.path.realpath(path))  # not resolve(): on a loop of links it raises; reading it says so in a line
     if path in stack:

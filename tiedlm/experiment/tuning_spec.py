@@ -321,5 +321,5 @@ def read_tune_block(cfg_path: str | Path) -> TuneSpec | None:
     """The tune: block of a config file (through its base: files), or None."""
 
     data = _load_with_bases(Path(cfg_path))
-    block = data.get("tune")
+    block = data.get("tune")  # one of config_layers.EXPERIMENT_SECTIONS, which load_config leaves out
     return None if block is None else spec_from_block(block, str(cfg_path))
