@@ -182,6 +182,9 @@ def test_cache_clear_leaves_alone_what_tiedlm_did_not_make(text_file):
         os.utime(f, (week_ago, week_ago))
     memo_tmp = root / f".hub-revisions.json.{HOST}-{dead_pid()}-0000dead.tmp"  # see files.replace_atomically
     memo_tmp.write_text("{")
+    digests_tmp = root / f".file-digests.json.{HOST}-{dead_pid()}-0000dead.tmp"
+    digests_tmp.write_text("{")
+    assert (root / "file-digests.json").is_file()  # the text file's digest, remembered
 
     r = cli("cache", "clear")
     assert r.exit_code == 0, r.output
@@ -195,6 +198,7 @@ def test_cache_clear_leaves_alone_what_tiedlm_did_not_make(text_file):
     assert sorted(p.name for p in (root / "datasets").iterdir()) == ["precious.csv"]  # the arrow copy is gone
     assert sorted(p.name for p in tokens.iterdir()) == sorted([live.name, "mine"])
     assert not (root / "tokenizers").exists() and not memo_tmp.exists() and data.cache_entries() == []
+    assert not (root / "file-digests.json").exists() and not digests_tmp.exists()
 
 
 def test_cache_clear_removes_only_what_tiedlm_made_in_the_datasets_folder(text_file):

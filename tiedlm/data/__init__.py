@@ -5,7 +5,7 @@ split, one 1-D array of token ids in which every document is followed by the end
 
 The pipeline, the module that does each step, and where its result is cached (under `cache_root()`):
 
-    source (hub / files / folder / save_to_disk / builtin)   sources     fingerprint: revision, sizes+mtimes, params
+    source (hub / files / folder / save_to_disk / builtin)   sources     fingerprint: revision, sizes+digests, params
       → splits (mapped by name, or carved from train)         documents   recorded with the tokenizer entry
       → eval documents also in train (the leak measure)       overlap     tokenizers/<key>/overlap.json
       → tokenizer (trained on train only)                     tokenizers  tokenizers/<key>/

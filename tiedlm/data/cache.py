@@ -43,6 +43,7 @@ from .tokenizers import Tokenizer, load_tokenizer
 
 CACHE_FORMAT = 1  # bump when the layout of cache entries changes; old entries are then ignored
 HUB_MEMO = "hub-revisions.json"
+DIGEST_MEMO = "file-digests.json"  # a data file's content digest, by its path, size, mtime and inode
 MANIFEST = "manifest.json"
 _KINDS = {"tokenizers": "tokenizer", "tokens": "tokens"}  # cache folder → the kind its manifests name
 
@@ -119,7 +120,8 @@ def _writing(where: Path, cleanup: Path) -> Iterator[None]:
 # only on the host that wrote it (a cache on a network disk is shared by several machines).
 _TMP_TAG = r"(?:(?P<host>[A-Za-z0-9._]+)-)?(?P<pid>\d+)-[0-9a-f]{8}"  # host is absent in older names
 _TMP_ENTRY = re.compile(rf"\.tmp-[0-9a-f]{{20}}-{_TMP_TAG}")
-_MEMO_TMP = re.compile(rf"\.{re.escape(HUB_MEMO)}\.{_TMP_TAG}\.tmp")  # see files.replace_atomically
+_MEMOS = (HUB_MEMO, DIGEST_MEMO)
+_MEMO_TMP = re.compile(rf"\.(?:{'|'.join(map(re.escape, _MEMOS))})\.{_TMP_TAG}\.tmp")  # see files.replace_atomically
 _STALE_S = 6 * 3600  # a writer touches its files all along: untouched this long, nobody is writing
 
 
@@ -444,7 +446,7 @@ def _clear_datasets(folder: Path, out: ClearedCache) -> None:
 
 def clear_cache() -> ClearedCache:
     """Remove what tiedlm made under cache_root(): entries with a tiedlm manifest, what its loads
-    marked in datasets/, hub-revisions.json, and temporary folders and files that no live process
+    marked in datasets/, its two memos (hub-revisions.json, file-digests.json), and temporary folders and files that no live process
     is writing. Everything else there is left alone, and listed with the reason."""
     root = cache_root()
     out = ClearedCache(root)
@@ -454,7 +456,7 @@ def clear_cache() -> ClearedCache:
             _clear_entries(path, _KINDS[path.name], out)
         elif path.name == "datasets" and real_dir:
             _clear_datasets(path, out)
-        elif path.name == HUB_MEMO and path.is_file():
+        elif path.name in _MEMOS and path.is_file():
             _remove(path, out)
         elif (m := _MEMO_TMP.fullmatch(path.name)) and path.is_file():
             _remove_unless_in_use(path, m, out)

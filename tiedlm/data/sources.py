@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import glob as globlib
+import hashlib
 import os
 import re
 import stat
@@ -32,7 +33,7 @@ from ..files import (
     first_line,
     read_json,
 )
-from .cache import HUB_MEMO, cache_root, cache_write_failure, marking
+from .cache import DIGEST_MEMO, HUB_MEMO, cache_root, cache_write_failure, marking
 
 BUILDERS = {"text": "text", "json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}
 _EXTENSIONS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
@@ -55,9 +56,42 @@ class Source:
 # Resolving data.path, without loading anything
 
 
-def _file_stamp(path: Path) -> list:
-    st = path.stat()
-    return [str(path), st.st_size, st.st_mtime_ns]
+def _file_stamps(paths: list[Path]) -> list[list]:
+    """[path, bytes, content digest] of each data file: what identifies it. The content, not the
+    modification time, so that a copy, a checkout, an rsync or a touch of the same bytes keeps the
+    fingerprint (and with it the runs' claim to the same tokens: their resume and their comparison).
+    Each file is hashed once per (size, mtime, inode) it shows: the memo in the cache remembers it.
+    A file that cannot be read is stamped by its mtime instead; loading it says what is wrong."""
+    memo_file = cache_root() / DIGEST_MEMO
+    memo = read_json(memo_file) or {}
+    stamps, changed = [], False
+    for path in paths:
+        st = path.stat()
+        seen = [st.st_size, st.st_mtime_ns, st.st_ino]
+        known = memo.get(str(path))
+        if isinstance(known, list) and len(known) == 4 and known[:3] == seen:
+            digest = known[3]
+        else:
+            try:
+                digest = _content_digest(path)
+            except OSError:
+                stamps.append([str(path), st.st_size, st.st_mtime_ns])
+                continue
+            memo[str(path)], changed = [*seen, digest], True
+        stamps.append([str(path), st.st_size, digest])
+    if changed:
+        with contextlib.suppress(OSError):  # a cache that cannot be written only costs a re-hash
+            memo_file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(memo_file, memo, indent=0)
+    return stamps
+
+
+def _content_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
 
 
 _SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -223,8 +257,8 @@ def _local_source(p: str, local: Path, d: DataConfig) -> Source:
             raise ConfigError(f"cannot tell the format of {p} from its extension — use data.path: text (or json, "
                               f"csv, parquet) with data.data_files: {p}")
         return _files_source(builder, {"train": [local]}, p)
-    listing = [_file_stamp(f) for f in sorted(local.rglob("*"))
-               if f.is_file() and not any(part.startswith(".") for part in f.relative_to(local).parts)]
+    listing = _file_stamps([f for f in sorted(local.rglob("*"))
+                            if f.is_file() and not any(part.startswith(".") for part in f.relative_to(local).parts)])
     if not listing:
         raise ConfigError(f"data.path {p} is an empty folder — add data files (.txt, .json, .jsonl, .csv, "
                           ".parquet) or point data.path elsewhere")
@@ -240,7 +274,7 @@ def _local_source(p: str, local: Path, d: DataConfig) -> Source:
 
 
 def _files_source(builder: str, files: dict[str, list[Path]], path: str) -> Source:
-    stamps = {split: [_file_stamp(f) for f in fs] for split, fs in files.items()}
+    stamps = {split: _file_stamps(fs) for split, fs in files.items()}
     n = sum(len(fs) for fs in files.values())
     size = _human_bytes(sum(s[1] for fs in stamps.values() for s in fs))
     names = ", ".join(f.name for fs in files.values() for f in fs[:3]) + (", ..." if n > 3 else "")

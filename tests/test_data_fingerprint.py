@@ -1,0 +1,92 @@
+"""A local data file is identified by its content, not its modification time: a copy, a checkout
+or a touch of the same bytes keeps the source's fingerprint (so a run resumes and its runs compare
+with the others), while one changed byte changes it. Each file is hashed once per stat it shows."""
+
+import hashlib
+import os
+import shutil
+
+import pytest
+
+from tiedlm import runs
+from tiedlm.config import DataConfig
+from tiedlm.data import sources
+from tiedlm.data.cache import DIGEST_MEMO, cache_root
+from tiedlm.errors import Interrupted
+from tiedlm.train import train_run
+
+TEXT = "".join(f"line {i % 50} of a small text file with words\n" for i in range(600))
+
+
+def _fingerprint(path):
+    return sources.resolve_source(DataConfig(path="text", data_files=str(path))).fingerprint
+
+
+def _later(path, seconds=1000):
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + seconds * 10**9))
+
+
+def test_the_fingerprint_follows_the_content_not_the_mtime(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    before = _fingerprint(text)
+    [[name, size, digest]] = before["files"]["train"]
+    assert (name, size) == (str(text), len(TEXT.encode()))
+    assert digest == "sha256:" + hashlib.sha256(TEXT.encode()).hexdigest()  # the bytes, hashed independently
+    _later(text)
+    assert _fingerprint(text) == before  # touched: the same bytes
+    text.unlink()
+    text.write_text(TEXT)  # written anew (another inode, another mtime): the same bytes
+    assert _fingerprint(text) == before
+    text.write_text(TEXT.replace("line 7 ", "line 8 ", 1))  # the same size, one byte other
+    assert text.stat().st_size == size
+    assert _fingerprint(text) != before
+
+
+def test_a_folder_copied_elsewhere_and_back_keeps_its_fingerprint(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.txt").write_text(TEXT)
+    (folder / "b.txt").write_text(TEXT[::-1])
+    fp = sources.resolve_source(DataConfig(path=str(folder))).fingerprint
+    shutil.copytree(folder, tmp_path / "elsewhere")
+    shutil.rmtree(folder)
+    shutil.copytree(tmp_path / "elsewhere", folder)  # copytree keeps no inode; copy2 keeps mtimes, set them anew
+    for f in folder.iterdir():
+        _later(f, 7)
+    assert sources.resolve_source(DataConfig(path=str(folder))).fingerprint == fp
+
+
+def test_each_file_is_hashed_once_per_stat(tmp_path, monkeypatch):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    hashed = []
+    real = sources._content_digest
+    monkeypatch.setattr(sources, "_content_digest", lambda p: hashed.append(p) or real(p))
+    first = _fingerprint(text)
+    assert hashed == [text] and (cache_root() / DIGEST_MEMO).is_file()
+    assert _fingerprint(text) == first and hashed == [text]  # remembered: not read again
+    _later(text)
+    assert _fingerprint(text) == first and hashed == [text, text]  # another mtime: read again, same digest
+
+
+def test_an_unwritable_cache_only_costs_a_rehash(tmp_path, monkeypatch):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("TIEDLM_CACHE", str(blocker / "cache"))
+    assert _fingerprint(text)["files"]["train"][0][2].startswith("sha256:")
+
+
+def test_a_run_resumes_after_its_data_was_touched(tiny, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    cfg = tiny("data.path=text", f"data.data_files={text}")
+    with pytest.raises(Interrupted):
+        train_run(cfg, out=tmp_path / "runs", progress=False, stop_after_step=5)
+    _later(text)  # e.g. the data copied anew to this machine
+    run = train_run(cfg, out=tmp_path / "runs", progress=False)
+    report = runs.read_report(run)
+    assert report.status == "finished" and report.resumed_at_steps == [5]
