@@ -190,3 +190,21 @@ def test_same_data_everywhere_compares_as_before(tmp_path):
     assert sorted(v.label for v in result.variants) == ["tied, n_embd=128", "untied, n_embd=128", "untied, n_embd=64"]
     md = (runs / "compare" / "comparison.md").read_text()
     assert "Not compared" not in md and "not compared" not in C.format_terminal_table(result)
+
+
+def test_runs_recorded_before_content_digests_join_the_runs_that_name_them_by_mtime(tmp_path):
+    """A run recorded since local files are hashed carries its identity by modification time too:
+    runs recorded before, under that identity, are on the same tokens and compare with it; runs
+    under another old identity (the files touched in between) stay apart."""
+    runs = tmp_path / "runs"
+    now = {**ident("by-content"), "by_mtime": ident("by-mtime")}
+    make_run(runs, "a-tied-s0", 0, TIED, val=57.0, identity=ident("by-mtime"))  # recorded before
+    make_run(runs, "a-untied-s0", 0, UNTIED, val=59.0, identity=ident("by-mtime"))
+    make_run(runs, "b-tied-s1", 1, TIED, val=58.0, identity=now)  # recorded since
+    make_run(runs, "b-untied-s1", 1, UNTIED, val=60.5, identity=now)
+    result = C.compare_runs(runs_dir=runs)
+    assert sorted(r.name for r in result.runs) == ["a-tied-s0", "a-untied-s0", "b-tied-s1", "b-untied-s1"]
+    assert result.variant("tied").seeds == [0, 1] and result.not_compared == []
+    make_run(runs, "c-tied-s2", 2, TIED, val=50.0, identity=ident("touched-since"))
+    with raises_exactly(RunError, match=r"the data files changed between runs \(source fingerprint differs\)"):
+        C.compare_runs(runs_dir=runs)

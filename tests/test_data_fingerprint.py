@@ -12,8 +12,10 @@ from tiedlm import runs
 from tiedlm.config import DataConfig
 from tiedlm.data import sources
 from tiedlm.data.cache import DIGEST_MEMO, cache_root
-from tiedlm.errors import Interrupted
+from tiedlm.errors import Interrupted, RunError
 from tiedlm.train import train_run
+
+from .test_compare import edit_report
 
 TEXT = "".join(f"line {i % 50} of a small text file with words\n" for i in range(600))
 
@@ -90,3 +92,45 @@ def test_a_run_resumes_after_its_data_was_touched(tiny, tmp_path):
     run = train_run(cfg, out=tmp_path / "runs", progress=False)
     report = runs.read_report(run)
     assert report.status == "finished" and report.resumed_at_steps == [5]
+
+
+def _as_before(monkeypatch):
+    """Fingerprint as tiedlm did before it hashed the content: each file's mtime in the digest's place."""
+    monkeypatch.setattr(sources, "_file_stamps",
+                        lambda paths: [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in paths])
+
+
+def test_a_run_recorded_before_content_digests_resumes_while_its_files_are_untouched(tiny, tmp_path, monkeypatch):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    cfg = tiny("data.path=text", f"data.data_files={text}")
+    with monkeypatch.context() as m:
+        _as_before(m)
+        with pytest.raises(Interrupted):
+            train_run(cfg, out=tmp_path / "runs", progress=False, stop_after_step=5)
+    run = tmp_path / "runs" / "tiny-s0"
+    old = runs.read_report(run).data_identity
+    edit_report(run, data_identity={k: old[k] for k in ("fingerprint", "tokenizer")})  # as it was written then
+    train_run(cfg, out=tmp_path / "runs", progress=False)
+    report = runs.read_report(run)
+    assert report.status == "finished" and report.resumed_at_steps == [5]
+    ident = report.data_identity  # recorded anew: by content, and by mtime as before
+    assert ident["by_mtime"] == {k: old[k] for k in ("fingerprint", "tokenizer")} != {
+        k: ident[k] for k in ("fingerprint", "tokenizer")}
+
+
+def test_a_run_recorded_before_content_digests_is_refused_once_its_files_were_touched(tiny, tmp_path, monkeypatch):
+    """The older identity holds the mtime: touched since, the run cannot show it is on the same bytes."""
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    cfg = tiny("data.path=text", f"data.data_files={text}")
+    with monkeypatch.context() as m:
+        _as_before(m)
+        with pytest.raises(Interrupted):
+            train_run(cfg, out=tmp_path / "runs", progress=False, stop_after_step=5)
+    run = tmp_path / "runs" / "tiny-s0"
+    old = runs.read_report(run).data_identity
+    edit_report(run, data_identity={k: old[k] for k in ("fingerprint", "tokenizer")})
+    _later(text)
+    with pytest.raises(RunError, match="changed since the run started"):
+        train_run(cfg, out=tmp_path / "runs", progress=False)

@@ -255,7 +255,7 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
     from pathlib import Path
 
     from . import checkpoints, runs
-    from .data import data_identity, prepare_data
+    from .data import identity_fits, prepare_data
     from .model import build_model
 
     run_dir = Path(run_dir)
@@ -277,7 +277,7 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
     data = prepare_data(cfg, progress=False)
     report = runs.read_report(run_dir)
     recorded = report.data_identity if report is not None else None
-    if recorded is not None and recorded != data_identity(data):
+    if not identity_fits(recorded, data):
         raise RunError(f"the data or tokenizer of {run_dir} changed since it was trained (source fingerprint or "
                        "tokenizer key differ), so its checkpoint no longer fits the tokens — restore the data")
     vocab = int(manifest.get("vocab_size", data.model_vocab_size))

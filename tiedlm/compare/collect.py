@@ -54,6 +54,7 @@ class LoadedRun:
     weights: str = "last"  # whose scores `final` holds: the last weights, or the kept best ones
     analysis: dict | None = None  # analysis.json (tiedlm analyze) of the final checkpoint, where there is one
     analysis_note: str | None = None  # why an analysis.json there is not used (compare --analyze replaces it)
+    data_alias: dict | None = None  # the same two keys by the files' modification times (data.data_identity)
 
     def metric(self, split: str, key: str) -> float | None:
         section = self.final.get(split)
@@ -104,8 +105,7 @@ def _read_curve(run_dir: Path) -> tuple[list[tuple[float, float]], list[str]]:
     return sorted(points), notes
 
 
-def _recorded_identity(report: run_folder.RunReport) -> dict | None:
-    ident = report.data_identity
+def _recorded_identity(ident: Any) -> dict | None:
     if not isinstance(ident, dict):
         return None
     ident = {"fingerprint": ident.get("fingerprint"), "tokenizer": ident.get("tokenizer")}
@@ -172,10 +172,12 @@ def load_run(run_dir: str | Path) -> tuple[LoadedRun | None, str | None]:
     analysis, analysis_note = current_analysis(run_dir, report)
     return LoadedRun(name=run_dir.name, path=str(run_dir), seed=seed, config=config, config_hash=config_hash(config),
                      report=report, final=final, params=report.params if isinstance(report.params, dict) else {},
-                     curve=curve, notes=notes, data_identity=_recorded_identity(report),
+                     curve=curve, notes=notes, data_identity=_recorded_identity(report.data_identity),
                      best=report.best if isinstance(report.best, dict) else None,
                      final_best=_final_section(report.final_best) or None, analysis=analysis,
-                     analysis_note=analysis_note), None
+                     analysis_note=analysis_note,
+                     data_alias=_recorded_identity((report.data_identity or {}).get("by_mtime")
+                                                   if isinstance(report.data_identity, dict) else None)), None
 
 
 def current_analysis(run_dir: Path, report: run_folder.RunReport) -> tuple[dict | None, str | None]:

@@ -55,10 +55,28 @@ def data_sets(runs: list[LoadedRun]) -> list[DataSet]:
     def add(key: str, run: LoadedRun) -> None:
         groups.setdefault(key, DataSet(run.config, run.data_identity)).runs.append(run)
 
+    # A run recorded since local files are known by their content carries its identity by the
+    # files' modification times too (data.data_identity): a run recorded before, under that older
+    # identity, is on the same tokens as long as the files were not touched between them.
+    merged: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while merged.get(key, key) != key:
+            key = merged[key]
+        return key
+
+    keyed = []
     for run in ordered:
         if run.data_identity is not None:  # how much of each evaluation split is scored, which it leaves out
             eval_set = {"max_eval_tokens": run.config.data.max_eval_tokens}
-            add(_blob({"identity": run.data_identity, "eval": eval_set}), run)
+            key = _blob({"identity": run.data_identity, "eval": eval_set})
+            if run.data_alias is not None:
+                alias = root(_blob({"identity": run.data_alias, "eval": eval_set}))
+                if alias != root(key):
+                    merged[alias] = root(key)
+            keyed.append((key, run))
+    for key, run in keyed:
+        add(root(key), run)
     for run in ordered:  # no recorded identity: join a group whose runs have the same data config
         if run.data_identity is None:
             view = data_view(run.config)

@@ -66,7 +66,8 @@ from .tokenizers import (
 
 __all__ = ["BATCH_DOCS", "CACHE_FORMAT", "ByteTokenizer", "CharTokenizer", "ClearedCache", "HFTokenizer",
            "PreparedData", "SplitData", "Tokenizer", "cache_entries", "cache_root", "check_source", "clear_cache",
-           "data_identity", "encode_split", "load_tokenizer", "prepare_data", "summarize", "train_tokenizer"]
+           "core_identity", "data_identity", "encode_split", "identity_fits", "load_tokenizer", "prepare_data",
+           "summarize", "train_tokenizer"]
 
 
 @dataclass
@@ -92,8 +93,27 @@ class PreparedData:
 
 
 def data_identity(data: PreparedData) -> dict:
-    """What the tokens of a run depend on: the source's fingerprint and the tokenizer's key."""
-    return {"fingerprint": data.info.get("fingerprint"), "tokenizer": data.info.get("tokenizer", {}).get("key")}
+    """What the tokens of a run depend on: the source's fingerprint and the tokenizer's key; for
+    local files also `by_mtime`, the same two keys as tiedlm computed them before it hashed the
+    files' content, which runs recorded then carry (see identity_fits)."""
+    ident = {"fingerprint": data.info.get("fingerprint"), "tokenizer": data.info.get("tokenizer", {}).get("key")}
+    by_mtime = data.info.get("by_mtime")
+    return {**ident, "by_mtime": by_mtime} if by_mtime else ident
+
+
+def core_identity(ident: dict) -> dict:
+    """The fingerprint and tokenizer key of a recorded data identity, without its by_mtime alias."""
+    return {"fingerprint": ident.get("fingerprint"), "tokenizer": ident.get("tokenizer")}
+
+
+def identity_fits(recorded: dict | None, data: PreparedData) -> bool:
+    """Whether a run's recorded data identity names these tokens: none recorded, the same keys, or
+    (a run recorded before local files were known by their content) the keys by modification
+    time, which still match while the files have not been touched since."""
+    if not isinstance(recorded, dict):
+        return True
+    now = data_identity(data)
+    return core_identity(recorded) in (core_identity(now), now.get("by_mtime"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,6 +128,7 @@ class _Plan:
     data_key: str  # the source's fingerprint and the settings that choose the splits
     tok_key: str
     limits: dict[str, int | None]  # tokens per split
+    by_mtime: dict | None = None  # local files: data_key and tok_key from Source.by_mtime (data_identity)
 
     def split_key(self, name: str) -> str:
         return key_of({"tokenizer": self.tok_key, "split": name, "limit": self.limits[name]})
@@ -152,10 +173,16 @@ def _split_settings(d: DataConfig, source: Source) -> dict:
 
 def _plan(d: DataConfig, tcfg: TokenizerConfig) -> _Plan:
     source = resolve_source(d)
-    data_key = key_of({"source": source.fingerprint, "splits": _split_settings(d, source)})
-    tok_key = key_of({"format": CACHE_FORMAT, "data": data_key, "tokenizer": tokenizer_fingerprint(tcfg)})
+    splits, tok = _split_settings(d, source), tokenizer_fingerprint(tcfg)
+
+    def keys(fingerprint: dict) -> tuple[str, str]:
+        data_key = key_of({"source": fingerprint, "splits": splits})
+        return data_key, key_of({"format": CACHE_FORMAT, "data": data_key, "tokenizer": tok})
+
+    data_key, tok_key = keys(source.fingerprint)
     limits = {"train": d.max_train_tokens, "validation": d.max_eval_tokens, "test": d.max_eval_tokens}
-    return _Plan(source, data_key, tok_key, limits)
+    by_mtime = dict(zip(("fingerprint", "tokenizer"), keys(source.by_mtime))) if source.by_mtime else None
+    return _Plan(source, data_key, tok_key, limits, by_mtime)
 
 
 def _read_split(key: str) -> tuple[SplitData, np.ndarray | None, Path] | None:
@@ -290,6 +317,7 @@ def _info(plan: _Plan, cfg: Config, entries: _Entries, model_vocab: int) -> dict
         "source_kind": plan.source.kind,
         "path": d.path,
         "fingerprint": plan.data_key,
+        "by_mtime": plan.by_mtime,
         "splits": entries.layout["origins"],
         "carving": entries.layout["carving"],
         # validation and test documents found verbatim in train (overlap.py); None for a cache

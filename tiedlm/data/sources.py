@@ -50,10 +50,18 @@ class Source:
     path: str = ""
     builder: str | None = None
     files: dict[str, list[Path]] | None = None  # local files, for builders (and the UTF-8 check)
+    # local files: the fingerprint as tiedlm wrote it before it hashed their content (each file's
+    # modification time where the digest is now), so that runs recorded then are still known
+    by_mtime: dict | None = None
 
 
 # --------------------------------------------------------------------------------------------
 # Resolving data.path, without loading anything
+
+
+def _by_mtime(stamps: list[list]) -> list[list]:
+    """Stamps as tiedlm made them before it hashed the content: [path, bytes, mtime in ns]."""
+    return [[p, size, Path(p).stat().st_mtime_ns] for p, size, _ in stamps]
 
 
 def _file_stamps(paths: list[Path]) -> list[list]:
@@ -265,12 +273,13 @@ def _local_source(p: str, local: Path, d: DataConfig) -> Source:
     size = _human_bytes(sum(s[1] for s in listing))
     if (local / "dataset_dict.json").exists() or (local / "state.json").exists():
         return Source("disk", f"dataset saved with save_to_disk at {local} ({size})",
-                      {"disk": str(local), "files": listing}, str(local))
+                      {"disk": str(local), "files": listing}, str(local),
+                      by_mtime={"disk": str(local), "files": _by_mtime(listing)})
     files = _resolve_data_files(d.data_files, local) if d.data_files is not None else None
-    return Source("folder", f"local dataset folder {local} ({len(listing)} files, {size})",
-                  {"folder": str(local), "files": listing, "name": d.name,
-                   "data_files": {k: [str(f) for f in v] for k, v in (files or {}).items()}},
-                  str(local), files=files)
+    fingerprint = {"folder": str(local), "files": listing, "name": d.name,
+                   "data_files": {k: [str(f) for f in v] for k, v in (files or {}).items()}}
+    return Source("folder", f"local dataset folder {local} ({len(listing)} files, {size})", fingerprint,
+                  str(local), files=files, by_mtime={**fingerprint, "files": _by_mtime(listing)})
 
 
 def _files_source(builder: str, files: dict[str, list[Path]], path: str) -> Source:
@@ -279,7 +288,8 @@ def _files_source(builder: str, files: dict[str, list[Path]], path: str) -> Sour
     size = _human_bytes(sum(s[1] for fs in stamps.values() for s in fs))
     names = ", ".join(f.name for fs in files.values() for f in fs[:3]) + (", ..." if n > 3 else "")
     return Source("files", f"{builder} files: {names} ({n} file{'s' * (n != 1)}, {size})",
-                  {"builder": builder, "files": stamps}, path, builder=builder, files=files)
+                  {"builder": builder, "files": stamps}, path, builder=builder, files=files,
+                  by_mtime={"builder": builder, "files": {k: _by_mtime(v) for k, v in stamps.items()}})
 
 
 # --------------------------------------------------------------------------------------------

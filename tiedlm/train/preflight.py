@@ -46,7 +46,7 @@ def preflight(cfg: Config, run_dir: Path, device: Any, fresh: bool, progress: bo
     """The device this process uses (`device`, train.device resolved, or its rank's GPU), the
     budget, a verified checkpoint (resuming), the data and its identity, and whether the model
     fits: any of them refuses the run while its folder is still untouched."""
-    from ..data import data_identity, prepare_data
+    from ..data import identity_fits, prepare_data
 
     if "tensorboard" in cfg.train.log_to:
         require()
@@ -72,7 +72,7 @@ def preflight(cfg: Config, run_dir: Path, device: Any, fresh: bool, progress: bo
         raise ConfigError(f"eval.splits names {missing[0]!r} but the data has no such split (it has "
                           f"{', '.join(data.splits)}) — set eval.splits to the splits there are, "
                           "or give the data that split")
-    if loaded is not None and old and old.data_identity not in (None, data_identity(data)):
+    if loaded is not None and old and not identity_fits(old.data_identity, data):
         raise RunError(f"the data or tokenizer of {run_dir} changed since the run started (source fingerprint "
                        "or tokenizer key differ), so its checkpoint no longer fits the tokens — restore the "
                        "data, or start afresh with --overwrite")
