@@ -493,7 +493,7 @@ def test_comparison_json_keys(tmp_path):
     assert tied["vs_baseline"]["confounds"] == []  # the pair differs only in the tie
     assert tied["resolution"] == "cpu, fp32" and tied["train_flops"] == pytest.approx(3e7 * 409_600)
     assert list(tied["metrics"]["validation"]) == ["perplexity", "bits_per_byte", "loss", "word_perplexity",
-                                                   "by_seed", "loss_by_seed", "buckets"]
+                                                   "by_seed", "loss_by_seed", "buckets", "at_unigram"]
     assert list(tied["metrics"]["validation"]["perplexity"]) == ["n", "mean", "ci_low", "ci_high", "level",
                                                                  "sd_factor", "min", "max", "values", "note"]
     assert list(tied["metrics"]["validation"]["by_seed"]) == ["0", "1"]

@@ -74,7 +74,8 @@ def test_the_mechanism_rows_give_the_bucket_effects_and_who_peaked_first():
 
     def variant(label, budget, best_tokens):
         cfg = SimpleNamespace(train=SimpleNamespace(max_tokens=budget))
-        return SimpleNamespace(label=label, config=cfg, best_points=[(t, 50.0) for t in best_tokens], matrices={})
+        return SimpleNamespace(label=label, config=cfg, best_points=[(t, 50.0) for t in best_tokens], matrices={},
+                               metrics={}, n_seeds=2)
 
     b = lambda diff: SimpleNamespace(difference=diff, ci_low=diff - 0.01, ci_high=diff + 0.01)  # noqa: E731
     matched, variants = [], []
@@ -105,7 +106,8 @@ def test_the_mechanism_rows_give_the_direct_path_cost_per_byte_of_an_analysed_un
 
     def variant(label, budget, matrices):
         cfg = SimpleNamespace(train=SimpleNamespace(max_tokens=budget))
-        return SimpleNamespace(label=label, config=cfg, best_points=[(budget, 5.0)], matrices=matrices)
+        return SimpleNamespace(label=label, config=cfg, best_points=[(budget, 5.0)], matrices=matrices, metrics={},
+                               n_seeds=2)
 
     matched, variants = [], []
     for i, x in enumerate(XS[:3]):
@@ -122,6 +124,34 @@ def test_the_mechanism_rows_give_the_direct_path_cost_per_byte_of_an_analysed_un
     assert rows[2]["direct_path_cost_bpb"] is None  # its untied runs were not analysed
     md = "\n".join(mechanism_markdown(tying_line(matched, "test", variants)))
     assert "W_out := E costs (bits/byte)" in md and "0.4000" in md and "0.2000" in md
+
+
+def test_settings_whose_runs_do_not_beat_the_unigram_model_are_left_out_of_the_fit():
+    """An effect between models that have not learned from context says nothing about tying: such a
+    setting is named in the notes, drawn apart, and the line is fitted over the others."""
+    from types import SimpleNamespace
+
+    ys = [0.30, 0.12, 0.05, 0.03, 0.02]  # the first two, models at chance, would steepen the line
+    xs = [2**k * 1000 for k in range(5)]
+    matched, variants = [], []
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        d = SimpleNamespace(difference=y, se=0.01, relative=math.expm1(y), ci_low=y - 0.03, ci_high=y + 0.03,
+                            buckets={})
+        matched.append(SimpleNamespace(setting={"train.max_tokens": x}, tied=f"t{i}", untied=f"u{i}",
+                                       split=lambda name, d=d: d))
+        at_unigram = {0: ([0, 1, 2], [0, 1]), 1: ([2], [])}.get(i, ([], []))
+        for label, seeds in zip((f"t{i}", f"u{i}"), at_unigram):
+            cfg = SimpleNamespace(train=SimpleNamespace(max_tokens=x))
+            variants.append(SimpleNamespace(label=label, config=cfg, best_points=[], matrices={}, n_seeds=3,
+                                            metrics={"test": SimpleNamespace(at_unigram=seeds)}))
+    line = tying_line(matched, "test", variants)
+    assert [p[0] for p in line.points] == xs[2:] and line.unlearned == [(xs[0], ys[0]), (xs[1], ys[1])]
+    alone = fit_line("train.max_tokens", [(x, y, 0.01) for x, y in zip(xs[2:], ys[2:])])
+    assert line.slope == pytest.approx(alone.slope) and line.slope_se == pytest.approx(alone.slope_se)
+    assert line.lines()[-1] == ("max_tokens 1,000 and 2,000 left out of the fit: runs there do not beat the unigram "
+                                "model of their training split on test (5 of 6 runs at 1,000, 1 of 6 runs at 2,000), "
+                                "so their effect says nothing about tying")
+    assert len(line.mechanism) == 5  # the mechanism table still shows every setting
 
 
 @pytest.mark.figures
@@ -150,3 +180,7 @@ def test_the_line_png_draws_the_settings_the_fit_and_the_crossing(tmp_path):
     plot_tying_line(unfitted, "test", paths[1])
     assert all(p.read_bytes().startswith(PNG) for p in paths)
     assert orange(paths[0]) > 500 and orange(paths[1]) == 0
+    crossing.unlearned = [(XS[0] / 2, 0.25)]  # a setting left out of the fit: drawn hollow, in grey, beside
+    plot_tying_line(crossing, "test", tmp_path / "left_out.png")
+    assert _colours(tmp_path / "left_out.png").shape == _colours(paths[0]).shape
+    assert orange(tmp_path / "left_out.png") > 500

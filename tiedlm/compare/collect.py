@@ -60,6 +60,12 @@ class LoadedRun:
         section = self.final.get(split)
         return number(section.get(key)) if section else None
 
+    def at_unigram(self, split: str) -> bool:
+        """Whether its loss on split is not below its training split's unigram model's: it has not
+        learned from context (compare.guards)."""
+        loss, unigram = self.metric(split, "loss"), self.metric(split, "unigram_loss")
+        return loss is not None and unigram is not None and loss >= unigram
+
     def bucket_names(self, split: str) -> list[str]:
         section = self.final.get(split) or {}
         return [b["name"] for b in section.get("buckets", [])

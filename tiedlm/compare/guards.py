@@ -40,8 +40,7 @@ def _ppl_range(values: list[float]) -> str:
 
 def unigram_warning(runs: list[LoadedRun], split: str) -> str | None:
     """Runs whose loss on `split` is not below their training split's unigram model's."""
-    failing = [r for r in runs if r.metric(split, "unigram_loss") is not None and r.metric(split, "loss") is not None
-               and r.metric(split, "loss") >= r.metric(split, "unigram_loss")]
+    failing = [r for r in runs if r.at_unigram(split)]
     if not failing:
         return None
     ppl = [perplexity(r.metric(split, "loss")) for r in failing]

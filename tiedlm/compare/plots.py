@@ -360,8 +360,13 @@ def plot_tying_line(line: Any, primary: str, path: Path) -> None:
             return
         for x, d, _ in line.points:
             ax.scatter([x], [100 * relative(d)], color="tab:blue", s=30, zorder=3)
+        left_out = {x for x, _ in line.unlearned}
         for x, lo, hi in shown:
-            ax.plot([x, x], [100 * relative(lo), 100 * relative(hi)], color="tab:blue", linewidth=1.5)
+            ax.plot([x, x], [100 * relative(lo), 100 * relative(hi)], color="0.6" if x in left_out else "tab:blue",
+                    linewidth=1.5)
+        for i, (x, d) in enumerate(p for p in line.unlearned if p[1] is not None):
+            ax.scatter([x], [100 * relative(d)], facecolors="none", edgecolors="0.4", s=30, zorder=3,
+                       label="not fitted: runs not beating the unigram model" if i == 0 else None)
         xs = [p[0] for p in line.points] or [x for x, _, _ in shown]
         lo_x, hi_x = min(xs), max(xs)
         if line.slope is not None:
@@ -393,7 +398,7 @@ def plot_tying_line(line: Any, primary: str, path: Path) -> None:
         ax.set_xlabel(line.short)
         ax.set_ylabel(f"tying effect on {primary} perplexity (%)")
         ax.grid(True, alpha=0.3)
-        if line.slope is not None:
+        if line.slope is not None or line.unlearned:
             ax.legend(fontsize=8)
 
 

@@ -54,6 +54,8 @@ class TyingLine:
     notes: list[str] = field(default_factory=list)
     mechanism: list[dict] = field(default_factory=list)  # per setting: the buckets' effects and each variant's best
     intervals: list[tuple[float, float | None, float | None]] = field(default_factory=list)  # (value, 95% CI of Δloss)
+    # (value, Δloss) of each setting left out because runs there do not beat the unigram model
+    unlearned: list[tuple[float, float | None]] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {**asdict(self), "summary": self.lines()}
@@ -210,15 +212,47 @@ def tying_line(matched: list, primary: str, variants: list | None = None) -> Tyi
     key = axes[0][0]
     if len({m.setting[key] for m in matched}) != len(matched):  # several tied variants at one setting
         return None
-    points, intervals = [], []
+    by_label = {v.label: v for v in variants or []}
+    points, intervals, unlearned = [], [], []
     for m in matched:
         d = m.split(primary)
-        points.append((float(m.setting[key]), d.difference if d else None, d.se if d else None))
-        intervals.append((float(m.setting[key]), d.ci_low if d else None, d.ci_high if d else None))
+        x = float(m.setting[key])
+        intervals.append((x, d.ci_low if d else None, d.ci_high if d else None))
+        failing = _at_unigram(m, by_label, primary)
+        if failing:  # an effect between models that have not learned from context says nothing about tying
+            unlearned.append((x, d.difference if d else None, failing))
+        else:
+            points.append((x, d.difference if d else None, d.se if d else None))
     line = fit_line(key, points)
+    if unlearned:
+        line.notes.insert(0, _unlearned_note(line.short, unlearned, primary))
+    line.unlearned = sorted((x, y) for x, y, _ in unlearned)
     line.mechanism = mechanism_rows(matched, variants, primary, key) if variants is not None else []
     line.intervals = sorted(intervals)
     return line
+
+
+def _at_unigram(m: Any, by_label: dict, primary: str) -> str:
+    """Of a setting's two variants' runs, how many do not beat their training split's unigram model
+    on primary ("3 of 6"), or "" where all do (or no variants were given)."""
+    if not by_label:
+        return ""
+    failing = total = 0
+    for label in (m.tied, m.untied):
+        v = by_label.get(label)
+        metrics = v.metrics.get(primary) if v is not None else None
+        failing += len(metrics.at_unigram) if metrics is not None else 0
+        total += v.n_seeds if v is not None else 0
+    return f"{failing} of {total}" if failing else ""
+
+
+def _unlearned_note(short: str, unlearned: list, primary: str) -> str:
+    unlearned = sorted(unlearned)
+    values = [_value(x) for x, _, _ in unlearned]
+    named = values[0] if len(values) == 1 else ", ".join(values[:-1]) + f" and {values[-1]}"
+    counts = ", ".join(f"{n} runs at {v}" for v, (_, _, n) in zip(values, unlearned))
+    return (f"{short} {named} left out of the fit: runs there do not beat the unigram model of their training split "
+            f"on {primary} ({counts}), so their effect says nothing about tying")
 
 
 def predicted(line: TyingLine, x: float) -> float | None:

@@ -75,6 +75,9 @@ class SplitMetrics:
     by_seed: dict[int, float | None]  # seed -> final perplexity as reported (exp(loss) where it is not)
     loss_by_seed: dict[int, float | None]  # seed -> final loss (nats per token): what is tested
     buckets: list[BucketMetrics]
+    # seeds whose loss is not below the unigram model of their training split (guards.unigram_warning):
+    # they have not learned from context
+    at_unigram: list[int] = field(default_factory=list)
 
     def bucket(self, name: str) -> BucketMetrics | None:
         return next((b for b in self.buckets if b.name == name), None)
@@ -83,7 +86,7 @@ class SplitMetrics:
         return {"perplexity": self.perplexity.to_json(), "bits_per_byte": self.bits_per_byte.to_json(),
                 "loss": self.loss.to_json(), "word_perplexity": self.word_perplexity.to_json(),
                 "by_seed": self.by_seed, "loss_by_seed": self.loss_by_seed,
-                "buckets": [b.to_json() for b in self.buckets]}
+                "buckets": [b.to_json() for b in self.buckets], "at_unigram": self.at_unigram}
 
 
 @dataclass
@@ -406,7 +409,8 @@ def _split_metrics(runs: list[LoadedRun], split: str) -> SplitMetrics:
                         loss=loss, word_perplexity=geometric(summarize(log_of(r.metric(split, "word_perplexity"))
                                                                        for r in runs)),
                         by_seed={r.seed: _perplexity(r, split, losses[r.seed]) for r in runs},
-                        loss_by_seed=losses, buckets=_bucket_metrics(runs, split))
+                        loss_by_seed=losses, buckets=_bucket_metrics(runs, split),
+                        at_unigram=[r.seed for r in runs if r.at_unigram(split)])
 
 
 def aggregate(label: str, runs: list[LoadedRun], key: str = "") -> Variant:
