@@ -69,6 +69,37 @@ def test_rows_columns_and_the_exact_crossover_edges_on_a_staircase():
                            ((128, 0.5), (256, 0.5)), ((256, 0.5), (256, 1.0))]
 
 
+def test_cells_whose_runs_do_not_beat_the_unigram_model_leave_the_surface_and_the_crossover():
+    """An effect between models at chance says nothing about tying: the cell stays on the map, named,
+    but places no crossover edge and no point of the surface."""
+    from types import SimpleNamespace
+
+    from tiedlm.compare.surface import fit_surface
+
+    ms = grid(STAIRS)
+
+    def variants(chance):
+        out = []
+        for m in ms:
+            for label, seeds in ((m.tied, [0, 2] if (m.setting[N], m.setting[F]) in chance else []), (m.untied, [])):
+                out.append(SimpleNamespace(label=label, n_seeds=3,
+                                           metrics={"validation": SimpleNamespace(at_unigram=seeds)}))
+        return out
+
+    assert tying_map(ms, "validation", variants(set())).crossover == tying_map(ms, "validation").crossover
+    t = tying_map(ms, "validation", variants({(256, 0.25)}))
+    assert t.cell(256, 0.25).at_unigram == "2 of 6" and t.cell(256, 0.25).effect == pytest.approx(-0.04)
+    assert t.crossover == [((64, 0.25), (128, 0.25)), ((128, 0.25), (128, 0.5)),
+                           ((128, 0.5), (256, 0.5)), ((256, 0.5), (256, 1.0))]  # no edge touched (256, 0.25)
+    t = tying_map(ms, "validation", variants({(128, 0.25)}))
+    assert ((64, 0.25), (128, 0.25)) not in t.crossover and ((128, 0.25), (128, 0.5)) not in t.crossover
+    others = [(n, f, t.cell(n, f).difference, t.cell(n, f).se) for n in WIDTHS for f in FRACTIONS if (n, f) != (128, 0.25)]
+    alone = fit_surface(others, t.row_short, t.col_short)
+    assert t.surface.to_json() == alone.to_json()
+    assert any(line.startswith("Left out of the surface and the crossover") and "n_embd=128, train_fraction=0.25 "
+               "(2 of 6 runs)" in line for line in t.summary_lines())
+
+
 def test_a_staircase_is_said_as_where_tying_starts_to_help_along_the_row_key():
     lines = tying_map(grid(STAIRS), "validation").summary_lines()
     head = lines.index("Crossover along n_embd (by the point estimates, at each train_fraction):")

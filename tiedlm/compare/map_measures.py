@@ -207,7 +207,7 @@ def _num(x: float | None) -> str:
 def map_section(matched: list, primary: str, variants: Sequence[Any]) -> MapSection | None:
     """The comparison's tying map (tying_map.tying_map) with its cells' measures, or None."""
 
-    tmap = tying_map(matched, primary)
+    tmap = tying_map(matched, primary, variants)
     if tmap is None:
         return None
     measures = cell_measures(tmap, variants)

@@ -31,7 +31,7 @@ from ..nats import relative
 from .stats import LEVEL, number, t_ppf, t_two_sided_p
 from .surface import FAR, wls
 from .map_measures import direct_path_costs
-from .tying_map import frequency_ends, numeric_axes
+from .tying_map import frequency_ends, numeric_axes, runs_at_unigram
 
 MIN_SETTINGS = 3  # two parameters and at least one residual degree of freedom
 
@@ -218,7 +218,7 @@ def tying_line(matched: list, primary: str, variants: list | None = None) -> Tyi
         d = m.split(primary)
         x = float(m.setting[key])
         intervals.append((x, d.ci_low if d else None, d.ci_high if d else None))
-        failing = _at_unigram(m, by_label, primary)
+        failing = runs_at_unigram(m, by_label, primary)
         if failing:  # an effect between models that have not learned from context says nothing about tying
             unlearned.append((x, d.difference if d else None, failing))
         else:
@@ -230,20 +230,6 @@ def tying_line(matched: list, primary: str, variants: list | None = None) -> Tyi
     line.mechanism = mechanism_rows(matched, variants, primary, key) if variants is not None else []
     line.intervals = sorted(intervals)
     return line
-
-
-def _at_unigram(m: Any, by_label: dict, primary: str) -> str:
-    """Of a setting's two variants' runs, how many do not beat their training split's unigram model
-    on primary ("3 of 6"), or "" where all do (or no variants were given)."""
-    if not by_label:
-        return ""
-    failing = total = 0
-    for label in (m.tied, m.untied):
-        v = by_label.get(label)
-        metrics = v.metrics.get(primary) if v is not None else None
-        failing += len(metrics.at_unigram) if metrics is not None else 0
-        total += v.n_seeds if v is not None else 0
-    return f"{failing} of {total}" if failing else ""
 
 
 def _unlearned_note(short: str, unlearned: list, primary: str) -> str:

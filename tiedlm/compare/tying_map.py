@@ -17,7 +17,7 @@ matplotlib is imported inside plot_tying_map (through figures.figure), never at 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from ..formatting import percent
 from ..nats import relative
@@ -68,6 +68,7 @@ class MapCell:
     se: float | None = None  # its standard error (None with one seed)
     frequent: BucketEffect | None = None  # the most frequent bucket's effect ("top 10%"), on bucket_split
     rare: BucketEffect | None = None  # the rarest ranked bucket's effect ("rest 50%")
+    at_unigram: str = ""  # "3 of 6": its runs that do not beat the unigram model (left out of surface and crossover)
 
     @property
     def sign(self) -> int:
@@ -212,10 +213,27 @@ def numeric_axes(matched: list[MatchedContrast], n: int) -> tuple[list[str], dic
     return keys, follows
 
 
-def tying_map(matched: list[MatchedContrast], primary: str) -> TyingMap | None:
+def runs_at_unigram(m: MatchedContrast, by_label: dict[str, Any], primary: str) -> str:
+    """Of a setting's two variants' runs, how many do not beat their training split's unigram model
+    on primary ("3 of 6"), or "" where all do (or no variants are known): an effect between models
+    that have not learned from context says nothing about tying."""
+    if not by_label:
+        return ""
+    failing = total = 0
+    for label in (m.tied, m.untied):
+        v = by_label.get(label)
+        metrics = v.metrics.get(primary) if v is not None else None
+        failing += len(metrics.at_unigram) if metrics is not None else 0
+        total += v.n_seeds if v is not None else 0
+    return f"{failing} of {total}" if failing else ""
+
+
+def tying_map(matched: list[MatchedContrast], primary: str, variants: Sequence[Any] = ()) -> TyingMap | None:
     """The map of the matched contrasts on the split `primary`; None unless every setting has the
     same two keys, both with numeric values, each setting has one contrast (not several tied
-    variants against one untied), and at least 2 rows and 2 columns have an effect."""
+    variants against one untied), and at least 2 rows and 2 columns have an effect. A cell whose
+    runs do not all beat the unigram model (of the `variants`) is shown but left out of the surface
+    and the crossover."""
     axes = numeric_axes(matched, 2)
     if axes is None:
         return None
@@ -223,11 +241,13 @@ def tying_map(matched: list[MatchedContrast], primary: str) -> TyingMap | None:
     keys = [row_key, col_key]
     cells: dict[Cell, MapCell] = {}
     bucket_split = _bucket_split(matched, primary)
+    by_label = {v.label: v for v in variants}
     for m in matched:
         at = (m.setting[row_key], m.setting[col_key])
         if at in cells:  # two tied variants at one setting (model.untie_at): no single effect per cell
             return None
         cells[at] = _map_cell(m, primary, bucket_split)
+        cells[at].at_unigram = runs_at_unigram(m, by_label, primary)
     with_effect = [at for at, c in cells.items() if c.effect is not None]
     if len({r for r, _ in with_effect}) < 2 or len({c for _, c in with_effect}) < 2:
         return None
@@ -241,7 +261,7 @@ def tying_map(matched: list[MatchedContrast], primary: str) -> TyingMap | None:
         cells[at].p_holm = p
 
     tmap.surface = fit_surface([(r, c, cell.difference, cell.se) for (r, c), cell in cells.items()
-                                if cell.effect is not None], tmap.row_short, tmap.col_short)
+                                if cell.effect is not None and not cell.at_unigram], tmap.row_short, tmap.col_short)
     return tmap
 
 
@@ -252,12 +272,12 @@ def _crossover(t: TyingMap) -> list[Edge]:
     for i, r in enumerate(t.rows):
         for j, c in enumerate(t.cols):
             here = t.known(r, c)
-            if here is None:
+            if here is None or here.at_unigram:
                 continue
             for at in ((r, t.cols[j + 1]) if j + 1 < len(t.cols) else None,
                        (t.rows[i + 1], c) if i + 1 < len(t.rows) else None):
                 there = t.known(*at) if at else None
-                if there is not None and here.sign * there.sign < 0:
+                if there is not None and not there.at_unigram and here.sign * there.sign < 0:
                     edges.append(((r, c), at))
     return edges
 
@@ -379,6 +399,11 @@ def _summary(t: TyingMap) -> list[str]:
     missing = [t.name((r, c)) for r in t.rows for c in t.cols if t.known(r, c) is None]
     if missing:
         lines.append(f"No result on {t.split} at: " + "; ".join(missing) + ".")
+    chance = [f"{t.name(at)} ({c.at_unigram} runs)" for at, c in known if c.at_unigram]
+    if chance:
+        lines.append(f"Left out of the surface and the crossover, their runs not beating the unigram model of their "
+                     f"training split on {t.split} (an effect between models that have not learned from context "
+                     "says nothing about tying): " + "; ".join(chance) + ".")
     return lines + _crossover_lines(t)
 
 
