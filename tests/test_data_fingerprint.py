@@ -100,7 +100,9 @@ def _as_before(monkeypatch):
                         lambda paths: [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in paths])
 
 
-def test_a_run_recorded_before_content_digests_resumes_while_its_files_are_untouched(tiny, tmp_path, monkeypatch):
+def _stopped_run_recorded_before(tiny, tmp_path, monkeypatch):
+    """A run stopped at step 5 by a tiedlm that fingerprinted files by mtime, its report as that
+    tiedlm wrote it: (its config, its folder, the identity it recorded, the data file)."""
     text = tmp_path / "t.txt"
     text.write_text(TEXT)
     cfg = tiny("data.path=text", f"data.data_files={text}")
@@ -109,28 +111,24 @@ def test_a_run_recorded_before_content_digests_resumes_while_its_files_are_untou
         with pytest.raises(Interrupted):
             train_run(cfg, out=tmp_path / "runs", progress=False, stop_after_step=5)
     run = tmp_path / "runs" / "tiny-s0"
-    old = runs.read_report(run).data_identity
-    edit_report(run, data_identity={k: old[k] for k in ("fingerprint", "tokenizer")})  # as it was written then
+    ident = runs.read_report(run).data_identity
+    old = {k: ident[k] for k in ("fingerprint", "tokenizer")}
+    edit_report(run, data_identity=old)  # no by_mtime: it was not written then
+    return cfg, run, old, text
+
+
+def test_a_run_recorded_before_content_digests_resumes_while_its_files_are_untouched(tiny, tmp_path, monkeypatch):
+    cfg, run, old, _ = _stopped_run_recorded_before(tiny, tmp_path, monkeypatch)
     train_run(cfg, out=tmp_path / "runs", progress=False)
     report = runs.read_report(run)
     assert report.status == "finished" and report.resumed_at_steps == [5]
     ident = report.data_identity  # recorded anew: by content, and by mtime as before
-    assert ident["by_mtime"] == {k: old[k] for k in ("fingerprint", "tokenizer")} != {
-        k: ident[k] for k in ("fingerprint", "tokenizer")}
+    assert ident["by_mtime"] == old != {k: ident[k] for k in ("fingerprint", "tokenizer")}
 
 
 def test_a_run_recorded_before_content_digests_is_refused_once_its_files_were_touched(tiny, tmp_path, monkeypatch):
     """The older identity holds the mtime: touched since, the run cannot show it is on the same bytes."""
-    text = tmp_path / "t.txt"
-    text.write_text(TEXT)
-    cfg = tiny("data.path=text", f"data.data_files={text}")
-    with monkeypatch.context() as m:
-        _as_before(m)
-        with pytest.raises(Interrupted):
-            train_run(cfg, out=tmp_path / "runs", progress=False, stop_after_step=5)
-    run = tmp_path / "runs" / "tiny-s0"
-    old = runs.read_report(run).data_identity
-    edit_report(run, data_identity={k: old[k] for k in ("fingerprint", "tokenizer")})
+    cfg, run, _, text = _stopped_run_recorded_before(tiny, tmp_path, monkeypatch)
     _later(text)
     with pytest.raises(RunError, match="changed since the run started"):
         train_run(cfg, out=tmp_path / "runs", progress=False)

@@ -81,7 +81,8 @@ def test_the_mechanism_rows_give_the_bucket_effects_and_who_peaked_first():
     matched, variants = [], []
     for i, x in enumerate(XS[:3]):
         d = SimpleNamespace(difference=0.04 - 0.03 * i, se=0.01, relative=math.expm1(0.04 - 0.03 * i), ci_low=None, ci_high=None,
-                            buckets={"top 10%": b(0.01), "next 40%": b(0.0), "rest": b(0.05 - 0.06 * i)})
+                            buckets={"top 10%": b(0.01), "next 40%": b(0.0), "rest": b(0.05 - 0.06 * i)},
+                            p_value=(0.01, 0.04, 0.03)[i])
         matched.append(SimpleNamespace(setting={"train.max_tokens": x}, tied=f"t{i}", untied=f"u{i}",
                                        split=lambda name, d=d: d))
         variants += [variant(f"t{i}", x, [x, x]), variant(f"u{i}", x, [x // 2, x // 4])]
@@ -91,6 +92,9 @@ def test_the_mechanism_rows_give_the_bucket_effects_and_who_peaked_first():
     assert rows[2]["rare"]["bucket"] == "rest" and rows[2]["rare"]["effect"] == pytest.approx(math.expm1(-0.07))
     assert rows[0]["frequent"]["effect"] == pytest.approx(math.expm1(0.01))
     assert rows[1]["tied_best_share"] == 1.0 and rows[1]["untied_best_share"] == pytest.approx(0.375, abs=1e-5)
+    # Holm over the three settings, by hand: 0.01·3 = 0.03; 0.03·2 = 0.06; max(0.06, 0.04·1) = 0.06
+    assert [r["p_holm"] for r in rows] == pytest.approx([0.03, 0.06, 0.06])
+    assert "| Holm p |" in "\n".join(mechanism_markdown(line)) and "| 0.060 |" in "\n".join(mechanism_markdown(line))
     assert "untied best at" in "\n".join(mechanism_markdown(line)) and "38%" in "\n".join(mechanism_markdown(line))
     assert all(r["direct_path_cost_bpb"] is None for r in rows)  # no run analysed: no direct-path column
     assert "bits/byte" not in "\n".join(mechanism_markdown(line))

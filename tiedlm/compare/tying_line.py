@@ -28,7 +28,7 @@ from typing import Any
 from ..formatting import fmt, markdown_table, percent
 from ..naming import scalar, short_keys
 from ..nats import relative
-from .stats import LEVEL, number, t_ppf, t_two_sided_p
+from .stats import LEVEL, holm, number, t_ppf, t_two_sided_p
 from .surface import FAR, wls
 from .map_measures import direct_path_costs
 from .tying_map import frequency_ends, numeric_axes, runs_at_unigram
@@ -161,10 +161,13 @@ def mechanism_rows(matched: list, variants: list, primary: str, key: str) -> lis
     were analysed (compare --analyze)."""
     by_label = {v.label: v for v in variants}
     rows = []
-    for m in sorted(matched, key=lambda m: m.setting[key]):
+    ordered = sorted(matched, key=lambda m: m.setting[key])
+    # the settings' tests are one family, read together: Holm over them, as over a map's cells
+    adjusted = holm([getattr(m.split(primary), "p_value", None) for m in ordered])
+    for m, p_holm in zip(ordered, adjusted):
         d = m.split(primary)
         top, rest = frequency_ends(list(d.buckets)) if d else (None, None)
-        row = {"setting": m.setting[key], "effect": number(d.relative) if d else None}
+        row = {"setting": m.setting[key], "effect": number(d.relative) if d else None, "p_holm": p_holm}
         for name, end in (("frequent", top), ("rare", rest)):
             b = d.buckets.get(end) if d and end else None
             row[name] = {"bucket": end, "effect": relative(b.difference) if b else None,
@@ -188,19 +191,23 @@ def mechanism_markdown(line: TyingLine) -> list[str]:
     def share(x):
         return "—" if x is None else f"{x:.0%}"
 
+    def _p(p):
+        return "—" if p is None else "<0.001" if p < 0.001 else f"{p:.3f}"
+
     analysed = any(r.get("direct_path_cost_bpb") is not None for r in line.mechanism)
-    rows = [[_value(r["setting"]), pct(r["effect"]),
+    rows = [[_value(r["setting"]), pct(r["effect"]), _p(r.get("p_holm")),
              f"{pct(r['frequent']['effect'])} ({r['frequent']['bucket'] or '—'})",
              f"{pct(r['rare']['effect'])} ({r['rare']['bucket'] or '—'})",
              share(r["tied_best_share"]), share(r["untied_best_share"]),
              *([fmt(r.get("direct_path_cost_bpb"), 4)] if analysed else [])] for r in line.mechanism]
     path = (", and what forcing E into W_out's place costs the untied model's direct path, in bits per byte (the mean "
             "over its analysed seeds)") if analysed else ""
-    return ["", f"Per {line.short}: the tying effect, on the most frequent and the rarest tokens, and where each variant's "
+    return ["", f"Per {line.short}: the tying effect with its p-value adjusted by Holm over the settings (one family of "
+                f"tests), the effect on the most frequent and the rarest tokens, and where each variant's "
                 f"best weights came in its budget (the mean over seeds; below 100%, it had begun to over-fit){path}:", "",
-            markdown_table([line.short, "effect", "frequent tokens", "rare tokens", "tied best at", "untied best at",
-                            *(["direct path: W_out := E costs (bits/byte)"] if analysed else [])],
-                           rows, "rrrrrr" + ("r" if analysed else ""))]
+            markdown_table([line.short, "effect", "Holm p", "frequent tokens", "rare tokens", "tied best at",
+                            "untied best at", *(["direct path: W_out := E costs (bits/byte)"] if analysed else [])],
+                           rows, "rrrrrrr" + ("r" if analysed else ""))]
 
 
 def tying_line(matched: list, primary: str, variants: list | None = None) -> TyingLine | None:
