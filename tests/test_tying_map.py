@@ -98,6 +98,11 @@ def test_cells_whose_runs_do_not_beat_the_unigram_model_leave_the_surface_and_th
     assert t.surface.to_json() == alone.to_json()
     assert any(line.startswith("Left out of the surface and the crossover") and "n_embd=128, train_fraction=0.25 "
                "(2 of 6 runs)" in line for line in t.summary_lines())
+    # where tying "helps" only at cells at chance, the map says it hurts everywhere else: no crossover
+    t = tying_map(ms, "validation", variants({(128, 0.25), (256, 0.25), (256, 0.5)}))
+    assert t.crossover == []
+    assert ("No crossover: tying hurts at every cell with a result whose runs beat the unigram model (by the point "
+            "estimates).") in t.summary_lines()
 
 
 def test_a_staircase_is_said_as_where_tying_starts_to_help_along_the_row_key():

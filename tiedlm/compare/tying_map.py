@@ -302,11 +302,14 @@ def _significance(t: TyingMap, edge: Edge) -> str:
 
 
 def _lines_along(t: TyingMap, along_rows: bool) -> list[tuple[Any, list[Cell]]]:
-    """The lines of the grid along one key: (the other key's value, its cells with a nonzero effect,
-    in order). along_rows: the row value changes along each line (one line per column)."""
+    """The lines of the grid along one key: (the other key's value, its cells with a nonzero effect
+    whose runs beat the unigram model, in order). along_rows: the row value changes along each line (one line per column)."""
+    def judged(r: Any, c: Any) -> bool:  # a result with a sign, from models that learned from context
+        return bool(t.known(r, c) and t.cells[(r, c)].sign and not t.cells[(r, c)].at_unigram)
+
     if along_rows:
-        return [(c, [(r, c) for r in t.rows if t.known(r, c) and t.cells[(r, c)].sign]) for c in t.cols]
-    return [(r, [(r, c) for c in t.cols if t.known(r, c) and t.cells[(r, c)].sign]) for r in t.rows]
+        return [(c, [(r, c) for r in t.rows if judged(r, c)]) for c in t.cols]
+    return [(r, [(r, c) for c in t.cols if judged(r, c)]) for r in t.rows]
 
 
 def _monotone(t: TyingMap) -> tuple[bool, int, list[tuple[Any, Edge | None, int]]] | None:
@@ -335,13 +338,20 @@ def _crossover_lines(t: TyingMap) -> list[str]:
     """Where the sign changes: per line of the grid along one key when the boundary is a staircase
     (_monotone), else edge by edge; each change with whether it is significant."""
     if not t.crossover:
-        signs = {c.sign for c in t.cells.values() if c.effect is not None} - {0}
+        judged = [c for c in t.cells.values() if c.effect is not None and not c.at_unigram]
+        left_out = any(c.effect is not None and c.at_unigram for c in t.cells.values())
+        signs = {c.sign for c in judged} - {0}
         if len(signs) == 2:
+            between = "missing cells, or cells left out for their runs at chance, lie between them" if left_out \
+                else "missing cells lie between them"
             return ["The point estimates have both signs, but no two neighbouring cells with a result differ in "
-                    "sign (missing cells lie between them): no crossover edge can be placed."]
-        zero = any(c.effect == 0 for c in t.cells.values())
+                    f"sign ({between}): no crossover edge can be placed."]
+        if not judged:
+            return ["No crossover: no cell has a result from runs that beat the unigram model."]
+        zero = any(c.effect == 0 for c in judged)
         what = "hurts" if signs == {1} else "helps" if signs == {-1} else "has no effect"
         where = "with a nonzero effect" if zero and signs else "with a result"
+        where += " whose runs beat the unigram model" if left_out else ""
         return [f"No crossover: tying {what} at every cell {where} (by the point estimates)."]
     mono = _monotone(t)
     out = []
