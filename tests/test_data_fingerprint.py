@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tiedlm import runs
+from tiedlm import data, runs
 from tiedlm.config import DataConfig
 from tiedlm.data import sources
 from tiedlm.data.cache import DIGEST_MEMO, cache_root
@@ -73,6 +73,14 @@ def test_each_file_is_hashed_once_per_stat(tmp_path, monkeypatch):
     assert _fingerprint(text) == first and hashed == [text, text]  # another mtime: read again, same digest
 
 
+def test_a_memo_that_is_not_an_object_is_read_as_empty(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    (cache_root()).mkdir(parents=True, exist_ok=True)
+    (cache_root() / DIGEST_MEMO).write_text("[1, 2]")  # valid JSON, but not tiedlm's
+    assert _fingerprint(text)["files"]["train"][0][2] == "sha256:" + hashlib.sha256(TEXT.encode()).hexdigest()
+
+
 def test_an_unwritable_cache_only_costs_a_rehash(tmp_path, monkeypatch):
     text = tmp_path / "t.txt"
     text.write_text(TEXT)
@@ -96,8 +104,11 @@ def test_a_run_resumes_after_its_data_was_touched(tiny, tmp_path):
 
 def _as_before(monkeypatch):
     """Fingerprint as tiedlm did before it hashed the content: each file's mtime in the digest's place."""
-    monkeypatch.setattr(sources, "_file_stamps",
-                        lambda paths: [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in paths])
+    def stamps(paths):
+        by_mtime = [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in paths]
+        return by_mtime, by_mtime
+
+    monkeypatch.setattr(sources, "file_stamps", stamps)
 
 
 def _stopped_run_recorded_before(tiny, tmp_path, monkeypatch):
@@ -132,3 +143,27 @@ def test_a_run_recorded_before_content_digests_is_refused_once_its_files_were_to
     _later(text)
     with pytest.raises(RunError, match="changed since the run started"):
         train_run(cfg, out=tmp_path / "runs", progress=False)
+
+
+def test_a_pretrained_tokenizer_file_is_known_by_its_content_too(tmp_path):
+    """tokenizer.path: touched, the tokenizer key stays (and the older key by mtime is the alias);
+    one byte other, the key changes."""
+    from .test_data import prepare, write_corpus
+    from .test_data_tokenizers import _pretrained_file
+
+    corpus = write_corpus(tmp_path)
+    path = _pretrained_file(tmp_path)
+    args = ("data.path=text", f"data.data_files={corpus}", "tokenizer.kind=pretrained", f"tokenizer.path={path}")
+    before = data.data_identity(prepare(*args))
+    _later(path)
+    after = data.data_identity(prepare(*args))
+    assert data.core_identity(after) == data.core_identity(before) and after["by_mtime"] != before["by_mtime"]
+    path.write_text(path.read_text().replace('"<|endoftext|>"', '"<|endoftext|>" '))  # the same JSON, other bytes
+    assert data.core_identity(data.data_identity(prepare(*args)))["tokenizer"] != before["tokenizer"]
+
+
+def test_a_damaged_recorded_identity_does_not_fit(tmp_path):
+    from .test_data import prepare, write_corpus
+
+    p = prepare("data.path=text", f"data.data_files={write_corpus(tmp_path)}", "tokenizer.kind=byte")
+    assert data.identity_fits(None, p) and not data.identity_fits("f220db1192cb0f0bb18a", p)

@@ -52,7 +52,7 @@ from .cache import (
     store_tokens,
 )
 from .documents import BATCH_DOCS, Docs, StreamDocs, split_documents
-from .sources import Source, check_source, resolve_source
+from .sources import Source, check_source, file_stamps, resolve_source
 from .tokenizers import (
     ByteTokenizer,
     CharTokenizer,
@@ -110,8 +110,10 @@ def identity_fits(recorded: dict | None, data: PreparedData) -> bool:
     """Whether a run's recorded data identity names these tokens: none recorded, the same keys, or
     (a run recorded before local files were known by their content) the keys by modification
     time, which still match while the files have not been touched since."""
-    if not isinstance(recorded, dict):
+    if recorded is None:
         return True
+    if not isinstance(recorded, dict):  # damaged: it cannot show that these are its tokens
+        return False
     now = data_identity(data)
     return core_identity(recorded) in (core_identity(now), now.get("by_mtime"))
 
@@ -173,15 +175,22 @@ def _split_settings(d: DataConfig, source: Source) -> dict:
 
 def _plan(d: DataConfig, tcfg: TokenizerConfig) -> _Plan:
     source = resolve_source(d)
-    splits, tok = _split_settings(d, source), tokenizer_fingerprint(tcfg)
+    splits, tok_by_mtime = _split_settings(d, source), tokenizer_fingerprint(tcfg)
+    tok = tok_by_mtime
+    if "file" in tok_by_mtime:  # a pretrained tokenizer file: known by its content too, as data files are
+        [[_, _, digest]], _ = file_stamps([Path(tok_by_mtime["file"][0])])
+        tok = {**tok_by_mtime, "file": [*tok_by_mtime["file"][:2], digest]}
 
-    def keys(fingerprint: dict) -> tuple[str, str]:
+    def keys(fingerprint: dict, tokenizer: dict) -> tuple[str, str]:
         data_key = key_of({"source": fingerprint, "splits": splits})
-        return data_key, key_of({"format": CACHE_FORMAT, "data": data_key, "tokenizer": tok})
+        return data_key, key_of({"format": CACHE_FORMAT, "data": data_key, "tokenizer": tokenizer})
 
-    data_key, tok_key = keys(source.fingerprint)
+    data_key, tok_key = keys(source.fingerprint, tok)
     limits = {"train": d.max_train_tokens, "validation": d.max_eval_tokens, "test": d.max_eval_tokens}
-    by_mtime = dict(zip(("fingerprint", "tokenizer"), keys(source.by_mtime))) if source.by_mtime else None
+    by_mtime = None
+    if source.by_mtime or tok is not tok_by_mtime:
+        old = keys(source.by_mtime or source.fingerprint, tok_by_mtime)
+        by_mtime = dict(zip(("fingerprint", "tokenizer"), old))
     return _Plan(source, data_key, tok_key, limits, by_mtime)
 
 

@@ -59,31 +59,30 @@ class Source:
 # Resolving data.path, without loading anything
 
 
-def _by_mtime(stamps: list[list]) -> list[list]:
-    """Stamps as tiedlm made them before it hashed the content: [path, bytes, mtime in ns]."""
-    return [[p, size, Path(p).stat().st_mtime_ns] for p, size, _ in stamps]
-
-
-def _file_stamps(paths: list[Path]) -> list[list]:
+def file_stamps(paths: list[Path]) -> tuple[list[list], list[list]]:
     """[path, bytes, content digest] of each data file: what identifies it. The content, not the
     modification time, so that a copy, a checkout, an rsync or a touch of the same bytes keeps the
     fingerprint (and with it the runs' claim to the same tokens: their resume and their comparison).
-    Each file is hashed once per (size, mtime, inode) it shows: the memo in the cache remembers it.
-    A file that cannot be read is stamped by its mtime instead; loading it says what is wrong."""
+    Each file is hashed once per (size, mtime, inode, device) it shows: the memo in the cache
+    remembers it. A file that cannot be read is stamped by its mtime instead; loading it says what
+    is wrong. Second, from the same stat, the stamps as tiedlm made them before it hashed the
+    content, [path, bytes, mtime in ns] (Source.by_mtime)."""
     memo_file = cache_root() / DIGEST_MEMO
-    memo = read_json(memo_file) or {}
-    stamps, changed = [], False
+    memo = read_json(memo_file)
+    memo = memo if isinstance(memo, dict) else {}
+    stamps, by_mtime, changed = [], [], False
     for path in paths:
         st = path.stat()
-        seen = [st.st_size, st.st_mtime_ns, st.st_ino]
+        seen = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+        by_mtime.append([str(path), st.st_size, st.st_mtime_ns])
         known = memo.get(str(path))
-        if isinstance(known, list) and len(known) == 4 and known[:3] == seen:
-            digest = known[3]
+        if isinstance(known, list) and len(known) == 5 and known[:4] == seen:
+            digest = known[4]
         else:
             try:
                 digest = _content_digest(path)
             except OSError:
-                stamps.append([str(path), st.st_size, st.st_mtime_ns])
+                stamps.append(by_mtime[-1])
                 continue
             memo[str(path)], changed = [*seen, digest], True
         stamps.append([str(path), st.st_size, digest])
@@ -91,7 +90,7 @@ def _file_stamps(paths: list[Path]) -> list[list]:
         with contextlib.suppress(OSError):  # a cache that cannot be written only costs a re-hash
             memo_file.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(memo_file, memo, indent=0)
-    return stamps
+    return stamps, by_mtime
 
 
 def _content_digest(path: Path) -> str:
@@ -265,8 +264,9 @@ def _local_source(p: str, local: Path, d: DataConfig) -> Source:
             raise ConfigError(f"cannot tell the format of {p} from its extension — use data.path: text (or json, "
                               f"csv, parquet) with data.data_files: {p}")
         return _files_source(builder, {"train": [local]}, p)
-    listing = _file_stamps([f for f in sorted(local.rglob("*"))
-                            if f.is_file() and not any(part.startswith(".") for part in f.relative_to(local).parts)])
+    listing, listing_by_mtime = file_stamps(
+        [f for f in sorted(local.rglob("*"))
+         if f.is_file() and not any(part.startswith(".") for part in f.relative_to(local).parts)])
     if not listing:
         raise ConfigError(f"data.path {p} is an empty folder — add data files (.txt, .json, .jsonl, .csv, "
                           ".parquet) or point data.path elsewhere")
@@ -274,22 +274,23 @@ def _local_source(p: str, local: Path, d: DataConfig) -> Source:
     if (local / "dataset_dict.json").exists() or (local / "state.json").exists():
         return Source("disk", f"dataset saved with save_to_disk at {local} ({size})",
                       {"disk": str(local), "files": listing}, str(local),
-                      by_mtime={"disk": str(local), "files": _by_mtime(listing)})
+                      by_mtime={"disk": str(local), "files": listing_by_mtime})
     files = _resolve_data_files(d.data_files, local) if d.data_files is not None else None
     fingerprint = {"folder": str(local), "files": listing, "name": d.name,
                    "data_files": {k: [str(f) for f in v] for k, v in (files or {}).items()}}
     return Source("folder", f"local dataset folder {local} ({len(listing)} files, {size})", fingerprint,
-                  str(local), files=files, by_mtime={**fingerprint, "files": _by_mtime(listing)})
+                  str(local), files=files, by_mtime={**fingerprint, "files": listing_by_mtime})
 
 
 def _files_source(builder: str, files: dict[str, list[Path]], path: str) -> Source:
-    stamps = {split: _file_stamps(fs) for split, fs in files.items()}
+    both = {split: file_stamps(fs) for split, fs in files.items()}
+    stamps = {split: pair[0] for split, pair in both.items()}
     n = sum(len(fs) for fs in files.values())
     size = _human_bytes(sum(s[1] for fs in stamps.values() for s in fs))
     names = ", ".join(f.name for fs in files.values() for f in fs[:3]) + (", ..." if n > 3 else "")
     return Source("files", f"{builder} files: {names} ({n} file{'s' * (n != 1)}, {size})",
                   {"builder": builder, "files": stamps}, path, builder=builder, files=files,
-                  by_mtime={"builder": builder, "files": {k: _by_mtime(v) for k, v in stamps.items()}})
+                  by_mtime={"builder": builder, "files": {split: pair[1] for split, pair in both.items()}})
 
 
 # --------------------------------------------------------------------------------------------
