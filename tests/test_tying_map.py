@@ -378,6 +378,24 @@ def test_the_crossover_and_missing_cells_show_on_the_png(tmp_path):
     assert grey(plain) > grey(full) + 10_000  # the missing cell's grey (the legend's swatch is in both)
 
 
+@pytest.mark.figures
+def test_a_cell_left_out_for_runs_at_chance_is_hatched_on_the_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from types import SimpleNamespace
+
+    def dark_grey(path):  # the hatch's 0.4 grey
+        return int((abs(_colours(path) - 0.4) < 0.05).all(axis=-1).sum())
+
+    ms = grid(STAIRS)
+    chance = {"tied, n_embd=128, train_fraction=0.5"}
+    variants = [SimpleNamespace(label=label, n_seeds=3, metrics={"validation": SimpleNamespace(
+        at_unigram=[0] if label in chance else [])}) for m in ms for label in (m.tied, m.untied)]
+    plain, guarded = tmp_path / "plain.png", tmp_path / "guarded.png"
+    plot_tying_map(tying_map(ms, "validation"), plain)
+    plot_tying_map(tying_map(ms, "validation", variants), guarded)
+    assert dark_grey(guarded) > dark_grey(plain) + 100
+
+
 def test_importing_the_module_does_not_import_matplotlib():
     code = "import sys, tiedlm.compare.tying_map; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

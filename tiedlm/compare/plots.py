@@ -448,6 +448,9 @@ def draw_tying_map(ax: Any, t: TyingMap) -> None:
                     color="white" if dark else "black", fontweight="bold" if cell.significant else "normal")
             if cell.significant:
                 ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, edgecolor="black", linewidth=2.5))
+            if cell.at_unigram:  # shown, but left out of the surface and the crossover
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="0.4", hatch="..",
+                                       linewidth=0))
     stroke = [patheffects.withStroke(linewidth=6, foreground="black")]
     for a, b in t.crossover:
         (i1, j1), (i2, j2) = [(t.rows.index(r), t.cols.index(c)) for r, c in (a, b)]
@@ -465,6 +468,9 @@ def draw_tying_map(ax: Any, t: TyingMap) -> None:
     bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda x, _: percent(x, 1) if abs(x) > 1e-12 else "0%"))
     handles = [Patch(facecolor="white", edgecolor="black", linewidth=2.5, label="* 95% CI excludes 0"),
                Patch(facecolor="0.85", edgecolor="0.6", hatch="//", label="no result"),
+               *([Patch(facecolor="white", edgecolor="0.4", hatch="..", linewidth=0,
+                        label="runs not beating the unigram model: not fitted")]
+                 if any(c.at_unigram for c in t.cells.values()) else []),
                Line2D([], [], color="gold", linewidth=4, path_effects=stroke,
                       label="sign change, both sides significant"),
                Line2D([], [], color="gold", linewidth=4, linestyle=(0, (2, 1.2)), path_effects=stroke,
