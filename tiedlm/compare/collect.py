@@ -114,8 +114,8 @@ def _read_curve(run_dir: Path) -> tuple[list[tuple[float, float]], list[str]]:
 def _recorded_identity(ident: Any) -> dict | None:
     if not isinstance(ident, dict):
         return None
-    ident = {"fingerprint": ident.get("fingerprint"), "tokenizer": ident.get("tokenizer")}
-    return ident if any(v is not None for v in ident.values()) else None
+    core = run_folder.core_identity(ident)
+    return core if any(v is not None for v in core.values()) else None
 
 
 def _read_file(read: Callable[[Path], Any], run_dir: Path, name: str) -> tuple[Any, str | None]:
@@ -176,14 +176,14 @@ def load_run(run_dir: str | Path) -> tuple[LoadedRun | None, str | None]:
         return None, f"{run_folder.REPORT} has no integer seed"
     curve, notes = _read_curve(run_dir)
     analysis, analysis_note = current_analysis(run_dir, report)
+    recorded = report.data_identity if isinstance(report.data_identity, dict) else {}
     return LoadedRun(name=run_dir.name, path=str(run_dir), seed=seed, config=config, config_hash=config_hash(config),
                      report=report, final=final, params=report.params if isinstance(report.params, dict) else {},
-                     curve=curve, notes=notes, data_identity=_recorded_identity(report.data_identity),
+                     curve=curve, notes=notes, data_identity=_recorded_identity(recorded),
                      best=report.best if isinstance(report.best, dict) else None,
                      final_best=_final_section(report.final_best) or None, analysis=analysis,
                      analysis_note=analysis_note,
-                     data_alias=_recorded_identity((report.data_identity or {}).get("by_mtime")
-                                                   if isinstance(report.data_identity, dict) else None)), None
+                     data_alias=_recorded_identity(recorded.get("by_mtime"))), None
 
 
 def current_analysis(run_dir: Path, report: run_folder.RunReport) -> tuple[dict | None, str | None]:
