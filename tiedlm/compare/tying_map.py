@@ -71,6 +71,11 @@ class MapCell:
     at_unigram: str = ""  # "3 of 6": its runs that do not beat the unigram model (left out of surface and crossover)
 
     @property
+    def judged(self) -> bool:
+        """It has an effect from runs that beat the unigram model: it counts for the surface and the crossover."""
+        return self.effect is not None and not self.at_unigram
+
+    @property
     def sign(self) -> int:
         """+1 where tying hurts, −1 where it helps, 0 for an effect of exactly 0 or none."""
         e = self.effect
@@ -103,6 +108,11 @@ class TyingMap:
         """The cell when it has an effect on the split, else None (a missing cell)."""
         c = self.cells.get((row, col))
         return c if c is not None and c.effect is not None else None
+
+    def judged(self, row: Any, col: Any) -> MapCell | None:
+        """The cell when it has an effect from runs that beat the unigram model (MapCell.judged), else None."""
+        c = self.cells.get((row, col))
+        return c if c is not None and c.judged else None
 
     def name(self, cell: Cell) -> str:
         """'n_embd=128, train_fraction=0.5'."""
@@ -261,7 +271,7 @@ def tying_map(matched: list[MatchedContrast], primary: str, variants: Sequence[A
         cells[at].p_holm = p
 
     tmap.surface = fit_surface([(r, c, cell.difference, cell.se) for (r, c), cell in cells.items()
-                                if cell.effect is not None and not cell.at_unigram], tmap.row_short, tmap.col_short)
+                                if cell.judged], tmap.row_short, tmap.col_short)
     return tmap
 
 
@@ -271,13 +281,13 @@ def _crossover(t: TyingMap) -> list[Edge]:
     edges = []
     for i, r in enumerate(t.rows):
         for j, c in enumerate(t.cols):
-            here = t.known(r, c)
-            if here is None or here.at_unigram:
+            here = t.judged(r, c)
+            if here is None:
                 continue
             for at in ((r, t.cols[j + 1]) if j + 1 < len(t.cols) else None,
                        (t.rows[i + 1], c) if i + 1 < len(t.rows) else None):
-                there = t.known(*at) if at else None
-                if there is not None and not there.at_unigram and here.sign * there.sign < 0:
+                there = t.judged(*at) if at else None
+                if there is not None and here.sign * there.sign < 0:
                     edges.append(((r, c), at))
     return edges
 
@@ -304,12 +314,12 @@ def _significance(t: TyingMap, edge: Edge) -> str:
 def _lines_along(t: TyingMap, along_rows: bool) -> list[tuple[Any, list[Cell]]]:
     """The lines of the grid along one key: (the other key's value, its cells with a nonzero effect
     whose runs beat the unigram model, in order). along_rows: the row value changes along each line (one line per column)."""
-    def judged(r: Any, c: Any) -> bool:  # a result with a sign, from models that learned from context
-        return bool(t.known(r, c) and t.cells[(r, c)].sign and not t.cells[(r, c)].at_unigram)
+    def signed(r: Any, c: Any) -> bool:
+        return bool(t.judged(r, c) and t.cells[(r, c)].sign)
 
     if along_rows:
-        return [(c, [(r, c) for r in t.rows if judged(r, c)]) for c in t.cols]
-    return [(r, [(r, c) for c in t.cols if judged(r, c)]) for r in t.rows]
+        return [(c, [(r, c) for r in t.rows if signed(r, c)]) for c in t.cols]
+    return [(r, [(r, c) for c in t.cols if signed(r, c)]) for r in t.rows]
 
 
 def _monotone(t: TyingMap) -> tuple[bool, int, list[tuple[Any, Edge | None, int]]] | None:
@@ -338,8 +348,8 @@ def _crossover_lines(t: TyingMap) -> list[str]:
     """Where the sign changes: per line of the grid along one key when the boundary is a staircase
     (_monotone), else edge by edge; each change with whether it is significant."""
     if not t.crossover:
-        judged = [c for c in t.cells.values() if c.effect is not None and not c.at_unigram]
-        left_out = any(c.effect is not None and c.at_unigram for c in t.cells.values())
+        judged = [c for c in t.cells.values() if c.judged]
+        left_out = any(c.effect is not None and not c.judged for c in t.cells.values())
         signs = {c.sign for c in judged} - {0}
         if len(signs) == 2:
             between = "missing cells, or cells left out for their runs at chance, lie between them" if left_out \
