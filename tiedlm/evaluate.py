@@ -18,12 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from . import threads
-from .nats import bits_per_byte, perplexity
-from . import runs
+from . import runs, threads
 from .device import autocast_ctx, cpu_threads, resolve_device, resolve_dtype
 from .errors import ConfigError, NotARunError, RunError
-
+from .nats import bits_per_byte, perplexity
 
 
 def mean_perplexity(total_nll: float, n_tokens: float) -> float:
@@ -254,7 +252,7 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
     --checkpoint), named when these are not finite; None for a command that has none."""
     from pathlib import Path
 
-    from . import checkpoints, runs
+    from . import checkpoints
     from .data import identity_fits, prepare_data
     from .model import build_model
 
@@ -295,7 +293,6 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
     it kept at its best validation evaluation) and score whole splits."""
     from pathlib import Path
 
-
     stored = runs.read_config(Path(run_dir)) if Path(run_dir).is_dir() else None
     if stored is not None and stride is not None:  # refused before any data are prepared
         block = stored.model.block_size
@@ -331,7 +328,7 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
 
 def _best_weights(run_dir):
     """The folder of the weights a run kept at its best validation evaluation (report.json's best)."""
-    from . import checkpoints, runs
+    from . import checkpoints
 
     report = runs.read_report(run_dir)
     kept = (report.best or {}).get("weights") if report is not None and isinstance(report.best, dict) else None

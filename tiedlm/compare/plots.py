@@ -96,8 +96,6 @@ def captions(c: Comparison) -> dict[str, str]:
                          f"a band; the verdict is on {c.primary}, with {weights}.",
     }
     if c.matched:
-        from .grid import numeric_key
-
         key = numeric_key(c.matched) or "the setting"
         out[MATCHED_PLOT] = (f"The tying effect on {c.primary} perplexity of {weights}, exp(Δloss) − 1 with its 95% "
                              f"interval, a point per setting: against {key} (left) and the embedding share V·d of "

@@ -142,7 +142,6 @@ def sequential_markdown(c: Any) -> list[str]:
     seq = getattr(c, "sequential", None)
     if seq is None:
         return []
-    from ..formatting import markdown_table
 
     rows = [[str(x.seeds), fmt_pvalue(x.p_value), f"p < {fmt_threshold(x.threshold)}",
              percent(x.mde_relative), x.decision] for x in seq.looks]

@@ -231,16 +231,17 @@ def tying_line(matched: list, primary: str, variants: list | None = None) -> Tyi
         else:
             points.append((x, d.difference if d else None, d.se if d else None))
     line = fit_line(key, points)
+    unlearned.sort()
     if unlearned:
         line.notes.insert(0, _unlearned_note(line.short, unlearned, primary))
-    line.unlearned = sorted((x, y) for x, y, _ in unlearned)
+    line.unlearned = [(x, y) for x, y, _ in unlearned]
     line.mechanism = mechanism_rows(matched, variants, primary, key) if variants is not None else []
     line.intervals = sorted(intervals)
     return line
 
 
 def _unlearned_note(short: str, unlearned: list, primary: str) -> str:
-    unlearned = sorted(unlearned)
+    """The line's note on the settings left out (value, Δloss, "k of n"), in the key's order."""
     values = [_value(x) for x, _, _ in unlearned]
     named = values[0] if len(values) == 1 else ", ".join(values[:-1]) + f" and {values[-1]}"
     counts = ", ".join(f"{n} runs at {v}" for v, (_, _, n) in zip(values, unlearned))

@@ -110,7 +110,6 @@ def _holm_words(member: FamilyMember, family: MatchFamily) -> str:
 
 def _holm_judgement(d: SplitContrast, member: FamilyMember, family: MatchFamily) -> str:
     """The end of a --match verdict: significant or not with Holm's procedure over the two contrasts."""
-    from .stats import fmt_threshold
 
     other = next(m for m in family.members if m is not member)
     if family.sequential:
@@ -294,7 +293,6 @@ def family_markdown(c: Comparison) -> list[str]:
     """comparison.md's table of the two --match contrasts against untied on the primary split: the
     effect, its 95% interval, the p-value, Holm's adjusted one (or the levels under the sequential
     design) and the judgement."""
-    from .stats import fmt_threshold
 
     family = c.family
     if family is None or len(family.members) < 2:

@@ -220,7 +220,6 @@ def _prepare_once(cfgs: list[Config], progress: bool) -> None:
     """Fill the token cache for every distinct data of these runs, here, before any child starts,
     so that the children read it instead of tokenizing the same data at once. A preparation that
     fails is left to the children: each then says it for its own run, as it would have."""
-    import json
 
     from ..data import prepare_data
 
