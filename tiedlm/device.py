@@ -192,7 +192,6 @@ def cpu_threads(n: int | str) -> Iterator[None]:
     follows the load from torch's count down, mid-run; elsewhere resolve_threads, once."""
     import torch
 
-
     before = torch.get_num_threads()
     adaptive = n == "auto" and len(threads.usable_cpus()) > 1 and threads.invariant()
     if adaptive:
@@ -216,7 +215,6 @@ def threads_used(device) -> dict | None:
     if getattr(device, "type", None) != "cpu":
         return None
     import torch
-
 
     gov = current()
     return gov.summary() if gov is not None else {"adaptive": False, "threads": torch.get_num_threads()}

@@ -216,7 +216,6 @@ def check_in_step(d: Dist, model: Any, device: Any) -> None:
         return
     import torch
 
-
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     if not same_on_every_rank(d, flat, device):
         raise RunError("the ranks of this distributed run ended training with different weights — "

@@ -256,7 +256,6 @@ def _verify_family_tie(folder: Path, hf: Any, tied: bool) -> None:
     import torch
     from safetensors import safe_open
 
-
     flags = config_flags_tied(hf.config)
     E, W = (m.weight.detach().cpu() for m in (hf.get_input_embeddings(), hf.get_output_embeddings()))
     with safe_open(str(folder / "model.safetensors"), "pt") as f:  # the keys holding E's or W_out's values: a

@@ -203,7 +203,6 @@ def check_writable(folder: Path) -> None:
     disk or a folder that is a file, said once before any run is trained into it."""
     import tempfile
 
-
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".tiedlm-probe-")

@@ -247,7 +247,6 @@ class FolderLock(RunLock):
     def acquire(self) -> None:
         import time
 
-
         if self._key in _held_folders:
             self._nested = True
             return
@@ -490,7 +489,6 @@ def check_config_unedited(run_dir: Path, cfg: Config, report: RunReport | None) 
 def _config_data(run_dir: Path) -> dict | None:
     """config.yaml as stored, None when there is none; a damaged one is a DamagedRunError."""
     import yaml
-
 
     path = Path(run_dir) / CONFIG
     if not path.exists():

@@ -75,7 +75,6 @@ def _fail(path: Path, message: str) -> ConfigError:
 def _read_grid_file(path: Path) -> dict:
     import yaml
 
-
     try:  # a regular file of at most YAML_BYTES_LIMIT bytes; duplicate keys and deep nesting refused, as in configs
         data = load_yaml(read_yaml_text(path, "grid file"), str(path))
     except yaml.YAMLError as exc:

@@ -90,7 +90,6 @@ def whole_key(key: str) -> bool | None:
     (an unknown key, a free type): the key's type decides, not how its values happen to be written."""
     import typing
 
-
     tp: Any = Config
     for part in key.split("."):
         hints = typing.get_type_hints(tp) if isinstance(tp, type) else {}
@@ -163,7 +162,6 @@ def _unknown_key(key: str, where: str) -> ConfigError:
     """A tune: key that is neither a config key nor one of the block's own settings, with the
     closest of either (a known setting in no section, lr, is pointed to its place, train.lr)."""
     import difflib
-
 
     leaf = key.rsplit(".", 1)[-1]
     close = difflib.get_close_matches(key, SETTINGS, n=1, cutoff=0.75)
@@ -276,7 +274,6 @@ def spec_from_options(items: list[str], base: TuneSpec | None = None) -> TuneSpe
     """`--tune KEY=V1,V2,...` (repeatable; also seeds=0,1, extend=false, extend_limit=N,
     shared_seeds=true), on top of the config's block (an axis given here replaces the block's)."""
     import yaml
-
 
     if not items:
         return base

@@ -384,7 +384,6 @@ def _forward(model, tcfg: Any, pre: Preflight, record: runs.RunRecord):
     and the bytes it all-reduces recorded), compiled with train.compile."""
     import torch
 
-
     fwd = wrap(model, pre.dist, pre.device)
     if pre.dist.active:
         record.write(world_size=pre.dist.world, allreduce_bytes_per_step=allreduce_bytes(fwd))
