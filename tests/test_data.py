@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tiedlm import data, runs
+from tiedlm import data
 from tiedlm.cli import app
 from tiedlm.config import load_config
 from tiedlm.errors import ConfigError, DataError
@@ -266,9 +266,9 @@ def test_splits_too_short_for_the_block_size(tmp_path):
 def test_data_identity_names_the_fingerprint_and_the_tokenizer(text_file):
     p = prepare("data.path=text", f"data.data_files={text_file}", "tokenizer.kind=byte")
     ident = data.data_identity(p)
-    assert runs.core_identity(ident) == {"fingerprint": p.info["fingerprint"], "tokenizer": p.info["tokenizer"]["key"]}
+    assert data.core_identity(ident) == {"fingerprint": p.info["fingerprint"], "tokenizer": p.info["tokenizer"]["key"]}
     # local files: the same two keys by modification time, as runs recorded them before content digests
-    assert sorted(ident["by_mtime"]) == ["fingerprint", "tokenizer"] and ident["by_mtime"] != runs.core_identity(ident)
+    assert sorted(ident["by_mtime"]) == ["fingerprint", "tokenizer"] and ident["by_mtime"] != data.core_identity(ident)
     assert data.identity_fits(ident["by_mtime"], p) and data.identity_fits(ident, p)
     assert not data.identity_fits({"fingerprint": "another", "tokenizer": ident["tokenizer"]}, p)
     builtin = prepare("data.path=builtin:shakespeare", "tokenizer.kind=byte")

@@ -157,9 +157,9 @@ def test_a_pretrained_tokenizer_file_is_known_by_its_content_too(tmp_path):
     before = data.data_identity(prepare(*args))
     _later(path)
     after = data.data_identity(prepare(*args))
-    assert runs.core_identity(after) == runs.core_identity(before) and after["by_mtime"] != before["by_mtime"]
+    assert data.core_identity(after) == data.core_identity(before) and after["by_mtime"] != before["by_mtime"]
     path.write_text(path.read_text().replace('"<|endoftext|>"', '"<|endoftext|>" '))  # the same JSON, other bytes
-    assert runs.core_identity(data.data_identity(prepare(*args)))["tokenizer"] != before["tokenizer"]
+    assert data.core_identity(data.data_identity(prepare(*args)))["tokenizer"] != before["tokenizer"]
 
 
 def test_a_damaged_recorded_identity_does_not_fit(tmp_path):

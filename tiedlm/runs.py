@@ -304,12 +304,6 @@ def _read_owner(fd: int) -> dict | None:
 # ------------------------------------------------------------------------- report.json
 
 
-def core_identity(ident: dict) -> dict:
-    """The two keys of a recorded data identity (report.json's data_identity, data.data_identity):
-    the source's fingerprint and the tokenizer's key, without its by_mtime alias."""
-    return {"fingerprint": ident.get("fingerprint"), "tokenizer": ident.get("tokenizer")}
-
-
 # Fields whose null says something ("no error", "never untied"): written even when null.
 _ALWAYS_WRITTEN = {"status", "error", "git_commit", "data_identity", "floor", "untie_step", "untied_at_step",
                    "params_after_untie"}

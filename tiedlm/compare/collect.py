@@ -114,7 +114,7 @@ def _read_curve(run_dir: Path) -> tuple[list[tuple[float, float]], list[str]]:
 def _recorded_identity(ident: Any) -> dict | None:
     if not isinstance(ident, dict):
         return None
-    core = run_folder.core_identity(ident)
+    core = {"fingerprint": ident.get("fingerprint"), "tokenizer": ident.get("tokenizer")}  # data.core_identity
     return core if any(v is not None for v in core.values()) else None
 
 

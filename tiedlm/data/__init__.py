@@ -36,7 +36,6 @@ from .. import corpora
 from ..config import Config, DataConfig, TokenizerConfig
 from ..variant import ADDED_KEYS
 from ..errors import ConfigError, DataError
-from ..runs import core_identity
 from . import overlap
 from .cache import (
     CACHE_FORMAT,
@@ -67,8 +66,8 @@ from .tokenizers import (
 
 __all__ = ["BATCH_DOCS", "CACHE_FORMAT", "ByteTokenizer", "CharTokenizer", "ClearedCache", "HFTokenizer",
            "PreparedData", "SplitData", "Tokenizer", "cache_entries", "cache_root", "check_source", "clear_cache",
-           "data_identity", "encode_split", "identity_fits", "load_tokenizer", "prepare_data", "summarize",
-           "train_tokenizer"]
+           "core_identity", "data_identity", "encode_split", "identity_fits", "load_tokenizer", "prepare_data",
+           "summarize", "train_tokenizer"]
 
 
 @dataclass
@@ -100,6 +99,12 @@ def data_identity(data: PreparedData) -> dict:
     ident = {"fingerprint": data.info.get("fingerprint"), "tokenizer": data.info.get("tokenizer", {}).get("key")}
     by_mtime = data.info.get("by_mtime")
     return {**ident, "by_mtime": by_mtime} if by_mtime else ident
+
+
+def core_identity(ident: dict) -> dict:
+    """The fingerprint and tokenizer key of a recorded data identity, without its by_mtime alias
+    (compare.collect reads the same two keys of a report, below this layer's reach)."""
+    return {"fingerprint": ident.get("fingerprint"), "tokenizer": ident.get("tokenizer")}
 
 
 def identity_fits(recorded: dict | None, data: PreparedData) -> bool:
