@@ -21,7 +21,7 @@ from .pretrained import TIE_FROM, TRAINABLE
 from .tie import check_stored
 
 if TYPE_CHECKING:
-    from .config import Config
+    from .config import Config, DataConfig, EvalConfig, ModelConfig, TokenizerConfig, TrainConfig
 
 TOKENIZER_KINDS = ("bpe", "word", "char", "byte", "pretrained")
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -192,7 +192,7 @@ def validate(cfg: Config) -> None:
     _validate_eval(cfg.eval, cfg.model.block_size)
 
 
-def _validate_model(m: Any) -> None:
+def _validate_model(m: ModelConfig) -> None:
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
         check_positive(getattr(m, key), f"model.{key}")
     _check(m.n_embd % m.n_head == 0,
@@ -209,7 +209,7 @@ def _validate_model(m: Any) -> None:
     _validate_start(m)
 
 
-def _validate_arch(m: Any) -> None:
+def _validate_arch(m: ModelConfig) -> None:
     _check(m.arch in ARCHS, f"model.arch must be {' or '.join(ARCHS)}, got {m.arch!r}")
     check_positive(m.norm_eps, "model.norm_eps")
     _check(m.norm_eps >= NORM_EPS_MIN, f"model.norm_eps must be at least 1.2e-38 (float32's smallest normal number, "
@@ -241,7 +241,7 @@ def _validate_arch(m: Any) -> None:
                                             "for rotary embeddings (they rotate pairs of dimensions) — change model.n_head")
 
 
-def _validate_start(m: Any) -> None:
+def _validate_start(m: ModelConfig) -> None:
     """model.init_from (pretrained.py resolved it: arch hf, the checkpoint's size) and its keys."""
     _check(m.tie_from is None or m.tie_from in TIE_FROM,
            f"model.tie_from must be one of {', '.join(TIE_FROM)}, got {m.tie_from!r} (where the one matrix of an "
@@ -258,7 +258,7 @@ def _validate_start(m: Any) -> None:
                f"model.tie_from — model.tie_mode {m.tie.mode} and model.untie_at are not built for it")
 
 
-def _validate_hf(m: Any) -> None:
+def _validate_hf(m: ModelConfig) -> None:
     """arch: hf: the family is named, and tiedlm's keys that the family sets itself are left alone
     (each would silently not apply): the bias, norm epsilon, dropout and embedding scale are its
     config's (model.hf_overrides sets them); the tie is tied or untied (untie_at allowed)."""
@@ -278,7 +278,7 @@ def _validate_hf(m: Any) -> None:
                                            "the family's) — use tied or untied, or a tiedlm block (arch: llama)")
 
 
-def _validate_train(t: Any) -> None:
+def _validate_train(t: TrainConfig) -> None:
     check_device(t.device)
     _check(t.dtype in DTYPES, f"train.dtype must be one of {', '.join(DTYPES)}, got {t.dtype!r}")
     _check(t.max_tokens is not None or t.max_steps is not None,
@@ -308,7 +308,7 @@ def _validate_train(t: Any) -> None:
                                      "(head: W_out alone, E when tied; embeddings: E and W_out)")
 
 
-def _validate_min_lr(t: Any) -> None:
+def _validate_min_lr(t: TrainConfig) -> None:
     """Where the cosine decay ends: train.min_lr (absolute) or train.min_lr_ratio (of train.lr), one of them."""
     if t.min_lr_ratio is None:
         _check(0 <= t.min_lr <= t.lr, f"train.min_lr must be between 0 and train.lr ({t.lr}), got {t.min_lr}")
@@ -320,7 +320,7 @@ def _validate_min_lr(t: Any) -> None:
            "ends — give one of them (min_lr_ratio: a fraction of train.lr; min_lr: an absolute rate)")
 
 
-def _validate_tokens_per_step(t: Any, m: Any) -> None:
+def _validate_tokens_per_step(t: TrainConfig, m: ModelConfig) -> None:
     tokens = t.batch_size * t.grad_accum * m.block_size
     _check(tokens <= TOKENS_PER_STEP_LIMIT,
            f"train.batch_size x train.grad_accum x model.block_size (tokens per optimizer step) must be at most "
@@ -328,7 +328,7 @@ def _validate_tokens_per_step(t: Any, m: Any) -> None:
            f"{t.grad_accum:,} x {m.block_size:,} = {tokens:,} — lower train.grad_accum or train.batch_size")
 
 
-def _validate_selection(t: Any) -> None:
+def _validate_selection(t: TrainConfig) -> None:
     """keep_best and early stopping act on the periodic evaluations, so they need some."""
     for key, on in (("keep_best", t.keep_best), ("early_stop_patience", t.early_stop_patience)):
         _check(not on or t.eval_every > 0,
@@ -339,7 +339,7 @@ def _validate_selection(t: Any) -> None:
            "train.early_stop_patience (evaluations without improvement before stopping) or drop it")
 
 
-def _validate_tokenizer(tok: Any) -> None:
+def _validate_tokenizer(tok: TokenizerConfig) -> None:
     _check(tok.kind in TOKENIZER_KINDS,
            f"tokenizer.kind must be one of {', '.join(TOKENIZER_KINDS)}, got {tok.kind!r}")
     _check(tok.kind != "pretrained" or bool(tok.path),
@@ -368,7 +368,7 @@ def _validate_tokenizer(tok: Any) -> None:
                                     f"it needs at least {n} ({why}) — raise tokenizer.vocab_size")
 
 
-def _validate_data(d: Any) -> None:
+def _validate_data(d: DataConfig) -> None:
     _check(d.data_files is None or _is_paths(d.data_files) or (
         isinstance(d.data_files, dict) and all(_is_paths(v) for v in d.data_files.values())),
            f"data.data_files must be a path, a glob, a list of them or a mapping split: paths, got {d.data_files!r}")
@@ -418,7 +418,7 @@ def _validate_data(d: Any) -> None:
                   "beyond it each class's first word takes nearly all the probability")
 
 
-def _validate_eval(e: Any, block_size: int) -> None:
+def _validate_eval(e: EvalConfig, block_size: int) -> None:
     _check(len(e.splits) > 0, "eval.splits must name at least one split")
     for sp in e.splits:
         check_split(sp)

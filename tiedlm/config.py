@@ -317,7 +317,7 @@ def _build(cls: type, data: dict, prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
-def to_dict(cfg: Any) -> dict:
+def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 

@@ -30,7 +30,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,6 +38,10 @@ from .checks import SPLITS
 from .config import DataConfig, SyntheticConfig
 from .errors import DataError
 from .nats import bits_per_byte, perplexity
+
+if TYPE_CHECKING:
+    from .data import SplitData
+    from .data.tokenizers import Tokenizer
 
 # Bump when the generator changes, so cached token arrays of the old language are not reused.
 SYNTHETIC_VERSION = 1
@@ -355,8 +359,8 @@ def synthetic_floor(scfg: SyntheticConfig, split_words: dict[str, int], split_by
 # The floor of prepared splits: their tokens read back as the language's words
 
 
-def _word_streams(lang: SyntheticLanguage, splits: dict[str, Any],
-                  tok: Any) -> tuple[dict[str, FloorStream], np.ndarray]:
+def _word_streams(lang: SyntheticLanguage, splits: dict[str, SplitData],
+                  tok: Tokenizer) -> tuple[dict[str, FloorStream], np.ndarray]:
     """A word tokenizer's splits, token for token, as language words, UNK and EOT; and the [V] mask
     of the language's words that the tokenizer maps to <unk>."""
     ids = np.asarray(tok.encode_batch([" ".join(lang.words)])[0], dtype=np.int64)
@@ -376,7 +380,7 @@ def _word_streams(lang: SyntheticLanguage, splits: dict[str, Any],
     return streams, unk_words
 
 
-def _text_stream(lang: SyntheticLanguage, s: Any, tok: Any) -> FloorStream | None:
+def _text_stream(lang: SyntheticLanguage, s: SplitData, tok: Tokenizer) -> FloorStream | None:
     """Any other tokenizer's split as the words of its decoded documents, EOT after each ended one."""
     tokens = np.asarray(s.tokens)
     if tok.unk_id is not None and (tokens == tok.unk_id).any():
@@ -399,7 +403,7 @@ def _text_stream(lang: SyntheticLanguage, s: Any, tok: Any) -> FloorStream | Non
     return FloorStream(np.asarray(codes, dtype=np.int64), False, len(tokens), s.n_bytes, s.n_words)
 
 
-def prepared_floor(d: DataConfig, splits: dict[str, Any], tok: Any) -> dict | None:
+def prepared_floor(d: DataConfig, splits: dict[str, SplitData], tok: Tokenizer) -> dict | None:
     """builtin:synthetic's expected entropy rate, and the own floor of validation and test on the
     tokens the model sees (synthetic_floor); None for any other corpus. `splits`: prepare_data's
     SplitData by name (tokens, n_bytes, n_words), `tok` the Tokenizer that made them (duck-typed:

@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from .errors import ConfigError
 from .errors import RunError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -82,7 +88,7 @@ def leaves_errors_to_rank_0(env: dict | None = None) -> bool:
     return d.active and not d.main
 
 
-def start(d: Dist, device: Any) -> Any:
+def start(d: Dist, device: torch.device) -> torch.device:
     """Start the process group (once) and return the device this rank uses: cuda:LOCAL_RANK on GPUs."""
     global _started_rank
     if not d.active:
@@ -120,7 +126,7 @@ def barrier(d: Dist) -> None:
         td.barrier()
 
 
-def main_first(d: Dist, fn: Callable[[], Any]) -> Any:
+def main_first(d: Dist, fn: Callable[[], T]) -> T:
     """fn() on rank 0, then on the others: what rank 0 writes (the token cache) the others then read."""
     if d.main:
         out = fn()
@@ -130,7 +136,7 @@ def main_first(d: Dist, fn: Callable[[], Any]) -> Any:
     return fn()
 
 
-def all_mean(d: Dist, values: list[float], device: Any) -> list[float]:
+def all_mean(d: Dist, values: list[float], device: torch.device) -> list[float]:
     """The mean over ranks of each value (a float64 all-reduce)."""
     if not d.active:
         return values
@@ -142,14 +148,14 @@ def all_mean(d: Dist, values: list[float], device: Any) -> list[float]:
     return (t / d.world).tolist()
 
 
-def any_rank(d: Dist, flag: bool, device: Any) -> bool:
+def any_rank(d: Dist, flag: bool, device: torch.device) -> bool:
     """True on every rank when it is true on any (a signal on one rank stops them all)."""
     if not d.active:
         return flag
     return all_mean(d, [1.0 if flag else 0.0], device)[0] > 0
 
 
-def sum_arrays(d: Dist, array: Any, device: Any) -> Any:
+def sum_arrays(d: Dist, array: np.ndarray, device: torch.device) -> np.ndarray:
     """The element-wise sum over ranks of a float64 numpy array (each rank filled its own entries)."""
     if not d.active:
         return array
@@ -161,7 +167,7 @@ def sum_arrays(d: Dist, array: Any, device: Any) -> Any:
     return t.cpu().numpy()
 
 
-def wrap(model: Any, d: Dist, device: Any) -> Any:
+def wrap(model: torch.nn.Module, d: Dist, device: torch.device) -> torch.nn.Module:
     """The model in DistributedDataParallel (itself with one process), the tie asserted after wrapping:
     a tied matrix is one Parameter there too, so its one gradient is all-reduced once."""
     if not d.active:
@@ -178,7 +184,7 @@ def wrap(model: Any, d: Dist, device: Any) -> Any:
     return ddp
 
 
-def allreduce_bytes(ddp: Any) -> int | None:
+def allreduce_bytes(ddp: torch.nn.parallel.DistributedDataParallel) -> int | None:
     """Bytes of gradient DDP all-reduces per step, as DDP itself counted its parameters (None when
     this torch does not say)."""
     try:
@@ -195,7 +201,7 @@ def check_batch(batch_size: int, d: Dist) -> int:
     return batch_size // d.world
 
 
-def same_on_every_rank(d: Dist, tensor: Any, device: Any) -> bool:
+def same_on_every_rank(d: Dist, tensor: torch.Tensor, device: torch.device) -> bool:
     """Whether a tensor (the shared matrix) is bit-identical on every rank: its sum and sum of
     squares in float64 compared (a checksum, not a proof, but any drift changes them)."""
     if not d.active:
@@ -210,7 +216,7 @@ def same_on_every_rank(d: Dist, tensor: Any, device: Any) -> bool:
     return all(torch.equal(every[0], e) for e in every)
 
 
-def check_in_step(d: Dist, model: Any, device: Any) -> None:
+def check_in_step(d: Dist, model: torch.nn.Module, device: torch.device) -> None:
     """Under DDP, every rank must end training with the same weights (all of them, checksummed)."""
     if not d.active:
         return

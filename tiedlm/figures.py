@@ -10,11 +10,14 @@ from __future__ import annotations
 import contextlib
 import io
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from .formatting import fmt_count
 from .files import atomic_write_bytes
 from .runs import AGAIN_HINT, writing
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 @contextlib.contextmanager
@@ -39,7 +42,7 @@ def figure(path: Path, title: str, panels: int = 1) -> Iterator[Any]:
         atomic_write_bytes(path, buf.getvalue())
 
 
-def plain_ticks(ax: Any, which: str, log: bool = False) -> None:
+def plain_ticks(ax: Axes, which: str, log: bool = False) -> None:
     """Tick labels as 60, 100, 200k, 1.2M instead of 6x10^1 or an offset 1e6. A log axis (`log`,
     called once everything is drawn) is labelled by its span (log_ticks) and ends at labelled
     ticks at or beyond its highest and lowest points, so that both can be read off the axis."""
@@ -76,7 +79,7 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     return below + inside + above
 
 
-def _log_axis(ax: Any, which: str) -> None:
+def _log_axis(ax: Axes, which: str) -> None:
     """A log axis' labelled ticks (log_ticks of its data), its view widened to the first of them at
     or above the highest point and at or below the lowest one."""
     import math
@@ -98,7 +101,7 @@ def _log_axis(ax: Any, which: str) -> None:
     (ax.set_xlim if which == "x" else ax.set_ylim)(min(view_lo, bottom), max(view_hi, top))
 
 
-def empty_panel(ax: Any, text: str) -> None:
+def empty_panel(ax: Axes, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
     ax.set_xticks([])
     ax.set_yticks([])

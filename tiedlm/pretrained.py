@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .arch import HF_SIZE_FIELDS
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 TIE_FROM = ("e", "w_out", "mean")  # model.tie_from: where the one matrix of a tied untied checkpoint starts
 TRAINABLE = ("all", "head", "embeddings")  # train.trainable
@@ -55,7 +58,7 @@ def checkpoint_folder(name: str) -> Path:
                           "--local-dir DIR) and set model.init_from: DIR") from None
 
 
-def checkpoint_config(folder: Path) -> Any:
+def checkpoint_config(folder: Path) -> PretrainedConfig:
     """The checkpoint's transformers config (its own class, with its attribute names)."""
     try:
         import transformers
@@ -69,7 +72,7 @@ def checkpoint_config(folder: Path) -> Any:
                           f"({str(exc).splitlines()[0][:160]})") from None
 
 
-def checkpoint_sizes(config: Any) -> dict[str, int]:
+def checkpoint_sizes(config: PretrainedConfig) -> dict[str, int]:
     """tiedlm's size keys as the checkpoint has them (a family without grouped-query attention or
     an intermediate_size field leaves those keys out)."""
     sizes = {}
@@ -81,7 +84,7 @@ def checkpoint_sizes(config: Any) -> dict[str, int]:
     return sizes
 
 
-def checkpoint_tied(config: Any) -> bool:
+def checkpoint_tied(config: PretrainedConfig) -> bool:
     """The checkpoint's tie as its config states it (every nested language config must agree)."""
     flags = {bool(getattr(c, "tie_word_embeddings", False))
              for c in [config, getattr(config, "text_config", None)] if c is not None}

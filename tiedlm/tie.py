@@ -34,9 +34,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
 
 MODES = ("tied", "untied", "projection", "lowrank", "split", "soft", "pull")
 BUILT_FROM_E = ("projection", "lowrank", "split")  # W_out made from E by parameters of its own
@@ -165,7 +168,7 @@ class Tie:
 UNTIED = Tie("untied")
 
 
-def check_stored(m: Any) -> None:
+def check_stored(m: ModelConfig) -> None:
     """The stored fields of a ModelConfig `m` make one tie, and its rank or strength fits (config
     validation)."""
     mode = m.tie_mode

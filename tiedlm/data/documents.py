@@ -11,7 +11,7 @@ order, and carved as it is read.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
@@ -20,6 +20,10 @@ from ..checks import SPLITS
 from ..config import DataConfig
 from ..errors import ConfigError, DataError, TiedlmError
 from .sources import Source, load_raw, translate
+
+if TYPE_CHECKING:
+    import datasets
+    import pyarrow as pa
 
 BATCH_DOCS = 4096  # documents per encode_batch call (the Rust encoder spreads a batch over threads)
 _ALIASES = {"validation": ("valid", "dev", "val"), "test": ()}  # WikiText's "valid", GLUE's "dev"
@@ -42,13 +46,13 @@ class Docs:
 class ArrowDocs(Docs):
     """Documents at `indices` of an Arrow string column: nothing is read until it is needed."""
 
-    def __init__(self, column: Any, indices: np.ndarray):
+    def __init__(self, column: pa.Array | pa.ChunkedArray, indices: np.ndarray):
         self.column = column  # pyarrow (Chunked)Array of strings
         self.indices = indices
         self.n = len(indices)
 
     @classmethod
-    def of(cls, column: Any) -> "ArrowDocs":
+    def of(cls, column: pa.Array | pa.ChunkedArray) -> ArrowDocs:
         """The non-empty (not only whitespace) documents of a column."""
         import pyarrow.compute as pc
 
@@ -114,13 +118,13 @@ def _chunks(items: Iterator[str] | list[str]) -> Iterator[list[str]]:
 # The text column
 
 
-def _pa_strings(texts: list[str]) -> Any:
+def _pa_strings(texts: list[str]) -> pa.Array:
     import pyarrow as pa
 
     return pa.array(texts, type=pa.large_string())
 
 
-def _text_column(ds: Any, column: str, role: str, what: str) -> Any:
+def _text_column(ds: datasets.Dataset, column: str, role: str, what: str) -> pa.Array | pa.ChunkedArray:
     import pyarrow as pa
 
     if column not in ds.column_names:
@@ -135,7 +139,8 @@ def _text_column(ds: Any, column: str, role: str, what: str) -> Any:
     return col
 
 
-def _stream_texts(ds: Any, role: str, source: Source, d: DataConfig) -> Callable[[], Iterator[str]]:
+def _stream_texts(ds: datasets.IterableDataset, role: str, source: Source,
+                  d: DataConfig) -> Callable[[], Iterator[str]]:
     column, what = d.text_column, source.description
 
     def examples() -> Iterator[dict]:

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import tokenizers
+
+    from .tokenizers import Tokenizer
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -22,7 +27,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(keep, chars)}
 
 
-def to_hf_tokenizer(tok: Any) -> Any:
+def to_hf_tokenizer(tok: Tokenizer) -> tokenizers.Tokenizer:
     """A `tokenizers.Tokenizer` that encodes like `tok` (a tiedlm Tokenizer)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
@@ -42,7 +47,7 @@ def to_hf_tokenizer(tok: Any) -> Any:
     return out
 
 
-def special_tokens(tok: Any) -> dict:
+def special_tokens(tok: Tokenizer) -> dict:
     eot = tok.decode([tok.eot_id]) if tok.kind != "byte" else "<eot>"
     out = {"bos_token": eot, "eos_token": eot}
     if tok.unk_id is not None:
@@ -50,7 +55,7 @@ def special_tokens(tok: Any) -> dict:
     return out
 
 
-def write_hf_tokenizer(tok: Any, folder: Path, block_size: int) -> None:
+def write_hf_tokenizer(tok: Tokenizer, folder: Path, block_size: int) -> None:
     """tokenizer.json, tokenizer_config.json and special_tokens_map.json into `folder`."""
     folder = Path(folder)
     to_hf_tokenizer(tok).save(str(folder / "tokenizer.json"))

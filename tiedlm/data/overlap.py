@@ -32,6 +32,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .documents import ArrowDocs, Docs
+from .sources import Source
 
 # Lines shorter than this are not counted. Short lines repeat in any text without carrying a
 # leak: Tiny Shakespeare's speaker names ("KING RICHARD III:", "Exeunt.", up to "ARCHBISHOP OF
@@ -166,7 +167,7 @@ def is_current(stored: Any) -> bool:
     return isinstance(stored, dict) and stored.get("version") == VERSION and stored.get("min_chars") == MIN_CHARS
 
 
-def unit_of(source: Any) -> str:
+def unit_of(source: Source) -> str:
     """What one document of the source is, in words: lines of text files, speeches of Tiny
     Shakespeare, paragraphs of the Python documentation, else documents (records, rows)."""
     if source.kind == "builtin":

@@ -12,13 +12,16 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 import numpy as np
 
 from ..config import TokenizerConfig
 from ..errors import ConfigError, DataError
 from ..files import atomic_write_json, first_line, read_json, replace_atomically
+
+if TYPE_CHECKING:
+    import tokenizers
 
 META = "tiedlm_tokenizer.json"  # what kind of tokenizer a folder holds; load_tokenizer reads it
 HF_FILE = "tokenizer.json"
@@ -145,7 +148,7 @@ class CharTokenizer(Tokenizer):
 class HFTokenizer(Tokenizer):
     """bpe, word and pretrained: a `tokenizers.Tokenizer`, whose encoder runs in Rust over threads."""
 
-    def __init__(self, kind: str, tok: Any, eot_token: str, added: list[str] | None = None):
+    def __init__(self, kind: str, tok: tokenizers.Tokenizer, eot_token: str, added: list[str] | None = None):
         self.kind = kind
         self._tok = tok
         self.eot_token = eot_token

@@ -18,13 +18,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from .. import __version__, checkpoints, runs
 from ..checkpoints import rng_state, set_rng_state
-from ..config import Config, to_yaml
+from ..config import Config, TrainConfig, to_yaml
 from ..variant import config_hash
 from ..files import atomic_write_text
 from ..errors import (
@@ -33,7 +33,7 @@ from ..errors import (
     Interrupted,
 )
 from .optim import build_optimizer, lr_at, untie_with_optimizer
-from ..distributed import check_in_step, is_main_process
+from ..distributed import Dist, check_in_step, is_main_process
 from .selection import BestTracker, evaluate_best, keep_best_weights, stop_reason
 from ..process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
 from ..ledger import ledger_of
@@ -47,6 +47,9 @@ from ..device import autocast_ctx, cpu_threads, peak_memory, resolve_device, tf3
 from ..distributed import all_mean, allreduce_bytes, any_rank, barrier, from_env, stop, sum_arrays, wrap
 from ..formatting import fmt
 from ..nats import MAX_LOSS, perplexity, representable
+
+if TYPE_CHECKING:
+    import torch
 
 # ------------------------------------------------------------------------- the entry point
 
@@ -119,8 +122,8 @@ class TrainState:
         self.best = BestTracker.from_state(st["best"])
 
 
-def _train(cfg: Config, run_dir: Path, device: Any, progress: bool, stop_after_step: int | None, fresh: bool,
-           signals: StopSignals, d: Any = None) -> None:
+def _train(cfg: Config, run_dir: Path, device: torch.device, progress: bool, stop_after_step: int | None,
+           fresh: bool, signals: StopSignals, d: Dist | None = None) -> None:
 
     t_start = time.time()
     with cpu_threads(cfg.train.threads), tf32_matmuls(device):
@@ -379,7 +382,7 @@ def _close(bar) -> None:
         bar.close()
 
 
-def _forward(model, tcfg: Any, pre: Preflight, record: runs.RunRecord):
+def _forward(model, tcfg: TrainConfig, pre: Preflight, record: runs.RunRecord):
     """What the step calls: the model, in DistributedDataParallel under torchrun (the tie asserted
     and the bytes it all-reduces recorded), compiled with train.compile."""
     import torch
@@ -398,8 +401,8 @@ def _append_metrics(run_dir: Path, tb: TrainingLog | None, records: list[dict]) 
         tb.append(records)
 
 
-def _periodic_eval(cfg: Config, run_dir: Path, pre: Preflight, model, state: TrainState, amp: Any, pending: list,
-                   covered: str | None, quiet_bar: bool) -> None:
+def _periodic_eval(cfg: Config, run_dir: Path, pre: Preflight, model, state: TrainState,
+                   amp: contextlib.AbstractContextManager, pending: list, covered: str | None, quiet_bar: bool) -> None:
     """The validation slice scored; the best evaluation tracked (its weights kept with
     train.keep_best); early stopping decided."""
     from ..evaluate import evaluate_split
@@ -434,7 +437,7 @@ def _progress_bar(progress: bool, total: int, initial: int, desc: str):
                 disable=None, mininterval=0.5)
 
 
-def _skip_or_diverge(run_dir: Path, record: runs.RunRecord, state: TrainState, tcfg: Any, pending: list,
+def _skip_or_diverge(run_dir: Path, record: runs.RunRecord, state: TrainState, tcfg: TrainConfig, pending: list,
                      loss: float, grad_norm: float, tb: TrainingLog | None = None) -> None:
     """A loss without a perplexity (not finite, or past exp()'s range: nats.representable) or a
     non-finite gradient norm: the step was not taken. Up to train.max_skipped such steps are

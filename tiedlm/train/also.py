@@ -4,18 +4,23 @@ kept best ones), so that what an adaptation forgets of its old domain stands bes
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Config, also_config
-from ..data import prepare_data
-from ..distributed import main_first
+from ..data import PreparedData, prepare_data
+from ..distributed import Dist, main_first
 from ..device import autocast_ctx
 from ..distributed import sum_arrays
+
+if TYPE_CHECKING:
+    import torch
+
+    from .preflight import Preflight
 
 SPLIT = "test"
 
 
-def prepare_also(cfg: Config, data: Any, d: Any, progress: bool) -> Any:
+def prepare_also(cfg: Config, data: PreparedData, d: Dist, progress: bool) -> PreparedData | None:
     """eval.also's data prepared like the run's own (rank 0 fills the token cache), with the run's
     tokenizer and its new tokens, or None."""
     if cfg.eval.also is None:
@@ -24,7 +29,7 @@ def prepare_also(cfg: Config, data: Any, d: Any, progress: bool) -> Any:
     return main_first(d, lambda: prepare_data(also_config(cfg, added), progress=progress))
 
 
-def score_also(cfg: Config, pre: Any, model: Any) -> dict:
+def score_also(cfg: Config, pre: Preflight, model: torch.nn.Module) -> dict:
     """The also-data's test split scored whole, as the final evaluation scores a split (every token
     once, shared across ranks), its buckets by the also-data's own training frequencies."""
     from ..evaluate import evaluate_split

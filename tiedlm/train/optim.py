@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ..config import Config, effective_min_lr
+from ..config import Config, TrainConfig, effective_min_lr
 from ..errors import ConfigError
 
+if TYPE_CHECKING:
+    import torch
 
-def build_optimizer(model, tcfg) -> Any:
+
+def build_optimizer(model, tcfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW over each unique parameter once (a tied matrix is one entry). Matrices are decayed;
     biases and LayerNorm gains never are; the embedding matrices (E, W_out, positions) follow
     train.decay_embeddings (the lowrank mode's A and B with them). W_out goes last in its group so that a model untied late

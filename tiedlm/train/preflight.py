@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import checkpoints, runs
 from ..config import Config
@@ -21,6 +21,8 @@ from ..device import resolve_dtype
 from ..distributed import check_batch, main_first, start
 
 if TYPE_CHECKING:
+    import torch
+
     from ..data import PreparedData
 
 
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 class Preflight:
     """Everything that can refuse a run, found before anything is written to its folder."""
 
-    device: Any
+    device: torch.device
     dtype: str  # fp32 | bf16
     total_steps: int
     untie_step: int | None  # the step at which an untie_at run splits in two
@@ -42,7 +44,8 @@ class Preflight:
     also: PreparedData | None = None  # eval.also's data
 
 
-def preflight(cfg: Config, run_dir: Path, device: Any, fresh: bool, progress: bool, d: Any = None) -> Preflight:
+def preflight(cfg: Config, run_dir: Path, device: torch.device, fresh: bool, progress: bool,
+              d: Dist | None = None) -> Preflight:
     """The device this process uses (`device`, train.device resolved, or its rank's GPU), the
     budget, a verified checkpoint (resuming), the data and its identity, and whether the model
     fits: any of them refuses the run while its folder is still untouched."""

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from .. import threads
 from ..nats import representable
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..config import TrainConfig
 
 
 class BatchSampler:
@@ -19,8 +24,8 @@ class BatchSampler:
     With shard=(rank, world), every process draws the same global batch of B windows from the
     same seeded generator and keeps its slice: B / world rows, the rank-th block of them."""
 
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, device: Any, rng: np.random.Generator,
-                 shard: tuple[int, int] = (0, 1)):
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, device: torch.device,
+                 rng: np.random.Generator, shard: tuple[int, int] = (0, 1)):
         self.tokens, self.B, self.device, self.rng = tokens, batch_size, device, rng
         self.rows = slice(shard[0] * batch_size // shard[1], (shard[0] + 1) * batch_size // shard[1])
         self.offsets = np.arange(block_size + 1)
@@ -37,8 +42,8 @@ class BatchSampler:
         return xy[:, :-1], xy[:, 1:]
 
 
-def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: Any, tcfg: Any, lr: float,
-               stop: Callable[[], bool] | None = None) -> tuple[float, float] | None:
+def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: contextlib.AbstractContextManager | None,
+               tcfg: TrainConfig, lr: float, stop: Callable[[], bool] | None = None) -> tuple[float, float] | None:
     """One optimizer step over train.grad_accum micro-batches: the mean loss, the gradient norm
     (before clipping); AdamW steps only when both are finite. `stop` is asked between micro-batches:
     when it says yes the partial step is abandoned (gradients dropped, no update) and None returned.
