@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ConfigError, RunError
 from .adaptation import adaptation_rows
@@ -19,7 +19,7 @@ from .grid import MatchedContrast, matched_contrasts
 from .matching import MatchFamily, ParamMatch, found_match, match_family
 from .stats import ALPHA, LEVEL, POWER, number
 from .trajectory import Trajectory, contrast_trajectories, variant_json
-from .tying_line import tying_line
+from .tying_line import TyingLine, tying_line
 from .variants import (
     COST_KEYS,
     SPLITS,
@@ -33,7 +33,11 @@ from .variants import (
     versus,
 )
 from .datasets import data_view
-from .map_measures import map_section, missing_map_note
+from .map_measures import MapSection, map_section, missing_map_note
+
+if TYPE_CHECKING:
+    from .sequential import Sequential
+    from .tuned import Tuning
 
 PRIMARY = "validation"  # the default primary endpoint
 
@@ -124,10 +128,10 @@ class Comparison:
     select: str = "final"  # whose scores are compared: each run's last weights, or its kept best ones
     select_reason: str = ""
     trajectories: dict[str, Trajectory] = field(default_factory=dict)  # variant label -> its contrast over training
-    tuning: Any = None  # tuning.Tuning: each variant's own setting, chosen on validation (compare --tune)
-    sequential: Any = None  # sequential.Sequential: --seeds auto, the looks and why the seeds stopped
-    tying_map: Any = None  # map_measures.MapSection: a two-key numeric grid's map, with the matrices beside it
-    tying_line: Any = None  # tying_line.TyingLine: a one-key numeric grid's line and its crossing
+    tuning: Tuning | None = None  # tuning.Tuning: each variant's own setting, chosen on validation (compare --tune)
+    sequential: Sequential | None = None  # sequential.Sequential: --seeds auto, the looks and why the seeds stopped
+    tying_map: MapSection | None = None  # a two-key numeric grid's map, with the matrices beside it
+    tying_line: TyingLine | None = None  # tying_line.TyingLine: a one-key numeric grid's line and its crossing
     warnings: list[str] = field(default_factory=list)  # what changes how the verdict reads: first on every report
     protocol: str | None = None  # how the protocol differs from the main job's (guards.protocol_line): at the top
     replaced: str | None = None  # the line saying an earlier comparison of other runs in its folder was replaced

@@ -15,13 +15,16 @@ lines say how many cells it rests on.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..formatting import fmt_signed, percent
 from ..naming import scalar
 from .stats import ALPHA, number, spearman_test
 from ..formatting import markdown_table
-from .tying_map import bucket_lines, tying_map
+from .tying_map import BucketEffect, TyingMap, bucket_lines, tying_map
+
+if TYPE_CHECKING:
+    from .surface import Surface
 
 # (key in the variant's matrices or computed here, label, the sign of ρ the symmetry argument predicts)
 MEASURES = (("cka", "untied CKA", -1), ("aligned_cosine", "untied rotated cosine", -1),
@@ -49,7 +52,7 @@ class MeasureCorrelation:
         return (self.rho > 0) == (self.predicted > 0)
 
 
-def cell_measures(tmap: Any, variants: Sequence[Any]) -> dict:
+def cell_measures(tmap: TyingMap, variants: Sequence[Any]) -> dict:
     """(row, col) -> {measure: the untied variant's mean over its analysed seeds}; a cell whose
     untied runs were not analysed gets {}."""
     by_label = {v.label: v for v in variants}
@@ -66,14 +69,14 @@ def cell_measures(tmap: Any, variants: Sequence[Any]) -> dict:
 def direct_path_costs(m: dict) -> dict:
     """What forcing E into W_out's place costs the untied direct path: in nats per token, and in bits
     per byte (which reads across tokenizers); None where a loss is missing."""
-    def cost(own: Any, forced: Any) -> float | None:
+    def cost(own: float | None, forced: float | None) -> float | None:
         return forced - own if own is not None and forced is not None else None
 
     return {"direct_path_cost": cost(m.get("direct_path_nll"), m.get("direct_path_nll_e_as_w_out")),
             "direct_path_cost_bpb": cost(m.get("direct_path_bpb"), m.get("direct_path_bpb_e_as_w_out"))}
 
 
-def correlations(tmap: Any, measures: dict) -> list[MeasureCorrelation]:
+def correlations(tmap: TyingMap, measures: dict) -> list[MeasureCorrelation]:
     """Spearman's ρ between the cells' effects and each measure, over the cells that have both."""
     out = []
     for key, label, predicted in MEASURES:
@@ -110,7 +113,7 @@ def to_json(measures: dict, found: list[MeasureCorrelation]) -> dict:
 class MapSection:
     """The tying map of a comparison with what the matrices say beside it (comparison.tying_map)."""
 
-    tmap: Any  # tying_map.TyingMap
+    tmap: TyingMap  # tying_map.TyingMap
     measures: dict  # cell -> the untied pair's measures (cell_measures)
     correlations: list[MeasureCorrelation]
 
@@ -157,7 +160,7 @@ class MapSection:
         return md + surface_markdown(t.surface)
 
 
-def _bucket_names(t: Any) -> tuple[str | None, str | None]:
+def _bucket_names(t: TyingMap) -> tuple[str | None, str | None]:
     """The frequent and rare buckets' names in the map's cells (None, None without buckets)."""
     for c in t.cells.values():
         if c.frequent is not None and c.rare is not None:
@@ -165,7 +168,7 @@ def _bucket_names(t: Any) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _bucket_words(b: Any) -> str:
+def _bucket_words(b: BucketEffect | None) -> str:
     """'−3.10% (−5.0% to −1.2%), p_Holm 0.012*'."""
     if b is None or b.effect is None:
         return ""
@@ -174,7 +177,7 @@ def _bucket_words(b: Any) -> str:
     return f"{percent(b.effect)}{ci}{p}"
 
 
-def surface_markdown(s: Any) -> list[str]:
+def surface_markdown(s: Surface | None) -> list[str]:
     """The fitted surface's subsection: its coefficients, its residuals (its sentences are among the map's)."""
 
     if s is None or not s.fitted:

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..errors import ConfigError
 from ..tie import UNTIED, Tie
 from .stats import ALPHA, holm, significant
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+    from .variants import Variant
 
 MATCH_BY = {"params": "depth", "params:depth": "depth", "params:width": "width"}  # --match value -> how
 STEP_LIMIT = 100_000  # layers or heads added at most: a bound on the search, never reached in practice
@@ -131,7 +135,7 @@ class ParamMatch:
         return (f"n_embd={self.matched_n_embd} ({self.matched_n_head} heads of {head}) instead of {self.n_embd} "
                 f"({self.n_head} heads){kv}")
 
-    def is_matched(self, model_cfg: Any) -> bool:
+    def is_matched(self, model_cfg: ModelConfig) -> bool:
         """Whether a (tied) model config is the matched variant's: its depth and width are the match's."""
         return self.adds_a_variant and (model_cfg.n_layer, model_cfg.n_embd) == (self.matched_n_layer,
                                                                                 self.matched_n_embd)
@@ -143,19 +147,19 @@ class ParamMatch:
         return out
 
 
-def match_params(model_cfg: Any, vocab_size: int, by: str = "depth",
+def match_params(model_cfg: ModelConfig, vocab_size: int, by: str = "depth",
                  count: Callable[[Any, int], dict] | None = None) -> ParamMatch:
     """The tied variant whose total is closest to the untied model's, grown by `by` (depth or
     width). `count` is counting.count_params_config (the default) or a stand-in with its signature."""
     return match_layers(model_cfg, vocab_size, count) if by == "depth" else match_width(model_cfg, vocab_size, count)
 
 
-def _plain_tied(model_cfg: Any) -> Any:
+def _plain_tied(model_cfg: ModelConfig) -> ModelConfig:
     """The model config tied, without untie_at: the model a match grows."""
     return dataclasses.replace(model_cfg.with_tie(Tie("tied")), untie_at=None)
 
 
-def _start(model_cfg: Any, vocab_size: int, count: Callable | None) -> tuple[Any, Callable, int, int, int]:
+def _start(model_cfg: ModelConfig, vocab_size: int, count: Callable | None) -> tuple[Any, Callable, int, int, int]:
     """(the tied config, count, the untied total, the tied total, one more layer's parameters)."""
     if count is None:
         from ..counting import count_params_config as count
@@ -166,7 +170,7 @@ def _start(model_cfg: Any, vocab_size: int, count: Callable | None) -> tuple[Any
     return tied, count, untied_total, tied_total, per_layer
 
 
-def _closest(candidates: Any, untied_total: int) -> tuple[Any, int]:
+def _closest(candidates: Iterable[tuple[ModelConfig, int]], untied_total: int) -> tuple[Any, int]:
     """The (config, total) of candidates (growing totals) closest to untied_total; the search stops
     at the first total at or past it. Ties go to the smaller model."""
     best = None
@@ -178,7 +182,8 @@ def _closest(candidates: Any, untied_total: int) -> tuple[Any, int]:
     return best
 
 
-def match_layers(model_cfg: Any, vocab_size: int, count: Callable[[Any, int], dict] | None = None) -> ParamMatch:
+def match_layers(model_cfg: ModelConfig, vocab_size: int,
+                 count: Callable[[Any, int], dict] | None = None) -> ParamMatch:
     """The n_layer of a tied model whose total is closest to the untied model's."""
     tied, count, untied_total, tied_total, per_layer = _start(model_cfg, vocab_size, count)
 
@@ -199,7 +204,7 @@ def match_layers(model_cfg: Any, vocab_size: int, count: Callable[[Any, int], di
     return match
 
 
-def match_width(model_cfg: Any, vocab_size: int, count: Callable[[Any, int], dict] | None = None) -> ParamMatch:
+def match_width(model_cfg: ModelConfig, vocab_size: int, count: Callable[[Any, int], dict] | None = None) -> ParamMatch:
     """The n_embd of a tied model whose total is closest to the untied model's, in steps of the
     head size: n_embd = k·head_size with k heads (the head size kept, so rotary embeddings and the
     attention's scale are unchanged). With grouped-query attention (llama's n_kv_head) the query
@@ -210,7 +215,7 @@ def match_width(model_cfg: Any, vocab_size: int, count: Callable[[Any, int], dic
     kv = tied.n_kv_head if getattr(tied, "n_kv_head", None) is not None else None
     group = tied.n_head // kv if kv else 1
 
-    def wider_at(k: int) -> Any:
+    def wider_at(k: int) -> ModelConfig:
         more = {"n_kv_head": k // group} if kv else {}
         return dataclasses.replace(tied, n_embd=k * head, n_head=k, **more)
 
@@ -233,7 +238,7 @@ def match_width(model_cfg: Any, vocab_size: int, count: Callable[[Any, int], dic
     return match
 
 
-def found_match(variants: list, tuned: Any = ()) -> ParamMatch | None:
+def found_match(variants: list, tuned: Sequence[str] = ()) -> ParamMatch | None:
     """The parameter match of runs that `compare --config --match` trained, compared again as a
     folder (`tiedlm compare FOLDER`): exactly one untied variant and two tied ones, one of them the
     untied model tied and the other that tied model grown as match_params grows it (by depth or by
@@ -249,7 +254,7 @@ def found_match(variants: list, tuned: Any = ()) -> ParamMatch | None:
         return None
     skip = {k.split(".", 1)[1] for k in tuned if k.startswith("model.")}
 
-    def view(m: Any) -> dict:
+    def view(m: ModelConfig) -> dict:
         return {k: v for k, v in dataclasses.asdict(m).items() if k not in skip}
 
     plain = _plain_tied(model)
@@ -330,7 +335,7 @@ class MatchFamily:
                 "contrasts": [m.to_json() for m in self.members]}
 
 
-def match_family(match: ParamMatch | None, variants: list, base: Any, split: str) -> MatchFamily | None:
+def match_family(match: ParamMatch | None, variants: list, base: Variant | None, split: str) -> MatchFamily | None:
     """The two contrasts against the untied baseline (the plain tied variant's first), Holm-adjusted
     on `split` and judged at 0.05; each contrast's `significant` set to the family's judgement.
     None without a match, or when the baseline is not the untied variant (--baseline another)."""

@@ -25,9 +25,13 @@ from .trajectory import ONE_SEED, SPLIT, Trajectory
 from .variants import Variant
 from ..nats import relative
 from .grid import numeric_key
-from .tying_line import predicted
+from .tying_line import TyingLine, predicted
 
 if TYPE_CHECKING:
+    import numpy as np
+    from matplotlib.axes import Axes
+    from matplotlib.image import AxesImage
+
     from .tying_map import TyingMap
 
 TRAJECTORY_PLOT = "tying_effect_vs_tokens.png"  # each contrast's effect over training
@@ -227,7 +231,7 @@ def plot_buckets(c: Comparison, path: Path) -> None:
         ax.legend(fontsize=8)
 
 
-def _effect_panel(ax: Any, xs: list[float], c: Comparison, xlabel: str, labels: list[str] | None = None,
+def _effect_panel(ax: Axes, xs: list[float], c: Comparison, xlabel: str, labels: list[str] | None = None,
                   annotate: bool = False) -> None:
     """The tying effect (%) with its 95% interval against xs, one point per matched contrast in its
     tied variant's colour (named by its setting when annotate)."""
@@ -294,7 +298,7 @@ def _is_tying(c: Comparison) -> bool:
                                         and t.reference in by_label)
 
 
-def _draw(ax: Any, t: Trajectory, color: str, label: str) -> None:
+def _draw(ax: Axes, t: Trajectory, color: str, label: str) -> None:
     pts = [p for p in t.points if p.effect is not None]
     xs = [p.tokens for p in pts]
     ax.plot(xs, [p.effect * 100 for p in pts], color=color, marker="o", markersize=3, label=label)
@@ -344,7 +348,7 @@ def plot_trajectory(c: Comparison, path: Path) -> None:
 # ============================================================================ the tying line
 
 
-def plot_tying_line(line: Any, primary: str, path: Path) -> None:
+def plot_tying_line(line: TyingLine, primary: str, path: Path) -> None:
     """tying_line.png: the effect (%) at each setting of a one-key grid with its 95% interval, on a
     log2 axis of the key, the fitted line (dashed past the measured range, to the crossing), the
     zero line, and the crossing with Fieller's 95% interval as a bar along zero (an arrow where it
@@ -413,7 +417,7 @@ def plot_tying_map(tmap: TyingMap, path: Path) -> None:
         draw_tying_map(ax, tmap)
 
 
-def draw_tying_map(ax: Any, t: TyingMap) -> None:
+def draw_tying_map(ax: Axes, t: TyingMap) -> None:
     """The map on the axes ax (cell (row i, column j) centred at x=j, y=i), with its colorbar and legend."""
     import numpy as np
     from matplotlib import patheffects
@@ -479,7 +483,7 @@ def draw_tying_map(ax: Any, t: TyingMap) -> None:
               title="red: tying hurts, blue: tying helps; each cell: effect, then its 95% CI", title_fontsize=7)
 
 
-def _to_index(values: list[Any], logs: Any) -> Any:
+def _to_index(values: list[Any], logs: np.ndarray | list[float]) -> np.ndarray:
     """log2 axis values -> the map's index coordinate (cell k at k): piecewise linear between the
     measured values, extended linearly past the ends."""
     import numpy as np
@@ -492,7 +496,7 @@ def _to_index(values: list[Any], logs: Any) -> Any:
     return np.where(x > m[-1], len(m) - 1 + (x - m[-1]) / (m[-1] - m[-2]), out)
 
 
-def _draw_surface(ax: Any, t: TyingMap, handles: list) -> None:
+def _draw_surface(ax: Axes, t: TyingMap, handles: list) -> None:
     """The fitted zero contour (black, white-edged) and its 95% Fieller band (grey) on the map, in
     index coordinates; a note at the bottom when the line lies outside the drawn cells."""
     import numpy as np
@@ -567,7 +571,7 @@ def plot_tying_map_buckets(tmap: TyingMap, path: Path) -> None:
         bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda x, _: percent(x, 1) if abs(x) > 1e-12 else "0%"))
 
 
-def _bucket_panel(ax: Any, t: TyingMap, which: str, vmax: float) -> Any:
+def _bucket_panel(ax: Axes, t: TyingMap, which: str, vmax: float) -> AxesImage:
     """One bucket's effects as a heatmap (cell (row i, column j) at x=j, y=i); returns the image."""
     import numpy as np
 
@@ -655,7 +659,7 @@ def plot_tuning(c: Comparison, path: Path) -> None:
         ax.legend(fontsize=7 if other else None)
 
 
-def _label_map_axes(ax: Any, t: Any) -> None:
+def _label_map_axes(ax: Axes, t: TyingMap) -> None:
     """A map's cells on integer positions, labelled by the two keys' values."""
     ax.set_xticks(range(len(t.cols)))
     ax.set_xticklabels([scalar(c) for c in t.cols])

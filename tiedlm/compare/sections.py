@@ -8,7 +8,7 @@ Pure functions of the Comparison; nothing here computes a statistic or reads a r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..formatting import MISSING, fmt_count, fmt_signed, markdown_table, percent
 from ..ledger import FROM_CONFIG, differs_sentence, share_words, value_words
@@ -20,8 +20,9 @@ from ..naming import scalar, short_keys
 from .tuned import not_compared, paired
 
 if TYPE_CHECKING:
-    from .tuned import Tuning
+    from .tuned import JointEffect, Tuning
     from .comparison import Comparison
+    from .variants import Variant
 
 
 # ============================================================================ the effect over training
@@ -137,7 +138,7 @@ def trajectory_markdown(c: Comparison) -> list[str]:
 # ============================================================================ the sequential design
 
 
-def sequential_markdown(c: Any) -> list[str]:
+def sequential_markdown(c: Comparison) -> list[str]:
     """comparison.md's section on the design: the sentence, how it works, and a table of the looks."""
     seq = getattr(c, "sequential", None)
     if seq is None:
@@ -159,7 +160,7 @@ def sequential_markdown(c: Any) -> list[str]:
             markdown_table(["seeds per variant", "p", "adjusted threshold", "smallest detectable", "decision"], rows)]
 
 
-def sequential_lines(c: Any) -> list[str]:
+def sequential_lines(c: Comparison) -> list[str]:
     """The design's sentence and one line per look."""
     seq = getattr(c, "sequential", None)
     if seq is None:
@@ -297,7 +298,7 @@ def _grid_lines(tuning: Tuning) -> list[str]:
 # ---------------------------------------------------------------------------- which key moved the verdict
 
 
-def _joint_basis(j: Any) -> str:
+def _joint_basis(j: JointEffect) -> str:
     runs = ("one run per point, so each is a point estimate with no interval" if len(j.seeds) == 1 else
             f"the mean of {len(j.seeds)} runs per point; no interval is computed for these readings")
     return (f"These effects are on validation, the split that chose the tuned values, read from the tuning runs "
@@ -427,7 +428,7 @@ def _joint_markdown(tuning: Tuning) -> list[str]:
 # ============================================================================ the confound ledger
 
 
-def _ledger_row(v: Any) -> list[str]:
+def _ledger_row(v: Variant) -> list[str]:
     g, w = v.ledger, value_words
     return [v.name, g.init, g.head_init, f"{w('lr', g.lr)} → {w('min_lr', g.min_lr)}",
             " / ".join(w(k, getattr(g, k)) for k in ("weight_decay_e", "weight_decay_w_out", "weight_decay_other")),

@@ -44,14 +44,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..formatting import percent
 from ..nats import relative
 from .stats import ALPHA, AdjustedLevel, fmt_pvalue, fmt_threshold, norm_cdf, significant, t_sf
-from .matching import apply_family
+from .matching import MatchFamily, apply_family
 from .stats import t_ppf
 from .verdicts import verdicts_for
+
+if TYPE_CHECKING:
+    from .comparison import Comparison
+    from .variants import SplitContrast
 
 FIRST_SEEDS = 3  # seeds per variant at the first look
 MAX_SEEDS = 10  # --max-seeds default
@@ -231,7 +235,7 @@ def next_decision(looks: Sequence[Look], max_seeds: int = MAX_SEEDS, alpha: floa
     return "max" if last.seeds >= max_seeds else "continue"
 
 
-def look_at(contrast: Any, seeds: int, threshold_: float) -> Look:
+def look_at(contrast: SplitContrast | None, seeds: int, threshold_: float) -> Look:
     """A Look from the primary SplitContrast (None: no contrast could be made), with the interval at
     the adjusted level: Δloss ± t(1 − threshold/2, df)·se, as exp() − 1."""
 
@@ -304,7 +308,7 @@ class Sequential:
                 "stopped_because": self.stopped_because, "seeds": self.seeds, "threshold": self.threshold,
                 "summary": self.summary()}
 
-    def apply(self, c: Any) -> None:
+    def apply(self, c: Comparison) -> None:
         """Record the design on the comparison and judge its primary contrast at the adjusted level:
         the contrast's `significant`, and its `adjusted` level (AdjustedLevel), from which the
         verdict says the threshold beside the p-value (the interval shown stays the 95% one; the
@@ -328,7 +332,7 @@ class Sequential:
                                    last.ci_high if last else None)
         v.verdicts = verdicts_for(v, c)  # the verdict judges at d.adjusted's level and says so
 
-    def _judge_family(self, c: Any, family: Any) -> None:
+    def _judge_family(self, c: Comparison, family: MatchFamily) -> None:
         """--match under the design: Holm over the two contrasts with the primary one's levels the
         design's thresholds at the last look, at α and at α/2 (the design calibrated at α/2: crossing
         its stricter boundaries at the look where this design stopped is an event of probability at
@@ -351,7 +355,7 @@ class Sequential:
 
 
 
-def primary_variant(c: Any) -> tuple[Any, Any] | None:
+def primary_variant(c: Comparison) -> tuple[Any, Any] | None:
     """(the variant, its contrast on the primary split): with --match the tied variant at equal
     architecture (the family's primary contrast), else the first variant with one."""
     family = getattr(c, "family", None)

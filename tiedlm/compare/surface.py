@@ -34,10 +34,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..naming import scalar
 from .stats import LEVEL, chi2_sf, number, t_ppf, t_two_sided_p
+
+if TYPE_CHECKING:
+    import numpy as np
 
 INTERACTION_CELLS = 6  # fit u·v from this many cells on (4 parameters, ≥ 2 residual degrees of freedom)
 GRID = 41  # points of the contour along the free axis
@@ -57,8 +60,8 @@ class Coefficient:
 
 @dataclass
 class Residual:
-    row: Any
-    col: Any
+    row: float
+    col: float
     effect: float  # the cell's Δloss (nats)
     se: float
     fitted: float
@@ -124,14 +127,14 @@ class Surface:
 
 @dataclass
 class Wls:
-    beta: Any  # (p,)
-    unscaled: Any  # (XᵀWX)⁻¹, (p, p)
+    beta: np.ndarray  # (p,)
+    unscaled: np.ndarray  # (XᵀWX)⁻¹, (p, p)
     chi2: float
     dof: int
-    fitted: Any  # (n,)
+    fitted: np.ndarray  # (n,)
 
 
-def wls(X: Any, y: Any, w: Any) -> Wls | None:
+def wls(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> Wls | None:
     """Weighted least squares of y on the columns of X with weights w (> 0), through the QR
     decomposition of √w·X; None when √w·X has rank below its columns."""
     import numpy as np
@@ -251,7 +254,8 @@ def fit_surface(points: Sequence[tuple], row_short: str, col_short: str) -> Surf
     return s
 
 
-def _contour(s: Surface, beta: Any, cov: Any, centre: tuple[float, float], logs: tuple[Any, Any]) -> None:
+def _contour(s: Surface, beta: np.ndarray, cov: np.ndarray | None, centre: tuple[float, float],
+             logs: tuple[Any, Any]) -> None:
     """The zero contour and its Fieller band, solved for the axis along which the effect changes
     more across the map."""
     import numpy as np
@@ -270,7 +274,8 @@ def _contour(s: Surface, beta: Any, cov: Any, centre: tuple[float, float], logs:
         p.at = value  # the measured value itself, not 2**log2 of it
 
 
-def _point(s: Surface, beta: Any, cov: Any, g: float, centre: tuple[float, float], free: int) -> ContourPoint:
+def _point(s: Surface, beta: np.ndarray, cov: np.ndarray | None, g: float, centre: tuple[float, float],
+           free: int) -> ContourPoint:
     """At free-axis log2 value g: the prediction is a + b·x along the solved axis (centred), with
     variance A + 2B·x + D·x²; solve a + b·x = 0 and (a + b·x)² ≤ t²·(A + 2B·x + D·x²)."""
     import numpy as np

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..formatting import fmt, markdown_table, percent
 from ..naming import scalar, short_keys
@@ -32,6 +32,11 @@ from .stats import LEVEL, holm, number, t_ppf, t_two_sided_p
 from .surface import FAR, wls
 from .map_measures import direct_path_costs
 from .tying_map import frequency_ends, numeric_axes, runs_at_unigram
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .variants import Variant
 
 MIN_SETTINGS = 3  # two parameters and at least one residual degree of freedom
 
@@ -98,7 +103,7 @@ def fit_line(key: str, points: list[tuple[float, float, float]]) -> TyingLine:
     return line
 
 
-def _crossing(line: TyingLine, a: float, b: float, cov: Any, t: float) -> None:
+def _crossing(line: TyingLine, a: float, b: float, cov: np.ndarray, t: float) -> None:
     """u₀ = −a/b, and Fieller's set {u : (a + b·u)² ≤ t²·(A + 2B·u + D·u²)} (u centred)."""
     if b != 0 and abs(-a / b) <= FAR:
         line.crossing = float(2 ** (-a / b + line.centre))
@@ -144,7 +149,7 @@ def line_sentences(line: TyingLine) -> list[str]:
     return out + list(line.notes)
 
 
-def _best_share(v: Any) -> float | None:
+def _best_share(v: Variant) -> float | None:
     """Where a variant's runs had their best validation evaluation, as a share of their budget (the
     mean over seeds): 1 for a run still improving at its end, less for one that over-fitted."""
     budget = v.config.train.max_tokens

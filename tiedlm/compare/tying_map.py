@@ -17,14 +17,17 @@ matplotlib is imported inside plot_tying_map (through figures.figure), never at 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..formatting import percent
 from ..nats import relative
 from ..naming import scalar, short_keys
 from .grid import MatchedContrast
 from .stats import ALPHA, holm, number, significant
-from .surface import fit_surface
+from .surface import Surface, fit_surface
+
+if TYPE_CHECKING:
+    from .variants import SplitContrast
 
 Cell = tuple[Any, Any]  # (row value, column value)
 Edge = tuple[Cell, Cell]
@@ -98,7 +101,7 @@ class TyingMap:
     cells: dict[Cell, MapCell]
     crossover: list[Edge] = field(default_factory=list)
     bucket_split: str | None = None  # the split the cells' bucket effects are on (None: no buckets)
-    surface: Any = None  # surface.Surface: the fitted surface over the cells
+    surface: Surface | None = None  # surface.Surface: the fitted surface over the cells
     follows: dict[str, dict] = field(default_factory=dict)  # a key an axis determines -> {"by", "values"}
 
     def cell(self, row: Any, col: Any) -> MapCell | None:
@@ -148,7 +151,7 @@ def is_numeric(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and number(v) is not None
 
 
-def _bucket_effect(d: Any, name: str | None) -> BucketEffect | None:
+def _bucket_effect(d: SplitContrast | None, name: str | None) -> BucketEffect | None:
     b = d.buckets.get(name) if d is not None and name else None
     if b is None:
         return None

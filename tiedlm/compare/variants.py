@@ -23,6 +23,7 @@ from ..tie import STORED_KEYS
 from .collect import LoadedRun
 from .matching import PARAM_MATCH
 from .stats import (
+    AdjustedLevel,
     GeometricSummary,
     Power,
     Summary,
@@ -130,7 +131,7 @@ class SplitContrast(TestResult):
     perplexity_difference: float | None = None
     power: Power | None = None
     buckets: dict[str, BucketContrast] = field(default_factory=dict)
-    adjusted: Any = None  # stats.AdjustedLevel: the sequential design's level, where it judges this contrast
+    adjusted: AdjustedLevel | None = None  # the sequential design's level, where it judges this contrast
 
     def to_json(self) -> dict:
         return {**super().to_json(), "relative": self.relative, "relative_ci_low": self.relative_ci_low,

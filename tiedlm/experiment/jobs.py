@@ -21,6 +21,7 @@ from ..process import log
 from ..train import train_run
 
 if TYPE_CHECKING:
+    from .parallel import WorkerPool
     from .plan import Stage
 
 
@@ -95,7 +96,7 @@ class Executor:
     failures: dict[str, str] = field(default_factory=dict)
     results: dict[str, JobResult] = field(default_factory=dict)
     tally: Tally = field(default_factory=Tally)
-    pool: Any = field(default=None, repr=False)  # a parallel.WorkerPool while open
+    pool: WorkerPool | None = field(default=None, repr=False)  # a parallel.WorkerPool while open
 
     def __enter__(self) -> "Executor":
         if self.parallel != 1 and self.pool is None:
@@ -132,7 +133,7 @@ def run_is_finished(run_dir: Path, cfg: Config) -> bool:
 
 def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
                overwrite_other_config: bool = False, train: Callable[..., Path] = train_run,
-               parallel: int | str = 1, tally: Tally | None = None, pool: Any = None) -> list[JobResult]:
+               parallel: int | str = 1, tally: Tally | None = None, pool: WorkerPool | None = None) -> list[JobResult]:
     """Train (name, config) jobs one after another into `out`, as `tiedlm compare --config` and
     `tiedlm sweep` do: finished runs are skipped, a failure is noted and passed over (always shown,
     --quiet or not), an interrupt stops everything (the run resumes when the command is re-run).
@@ -195,7 +196,7 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
 
 
 def _train_parallel(jobs: list[tuple[str, Config]], out: Path, progress: bool, overwrite_other_config: bool,
-                    workers: int, finished: set[str], tally: Tally, pool: Any) -> list[JobResult]:
+                    workers: int, finished: set[str], tally: Tally, pool: WorkerPool | None) -> list[JobResult]:
     """train_jobs with `workers` processes: the same skips, refusals and results, in the same order.
     `finished`: the jobs whose runs are finished already (train_jobs read their reports)."""
     from .parallel import train_parallel

@@ -42,7 +42,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..config import Config, to_yaml
 from ..errors import ConfigError, Interrupted
@@ -54,6 +54,9 @@ from ..device import keep_freed_memory, thread_env
 from ..errors import TiedlmError
 from ..files import os_error_line
 from ..process import StopSignals, Terminated, die_with_parent
+
+if TYPE_CHECKING:
+    from .jobs import Tally
 
 JOBS_LIMIT = 256  # --jobs: more processes than that is a typo, not a machine
 SMALL_MODEL = 10_000_000  # non-embedding parameters below which --jobs auto runs one process per core
@@ -456,7 +459,7 @@ def _gpu_for(cfg: Config, free: list[str]) -> str | None:
 
 def train_parallel(jobs: list[tuple[str, Config, bool]], out: Path, workers: int, progress: bool = True,
                    total: int | None = None, done_before: int = 0, pool: WorkerPool | None = None,
-                   tally: Any = None) -> dict[str, str | None]:
+                   tally: Tally | None = None) -> dict[str, str | None]:
     """Train (name, config, overwrite) jobs into `out`, at most `workers` at a time, on the
     workers of `pool` (one made and closed here when None). Returns {name: None (finished) or the
     failure's message}. A signal stops them all at a checkpoint and raises Interrupted.

@@ -24,7 +24,7 @@ from ..compare.tuned import TuneSpec
 from ..errors import ConfigError
 from ..naming import sanitize, scalar, short_keys, yaml_value
 from .request import CompareRequest
-from ..config import load_config
+from ..config import Config, load_config
 from ..counting import count_params_config
 from ..naming import override_tag
 from ..runs import run_dir_for
@@ -33,7 +33,7 @@ from ..runs import run_dir_for
 @dataclass(frozen=True)
 class PlannedRun:
     name: str  # the run folder's name under the runs folder
-    cfg: Any  # the resolved Config
+    cfg: Config  # the resolved Config
 
 
 @dataclass
@@ -115,7 +115,7 @@ def point_overrides(point: dict[str, Any], schedule: list[str]) -> list[str]:
 class ComparisonPlan:
     """The variants to train, (tag, overrides) each, and how their runs are made (`source`)."""
 
-    base: Any  # the config with the request's overrides
+    base: Config  # the config with the request's overrides
     variants: list[tuple[str, list[str]]]
     source: RunSource
     match: ParamMatch | None = None
@@ -149,7 +149,7 @@ class ComparisonPlan:
         return point_overrides(point, self.schedule)
 
 
-def variants_of(req: CompareRequest, base: Any) -> tuple[list[tuple[str, list[str]]], ParamMatch | None]:
+def variants_of(req: CompareRequest, base: Config) -> tuple[list[tuple[str, list[str]]], ParamMatch | None]:
     """(tag, overrides) of each variant to train, and the parameter match with --match params (the
     tied model deeper) or params:width (wider). A config with a model.tie_mode (projection, lowrank,
     split, soft, pull) is its own variant, against untied: the mode with its rank or strength."""
@@ -191,7 +191,7 @@ def plan_comparison(req: CompareRequest) -> ComparisonPlan:
     return ComparisonPlan(base=base, variants=variants, source=source, match=matched)
 
 
-def check_match_tuning(req: CompareRequest, plan: ComparisonPlan, spec: Any) -> None:
+def check_match_tuning(req: CompareRequest, plan: ComparisonPlan, spec: TuneSpec) -> None:
     """Refuse a tuned key that changes a parameter count (model.n_layer, n_embd, ...): the match was
     made at the config's architecture, and a tuned one would leave the matched variant unmatched,
     or (a key the match sets) undo it."""

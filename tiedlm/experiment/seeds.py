@@ -5,7 +5,7 @@ seeds to train next. It trains and reads nothing."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..compare.sequential import (FIRST_SEEDS, MAX_SEEDS, MAX_SEEDS_RANGE, MIN_EFFECT, Sequential, design, look_at,
                                   look_words, next_decision)
@@ -13,8 +13,11 @@ from ..compare.stats import ALPHA
 from ..errors import ConfigError
 from ..process import log
 
+if TYPE_CHECKING:
+    from ..compare.variants import SplitContrast
 
-def check_auto(seeds: Any, max_seeds: int | None, min_effect: float | None) -> tuple[int, float]:
+
+def check_auto(seeds: int | str, max_seeds: int | None, min_effect: float | None) -> tuple[int, float]:
     """Refuse what --seeds auto cannot take (ConfigError) and return (max_seeds, min_effect) with
     their defaults. --max-seeds and --min-effect need --seeds auto. With --match the design decides
     on the primary contrast, tied vs untied at equal architecture (primary_variant)."""
@@ -46,7 +49,7 @@ class SeedDesign:
     seeds trained so far (a SplitContrast, or None). `seeds` is then the number per variant and
     `record` the design's record (None for a fixed number)."""
 
-    def __init__(self, seeds: Any, max_seeds: int = MAX_SEEDS, min_effect: float = MIN_EFFECT,
+    def __init__(self, seeds: int | str, max_seeds: int = MAX_SEEDS, min_effect: float = MIN_EFFECT,
                  alpha: float = ALPHA, progress: bool = False):
         self.auto = seeds == "auto"
         self.seeds = FIRST_SEEDS if self.auto else int(seeds)
@@ -57,7 +60,7 @@ class SeedDesign:
     def first(self) -> tuple[int, int]:
         return 0, self.seeds
 
-    def after(self, trained: bool, contrast: Any = None) -> tuple[int, int] | None:
+    def after(self, trained: bool, contrast: SplitContrast | None = None) -> tuple[int, int] | None:
         seq = self.record
         if seq is None:
             return None

@@ -31,14 +31,17 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ..errors import ConfigError
 from ..naming import sanitize, scalar, short_keys, yaml_value
 from ..formatting import shown_text
 from .slurm import check_slurm_option, read_slurm_block
-from ..config import load_config, parse_override, to_yaml
+from ..config import Config, load_config, parse_override, to_yaml
 from ..yamlsafe import load_yaml, read_yaml_text
+
+if TYPE_CHECKING:
+    from ..compare.tuned import Tuning, TuneSpec
 
 GRID_KEYS = ("config", "set", "grid", "seeds", "out", "name", "slurm", "tune")
 # The most seeds a sweep trains at each point: a typo (seeds: 100000) would queue that many trainings
@@ -56,7 +59,7 @@ class Grid:
     out: Path = Path("runs")
     name: str | None = None
     slurm: dict[str, str] = field(default_factory=dict)  # sbatch options for --emit slurm (SLURM_KEYS)
-    tune: Any = None  # tuning.TuneSpec: each grid point tuned on validation first (tune: in the file)
+    tune: TuneSpec | None = None  # tuning.TuneSpec: each grid point tuned on validation first (tune: in the file)
 
 
 @dataclass
@@ -65,7 +68,7 @@ class SweepRun:
     seed: int
     overrides: list[str]  # grid.set followed by this grid point's
     point: dict[str, Any]  # this grid point: dotted key -> value
-    cfg: Any  # the resolved Config
+    cfg: Config  # the resolved Config
 
 
 def _fail(path: Path, message: str) -> ConfigError:
@@ -297,7 +300,7 @@ class SweepSummary:
     total: int  # runs in the sweep
     runs: list[SweepEntry] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)  # dry_run: one shell-quoted command per run
-    tuning: Any = None  # tuning.Tuning of a tuned sweep: each grid point's chosen values
+    tuning: Tuning | None = None  # tuning.Tuning of a tuned sweep: each grid point's chosen values
 
     @property
     def failed(self) -> list[str]:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..compare.tuned import LR_KEY, MIN_LR_KEY, RATIO_KEY, TunedPoint, TuneSpec, Tuning, VariantTuning, paired
 from ..errors import ConfigError
@@ -46,10 +46,13 @@ from ..nats import perplexity
 from ..naming import scalar, short_keys
 from .plan import PlannedRun, RunSource, Stage, point_label, point_overrides, point_tag, points
 from .tuning_spec import at_bound, bounds_of, extend_value, range_text, relative_bound, relative_bound_text, whole_key
-from ..config import TrainConfig
+from ..config import Config, TrainConfig
 from ..errors import TiedlmError
 from ..runs import read_report
 from ..variant import flat
+
+if TYPE_CHECKING:
+    from ..tie import Tie
 
 
 # Keys of one tie's own: tuned for the variants whose tie has them, absent (None) from the others,
@@ -57,13 +60,13 @@ from ..variant import flat
 TIE_OWN_KEYS = {"model.tie_strength": "strengthened", "model.untie_rank": "ranked"}
 
 
-def variant_axes(axes: dict[str, list], tie: Any) -> dict[str, list]:
+def variant_axes(axes: dict[str, list], tie: Tie) -> dict[str, list]:
     """A variant's axes: a key of a tie it does not have (TIE_OWN_KEYS) is the single value None."""
     return {k: (list(vals) if k not in TIE_OWN_KEYS or getattr(tie, TIE_OWN_KEYS[k]) else [None])
             for k, vals in axes.items()}
 
 
-def schedule_overrides(spec: TuneSpec, base: Any) -> list[str]:
+def schedule_overrides(spec: TuneSpec, base: Config) -> list[str]:
     """With train.lr tuned and no train.min_lr_ratio in the config: the config's own ratio, so the
     cosine minimum follows the peak (and min_lr back at its default, as the ratio replaces it)."""
     if LR_KEY not in spec.keys or getattr(base.train, "min_lr_ratio", None) is not None:
@@ -175,7 +178,7 @@ class TuningSearch:
     point the config refuses)."""
 
     def __init__(self, spec: TuneSpec, variants: list[tuple[str, list[str]]], source: RunSource,
-                 runs_dir: Path, first_seed: int, selection: str, base: Any):
+                 runs_dir: Path, first_seed: int, selection: str, base: Config):
         self.spec, self.source, self.runs_dir = spec, source, Path(runs_dir)
         self.seeds = spec.seeds if spec.seeds is not None else [first_seed]
         self.short = short_keys(spec.keys)
@@ -287,7 +290,7 @@ class TuningSearch:
         self.tuning.tokens = sum(p.tokens for v in self.tuning.variants for p in v.points)
 
 
-def shared_point(tuning: Tuning, base: Any) -> dict[str, Any] | None:
+def shared_point(tuning: Tuning, base: Config) -> dict[str, Any] | None:
     """The config's own value of every tuned key, as the grid spells it, when every variant tried
     that point: where the untuned comparison would have put both variants. Values are compared,
     not labels: a config's dropout 0.0 is the grid's 0."""

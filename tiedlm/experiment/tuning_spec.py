@@ -53,7 +53,7 @@ def bounds_of(key: str) -> tuple | None:
     return BOUNDS.get(key)
 
 
-def relative_bound(key: str, cfg: Any) -> tuple[str, Any] | None:
+def relative_bound(key: str, cfg: Config | None) -> tuple[str, Any] | None:
     """(the other key, its value in `cfg`) where `key`'s highest value is that key's value there
     (RELATIVE_BOUNDS); None for any other key, or without a config."""
     other = RELATIVE_BOUNDS.get(key)
@@ -64,7 +64,7 @@ def relative_bound(key: str, cfg: Any) -> tuple[str, Any] | None:
     return (other[0], value) if isinstance(value, (int, float)) else None
 
 
-def relative_bound_text(key: str, other: str, value: Any) -> str:
+def relative_bound_text(key: str, other: str, value: float) -> str:
     """'model.n_kv_head is at most model.n_head, 4, and must divide it'."""
     return f"{key} is at most {other}, {value:g}, and {RELATIVE_BOUNDS[key][1]} it"
 
@@ -100,8 +100,8 @@ def whole_key(key: str) -> bool | None:
     return True if kinds == {int} else False if kinds == {float} else None
 
 
-def extend_value(values: list, edge: Any, direction: int, whole: bool | None = None,
-                 bounds: tuple | None = None) -> Any | None:
+def extend_value(values: list, edge: float, direction: int, whole: bool | None = None,
+                 bounds: tuple | None = None) -> float | None:
     """One step past `edge` (the smallest value when direction < 0, the largest when > 0): the
     grid's own ratio between the two outermost values when both are positive, else their difference.
     `whole` (whole_key: the key's type) keeps an integer setting whole and lets a real one, though
@@ -132,7 +132,7 @@ def extend_value(values: list, edge: Any, direction: int, whole: bool | None = N
     return None if new in nums or _outside(new, bounds) or (new - a) * direction <= 0 else new
 
 
-def _outside(x: Any, bounds: tuple | None) -> bool:
+def _outside(x: float, bounds: tuple | None) -> bool:
     """Whether x is outside a key's range (tuning_spec.BOUNDS' form; None: no bounds)."""
     if bounds is None:
         return False
