@@ -99,7 +99,7 @@ def tiedlm_model(shape, tied: bool, device):
 
     from tiedlm.config import TrainConfig
     from tiedlm.model import GPT
-    from tiedlm.train.optim import build_optimizer
+    from tiedlm.train.step import build_optimizer
 
     torch.manual_seed(0)
     model = GPT(model_config(shape, tied), dims(shape)[5]).to(device)
@@ -122,7 +122,7 @@ def archhf_model(shape, tied: bool, device):
 
     from tiedlm.config import TrainConfig
     from tiedlm.model import build_model
-    from tiedlm.train.optim import build_optimizer
+    from tiedlm.train.step import build_optimizer
 
     ours = model_config(shape, tied)
     cfg = dataclasses.replace(ours, arch="hf", hf_config="llama", n_kv_head=ours.kv_heads, intermediate_size=ours.mlp_size,

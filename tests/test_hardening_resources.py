@@ -291,7 +291,7 @@ def test_the_step_sums_the_loss_without_keeping_a_tensor_per_micro_batch(tiny):
     import torch
 
     from tiedlm.model import GPT
-    from tiedlm.train.optim import build_optimizer
+    from tiedlm.train.step import build_optimizer
     from tiedlm.train.step import train_step
 
     torch.manual_seed(0)

@@ -29,7 +29,7 @@ def _built(cfg):
     import torch
 
     from tiedlm.model import GPT, count_params
-    from tiedlm.train.optim import build_optimizer
+    from tiedlm.train.step import build_optimizer
 
     torch.manual_seed(0)
     model = GPT(cfg.model, V)

@@ -8,7 +8,7 @@ import pytest
 from tiedlm.config import effective_min_lr, from_dict, load_config, to_dict
 from tiedlm.variant import ADDED_KEYS, config_hash
 from tiedlm.errors import ConfigError
-from tiedlm.train.optim import lr_at
+from tiedlm.train.step import lr_at
 
 from .conftest import ROOT, TINY
 

@@ -103,7 +103,7 @@ def test_the_counts_import_no_torch():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (fused AdamW is used on CUDA only)")
 def test_adamw_is_fused_on_cuda():  # pragma: no cover - no GPU on the CI machine
     from tiedlm.config import TrainConfig
-    from tiedlm.train.optim import build_optimizer
+    from tiedlm.train.step import build_optimizer
 
     model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16), 100).cuda()
     assert build_optimizer(model, TrainConfig(max_steps=1)).defaults.get("fused") is True
@@ -111,7 +111,7 @@ def test_adamw_is_fused_on_cuda():  # pragma: no cover - no GPU on the CI machin
 
 def test_adamw_on_the_cpu_keeps_the_default_implementation():
     from tiedlm.config import TrainConfig
-    from tiedlm.train.optim import build_optimizer
+    from tiedlm.train.step import build_optimizer
 
     model, _, _ = model_and_batch(True)
     assert not build_optimizer(model, TrainConfig(max_steps=1)).defaults.get("fused")
@@ -130,7 +130,7 @@ def test_tiedlm_s_adamw_steps_loads_and_saves_as_torch_s_to_the_bit(tied):
     the same weights and moments to the bit over steps, a state dict either one loads, untie_at's
     split, and the stock class under train.compile."""
     from tiedlm.config import TrainConfig
-    from tiedlm.train.optim import build_optimizer, untie_with_optimizer
+    from tiedlm.train.step import build_optimizer, untie_with_optimizer
 
     tcfg = TrainConfig(max_steps=1, lr=1e-2, weight_decay=0.1)
     (ours_model, x, y), (theirs_model, _, _) = model_and_batch(tied), model_and_batch(tied)
@@ -174,7 +174,7 @@ def test_a_training_process_never_imports_torch_s_compiler():
         import sys, torch
         from tests.test_performance import _adam_steps, model_and_batch
         from tiedlm.config import TrainConfig
-        from tiedlm.train.optim import build_optimizer, untie_with_optimizer
+        from tiedlm.train.step import build_optimizer, untie_with_optimizer
         model, x, y = model_and_batch(True)
         opt = build_optimizer(model, TrainConfig(max_steps=1))
         _adam_steps(opt, model, x, y, 2)

@@ -15,7 +15,7 @@ from tiedlm.config import load_config as _load
 from tiedlm.errors import ConfigError
 from tiedlm.model import GPT, count_params
 from tiedlm.counting import count_params_config
-from tiedlm.train.optim import build_optimizer
+from tiedlm.train.step import build_optimizer
 
 BASE = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8)
 V = 97

@@ -19,7 +19,7 @@ from tiedlm.errors import ConfigError, Interrupted
 from tiedlm.model import GPT, count_params
 from tiedlm.counting import count_params_config
 from tiedlm.tie import Tie
-from tiedlm.train.optim import build_optimizer
+from tiedlm.train.step import build_optimizer
 from tiedlm.train.step import train_step
 
 V = 61

@@ -16,7 +16,7 @@ from tiedlm.errors import (
     RunError,
 )
 from tiedlm.train import train_run
-from tiedlm.train.optim import budget_steps, lr_at, untie_step
+from tiedlm.train.step import budget_steps, lr_at, untie_step
 
 RUN_FILES = {"config.yaml", "metrics.jsonl", "report.json", "report.md", "tokenizer", "checkpoints"}
 
@@ -135,7 +135,7 @@ def test_untie_at_gives_equal_then_diverging_matrices(tiny, tmp_path):
 def test_untie_copies_the_adamw_state():
     from tiedlm.config import ModelConfig, TrainConfig
     from tiedlm.model import GPT
-    from tiedlm.train.optim import build_optimizer, untie_with_optimizer
+    from tiedlm.train.step import build_optimizer, untie_with_optimizer
 
     m = GPT(ModelConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, tie_embeddings=True), 11)
     opt = build_optimizer(m, TrainConfig(max_steps=1))
@@ -154,7 +154,7 @@ def test_untie_copies_the_adamw_state():
 
 def test_tied_parameter_appears_once_in_the_optimizer(tiny):
     from tiedlm.model import GPT
-    from tiedlm.train.optim import build_optimizer
+    from tiedlm.train.step import build_optimizer
 
     cfg = tiny()
     m = GPT(cfg.model, 50)
@@ -167,7 +167,7 @@ def test_tied_parameter_appears_once_in_the_optimizer(tiny):
 @pytest.mark.parametrize("decay", [True, False])
 def test_weight_decay_groups(tiny, decay):
     from tiedlm.model import GPT
-    from tiedlm.train.optim import build_optimizer
+    from tiedlm.train.step import build_optimizer
 
     cfg = tiny(f"train.decay_embeddings={str(decay).lower()}", "model.tie_embeddings=false")
     m = GPT(cfg.model, 50)

@@ -7,7 +7,7 @@ variant, what E and W_out received:
 
 - the learning rate (train.lr, and where the cosine ends: config.effective_min_lr);
 - the AdamW weight decay on E, on W_out's own parameters (E's when W_out is E: one matrix, decayed
-  once) and on the other matrices (train/optim.py: the embedding matrices, model.embedding_parameters,
+  once) and on the other matrices (train/step.py: the embedding matrices, model.embedding_parameters,
   follow train.decay_embeddings; every other matrix is decayed at train.weight_decay);
 - the initialisation and the initial scale: a fresh draw (model.GPT._init_weights draws E and
   W_out from normal(0, 0.02); an `arch: hf` family initialises by its own rules) or a pretrained
@@ -135,7 +135,7 @@ def _frozen(cfg: Config) -> str:
 
 
 def _decays(cfg: Config) -> tuple[float, float, float]:
-    """(on E, on W_out's own parameters, on the other matrices): train/optim.py's groups."""
+    """(on E, on W_out's own parameters, on the other matrices): train/step.py's groups."""
     t, tie = cfg.train, cfg.model.tie
     embeddings = t.weight_decay if t.decay_embeddings else 0.0
     if tie.w_out_is_e:

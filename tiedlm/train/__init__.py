@@ -32,7 +32,7 @@ from ..errors import (
     DivergedError,
     Interrupted,
 )
-from .optim import build_optimizer, lr_at, untie_with_optimizer
+from .step import BatchSampler, build_optimizer, lr_at, train_step, untie_with_optimizer
 from ..distributed import Dist, check_in_step, is_main_process
 from .selection import BestTracker, evaluate_best, keep_best_weights, stop_reason
 from ..process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
@@ -40,7 +40,6 @@ from ..ledger import ledger_of
 from ..report_md import overtrained_text
 from .also import also_record, score_also
 from .preflight import Preflight, preflight
-from .step import BatchSampler, train_step
 from ..tensorboard import TrainingLog
 from ..counting import check_fits, flops_per_token
 from ..device import autocast_ctx, cpu_threads, peak_memory, resolve_device, tf32_matmuls, threads_used

@@ -14,7 +14,7 @@ from ..config import Config
 from ..distributed import Dist
 from ..errors import ConfigError, RunError
 from ..tensorboard import TrainingLog, require
-from .optim import budget_steps, check_warmup, untie_step
+from .step import budget_steps, check_warmup, untie_step
 from .also import prepare_also
 from ..counting import check_fits
 from ..device import resolve_dtype
