@@ -1,7 +1,7 @@
 """scripts/map_tuning.py: each cell's tied/untied effect at the best lr with the other key held,
 and at the joint best, from a tuned sweep's tuning.json (written here by hand); each tie mode
 against its cell's untied twin, in the record a tuned sweep or a tuned compare --config writes
-(tuning_record.write_record: the tags of compare --config are tied, untied, projection, ...; a
+(tuning.write_record: the tags of compare --config are tied, untied, projection, ...; a
 sweep's are its grid points); and one line, exit 2, for a record it cannot use."""
 
 import json
@@ -79,7 +79,7 @@ def lr_variant(tag, losses):
 
 
 def written(variants, axes, config):
-    """A tuning.json as tuning_record.write_record lays it out."""
+    """A tuning.json as tuning.write_record lays it out."""
     return {"format": 1, "keys": [*axes, "train.min_lr", "train.min_lr_ratio"], "chosen": [], "runs": [],
             "tuning": {"keys": list(axes), "seeds": [0], "selected_on": "validation", "selection": "final weights",
                        "spec": {"axes": axes, "seeds": None, "extend": True, "extend_limit": 3, "shared_seeds": False},

@@ -62,7 +62,7 @@ def test_the_rank_dial_loads_with_each_mode():
 
 def test_a_foreign_tuning_record_is_refused_before_training_and_a_damaged_one_ignored(tmp_path):
     from tiedlm.compare.tuned import read_record
-    from tiedlm.experiment.tuning_record import check_record_target
+    from tiedlm.experiment.tuning import check_record_target
 
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "tuning.json").write_text('{"format": 1, "keys": ["train.lr"], "chosen": ["a"]}')

@@ -379,7 +379,7 @@ def test_a_tuned_sweep_tunes_each_grid_point_and_trains_every_seed_at_its_choice
     c = compare_runs([tmp_path / "runs"], out=tmp_path / "cmp4", baseline="stranger-s0")
     assert not any("tuning.json" in n for n in c.notes) and c.primary == "validation"
     # a new tuned sweep removes the old record first: an interrupted one leaves none behind
-    from tiedlm.experiment.tuning_record import check_record_target
+    from tiedlm.experiment.tuning import check_record_target
 
     check_record_target(tmp_path / "runs")
     assert not (tmp_path / "runs" / "tuning.json").exists()

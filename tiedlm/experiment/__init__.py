@@ -5,9 +5,9 @@ needs a verdict mid-way it asks compare.glance.
     request       CompareRequest: every option of compare --config, checked once
     plan          the plan of runs: PlannedRun, Stage, RunSource; a tuning's points; compare
                   --config's variants (tied or its mode, untied, --match's grown model) × points × seeds
-    tuning        TuningSearch: each variant's grid, its steps past an edge, the choice on validation
+    tuning        TuningSearch: each variant's grid, its steps past an edge, the choice on validation;
+                  tuning.json written beside a tuned run's folder (compare/tuned.py reads it)
     tuning_spec   a tuning spec from --tune and a tune: block, each key and value checked
-    tuning_record tuning.json written beside a tuned run's folder (compare/tuned.py reads it)
     seeds         SeedDesign: --seeds N, or --seeds auto's next seeds from the primary contrast so far
     jobs          the executor (Executor, train_jobs): one run after another, or --jobs workers
     parallel      the --jobs backend: worker processes, cores and GPUs divided among them

@@ -21,8 +21,7 @@ from .jobs import Executor
 from .plan import ComparisonPlan, RunSource, Stage, check_match_tuning, plan_comparison
 from .request import CompareRequest
 from .seeds import SeedDesign
-from .tuning import TuningSearch, point_label, shared_point
-from .tuning_record import RECORD, check_record_target, record_runs, write_record
+from .tuning import RECORD, TuningSearch, check_record_target, point_label, record_runs, shared_point, write_record
 
 
 def tune(executor: Executor, spec: TuneSpec, variants: list[tuple[str, list[str]]], source: RunSource,

@@ -421,7 +421,7 @@ def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, job
     from .driver import tune
     from .jobs import Executor
     from .plan import RunSource, Stage, point_overrides, point_tag
-    from .tuning_record import check_record_target, write_record
+    from .tuning import check_record_target, write_record
 
     check_record_target(grid.out)  # refused: nothing trained
     base = load_config(grid.config, grid.set)

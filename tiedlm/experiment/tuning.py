@@ -31,7 +31,10 @@ trains nothing that is finished.
 Tuning train.lr keeps the schedule's shape: unless the config sets train.min_lr_ratio, the tuned
 runs get the config's own ratio min_lr / lr, so the minimum follows the peak.
 
-The block and `--tune` are read and checked in tuning_spec.py.
+The block and `--tune` are read and checked in tuning_spec.py. The tuning is recorded here too:
+tuning.json beside a tuned sweep's (or a tuned `compare --config`'s) runs, so that `tiedlm compare
+FOLDER` compares each grid point at its own chosen values without being told (compare/tuned.py's
+read_record reads it).
 """
 
 from __future__ import annotations
@@ -40,16 +43,17 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..compare.tuned import LR_KEY, MIN_LR_KEY, RATIO_KEY, TunedPoint, TuneSpec, Tuning, VariantTuning, paired
-from ..errors import ConfigError
+from ..compare.tuned import (LR_KEY, MIN_LR_KEY, RATIO_KEY, RECORD, TunedPoint, TuneSpec, Tuning, VariantTuning,
+                             paired, tuned_keys)
+from ..config import Config, TrainConfig
+from ..errors import ConfigError, TiedlmError
+from ..files import atomic_write_json, foreign_files, recording
 from ..nats import perplexity
 from ..naming import scalar, short_keys
-from .plan import PlannedRun, RunSource, Stage, point_label, point_overrides, point_tag, points
-from .tuning_spec import at_bound, bounds_of, extend_value, range_text, relative_bound, relative_bound_text, whole_key
-from ..config import Config, TrainConfig
-from ..errors import TiedlmError
 from ..runs import read_report
 from ..variant import flat
+from .plan import PlannedRun, RunSource, Stage, point_label, point_overrides, point_tag, points
+from .tuning_spec import at_bound, bounds_of, extend_value, range_text, relative_bound, relative_bound_text, whole_key
 
 if TYPE_CHECKING:
     from ..tie import Tie
@@ -298,5 +302,40 @@ def shared_point(tuning: Tuning, base: Config) -> dict[str, Any] | None:
     values = flat(base)
     tried = [v.at({k: values.get(k) for k in tuning.keys}) for v in tuning.variants]
     return dict(tried[0].point) if tried and all(p is not None for p in tried) else None
+
+
+# ------------------------------------------------------------------------- the record: tuning.json
+
+
+def check_record_target(folder: Path, remove: bool = True) -> None:
+    """Before a tuned sweep or a tuned compare --config trains: refuse a tuning.json in its runs
+    folder that tiedlm did not write, and (`remove`, a sweep) remove tiedlm's own (an earlier
+    sweep's, perhaps of another grid): the new one is written when this sweep's runs are done, so an
+    interrupted sweep leaves no stale record."""
+
+    folder = Path(folder)
+    found = foreign_files(folder, [RECORD])
+    if found:
+        raise ConfigError(f"{found[0]} was not written by tiedlm, or was changed since — move it away, or train into "
+                          "another folder (out: in a grid file, --out for compare --config)")
+    if remove:  # a tuned compare --config keeps another command's record until it writes its own
+        (folder / RECORD).unlink(missing_ok=True)
+
+
+def record_runs(tuning: Tuning, chosen: list[str], others: list[str] = ()) -> list[str]:
+    """Every run a record speaks for: the chosen ones, `others`, and each tuning point's runs."""
+    return sorted({*chosen, *others, *(name for v in tuning.variants for p in v.points for name in p.runs.values())})
+
+
+def write_record(folder: Path, tuning: Tuning, chosen: list[str], others: list[str] = ()) -> Path:
+    """tuning.json into a tuned sweep's (or a tuned `compare --config`'s) runs folder, atomically,
+    recorded as tiedlm's. `others` are runs it trained that are neither tuning runs nor compared
+    (--seeds auto's shared-value runs)."""
+
+    folder = Path(folder)
+    with recording(folder, [RECORD], "out:", overwrite=True):
+        atomic_write_json(folder / RECORD, {"format": 1, "keys": tuned_keys(tuning), "chosen": sorted(chosen),
+                                            "runs": record_runs(tuning, chosen, list(others)), "tuning": tuning.to_json()})
+    return folder / RECORD
 
 
