@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -22,6 +22,14 @@ from . import runs, threads
 from .device import autocast_ctx, cpu_threads, resolve_device, resolve_dtype
 from .errors import ConfigError, NotARunError, RunError
 from .nats import bits_per_byte, perplexity
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from .config import Config
+    from .data import PreparedData
 
 
 def mean_perplexity(total_nll: float, n_tokens: float) -> float:
@@ -46,8 +54,9 @@ def windows(n_tokens: int, block_size: int, stride: int) -> list[tuple[int, int,
 
 
 def score_tokens(model, tokens: np.ndarray, block_size: int, stride: int, batch_size: int,
-                 device: Any, autocast: Any = None, shard: tuple[int, int] = (0, 1),
-                 reduce: Any = None) -> tuple[np.ndarray, np.ndarray]:
+                 device: torch.device | str, autocast: contextlib.AbstractContextManager | None = None,
+                 shard: tuple[int, int] = (0, 1),
+                 reduce: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per-token NLL (nats, float64) and target ids for every predicted token of `tokens`. With
     shard=(rank, world), this process scores every world-th window from its rank and `reduce`
     sums the per-token arrays over the processes, so each token is scored exactly once."""
@@ -211,10 +220,11 @@ def summarize_nll(targets: np.ndarray, nll: np.ndarray, n_tokens: int, n_bytes: 
     return out
 
 
-def evaluate_split(model, split, block_size: int, stride: int | None, batch_size: int, device: Any,
-                   autocast: Any = None, train_counts: np.ndarray | None = None,
+def evaluate_split(model, split, block_size: int, stride: int | None, batch_size: int, device: torch.device | str,
+                   autocast: contextlib.AbstractContextManager | None = None, train_counts: np.ndarray | None = None,
                    fractions: list[float] | None = None, max_tokens: int | None = None,
-                   unk_id: int | None = None, shard: tuple[int, int] = (0, 1), reduce: Any = None,
+                   unk_id: int | None = None, shard: tuple[int, int] = (0, 1),
+                   reduce: Callable[[np.ndarray], np.ndarray] | None = None,
                    new_ids: list[int] | None = None) -> dict:
     """Score a whole split (or its first max_tokens+1 tokens, for the periodic evaluation).
     unk_id: the tokenizer's <unk>, bucketed on its own; new_ids: new tokens' (summarize_nll)."""
@@ -234,13 +244,13 @@ def evaluate_split(model, split, block_size: int, stride: int | None, batch_size
 class RunModel:
     """A run's model rebuilt from a checkpoint, with the data its config prepares."""
 
-    run_dir: Any
-    cfg: Any  # config.Config
-    data: Any  # data.PreparedData
-    model: Any  # model.GPT, on the CPU
-    checkpoint: Any  # the checkpoint folder (Path)
+    run_dir: Path
+    cfg: Config
+    data: PreparedData
+    model: torch.nn.Module  # model.GPT (or arch: hf's HFCausalLM), on the CPU
+    checkpoint: Path  # the checkpoint folder
     tied: bool  # as stored: a run untied late (untie_at) is two matrices
-    report: Any  # runs.RunReport or None
+    report: runs.RunReport | None
 
 
 def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,

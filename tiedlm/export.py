@@ -26,7 +26,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError, RunError
 from .export_llama import CLASS as LLAMA_CLASS
@@ -34,6 +34,14 @@ from .nats import perplexity
 from .tie import STRENGTHENED
 from .hf import config_flags_tied
 from .runs import AGAIN_HINT, writing
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+    from .config import Config
+    from .evaluate import RunModel
+    from .model import GPT
 
 TOLERANCE = 1e-4  # largest |logit difference| accepted between tiedlm and transformers (fp32)
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -54,17 +62,17 @@ class ExportResult:
     hf_class: str = "GPT2LMHeadModel"  # or LlamaForCausalLM (model.arch: llama)
 
 
-def writes_tied(model: Any) -> bool:
+def writes_tied(model: torch.nn.Module) -> bool:
     """Whether the export is one shared matrix: the model's W_out is E itself now."""
     return model.current_tie.w_out_is_e
 
 
-def hf_class(cfg: Any) -> str:
+def hf_class(cfg: Config) -> str:
     """The transformers class a run is exported as."""
     return cfg.model.family.export_class
 
 
-def check_exportable(cfg: Any, tied: bool) -> None:
+def check_exportable(cfg: Config, tied: bool) -> None:
     """What the transformers class cannot express is refused (exit 2) before anything is written."""
     if cfg.model.lm_head_bias:
         raise ConfigError(f"model.lm_head_bias: {hf_class(cfg)} has no bias on its head, so this run cannot be "
@@ -76,7 +84,7 @@ def check_exportable(cfg: Any, tied: bool) -> None:
                           "embed_scale: 1")
 
 
-def hf_config(cfg: Any, vocab: int, tied: bool, eot_id: int) -> dict:
+def hf_config(cfg: Config, vocab: int, tied: bool, eot_id: int) -> dict:
     """config.json of the GPT2LMHeadModel, or of the LlamaForCausalLM."""
     if cfg.model.family.export_class == LLAMA_CLASS:
         from .export_llama import llama_config
@@ -91,7 +99,7 @@ def hf_config(cfg: Any, vocab: int, tied: bool, eot_id: int) -> dict:
             "tie_word_embeddings": tied, "bos_token_id": eot_id, "eos_token_id": eot_id, "torch_dtype": "float32"}
 
 
-def hf_state_dict(model: Any) -> dict:
+def hf_state_dict(model: GPT) -> dict:
     """tiedlm's tensors under GPT-2's names and layout (see the module docstring), or Llama's."""
     import torch
 
@@ -156,7 +164,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
     return result
 
 
-def _write_folder(folder: Path, rm: Any, model: Any) -> None:
+def _write_folder(folder: Path, rm: RunModel, model: torch.nn.Module) -> None:
     from safetensors.torch import save_file
 
     from .data.hf import write_hf_tokenizer
@@ -179,7 +187,7 @@ def _write_folder(folder: Path, rm: Any, model: Any) -> None:
         write_hf_tokenizer(tok, folder, rm.cfg.model.block_size)
 
 
-def _batch(rm: Any, batch: int):
+def _batch(rm: RunModel, batch: int):
     """A fixed batch: the first `batch` windows of block_size + 1 validation (else test) tokens."""
     import numpy as np
     import torch
@@ -194,7 +202,7 @@ def _batch(rm: Any, batch: int):
     return x, y
 
 
-def _verify(folder: Path, rm: Any, model: Any, result: ExportResult, batch: int) -> None:
+def _verify(folder: Path, rm: RunModel, model: torch.nn.Module, result: ExportResult, batch: int) -> None:
     """Load the folder with transformers and compare logits on a fixed batch (skipped with a note
     when transformers is not installed)."""
     try:
@@ -249,7 +257,7 @@ def _verify(folder: Path, rm: Any, model: Any, result: ExportResult, batch: int)
                        "— the export was removed; this is a bug in tiedlm's export, please report it")
 
 
-def _verify_family_tie(folder: Path, hf: Any, tied: bool) -> None:
+def _verify_family_tie(folder: Path, hf: PreTrainedModel, tied: bool) -> None:
     """arch: hf: the reloaded model's tie flag, in every nested config, and the safetensors agree
     with the run: a tied export holds one V × d matrix (E), an untied one two (E and W_out),
     whatever names the family saves them under (GPT-NeoX's embed_out)."""

@@ -15,14 +15,18 @@ the head would see it too, so the final RMSNorm's gain is divided by √d: the h
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .errors import RunError
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .model import GPT
 
 CLASS = "LlamaForCausalLM"
 
 
-def llama_config(cfg: Any, vocab: int, tied: bool, eot_id: int) -> dict:
+def llama_config(cfg: Config, vocab: int, tied: bool, eot_id: int) -> dict:
     """config.json of the LlamaForCausalLM."""
     m = cfg.model
     return {"architectures": [CLASS], "model_type": "llama", "vocab_size": vocab, "hidden_size": m.n_embd,
@@ -36,7 +40,7 @@ def llama_config(cfg: Any, vocab: int, tied: bool, eot_id: int) -> dict:
             "tie_word_embeddings": tied, "bos_token_id": eot_id, "eos_token_id": eot_id, "torch_dtype": "float32"}
 
 
-def llama_state_dict(model: Any, sd: dict, tied: bool) -> dict:
+def llama_state_dict(model: GPT, sd: dict, tied: bool) -> dict:
     """`sd` (tiedlm's names, the modes' parameters already folded into lm_head.weight, which is
     absent when tied) under LlamaForCausalLM's names (see the module docstring)."""
     cfg = model.cfg

@@ -13,8 +13,15 @@ threads are the run's train.threads, as in training.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 from .device import cpu_threads, resolve_device
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from .data import Tokenizer
 
 
 @dataclass
@@ -28,7 +35,7 @@ class SampleOptions:
     num_samples: int = 1
 
 
-def next_token(logits: Any, opts: SampleOptions, gen: Any) -> int:
+def next_token(logits: torch.Tensor, opts: SampleOptions, gen: torch.Generator) -> int:
     """One token from the last position's logits (V,) under the options.
 
     The logits are shifted so that the largest is 0 before they are divided by the temperature,
@@ -56,8 +63,9 @@ def next_token(logits: Any, opts: SampleOptions, gen: Any) -> int:
     return int(only[0]) if len(only) == 1 else t
 
 
-def generate_ids(model: Any, context: list[int], opts: SampleOptions, gen: Any, block_size: int, eot_id: int,
-                 device: Any, vocab_size: int | None = None) -> Iterator[int]:
+def generate_ids(model: torch.nn.Module, context: list[int], opts: SampleOptions, gen: torch.Generator,
+                 block_size: int, eot_id: int, device: torch.device | str,
+                 vocab_size: int | None = None) -> Iterator[int]:
     """Token ids after `context`, one at a time, up to the end-of-text token (not yielded)."""
     import torch
 
@@ -78,7 +86,7 @@ def generate_ids(model: Any, context: list[int], opts: SampleOptions, gen: Any, 
 PREFIX_IDS = 64  # the prompt's last ids decoded before the continuation: enough for any decoder's join
 
 
-def stream_text(tok: Any, ids: Iterator[int], write: Callable[[str], None], prefix: Any = (),
+def stream_text(tok: Tokenizer, ids: Iterator[int], write: Callable[[str], None], prefix: Iterable[int] = (),
                 written: str = "") -> list[int]:
     """Decode as tokens arrive and write each new piece of text; a byte-level token that ends
     inside a UTF-8 character waits for the next one. Returns the ids.
@@ -116,7 +124,7 @@ def stream_text(tok: Any, ids: Iterator[int], write: Callable[[str], None], pref
     return out
 
 
-def unknown_pieces(tok: Any, text: str) -> list[str]:
+def unknown_pieces(tok: Tokenizer, text: str) -> list[str]:
     """The words (word tokenizer) or characters (char tokenizer) of `text` that the tokenizer
     encodes as <unk>, each once, in order; [] for tokenizers without <unk> (byte, bpe)."""
     unk = getattr(tok, "unk_id", None)
@@ -138,7 +146,7 @@ def unknown_pieces(tok: Any, text: str) -> list[str]:
     return list(dict.fromkeys(p for p, i in zip(pieces, ids) if int(i) == unk))
 
 
-def _unknown_note(tok: Any, text: str) -> str | None:
+def _unknown_note(tok: Tokenizer, text: str) -> str | None:
     found = unknown_pieces(tok, text)
     if not found:
         return None
@@ -149,7 +157,7 @@ def _unknown_note(tok: Any, text: str) -> str | None:
             f"the model sees <unk> for {'it' if one else 'them'}")
 
 
-def sample_run(run_dir: Any, opts: SampleOptions, write: Callable[[str], None], note: Callable[[str], None],
+def sample_run(run_dir: str | Path, opts: SampleOptions, write: Callable[[str], None], note: Callable[[str], None],
                device: str | None = None) -> list[list[int]]:
     """Samples from a run's latest checkpoint on the device the run would use (or `device`), with
     the run's train.threads, written through `write` as they are generated; notes (a cut prompt,

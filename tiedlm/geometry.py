@@ -22,7 +22,7 @@ imported inside the functions, so importing this module costs nothing.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .nats import perplexity
 
@@ -36,7 +36,7 @@ PAIR_CHUNK = 65536  # direct_path_nll: pairs per target-logit block
 # ============================================================================ helpers
 
 
-def _matrix(M: Any, name: str = "M") -> torch.Tensor:
+def _matrix(M: torch.Tensor, name: str = "M") -> torch.Tensor:
     """M as a detached 2-D float tensor: float32, or float64 when it is float64."""
     import torch
 
@@ -48,7 +48,7 @@ def _matrix(M: Any, name: str = "M") -> torch.Tensor:
     return M
 
 
-def _pair(E: Any, W: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _pair(E: torch.Tensor, W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """E and W as matrices of the same shape and working dtype (float64 when either is)."""
     E, W = _matrix(E, "E"), _matrix(W, "W")
     if E.shape != W.shape:
@@ -82,7 +82,7 @@ def _unit_rows(M: torch.Tensor) -> torch.Tensor:
 # ============================================================================ norms and ranks
 
 
-def row_norms(M: Any) -> torch.Tensor:
+def row_norms(M: torch.Tensor) -> torch.Tensor:
     """The Euclidean norm ‖M[t]‖₂ of each row, shape (V,)."""
     import torch
 
@@ -118,7 +118,7 @@ def spearman(x: Sequence[float] | torch.Tensor, y: Sequence[float] | torch.Tenso
 # ============================================================================ one matrix
 
 
-def anisotropy(M: Any, n_pairs: int = 20000, seed: int = 0) -> dict:
+def anisotropy(M: torch.Tensor, n_pairs: int = 20000, seed: int = 0) -> dict:
     """How much the rows of M point one way (Ethayarajh 2019; Gao et al. 2019, representation
     degeneration). Returns
     - mean_cosine: the mean cos(M[i], M[j]) over n_pairs random pairs of distinct rows i ≠ j
@@ -160,7 +160,7 @@ def anisotropy(M: Any, n_pairs: int = 20000, seed: int = 0) -> dict:
             "mean_direction_share": mean_direction_share, "pairs": int(n_pairs)}
 
 
-def singular_values(M: Any) -> list[float]:
+def singular_values(M: torch.Tensor) -> list[float]:
     """The singular values of M, descending (torch.linalg.svdvals in float32). A tall M (V > d) is
     first reduced to the d x d R of M = QR, which has the same singular values (5x faster at V = 50k)."""
     import torch
@@ -186,7 +186,7 @@ def effective_rank(s: Sequence[float]) -> float:
 # ============================================================================ E against W
 
 
-def pair_cosines(E: Any, W: Any) -> torch.Tensor:
+def pair_cosines(E: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """cos(E[t], W[t]) = ⟨E[t], W[t]⟩ / (‖E[t]‖ ‖W[t]‖) for each row t, shape (V,); 0 where either
     row is 0."""
     import torch
@@ -198,14 +198,14 @@ def pair_cosines(E: Any, W: Any) -> torch.Tensor:
     return torch.where(ok, cos.clamp(-1.0, 1.0), torch.zeros_like(cos))
 
 
-def relative_drift(E: Any, W: Any) -> float:
+def relative_drift(E: torch.Tensor, W: torch.Tensor) -> float:
     """‖E − W‖_F / ‖E‖_F (0 for a tied model); nan when E is 0."""
     E, W = _pair(E, W)
     base = _sq_norm(E)
     return math.sqrt(_sq_norm(E - W) / base) if base > 0 else math.nan
 
 
-def procrustes(E: Any, W: Any) -> torch.Tensor:
+def procrustes(E: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """The orthogonal d x d R minimising ‖E R − W‖_F (Schönemann 1966): R = U Vᵀ where
     Eᵀ W = U Σ Vᵀ (the SVD taken in float64)."""
     import torch
@@ -215,7 +215,7 @@ def procrustes(E: Any, W: Any) -> torch.Tensor:
     return (U @ Vh).to(E.dtype)
 
 
-def aligned_cosines(E: Any, W: Any) -> torch.Tensor:
+def aligned_cosines(E: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """pair_cosines(E R, W) after the rotation R that maximises their mean: procrustes of the unit
     rows (a rotation keeps norms, so Σ⟨ê_t R, ŵ_t⟩ is the sum of the cosines). Fitted on the raw
     rows instead, the largest rows would decide the rotation."""
@@ -223,7 +223,7 @@ def aligned_cosines(E: Any, W: Any) -> torch.Tensor:
     return pair_cosines(E @ procrustes(_unit_rows(E), _unit_rows(W)), W)
 
 
-def linear_cka(X: Any, Y: Any) -> float:
+def linear_cka(X: torch.Tensor, Y: torch.Tensor) -> float:
     """Linear CKA (Kornblith et al. 2019) of the rows of X (n x p) and Y (n x q), columns centred:
     ‖YᵀX‖_F² / (‖XᵀX‖_F ‖YᵀY‖_F), from p x q, p x p and q x q products only. nan when X or Y is
     constant."""
@@ -251,7 +251,7 @@ def _neighbours(unit: torch.Tensor, queries: torch.Tensor, k: int) -> torch.Tens
     return sims.topk(k, dim=1).indices
 
 
-def knn_overlap(E: Any, W: Any, k: int = 10, sample: int = 2000, seed: int = 0) -> dict:
+def knn_overlap(E: torch.Tensor, W: torch.Tensor, k: int = 10, sample: int = 2000, seed: int = 0) -> dict:
     """For `sample` tokens drawn without replacement (all of them when V ≤ sample), the k nearest
     neighbours by cosine among all V rows (the token itself excluded) in E and in W. Returns mean
     (the mean of |N_E(t) ∩ N_W(t)| / k), sampled (the number of tokens), k. Queries are scored
@@ -279,7 +279,7 @@ def knn_overlap(E: Any, W: Any, k: int = 10, sample: int = 2000, seed: int = 0) 
     return {"mean": shared / (n * k), "sampled": n, "k": int(k)}
 
 
-def bilinear_symmetry(E: Any, W: Any, gain: Any = None) -> dict:
+def bilinear_symmetry(E: torch.Tensor, W: torch.Tensor, gain: torch.Tensor | None = None) -> dict:
     """How symmetric the direct-path bilinear form M = W · diag(gain) · Eᵀ (V x V; gain: the final
     norm's weight, LayerNorm's or RMSNorm's, default ones; the norm's per-token scale, and
     LayerNorm's centring and bias, are left out) is, without forming M. With G = diag(gain), in float64:
@@ -311,7 +311,7 @@ def bilinear_symmetry(E: Any, W: Any, gain: Any = None) -> dict:
 # ============================================================================ the direct path
 
 
-def _vector(v: Any, n: int, name: str, like: torch.Tensor) -> torch.Tensor | None:
+def _vector(v: torch.Tensor | None, n: int, name: str, like: torch.Tensor) -> torch.Tensor | None:
     """v as a length-n vector in like's dtype and device, or None."""
     import torch
 
@@ -323,7 +323,7 @@ def _vector(v: Any, n: int, name: str, like: torch.Tensor) -> torch.Tensor | Non
     return v
 
 
-def _tokens(t: Any, name: str, V: int, device: torch.device) -> torch.Tensor:
+def _tokens(t: torch.Tensor, name: str, V: int, device: torch.device) -> torch.Tensor:
     """t as a 1-D int64 tensor of token ids in [0, V) on device."""
     import torch
 
@@ -358,8 +358,10 @@ def final_norm(x: torch.Tensor, norm: str, weight: torch.Tensor | None, bias: to
     raise ValueError(f"norm must be one of {', '.join(NORMS)}, got {norm!r}")
 
 
-def direct_path_nll(E: Any, W: Any, prev: Any, nxt: Any, ln_weight: Any, ln_bias: Any, eps: float | None = 1e-5,
-                    scale: float = 1.0, head_bias: Any = None, chunk: int = 2048, norm: str = "layernorm") -> dict:
+def direct_path_nll(E: torch.Tensor, W: torch.Tensor, prev: torch.Tensor, nxt: torch.Tensor,
+                    ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None, eps: float | None = 1e-5,
+                    scale: float = 1.0, head_bias: torch.Tensor | None = None, chunk: int = 2048,
+                    norm: str = "layernorm") -> dict:
     """The loss of the direct-path bigram model logits(t) = W · N(scale · E[t]) (+ head_bias), N the
     model's final norm over d (final_norm of the kind `norm`, with ln_weight, ln_bias, eps):
     layernorm (GPT-2, the default) or rmsnorm (Llama; ln_bias must be None), on the pairs

@@ -21,11 +21,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .arch import HF_SIZE_FIELDS
 from .errors import ConfigError
 from .pretrained import checkpoint_config
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from transformers import PretrainedConfig
+
+    from .config import ModelConfig
 
 SIZE_FIELDS = HF_SIZE_FIELDS  # tiedlm's size keys -> transformers' config fields (arch.py)
 TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")  # None: no row of E is a frozen padding row
@@ -33,7 +40,7 @@ NESTED = ("text_config",)  # multimodal configs keep the language model's fields
 EXTRA = "pip install -e '.[hf]' (transformers)"
 
 
-def require_transformers() -> Any:
+def require_transformers() -> ModuleType:
     try:
         import transformers
     except ImportError:
@@ -71,12 +78,12 @@ def _base_config(name: str) -> tuple[str, dict, Any]:
                           f"{transformers.__version__}), or a local config.json") from None
 
 
-def language_configs(cfg: Any) -> list[Any]:
+def language_configs(cfg: PretrainedConfig) -> list[Any]:
     """The config and its nested language-model configs (text_config), each to be set alike."""
     return [cfg] + [getattr(cfg, k) for k in NESTED if getattr(cfg, k, None) is not None]
 
 
-def hf_model_config(m: Any, vocab_size: int) -> Any:
+def hf_model_config(m: ModelConfig, vocab_size: int) -> PretrainedConfig:
     """The family's config with tiedlm's size, the vocabulary, the tie and model.hf_overrides set,
     built by the family's own config class from them (so that what it derives from the size, such
     as each layer's attention type, follows the size)."""
@@ -105,7 +112,7 @@ def hf_model_config(m: Any, vocab_size: int) -> Any:
     return base
 
 
-def _check_overrides(m: Any, kind: str, probe: Any) -> None:
+def _check_overrides(m: ModelConfig, kind: str, probe: PretrainedConfig) -> None:
     for key in (m.hf_overrides or {}):
         if not hasattr(probe, key):
             raise ConfigError(f"model.hf_overrides: {key} is not a field of {kind}'s config — check its name in "
@@ -114,7 +121,7 @@ def _check_overrides(m: Any, kind: str, probe: Any) -> None:
             raise ConfigError(f"model.hf_overrides: {key} is set by tiedlm's own key — use {_own_key(key)} instead")
 
 
-def _checkpoint_config(m: Any, vocab_size: int) -> Any:
+def _checkpoint_config(m: ModelConfig, vocab_size: int) -> PretrainedConfig:
     """A pretrained start's config: the checkpoint's own (its size, vocabulary and token ids), with
     model.hf_overrides and the run's tie set on it, and its vocabulary grown to `vocab_size` where
     new tokens need more rows (tokenizer.add_tokens)."""
@@ -137,6 +144,6 @@ def _own_key(field: str) -> str:
     return "model." + next(k for k, f in SIZE_FIELDS.items() if f == field)
 
 
-def config_flags_tied(cfg: Any) -> list[bool]:
+def config_flags_tied(cfg: PretrainedConfig) -> list[bool]:
     """tie_word_embeddings of the config and of each nested language config."""
     return [bool(getattr(c, "tie_word_embeddings", False)) for c in language_configs(cfg)]

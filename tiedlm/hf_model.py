@@ -7,7 +7,7 @@ from __future__ import annotations
 import types
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -19,11 +19,16 @@ from .pretrained import checkpoint_config, checkpoint_tied, describe_start
 from .tie import UNTIED, Tie
 from .loss import cross_entropy, token_losses
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from .config import ModelConfig
+
 
 class HFCausalLM(nn.Module):
     """A transformers causal LM with the interface tiedlm's loop asks of model.GPT."""
 
-    def __init__(self, cfg: Any, vocab_size: int):
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         transformers = require_transformers()
         self.cfg, self.vocab_size, self.family = cfg, vocab_size, cfg.family
@@ -41,7 +46,8 @@ class HFCausalLM(nn.Module):
         self.head_kind = self._head_kind()
         self.check_tie(cfg.tie.w_out_is_e)
 
-    def _load_checkpoint(self, transformers: Any, cfg: Any, config: Any) -> nn.Module:
+    def _load_checkpoint(self, transformers: types.ModuleType, cfg: ModelConfig,
+                         config: PretrainedConfig) -> nn.Module:
         """The checkpoint's weights in float32, its tie checked by storage against its config, then
         set to the run's: untied by copy, or tied from E, W_out or their mean (model.tie_from)."""
         saved = checkpoint_config(Path(cfg.hf_config))
@@ -189,7 +195,7 @@ class HFCausalLM(nn.Module):
         return cross_entropy(h2, weight, bias, t)
 
 
-def count_on_meta(m: Any, vocab_size: int) -> dict:
+def count_on_meta(m: ModelConfig, vocab_size: int) -> dict:
     """The breakdown model.count_params gives, of the model built on the meta device (nothing is
     allocated): every parameter once (a shared one is one Parameter), E, W_out's own (0 tied), and
     the rest; with the decoder's matmul weights (its 2-D parameters but E), for the FLOPs."""

@@ -13,10 +13,13 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import __version__
 from .distributed import is_main_process
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 
 class _Stderr:
@@ -80,7 +83,7 @@ class StopSignals:
     def __init__(self):
         self.received: int | None = None
         self._old: dict = {}
-        self._early: Any = None
+        self._early: Callable[[int, FrameType | None], Any] | int | None = None
 
     @staticmethod
     def _terminate(signum, frame):

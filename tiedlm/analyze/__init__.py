@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .measures import direct_path, finite, language_asymmetry, matrix_stats, pair_stats, per_token_arrays
 from .report import ANALYSIS_JSON, ANALYSIS_MD, tie_kind  # report imports nothing from here
@@ -27,6 +27,10 @@ from ..errors import ConfigError, RunError, TiedlmError
 from ..files import check_foreign
 from ..formatting import fmt
 from ..runs import FolderLock
+
+if TYPE_CHECKING:
+    from ..data import SplitData
+    from ..evaluate import RunModel
 
 FORMAT = 1
 
@@ -99,7 +103,7 @@ def _may_be_untied(run_dir: Path) -> bool:
     return config is not None and (not config.model.tie.w_out_is_e or config.model.untie_at is not None)
 
 
-def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample: int, seed: int, max_pairs: int,
+def _analyze(rm: RunModel, run_dir: Path, out: str | Path | None, split: str, sample: int, seed: int, max_pairs: int,
              pairs: int, overwrite: bool = False, overwrite_option: str = "--overwrite") -> dict:
     from .report import write_analysis
 
@@ -143,18 +147,18 @@ def _analyze(rm: Any, run_dir: Path, out: str | Path | None, split: str, sample:
     return result
 
 
-def _bytes_per_token(split: Any) -> float | None:
+def _bytes_per_token(split: SplitData) -> float | None:
     """The split's UTF-8 bytes per token (None when its bytes are not known)."""
     return split.n_bytes / len(split.tokens) if split.n_bytes and len(split.tokens) else None
 
 
-def _model_loss(report: Any, split: str) -> float | None:
+def _model_loss(report: runs.RunReport | None, split: str) -> float | None:
     final = getattr(report, "final", None) or {}
     section = final.get(split) if isinstance(final, dict) else None
     return section.get("loss") if isinstance(section, dict) else None
 
 
-def _floor(report: Any, split: str) -> dict | None:
+def _floor(report: runs.RunReport | None, split: str) -> dict | None:
     """The synthetic language's per-token loss on this split (the true model, which is a bigram
     model of words: each word fixes its class), where the run recorded it."""
     floor = getattr(report, "floor", None) or {}

@@ -6,12 +6,15 @@ asymmetric the language's true bigrams are. The geometry itself is geometry.py's
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import geometry as g
 from ..nats import bits_per_byte
+
+if TYPE_CHECKING:
+    from ..config import SyntheticConfig
 
 
 def matrix_stats(M, counts: np.ndarray, bucket_of: np.ndarray, names: list[str], seed: int,
@@ -105,7 +108,7 @@ def direct_path(model, tokens: np.ndarray, vocab: int, max_pairs: int, bytes_per
     return out
 
 
-def language_asymmetry(scfg: Any) -> dict:
+def language_asymmetry(scfg: SyntheticConfig) -> dict:
     """How asymmetric the synthetic language's true bigrams are: the share of the class
     transitions that occur whose reverse never does, and the antisymmetric share of the joint
     word-bigram distribution J[a, b] = π(c_a) e_a T[c_a, c_b] e_b, computed through the classes
