@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from tiedlm import runs
 from tiedlm.analyze import ANALYSIS_JSON, ANALYSIS_MD, analyze_run
 from tiedlm.analyze.measures import language_asymmetry
-from tiedlm.analyze.report import PLOTS
+from tiedlm.analyze.render import PLOTS
 from tiedlm.cli import app
 from tiedlm.config import load_config
 from tiedlm.errors import Interrupted

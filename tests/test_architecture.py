@@ -43,7 +43,7 @@ def modules(root: Path = PACKAGE) -> dict[str, Path]:
 
 def layer(name: str) -> str:
     """The LAYERS entry of a module: its first part below the root package (`analyze` for
-    tiedlm.analyze.report); the root package is its own."""
+    tiedlm.analyze.render); the root package is its own."""
     parts = name.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from tiedlm import runs
 from tiedlm.analyze import ANALYSIS_JSON, ANALYSIS_MD
-from tiedlm.analyze.report import PLOTS, TITLE
+from tiedlm.analyze.render import PLOTS, TITLE
 from tiedlm.cli import app
 from tiedlm.config import load_config
 from tiedlm.errors import Interrupted
@@ -261,7 +261,7 @@ def test_the_record_is_rewritten_under_a_lock(tmp_path):
 def test_several_runs_are_checked_for_an_untied_runs_own_plot_before_any_is_written(trained, tmp_path):
     """analyze of a tied and an untied run into one --out: the untied run's pair-cosine plot name is
     checked with the others, before the tied run's analysis is written."""
-    from tiedlm.analyze.report import analysis_files
+    from tiedlm.analyze.render import analysis_files
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))

@@ -7,7 +7,7 @@ marked so), the run's data (token counts of the training split, the evaluation s
 analysis.json, analysis.md and plots into the run folder (or --out):
 
     measures    each matrix, the pair, the direct path, the synthetic language's asymmetry
-    report      analysis.md and the plots
+    render      analysis.md, analysis.json and the plots
 
 Neighbour and pairwise statistics use seeded samples of tokens (say so in the report); the
 direct path is scored on the first `max_pairs` consecutive pairs of the split.
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .measures import direct_path, finite, language_asymmetry, matrix_stats, pair_stats, per_token_arrays
-from .report import ANALYSIS_JSON, ANALYSIS_MD, tie_kind  # report imports nothing from here
+from .render import ANALYSIS_JSON, ANALYSIS_MD, tie_kind  # render imports nothing from here
 from .. import runs
 from ..device import cpu_threads
 from ..errors import ConfigError, RunError, TiedlmError
@@ -82,7 +82,7 @@ def check_target(target: Path, overwrite: bool = False, overwrite_option: str = 
     run's analysis, untied (with the pair-cosine plot) unless its config says tied for good
     (_may_be_untied). write_analysis checks them again once the weights are read."""
     from ..checkpoints import check_outside_runs
-    from .report import analysis_files
+    from .render import analysis_files
 
     if is_out:
         check_outside_runs(target, "--out")
@@ -105,7 +105,7 @@ def _may_be_untied(run_dir: Path) -> bool:
 
 def _analyze(rm: RunModel, run_dir: Path, out: str | Path | None, split: str, sample: int, seed: int, max_pairs: int,
              pairs: int, overwrite: bool = False, overwrite_option: str = "--overwrite") -> dict:
-    from .report import write_analysis
+    from .render import write_analysis
 
     cfg, data, model = rm.cfg, rm.data, rm.model
     if split not in data.splits:

@@ -374,8 +374,8 @@ def _best_points(runs: list[LoadedRun]) -> list[tuple[float, float]]:
 
 
 def _matrices(runs: list[LoadedRun]) -> dict[str, Summary]:
-    """tiedlm analyze's per-run figures (analyze.report.summary_row) over the seeds that have them."""
-    from ..analyze.report import summary_row
+    """tiedlm analyze's per-run figures (analyze.render.summary_row) over the seeds that have them."""
+    from ..analyze.render import summary_row
 
     rows = [summary_row(r.analysis) for r in runs if r.analysis]
     if not rows:
