@@ -9,6 +9,9 @@ distributed, threads, and the package's __init__.py, whose lazy exports run for 
   (calls made inside train.train_run are not counted: it is the seam the second walk enters);
 - train: `tiedlm train` of the same config, to the first optimizer step (the data prepared afresh).
 
+Each walk also names the files of it that call into another file of it: the ones a reader follows
+the walk through, as against those called that return (a value's methods, a check, a format).
+
     python scripts/walks.py            # both walks, each file named
     python scripts/walks.py --json     # the same as JSON
     python scripts/walks.py --warm     # the training walk with the token cache warm
@@ -46,13 +49,26 @@ def _module(filename: str) -> str | None:
     return str(rel.with_suffix(""))
 
 
+def _caller(frame) -> str | None:
+    """The tiedlm module of the nearest tiedlm frame below `frame` (through torch's or typer's own
+    frames: a model's forward called by nn.Module.__call__ is its caller's call)."""
+    f = frame.f_back
+    while f is not None:
+        mod = _module(f.f_code.co_filename)
+        if mod is not None:
+            return mod
+        f = f.f_back
+    return None
+
+
 class Walk:
     """The tiedlm modules whose functions are called while it is on, outside `skip` (train.train_run,
     whose calls and everything below them are left out: it runs untraced) and until `stop` (a
-    predicate on a called frame) first holds."""
+    predicate on a called frame) first holds; and which module called which."""
 
     def __init__(self, skip: bool = False, stop=None):
         self.seen: set[str] = set()
+        self.calls: dict[str, set[str]] = {}  # caller module -> the other modules it called
         self.skip, self.stop, self.done = skip, stop, False
 
     def __call__(self, frame, event, arg):
@@ -65,9 +81,20 @@ class Walk:
         mod = _module(frame.f_code.co_filename)
         if mod is not None and frame.f_code.co_name != "<module>":
             self.seen.add(mod)
+            # a generator expression's frame is "called" each time the code iterating it resumes it:
+            # that code reads a value, it does not call into the module that wrote the expression
+            caller = None if frame.f_code.co_name == "<genexpr>" else _caller(frame)
+            if caller is not None and caller != mod:
+                self.calls.setdefault(caller, set()).add(mod)
 
     def counted(self) -> list[str]:
         return sorted(m for m in self.seen if m not in LEAVES)
+
+    def directing(self) -> list[str]:
+        """The counted files that call into another counted file: the ones a reader follows the
+        walk through. The others are called and return (a value's methods, a check, a format)."""
+        counted = set(self.counted())
+        return sorted(m for m in counted if self.calls.get(m, set()) & (counted - {m}))
 
     def run(self, argv: list[str]) -> None:
         """The command, traced (train.train_run untraced when `skip`)."""
@@ -111,7 +138,7 @@ def _optimizer_step(frame) -> bool:
     return frame.f_code.co_name == "step" and "torch/optim" in frame.f_code.co_filename.replace("\\", "/")
 
 
-def walks(warm: bool = False) -> dict[str, list[str]]:
+def walks(warm: bool = False) -> dict[str, Walk]:
     import tiedlm.cli  # noqa: F401  (imported before tracing: import-time code is not counted)
     import tiedlm.compare  # noqa: F401
     import tiedlm.experiment  # noqa: F401
@@ -128,7 +155,7 @@ def walks(warm: bool = False) -> dict[str, list[str]]:
         if warm:  # the data prepared (tokenized, cached) before the walk, untraced
             Walk().run_untraced(["data", "--config", config, *sets])
         train.run(["train", "--config", config, *sets, "--out", f"{tmp}/one", "--name", "walk", "-q"])
-    return {"compare": compare.counted(), "train": train.counted()}
+    return {"compare": compare, "train": train}
 
 
 def main() -> None:
@@ -138,10 +165,13 @@ def main() -> None:
     args = parser.parse_args()
     found = walks(args.warm)
     if args.json:
-        print(json.dumps({k: {"files": len(v), "modules": v} for k, v in found.items()}, indent=2))
+        print(json.dumps({k: {"files": len(w.counted()), "modules": w.counted(), "directing": w.directing()}
+                          for k, w in found.items()}, indent=2))
         return
-    for name, mods in found.items():
+    for name, w in found.items():
+        mods, directing = w.counted(), w.directing()
         print(f"{name}: {len(mods)} files — {', '.join(mods)}")
+        print(f"  {len(directing)} of them call into another: {', '.join(directing)}")
 
 
 if __name__ == "__main__":
