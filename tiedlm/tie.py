@@ -81,7 +81,7 @@ class Tie:
 
     @property
     def tag(self) -> str:
-        """How run names spell it: tied, untied, projection, lowrank-r8, split-r8, or soft-l0.01 (run
+        """How run names spell it: tied, untied, projection, lowrank-r8, split-r8, soft-l0.01 or pull-l100 (run
         names allow letters, digits and - _ . = +: 1e-05 and 1e+03 are kept as they are)."""
         if self.strengthened:
             return f"{self.mode}-l{self.strength:g}"
@@ -89,7 +89,7 @@ class Tie:
 
     @property
     def two_matrices(self) -> bool:
-        """Whether W_out is a Parameter of its own beside E (untied, soft); otherwise W_out is E or
+        """Whether W_out is a Parameter of its own beside E (TWO_MATRICES); otherwise W_out is E or
         is built from it, and `lm_head.weight` is E."""
         return self.mode in TWO_MATRICES
 
