@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .arch import ARCHS, FAMILY_KEYS, arch_of
@@ -438,8 +439,6 @@ def check_folder_option(value: str, option: str, must_exist: bool = False):
     """A folder given on the command line (`--out`, a run folder): not empty, no control characters
     (a newline pasted into a path), not a file; returned as a Path. An empty value is refused
     rather than read as the working directory (it is most often an unset shell variable)."""
-    from pathlib import Path
-
     _check(value.strip() != "", f"{option} is empty — give a folder path")
     bad = next((c for c in value if ord(c) < 32 or ord(c) == 127), None)
     _check(bad is None, f"{option} {value!r} holds a control character ({bad!r}) — give a plain folder path")

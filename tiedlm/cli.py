@@ -6,6 +6,8 @@ the commands so that `tiedlm --help` is instant."""
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -81,8 +83,6 @@ def _fail(message: str, code: int, same_on_every_rank: bool = True) -> None:
     if is_main_process():
         typer.echo(f"tiedlm: error: {message}", err=True)
     elif not same_on_every_rank:
-        import os
-
         typer.echo(f"tiedlm: error: rank {os.environ.get('RANK', '?')}: {message}", err=True)
     elif not leaves_errors_to_rank_0():
         typer.echo(f"tiedlm: error: {message}", err=True)
@@ -92,8 +92,6 @@ def _fail(message: str, code: int, same_on_every_rank: bool = True) -> None:
 def _silence_closed_streams() -> None:
     """Point stdout and stderr at /dev/null so that the interpreter's final flush of a closed pipe
     prints no 'Exception ignored' message and exits 0."""
-    import os
-
     devnull = os.open(os.devnull, os.O_WRONLY)
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -460,8 +458,6 @@ def sample(
     """Generate text from a run's latest checkpoint, streamed as it is generated."""
 
     def sample_text():
-        import math
-
         from .checks import check_at_most, check_device, check_positive, check_seed
 
         check_seed(seed, "--seed")

@@ -9,6 +9,7 @@ Without those variables everything here is a no-op for one process. torch is imp
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, TypeVar
@@ -107,8 +108,6 @@ def start(d: Dist, device: torch.device) -> torch.device:
 
 def stop(d: Dist) -> None:
     if d.active:
-        import gc
-
         import torch.distributed as td
 
         # A DistributedDataParallel wrapper left in a reference cycle still holds the group's gloo

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -24,8 +25,6 @@ from .errors import ConfigError, NotARunError, RunError
 from .nats import bits_per_byte, perplexity
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     import torch
 
     from .config import Config
@@ -260,8 +259,6 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
     run's own config (a token-cache hit when nothing changed); they must be the tokens it was
     trained on. `chooser`: the command's option that chooses other weights of the run (--best,
     --checkpoint), named when these are not finite; None for a command that has none."""
-    from pathlib import Path
-
     from . import checkpoints
     from .data import identity_fits, prepare_data
     from .model import build_model
@@ -301,8 +298,6 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
                  device: str = "auto", best: bool = False) -> dict:
     """`tiedlm eval RUN`: rebuild a run's model from its checkpoint (with `best`, from the weights
     it kept at its best validation evaluation) and score whole splits."""
-    from pathlib import Path
-
     stored = runs.read_config(Path(run_dir)) if Path(run_dir).is_dir() else None
     if stored is not None and stride is not None:  # refused before any data are prepared
         block = stored.model.block_size

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -63,8 +64,6 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     """The labelled ticks of a log axis over the data lo..hi (both > 0), one step past each end:
     1-9 × 10^k when it spans less than 20×, 1-2-5 × 10^k up to 1000×, the decades beyond; evenly
     spaced round values where that leaves fewer than two ticks in lo..hi (a span of a few percent)."""
-    import math
-
     span = hi / lo
     mults = (1, 2, 3, 4, 5, 6, 7, 8, 9) if span < 20 else (1, 2, 5) if span < 1000 else (1,)
     first, last = math.floor(math.log10(lo)), math.floor(math.log10(hi))
@@ -82,8 +81,6 @@ def log_ticks(lo: float, hi: float) -> list[float]:
 def _log_axis(ax: Axes, which: str) -> None:
     """A log axis' labelled ticks (log_ticks of its data), its view widened to the first of them at
     or above the highest point and at or below the lowest one."""
-    import math
-
     from matplotlib.ticker import FixedLocator
 
     axis = ax.xaxis if which == "x" else ax.yaxis

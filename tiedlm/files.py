@@ -19,6 +19,7 @@ import math
 import os
 import re
 import socket
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -201,8 +202,6 @@ def os_error_line(exc: OSError) -> str:
 def check_writable(folder: Path) -> None:
     """A RunError (exit 1) unless files can be created in folder (made if missing): a read-only
     disk or a folder that is a file, said once before any run is trained into it."""
-    import tempfile
-
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".tiedlm-probe-")

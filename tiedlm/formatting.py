@@ -4,6 +4,7 @@ Pure functions of plain values; no tiedlm module is imported here."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Iterable
 
@@ -33,8 +34,6 @@ def fmt(x: Any, digits: int = 2) -> str:
 def shown_text(text: str) -> str:
     """A value in a message: quoted with its escapes (a newline shows as \\n), cut when long, or
     "an empty value"."""
-    import json
-
     if not text:
         return "an empty value"
     return json.dumps(text) if len(text) <= 60 else json.dumps(text[:40])[:-1] + f'..." ({len(text)} characters)'

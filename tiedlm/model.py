@@ -25,6 +25,7 @@ decoupled from Adam (`pull_tie()`, a step of W_out and E towards each other afte
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -398,8 +399,6 @@ def lm_loss(model, x: torch.Tensor, y: torch.Tensor, amp=None) -> torch.Tensor:
     (loss.py) takes the head and the cross-entropy over chunks of a few MB of logits and computes
     the gradients as it goes; the logits are never whole and their gradient never a separate
     buffer. It goes through the wrapper, so it is the same under DistributedDataParallel."""
-    import contextlib
-
     with amp if amp is not None else contextlib.nullcontext():
         return model(x, y)
 

@@ -22,10 +22,12 @@ never leaves a half-written file; a failed write is one line saying what to do (
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
 import socket
+import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
@@ -124,8 +126,6 @@ def run_dir_for(out: Path, name: str) -> Path:
 
 def expand_runs(items: list[str]) -> list[Path]:
     """Run folders from the command line: folders, or globs (a glob matching nothing is an error)."""
-    import glob
-
     found: list[Path] = []
     for item in items:
         matches = sorted(glob.glob(item)) if any(ch in item for ch in "*?[") else [item]
@@ -245,8 +245,6 @@ class FolderLock(RunLock):
         self._created = missing or self._created  # innermost first, as they are removed
 
     def acquire(self) -> None:
-        import time
-
         if self._key in _held_folders:
             self._nested = True
             return

@@ -20,6 +20,8 @@ event files with SUFFIX; other files and folders in `tb/` are left alone, and sa
 from __future__ import annotations
 
 import contextlib
+import os
+import shlex
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -317,7 +319,4 @@ def backfill_many(paths: Iterable[Path], left_alone: list[Path] | None = None) -
 def logdir_of(written: list[Path]) -> str:
     """The folder the runs of these event files (each run/tb/events…) share, for `tensorboard
     --logdir`, quoted for a shell; '.' when they are folders of the working directory."""
-    import os
-    import shlex
-
     return shlex.quote(os.path.commonpath([str(Path(p).parent.parent) for p in written]) or ".")

@@ -14,6 +14,7 @@ lines say how many cells it rests on.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -220,8 +221,6 @@ def map_section(matched: list, primary: str, variants: Sequence[Any]) -> MapSect
 def missing_map_note(matched: list) -> list[str]:
     """Why a grid of two numeric keys has no tying map when several tied variants (tied and a
     mode, say) share a setting: the map holds one effect per cell. [] otherwise."""
-    from collections import Counter
-
     if not matched or any(len(m.setting) != 2 for m in matched):
         return []
     per_setting = Counter(tuple(sorted(map(str, m.setting.items()))) for m in matched)

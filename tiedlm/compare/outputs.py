@@ -4,6 +4,7 @@ the folder may take them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterable
 
@@ -52,8 +53,6 @@ def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
 def replaced_note(c: Comparison, out: Path) -> str | None:
     """What an earlier comparison in `out` compared, when it was of other runs: the line that says
     it is replaced (never silently), naming a few of them and how to keep comparisons apart."""
-    import json
-
     path = Path(out) / FILES["json"]
     try:
         before = {r.get("name") for r in json.loads(path.read_text(encoding="utf-8")).get("runs", [])

@@ -30,6 +30,7 @@ tests/test_compare_stats.py checks them against scipy.stats.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import asdict, dataclass, field
 from statistics import NormalDist
@@ -367,8 +368,6 @@ def spearman_test(x: Sequence[float], y: Sequence[float]) -> tuple[float | None,
     if not math.isfinite(rho):
         return None, None
     if n <= EXACT_CELLS:
-        import itertools
-
         import numpy as np
         import torch
 

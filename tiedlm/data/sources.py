@@ -10,6 +10,7 @@ UTF-8 are a DataError (exit 1).
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import dataclasses
 import glob as globlib
@@ -299,8 +300,6 @@ def _files_source(builder: str, files: dict[str, list[Path]], path: str) -> Sour
 
 def _first_non_utf8(files: list[Path]) -> tuple[Path, int, int] | None:
     """The first file that is not UTF-8: (file, byte offset, byte value)."""
-    import codecs
-
     for f in files:
         decoder = codecs.getincrementaldecoder("utf-8")()
         offset = 0

@@ -34,12 +34,15 @@ import dataclasses
 import json
 import os
 import re
+import select
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -201,8 +204,6 @@ def _clean_stale_folders() -> None:
     """Remove the temporary folders (the children's configs and logs) that a --jobs process killed
     without cleaning up (kill -9) left: only those of this host whose process is gone; a folder of
     a live process, another host's, or one named otherwise is left alone."""
-    import shutil
-
     root = Path(tempfile.gettempdir())
     try:
         entries = list(root.iterdir())
@@ -343,8 +344,6 @@ class WorkerPool:
     def ended(self, timeout: float) -> list[tuple[_Job, int, str | None]]:
         """The runs that ended within `timeout` seconds: (job, exit code, its error line or None
         to read from its log). A worker that died in a run is dropped, its exit code the run's."""
-        import select
-
         busy = self.busy()
         if not busy:
             return []
@@ -392,8 +391,6 @@ class WorkerPool:
 def _train_in_worker(job: dict) -> tuple[int, str | None]:
     """One run of a worker, its output into the run's log: (exit code, error line), what
     `tiedlm train -q` would exit with and print (run_command's mapping)."""
-    import traceback
-
     from ..train import train_run
 
     try:

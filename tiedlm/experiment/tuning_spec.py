@@ -5,7 +5,9 @@ the protocol."""
 
 from __future__ import annotations
 
+import difflib
 import math
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +90,6 @@ def at_bound(key: str, value: float, direction: int) -> bool:
 def whole_key(key: str) -> bool | None:
     """Whether a config key takes whole numbers (int), real ones (float), or None when neither
     (an unknown key, a free type): the key's type decides, not how its values happen to be written."""
-    import typing
-
     tp: Any = Config
     for part in key.split("."):
         hints = typing.get_type_hints(tp) if isinstance(tp, type) else {}
@@ -161,8 +161,6 @@ def _sections() -> set[str]:
 def _unknown_key(key: str, where: str) -> ConfigError:
     """A tune: key that is neither a config key nor one of the block's own settings, with the
     closest of either (a known setting in no section, lr, is pointed to its place, train.lr)."""
-    import difflib
-
     leaf = key.rsplit(".", 1)[-1]
     close = difflib.get_close_matches(key, SETTINGS, n=1, cutoff=0.75)
     close = close or [k for k in ALL_KEYS if k.rsplit(".", 1)[-1] == leaf][:1]
