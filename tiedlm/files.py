@@ -23,7 +23,8 @@ import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
-from .errors import RunError
+
+from .errors import ConfigError, RunError
 
 HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64] or "host"
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # full disk, quota, file-size limit (ulimit -f)
@@ -280,8 +281,6 @@ def check_foreign(folder: Path, names: Iterable[str], option: str, overwrite: bo
         return
     found = foreign_files(folder, names)
     if found:
-        from .errors import ConfigError
-
         more = f" (and {len(found) - 1} more of the files it would write)" if len(found) > 1 else ""
         it = "them" if more else "it"
         raise ConfigError(f"{found[0]}{more} was not written by tiedlm, or was changed since — move {it} away, or "

@@ -19,14 +19,15 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .measures import direct_path, finite, language_asymmetry, matrix_stats, pair_stats, per_token_arrays
-from .render import ANALYSIS_JSON, ANALYSIS_MD, tie_kind  # render imports nothing from here
 from .. import runs
+from ..checkpoints import check_outside_runs
 from ..device import cpu_threads
 from ..errors import ConfigError, RunError, TiedlmError
 from ..files import check_foreign
 from ..formatting import fmt
 from ..runs import FolderLock
+from .measures import direct_path, finite, language_asymmetry, matrix_stats, pair_stats, per_token_arrays
+from .render import ANALYSIS_JSON, ANALYSIS_MD, analysis_files, tie_kind, write_analysis  # render imports nothing from here
 
 if TYPE_CHECKING:
     from ..data import SplitData
@@ -81,9 +82,6 @@ def check_target(target: Path, overwrite: bool = False, overwrite_option: str = 
     parts, and files there of the analysis' names that tiedlm did not write: the names of the
     run's analysis, untied (with the pair-cosine plot) unless its config says tied for good
     (_may_be_untied). write_analysis checks them again once the weights are read."""
-    from ..checkpoints import check_outside_runs
-    from .render import analysis_files
-
     if is_out:
         check_outside_runs(target, "--out")
     untied = run_dir is not None and _may_be_untied(run_dir)
@@ -105,8 +103,6 @@ def _may_be_untied(run_dir: Path) -> bool:
 
 def _analyze(rm: RunModel, run_dir: Path, out: str | Path | None, split: str, sample: int, seed: int, max_pairs: int,
              pairs: int, overwrite: bool = False, overwrite_option: str = "--overwrite") -> dict:
-    from .render import write_analysis
-
     cfg, data, model = rm.cfg, rm.data, rm.model
     if split not in data.splits:
         raise ConfigError(f"--split {split}: the run's data has no such split (it has {', '.join(data.splits)}) — "

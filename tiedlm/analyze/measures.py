@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import geometry as g
+from ..corpora import synthetic_language
 from ..nats import bits_per_byte
 
 if TYPE_CHECKING:
@@ -113,8 +114,6 @@ def language_asymmetry(scfg: SyntheticConfig) -> dict:
     transitions that occur whose reverse never does, and the antisymmetric share of the joint
     word-bigram distribution J[a, b] = π(c_a) e_a T[c_a, c_b] e_b, computed through the classes
     (‖J‖² = Σ F_ij² s_i s_j and ⟨J, Jᵀ⟩ = Σ F_ij F_ji s_i s_j, F = diag(π) T, s_i = Σ_{a∈i} e_a²)."""
-    from ..corpora import synthetic_language
-
     lang = synthetic_language(scfg)
     T = lang.transitions
     allowed = T > 0

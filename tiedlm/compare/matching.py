@@ -20,6 +20,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
+from ..counting import count_params_config
 from ..errors import ConfigError
 from ..tie import UNTIED, Tie
 from .stats import ALPHA, holm, significant
@@ -161,8 +162,7 @@ def _plain_tied(model_cfg: ModelConfig) -> ModelConfig:
 
 def _start(model_cfg: ModelConfig, vocab_size: int, count: Callable | None) -> tuple[Any, Callable, int, int, int]:
     """(the tied config, count, the untied total, the tied total, one more layer's parameters)."""
-    if count is None:
-        from ..counting import count_params_config as count
+    count = count or count_params_config
     tied = _plain_tied(model_cfg)
     untied_total = count(dataclasses.replace(model_cfg.with_tie(UNTIED), untie_at=None), vocab_size)["total"]
     tied_total = count(tied, vocab_size)["total"]

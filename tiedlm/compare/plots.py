@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..figures import empty_panel, figure, plain_ticks
 from ..formatting import percent
+from ..nats import relative
 from ..naming import scalar
 from .comparison import Comparison
-from .stats import ALPHA, number
-from .trajectory import ONE_SEED, SPLIT, Trajectory
-from .variants import Variant
-from ..nats import relative
 from .grid import numeric_key
+from .stats import ALPHA, number
+from .surface import nearest
+from .trajectory import ONE_SEED, SPLIT, Trajectory
 from .tying_line import TyingLine, predicted
+from .variants import Variant
 
 if TYPE_CHECKING:
     import numpy as np
@@ -533,8 +534,6 @@ def _draw_surface(ax: Axes, t: TyingMap, handles: list) -> None:
         nx, ny = len(t.cols), len(t.rows)
         visible = bool(np.any((x >= -0.5) & (x <= nx - 0.5) & (y >= -0.5) & (y <= ny - 0.5)))
     if not visible:
-        from .surface import nearest
-
         near = nearest(s)
         solved, free = (t.col_short, t.row_short) if s.solved == "col" else (t.row_short, t.col_short)
         where = (f": nearest {solved} ≈ {near.value:.3g} at {free}={scalar(near.at)}" if near is not None

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .. import runs
 from ..config import Config
-from ..variant import config_hash
 from ..errors import ConfigMismatchError, Interrupted, TiedlmError
 from ..files import check_writable, os_error_line
 from ..process import log
 from ..train import train_run
+from ..variant import config_hash
+from .parallel import WorkerPool, resolve_workers, train_parallel
 
 if TYPE_CHECKING:
-    from .parallel import WorkerPool
     from .plan import Stage
 
 
@@ -100,8 +100,6 @@ class Executor:
 
     def __enter__(self) -> "Executor":
         if self.parallel != 1 and self.pool is None:
-            from .parallel import WorkerPool
-
             self.pool = WorkerPool()  # no process yet: the first stage with more than one run starts them
         return self
 
@@ -151,8 +149,6 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
     if len(finished) < len({name for name, _ in jobs}):
         check_writable(Path(out))  # a read-only or full --out: said once, before any run is trained
     if parallel != 1 and train is train_run:
-        from .parallel import resolve_workers
-
         workers = resolve_workers(parallel, [cfg for name, cfg in jobs if name not in finished])
         if workers > 1:
             return _train_parallel(jobs, out, progress, overwrite_other_config, workers, finished, tally, pool)
@@ -199,8 +195,6 @@ def _train_parallel(jobs: list[tuple[str, Config]], out: Path, progress: bool, o
                     workers: int, finished: set[str], tally: Tally, pool: WorkerPool | None) -> list[JobResult]:
     """train_jobs with `workers` processes: the same skips, refusals and results, in the same order.
     `finished`: the jobs whose runs are finished already (train_jobs read their reports)."""
-    from .parallel import train_parallel
-
     results: dict[str, JobResult] = {}
     todo = []
     for i, (name, cfg) in enumerate(jobs, 1):

@@ -33,12 +33,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
-from ..errors import ConfigError
-from ..naming import sanitize, scalar, short_keys, yaml_value
-from ..formatting import shown_text
-from .slurm import check_slurm_option, read_slurm_block
 from ..config import Config, load_config, parse_override, to_yaml
+from ..errors import ConfigError
+from ..formatting import shown_text
+from ..naming import sanitize, scalar, short_keys, yaml_value
 from ..yamlsafe import load_yaml, read_yaml_text
+from .driver import tune
+from .jobs import Executor, train_jobs
+from .parallel import parse_jobs
+from .plan import RunSource, Stage, point_overrides, point_tag
+from .slurm import check_slurm_option, read_slurm_block
+from .tuning import check_record_target, write_record
 
 if TYPE_CHECKING:
     from ..compare.tuned import Tuning, TuneSpec
@@ -322,8 +327,6 @@ def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: 
     passed over), or with dry_run print the commands, one per line, shell-quoted. `train` trains
     one run (train.train_run, the default, or a stand-in with its signature). `jobs` (--jobs): train
     that many runs at once, each in its own process, or "auto" (parallel.py); 1: one after another."""
-    from .parallel import parse_jobs
-
     jobs = parse_jobs(jobs)
     if grid.tune is not None:
         if dry_run:
@@ -340,7 +343,6 @@ def run_sweep(grid: Grid, dry_run: bool = False, progress: bool = True, stream: 
         for line in summary.commands:
             print(line, file=stream or sys.stdout)
         return summary
-    from .jobs import train_jobs
     from ..train import train_run
 
     results = train_jobs([(r.name, r.cfg) for r in runs], grid.out, progress, train=train or train_run, parallel=jobs)
@@ -396,8 +398,6 @@ def check_one_line(grid: Grid, commands: list[list[str]] = ()) -> None:
 def check_options(emit: str | None, slurm: dict, jobs: str | None, dry_run: bool) -> int | str:
     """The options of `tiedlm sweep`: --emit known, the --emit slurm ones only with it, --jobs (a
     number or auto, parallel.parse_jobs) only when the sweep trains. Returns --jobs' value."""
-    from .parallel import parse_jobs
-
     if emit not in (None, "shell", "slurm"):
         raise ConfigError(f"--emit {emit!r} is not known — choose shell or slurm")
     given = ["--" + k.replace("_", "-") for k, v in slurm.items() if v is not None]  # an empty value is given too
@@ -418,10 +418,6 @@ def _run_tuned(grid: Grid, progress: bool, train: Callable[..., Any] | None, job
     """Each grid point a variant of its own tuning (tuning.TuningSearch on the tuning seeds, a stage
     at a time), then every seed at each point's chosen values."""
     from ..train import train_run
-    from .driver import tune
-    from .jobs import Executor
-    from .plan import RunSource, Stage, point_overrides, point_tag
-    from .tuning import check_record_target, write_record
 
     check_record_target(grid.out)  # refused: nothing trained
     base = load_config(grid.config, grid.set)

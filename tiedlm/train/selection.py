@@ -17,6 +17,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..checkpoints import BEST_PREFIX, load_checkpoint, load_weights, prune_best_weights, save_best_weights
 from ..nats import perplexity, relative
 
 OVERTRAINED_MARGIN = 0.02  # a last evaluation more than 2% above the best perplexity is flagged
@@ -95,7 +96,6 @@ def keep_best_weights(run_dir: Path, tracker: BestTracker, step: int, model, cov
     """Write the model's weights as the new best (checkpoints/best-step-N/) and remove the kept
     weights that are neither these nor `covered`, the ones the last checkpoint's state names
     (a resume from that checkpoint needs them)."""
-    from ..checkpoints import BEST_PREFIX, prune_best_weights, save_best_weights
     from ..model import model_tensors
 
     if not write:  # a rank other than 0 of a distributed run: rank 0 writes these very weights
@@ -110,8 +110,6 @@ def evaluate_best(run_dir: Path, model, tracker: BestTracker, evaluate) -> dict:
     """Load the kept best weights into `model` (the trained model, no longer needed as it is) and
     return evaluate(model). Weights kept while an untie_at run was still tied load into both
     matrices of the untied model."""
-    from ..checkpoints import load_checkpoint, load_weights
-
     tensors, _, manifest = load_checkpoint(Path(run_dir) / "checkpoints" / tracker.weights, with_state=False)
     load_weights(model, tensors, manifest)
     return evaluate(model)
