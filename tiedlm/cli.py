@@ -1,7 +1,9 @@
 """The `tiedlm` command. Each command parses its options, calls one library function, and turns
 a TiedlmError into a one-line message on stderr and an exit code (2 usage/config, 1 runtime,
-130/143 interrupted). `--debug` shows the traceback instead. Heavy libraries are imported inside
-the commands so that `tiedlm --help` is instant."""
+130/143 interrupted). `--debug` shows the traceback instead. The modules behind the commands (compare,
+experiment, train, data, evaluate, export, analyze, params, runs, config, tensorboard: with them
+numpy, or 40 to 250 ms of imports each) are imported inside the commands, so that `tiedlm
+--help` stays instant; the light ones a command shares are imported here."""
 
 from __future__ import annotations
 
@@ -17,8 +19,13 @@ import typer
 from typer.core import TyperGroup
 
 from . import __version__
+from .checks import (VOCAB_LIMIT, check_at_most, check_device, check_folder_option, check_positive, check_run_name,
+                     check_seed, check_split)
 from .device import keep_freed_memory, set_thread_env
-from .errors import ConfigError, Interrupted, TiedlmError
+from .distributed import is_main_process, leaves_errors_to_rank_0
+from .errors import ConfigError, DamagedRunError, Interrupted, TiedlmError
+from .files import json_text, os_error_line
+from .generate import SampleOptions, sample_run
 
 # Before any command imports torch: its OpenMP pool reads the variables once, when it loads
 # (the `tiedlm` script starts here, not in __main__).
@@ -78,8 +85,6 @@ def _fail(message: str, code: int, same_on_every_rank: bool = True) -> None:
     is said by each of them, with its rank. A process that is not surely one of several (no
     process group started here, not launched by torchrun, or a malformed launch environment)
     always says its error (distributed.leaves_errors_to_rank_0)."""
-    from .distributed import is_main_process, leaves_errors_to_rank_0
-
     if is_main_process():
         typer.echo(f"tiedlm: error: {message}", err=True)
     elif not same_on_every_rank:
@@ -115,8 +120,6 @@ def run_command(fn: Callable[[], object], reads_runs: bool = False) -> object:
         return fn()
     except TiedlmError as exc:
         _traceback_if_debug(exc.exit_code)
-        from .errors import DamagedRunError
-
         text = exc.for_reader() if reads_runs and isinstance(exc, DamagedRunError) else str(exc)
         alike = isinstance(exc, (ConfigError, Interrupted)) or exc.exit_code in (2, 130, 143)
         _fail(text.splitlines()[0] if text else type(exc).__name__, exc.exit_code, same_on_every_rank=alike)
@@ -130,8 +133,6 @@ def run_command(fn: Callable[[], object], reads_runs: bool = False) -> object:
         raise typer.Exit(0)
     except OSError as exc:  # a path that cannot be written, a full disk: no traceback for those
         _traceback_if_debug(1)
-        from .files import os_error_line
-
         _fail(os_error_line(exc), 1, same_on_every_rank=False)
     return None
 
@@ -221,7 +222,6 @@ def compare(
     """
 
     def compare_runs_or_config():  # the values are checked by CompareRequest.check; here, which options go together
-        from .checks import check_folder_option
 
         out = check_folder_option(out_, "--out")
         if config is None:
@@ -283,8 +283,6 @@ def train(
     """Train one model. Re-running a finished run does nothing; an unfinished one resumes."""
 
     def train_one_run():
-        from .checks import check_folder_option, check_run_name, check_seed
-
         out_dir = check_folder_option(out, "--out")
         if seed is not None:
             check_seed(seed, "--seed")
@@ -299,7 +297,6 @@ def train(
         from .train import train_run
 
         run_dir = train_run(cfg, out=out_dir, name=name, overwrite=overwrite, progress=not quiet)
-        from .distributed import is_main_process
 
         if is_main_process():  # under torchrun, rank 0 speaks for the run
             typer.echo(str(run_dir / "report.md"))
@@ -318,8 +315,6 @@ def params(
     """Parameter breakdown of the tied and untied forms side by side (no training, instant)."""
 
     def count_params():
-        from .checks import VOCAB_LIMIT, check_at_most, check_positive
-
         if vocab_size is not None:
             if data:
                 raise ConfigError("--vocab-size and --data contradict each other (--data counts with the prepared "
@@ -348,8 +343,6 @@ def eval_(
     """Re-evaluate a run's checkpoint on whole splits."""
 
     def score_splits():
-        from .checks import check_device, check_positive, check_split
-
         for sp in split or []:
             check_split(sp, "--split")
         if stride is not None:
@@ -358,7 +351,6 @@ def eval_(
         from .evaluate import evaluate_run
 
         result = evaluate_run(run, splits=split, stride=stride, device=device, best=best)
-        from .files import json_text  # an overflowing perplexity is null, never Infinity
 
         typer.echo(json_text(result["results"], indent=2) if as_json
                    else result["text"])
@@ -381,15 +373,12 @@ def analyze(
     """Look inside E and W_out: norms, anisotropy, spectra, how the two differ, the direct path."""
 
     def analyze_runs():
-        from .checks import check_at_most, check_folder_option, check_positive, check_seed, check_split
-
         out_dir = None if out is None else check_folder_option(out, "--out")
         check_split(split, "--split")
         check_positive(sample, "--sample")
         check_at_most(sample, 100_000, "--sample", "neighbours of that many tokens are plenty for a mean")
         check_seed(seed, "--seed")
         from .analyze import analyze_run, check_target
-        from .files import json_text
         from .runs import expand_runs
 
         dirs = expand_runs(runs_)
@@ -434,7 +423,6 @@ def export(
     """Export a run as a transformers GPT2LMHeadModel or LlamaForCausalLM (checked against tiedlm's logits)."""
 
     def write_export():
-        from .checks import check_folder_option
         from .export import export_run, summary
 
         typer.echo(summary(export_run(run, check_folder_option(out, "--out"), checkpoint=checkpoint)))
@@ -458,8 +446,6 @@ def sample(
     """Generate text from a run's latest checkpoint, streamed as it is generated."""
 
     def sample_text():
-        from .checks import check_at_most, check_device, check_positive, check_seed
-
         check_seed(seed, "--seed")
         check_positive(max_new_tokens, "--max-new-tokens")
         check_at_most(max_new_tokens, 1_000_000, "--max-new-tokens", "one token per forward pass")
@@ -473,7 +459,6 @@ def sample(
             raise ConfigError(f"--top-p must be in (0, 1], got {top_p}")
         if device is not None:
             check_device(device, "--device")
-        from .generate import SampleOptions, sample_run
 
         def write(text: str) -> None:
             sys.stdout.write(text)
