@@ -10,7 +10,9 @@ distributed, threads, and the package's __init__.py, whose lazy exports run for 
 - train: `tiedlm train` of the same config, to the first optimizer step (the data prepared afresh).
 
 Each walk also names the files of it that call into another file of it: the ones a reader follows
-the walk through, as against those called that return (a value's methods, a check, a format).
+the walk through, as against those that are called and return (a value's methods, a YAML read).
+A caller is the nearest tiedlm frame below a call, so what autograd runs during `loss.backward()` is
+the training step's call; a dataclass's generated __init__ is no tiedlm file and is not seen.
 
     python scripts/walks.py            # both walks, each file named
     python scripts/walks.py --json     # the same as JSON
@@ -139,22 +141,33 @@ def _optimizer_step(frame) -> bool:
 
 
 def walks(warm: bool = False) -> dict[str, Walk]:
-    import tiedlm.cli  # noqa: F401  (imported before tracing: import-time code is not counted)
-    import tiedlm.compare  # noqa: F401
-    import tiedlm.experiment  # noqa: F401
-    import tiedlm.train  # noqa: F401
+    import importlib
+
+    for name in ("tiedlm.cli", "tiedlm.compare", "tiedlm.experiment", "tiedlm.train"):
+        try:  # imported before tracing: import-time code is not counted
+            importlib.import_module(name)
+        except ImportError:  # an older tree, before experiment/ was split from compare/
+            pass
 
     sets = [a for item in SMALL for a in ("--set", item)]
     config = str(ROOT / "configs" / "base.yaml")
+    before = os.environ.get("TIEDLM_CACHE")
     with tempfile.TemporaryDirectory() as tmp:
-        compare = Walk(skip=True)
-        compare.run(["compare", "--config", config, *sets, "--tune", "train.lr=0.001,0.003", "--out", f"{tmp}/runs",
-                     "--jobs", "1"])
-        train = Walk(stop=_optimizer_step)
-        os.environ["TIEDLM_CACHE"] = f"{tmp}/cache"
-        if warm:  # the data prepared (tokenized, cached) before the walk, untraced
-            Walk().run_untraced(["data", "--config", config, *sets])
-        train.run(["train", "--config", config, *sets, "--out", f"{tmp}/one", "--name", "walk", "-q"])
+        try:
+            os.environ["TIEDLM_CACHE"] = f"{tmp}/compare-cache"  # never the user's own cache
+            compare = Walk(skip=True)
+            compare.run(["compare", "--config", config, *sets, "--tune", "train.lr=0.001,0.003", "--out",
+                         f"{tmp}/runs", "--jobs", "1"])
+            train = Walk(stop=_optimizer_step)
+            os.environ["TIEDLM_CACHE"] = f"{tmp}/cache"  # the training walk prepares its data afresh
+            if warm:  # the data prepared (tokenized, cached) before the walk, untraced
+                Walk().run_untraced(["data", "--config", config, *sets])
+            train.run(["train", "--config", config, *sets, "--out", f"{tmp}/one", "--name", "walk", "-q"])
+        finally:
+            if before is None:
+                os.environ.pop("TIEDLM_CACHE", None)
+            else:
+                os.environ["TIEDLM_CACHE"] = before
     return {"compare": compare, "train": train}
 
 

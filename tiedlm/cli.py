@@ -1,9 +1,11 @@
 """The `tiedlm` command. Each command parses its options, calls one library function, and turns
 a TiedlmError into a one-line message on stderr and an exit code (2 usage/config, 1 runtime,
-130/143 interrupted). `--debug` shows the traceback instead. The modules behind the commands (compare,
-experiment, train, data, evaluate, export, analyze, params, runs, config, tensorboard: with them
-numpy, or 40 to 250 ms of imports each) are imported inside the commands, so that `tiedlm
---help` stays instant; the light ones a command shares are imported here."""
+130/143 interrupted). `--debug` shows the traceback instead. The modules behind the commands
+(compare, experiment, train, data, evaluate, export, analyze, params, runs, config, tensorboard)
+are imported inside them: some bring numpy, and compare's package alone takes about as long to
+import as this whole module, so `tiedlm --help` stays instant. The light modules the commands use
+(checks, files, distributed, errors, and generate, which imports torch inside its functions) are
+imported here."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from .. import geometry as g
 from ..files import atomic_write_text, json_text, recording
 from ..runs import AGAIN_HINT, writing
 
-ANALYSIS_JSON = "analysis.json"  # tiedlm.analyze has them from here: report imports nothing of the package
+ANALYSIS_JSON = "analysis.json"  # tiedlm.analyze has them from here: render imports nothing of the package
 ANALYSIS_MD = "analysis.md"
 PLOTS = {"norms": "analysis_norms.png", "spectrum": "analysis_spectrum.png", "cosine": "analysis_pair_cosine.png"}
 TITLE = "# What the two matrices learned: "  # analysis.md's first line, before the run's name
