@@ -446,8 +446,8 @@ def _clear_datasets(folder: Path, out: ClearedCache) -> None:
 
 def clear_cache() -> ClearedCache:
     """Remove what tiedlm made under cache_root(): entries with a tiedlm manifest, what its loads
-    marked in datasets/, its two memos (hub-revisions.json, file-digests.json), and temporary folders and files that no live process
-    is writing. Everything else there is left alone, and listed with the reason."""
+    marked in datasets/, its two memos (hub-revisions.json, file-digests.json), and temporary
+    folders and files that no live process is writing. Everything else there is left alone, and listed with the reason."""
     root = cache_root()
     out = ClearedCache(root)
     for path in sorted(root.iterdir()) if root.is_dir() else []:

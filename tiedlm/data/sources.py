@@ -284,14 +284,16 @@ def _local_source(p: str, local: Path, d: DataConfig) -> Source:
 
 
 def _files_source(builder: str, files: dict[str, list[Path]], path: str) -> Source:
-    both = {split: file_stamps(fs) for split, fs in files.items()}
-    stamps = {split: pair[0] for split, pair in both.items()}
+    flat, flat_by_mtime = file_stamps([f for fs in files.values() for f in fs])  # the memo read and written once
+    stamps, by_mtime, at = {}, {}, 0
+    for split, fs in files.items():
+        stamps[split], by_mtime[split], at = flat[at:at + len(fs)], flat_by_mtime[at:at + len(fs)], at + len(fs)
     n = sum(len(fs) for fs in files.values())
     size = _human_bytes(sum(s[1] for fs in stamps.values() for s in fs))
     names = ", ".join(f.name for fs in files.values() for f in fs[:3]) + (", ..." if n > 3 else "")
     return Source("files", f"{builder} files: {names} ({n} file{'s' * (n != 1)}, {size})",
                   {"builder": builder, "files": stamps}, path, builder=builder, files=files,
-                  by_mtime={"builder": builder, "files": {split: pair[1] for split, pair in both.items()}})
+                  by_mtime={"builder": builder, "files": by_mtime})
 
 
 # --------------------------------------------------------------------------------------------
