@@ -92,6 +92,11 @@ def fmt_p(p: float | None) -> str:
     return "p<0.001" if p < 0.001 else f"p={p:.3f}"
 
 
+def p_only(p: float | None) -> str:
+    """0.012 or <0.001, as a table's p column shows it: fmt_p without its 'p='; a dash for None."""
+    return fmt_p(p)[1:].lstrip("=") if p is not None else MISSING
+
+
 def markdown_table(header: list[str], rows: Iterable[list[Any]], align: str | None = None) -> str:
     """A GitHub Markdown table; align is one letter per column, l or r (default: first column
     left, the rest right)."""

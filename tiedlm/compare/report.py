@@ -15,11 +15,11 @@ from ..formatting import (
     fmt,
     fmt_count,
     fmt_int,
-    fmt_p,
     fmt_seconds,
     fmt_signed,
     format_bytes,
     markdown_table,
+    p_only,
     percent,
     text_table,
 )
@@ -57,11 +57,6 @@ def _ci(s: Summary | GeometricSummary, digits: int = 2) -> str:
     if s.ci_low is None:
         return "one seed: no interval" if s.n == 1 else MISSING
     return f"{fmt(s.ci_low, digits)} – {fmt(s.ci_high, digits)}"
-
-
-def _p_only(p: float | None) -> str:
-    """0.012 or <0.001: fmt_p without its 'p='; a dash for None."""
-    return fmt_p(p)[1:].lstrip("=") if p is not None else MISSING
 
 
 def _effect_ci(d: TestResult, digits: int = 2) -> str:
@@ -163,7 +158,7 @@ def _md_matched(c: Comparison) -> list[str]:
         d = m.split(c.primary)
         rows.append([m.label, fmt(d.variant_mean) if d else MISSING, fmt(d.baseline_mean) if d else MISSING,
                      percent(d.relative) if d else MISSING, _effect_ci(d) if d else MISSING,
-                     _p_only(d.p_value) if d else MISSING, str(d.seeds) if d else MISSING,
+                     p_only(d.p_value) if d else MISSING, str(d.seeds) if d else MISSING,
                      percent(m.embedding_share, 1).lstrip("+") if m.embedding_share is not None else MISSING])
     unmatched = [v.label for v in c.variants if v.tied and v.vs_baseline is None]
     md = ["", f"## Tying effect per setting ({c.primary})", "",
@@ -270,7 +265,7 @@ def _md_differences(c: Comparison) -> list[str]:
             role = "primary" if s == c.primary else "confirmation"
             how = test_words(d) if d.test and d.ci_low is not None else d.note or MISSING
             rows.append([v.label, v.vs_baseline.baseline, f"{s} ({role})", percent(d.relative), _effect_ci(d),
-                         fmt_signed(d.difference, 4), _nats_ci(d), _p_only(d.p_value),
+                         fmt_signed(d.difference, 4), _nats_ci(d), p_only(d.p_value),
                          fmt_signed(d.perplexity_difference), _detectable(d) if s == c.primary else "", how])
     md.append(markdown_table(["variant", "vs", "split", "effect", "95% CI", "Δ loss", "95% CI (nats)", "p",
                               "Δ ppl", "detectable / seeds", "test"], rows, "lllrrrrrrrl"))
@@ -286,7 +281,7 @@ def _bucket_cell(c: Comparison, v: Variant, split: str, name: str) -> str:
     cell = _mean_sd(b.loss, 3)
     test = v.vs_baseline.bucket(split, name) if v.vs_baseline else None
     if test is not None and test.difference is not None:
-        cell += f" ({fmt_signed(test.difference, 3)}" + (f", Holm p={_p_only(test.p_holm)}" if test.p_holm is not None
+        cell += f" ({fmt_signed(test.difference, 3)}" + (f", Holm p={p_only(test.p_holm)}" if test.p_holm is not None
                                                            else "") + ")"
     return cell
 
@@ -302,7 +297,7 @@ def _md_buckets(c: Comparison) -> list[str]:
     header = ["variant"] + [f"{n} ({fmt_count(shown[n].tokens)} token{'s' if shown[n].tokens != 1 else ''})"
                             if shown[n].tokens else n for n in names]
     rows = [[v.name] + [_bucket_cell(c, v, split, n) for n in names] for v in c.variants]
-    diffs = [[v.label, n, fmt_signed(t.difference, 4), _nats_ci(t), _p_only(t.p_value), _p_only(t.p_holm)]
+    diffs = [[v.label, n, fmt_signed(t.difference, 4), _nats_ci(t), p_only(t.p_value), p_only(t.p_holm)]
              for v in c.variants if v.vs_baseline for n, t in v.vs_baseline.splits.get(split).buckets.items()
              if t.difference is not None] if any(v.vs_baseline and split in v.vs_baseline.splits
                                                 for v in c.variants) else []
@@ -555,7 +550,7 @@ def _terminal_row(c: Comparison, v: Variant) -> list[str]:
     elif d is None or d.difference is None:
         effect, ci, p = MISSING, "", ""
     else:
-        effect, ci, p = percent(d.relative), _effect_ci(d), _p_only(d.p_value) if d.p_value is not None else "n/a"
+        effect, ci, p = percent(d.relative), _effect_ci(d), p_only(d.p_value) if d.p_value is not None else "n/a"
     prel = v.vs_baseline.params_relative if v.vs_baseline else None
     params = fmt_count(v.params.get("total")) + (f" ({percent(prel, 1)})" if prel else "")
     return [v.label, str(v.n_seeds), fmt(ppl.mean), _ci(ppl) if ppl.n else MISSING, effect, ci, p, params]
@@ -566,7 +561,7 @@ def _matched_table(c: Comparison) -> str:
     for m in c.matched:
         d = m.split(c.primary)
         rows.append([m.label, fmt(d.variant_mean), fmt(d.baseline_mean), percent(d.relative), _effect_ci(d),
-                     _p_only(d.p_value) if d.p_value is not None else "n/a", str(d.seeds),
+                     p_only(d.p_value) if d.p_value is not None else "n/a", str(d.seeds),
                      f"{m.embedding_share * 100:.1f}%" if m.embedding_share is not None else MISSING]
                     if d else [m.label] + [MISSING] * 7)
     return text_table(["setting", f"tied {SHORT[c.primary]} ppl", "untied ppl", "tying effect", "95% CI", "p",

@@ -25,7 +25,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from ..formatting import fmt, markdown_table, percent
+from ..formatting import fmt, markdown_table, p_only, percent
 from ..naming import scalar, short_keys
 from ..nats import relative
 from .stats import LEVEL, holm, number, t_ppf, t_two_sided_p
@@ -196,11 +196,8 @@ def mechanism_markdown(line: TyingLine) -> list[str]:
     def share(x):
         return "—" if x is None else f"{x:.0%}"
 
-    def _p(p):
-        return "—" if p is None else "<0.001" if p < 0.001 else f"{p:.3f}"
-
     analysed = any(r.get("direct_path_cost_bpb") is not None for r in line.mechanism)
-    rows = [[_value(r["setting"]), pct(r["effect"]), _p(r.get("p_holm")),
+    rows = [[_value(r["setting"]), pct(r["effect"]), p_only(r.get("p_holm")),
              f"{pct(r['frequent']['effect'])} ({r['frequent']['bucket'] or '—'})",
              f"{pct(r['rare']['effect'])} ({r['rare']['bucket'] or '—'})",
              share(r["tied_best_share"]), share(r["untied_best_share"]),

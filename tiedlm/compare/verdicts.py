@@ -6,12 +6,11 @@ Every effect is a ratio of perplexities, exp(Δloss) − 1, with exp(CI) − 1 b
 
 from __future__ import annotations
 
-from ..formatting import fmt, fmt_count, fmt_int, fmt_p, percent
+from ..formatting import MISSING, fmt, fmt_count, fmt_int, fmt_p, markdown_table, p_only, percent
 from .comparison import Comparison
 from .matching import PARAM_MATCH, FamilyMember, MatchFamily
 from .stats import SEEDS_CAP, AdjustedLevel, TestResult, fmt_pvalue, fmt_threshold
 from .variants import COMPUTE_MATCH, Contrast, SplitContrast, Variant
-from ..formatting import MISSING, markdown_table
 
 ROLES = ("The primary endpoint is the {primary} loss: it alone carries the verdict. {others} "
          "reported as confirmation, and the per-bucket differences are secondary (their p-values "
@@ -283,12 +282,6 @@ def decay_line(c: Comparison) -> str | None:
             "from the output side, so tying also changes what decay does (`configs/decay-ablation.yaml` separates the two).")
 
 
-def _p_only(p: float | None) -> str:
-    """0.012 or <0.001: fmt_p without its 'p='; a dash for None."""
-
-    return fmt_p(p)[1:].lstrip("=") if p is not None else MISSING
-
-
 def family_markdown(c: Comparison) -> list[str]:
     """comparison.md's table of the two --match contrasts against untied on the primary split: the
     effect, its 95% interval, the p-value, Holm's adjusted one (or the levels under the sequential
@@ -302,10 +295,10 @@ def family_markdown(c: Comparison) -> list[str]:
         d = c.variant(m.label).contrast(family.split)
         ci = (f"{percent(d.relative_ci_low)} to {percent(d.relative_ci_high)}" if d.relative_ci_low is not None
               else "no interval")
-        held = _p_only(m.p_holm) if m.p_holm is not None else \
+        held = p_only(m.p_holm) if m.p_holm is not None else \
             f"p < {fmt_threshold(m.half)}, then p < {fmt_threshold(m.level)}"
         rows.append([m.words + (" (primary)" if m.role == "primary" else ""),
-                     f"**{m.label}** vs **{family.reference}**", percent(d.relative), ci, _p_only(d.p_value), held,
+                     f"**{m.label}** vs **{family.reference}**", percent(d.relative), ci, p_only(d.p_value), held,
                      "yes" if m.significant else "no" if m.significant is not None else MISSING])
     if family.sequential:
         how = ("The sequential design (`--seeds auto`) decided on the primary contrast, tied vs untied at equal "
