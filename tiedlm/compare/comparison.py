@@ -128,10 +128,10 @@ class Comparison:
     select: str = "final"  # whose scores are compared: each run's last weights, or its kept best ones
     select_reason: str = ""
     trajectories: dict[str, Trajectory] = field(default_factory=dict)  # variant label -> its contrast over training
-    tuning: Tuning | None = None  # tuning.Tuning: each variant's own setting, chosen on validation (compare --tune)
-    sequential: Sequential | None = None  # sequential.Sequential: --seeds auto, the looks and why the seeds stopped
+    tuning: Tuning | None = None  # each variant's own setting, chosen on validation (compare --tune)
+    sequential: Sequential | None = None  # --seeds auto, the looks and why the seeds stopped
     tying_map: MapSection | None = None  # a two-key numeric grid's map, with the matrices beside it
-    tying_line: TyingLine | None = None  # tying_line.TyingLine: a one-key numeric grid's line and its crossing
+    tying_line: TyingLine | None = None  # a one-key numeric grid's line and its crossing
     warnings: list[str] = field(default_factory=list)  # what changes how the verdict reads: first on every report
     protocol: str | None = None  # how the protocol differs from the main job's (guards.protocol_line): at the top
     replaced: str | None = None  # the line saying an earlier comparison of other runs in its folder was replaced

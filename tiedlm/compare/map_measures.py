@@ -114,7 +114,7 @@ def to_json(measures: dict, found: list[MeasureCorrelation]) -> dict:
 class MapSection:
     """The tying map of a comparison with what the matrices say beside it (comparison.tying_map)."""
 
-    tmap: TyingMap  # tying_map.TyingMap
+    tmap: TyingMap
     measures: dict  # cell -> the untied pair's measures (cell_measures)
     correlations: list[MeasureCorrelation]
 

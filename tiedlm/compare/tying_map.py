@@ -101,7 +101,7 @@ class TyingMap:
     cells: dict[Cell, MapCell]
     crossover: list[Edge] = field(default_factory=list)
     bucket_split: str | None = None  # the split the cells' bucket effects are on (None: no buckets)
-    surface: Surface | None = None  # surface.Surface: the fitted surface over the cells
+    surface: Surface | None = None  # the fitted surface over the cells
     follows: dict[str, dict] = field(default_factory=dict)  # a key an axis determines -> {"by", "values"}
 
     def cell(self, row: Any, col: Any) -> MapCell | None:

@@ -64,7 +64,7 @@ class Grid:
     out: Path = Path("runs")
     name: str | None = None
     slurm: dict[str, str] = field(default_factory=dict)  # sbatch options for --emit slurm (SLURM_KEYS)
-    tune: TuneSpec | None = None  # tuning.TuneSpec: each grid point tuned on validation first (tune: in the file)
+    tune: TuneSpec | None = None  # each grid point tuned on validation first (tune: in the file)
 
 
 @dataclass
@@ -305,7 +305,7 @@ class SweepSummary:
     total: int  # runs in the sweep
     runs: list[SweepEntry] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)  # dry_run: one shell-quoted command per run
-    tuning: Tuning | None = None  # tuning.Tuning of a tuned sweep: each grid point's chosen values
+    tuning: Tuning | None = None  # a tuned sweep's: each grid point's chosen values
 
     @property
     def failed(self) -> list[str]:
