@@ -22,7 +22,7 @@ LAYERS = [
     ["train"],
     ["evaluate"],
     ["checkpoints", "figures", "tensorboard", "runs", "report_md", "process"],
-    ["model", "counting", "hf_model", "hf", "norms", "loss", "distributed", "device", "threads", "ledger"],
+    ["model", "counting", "hf_model", "hf", "tie_layer", "norms", "loss", "distributed", "device", "threads", "ledger"],
     ["data", "corpora"],
     ["naming", "config", "config_layers", "variant", "checks", "pretrained", "tie", "arch", "yamlsafe"],
     ["files", "formatting", "errors", "geometry", "nats"],

@@ -155,7 +155,6 @@ def test_a_tied_family_exports_tied(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["model.hf_config=qwen2", "model.tie_mode=projection"], "model.tie_mode projection is not built for model.arch: hf"),
     (["model.hf_config=qwen2", "model.bias=true"], "model.bias is the family's own under model.arch: hf"),
     (["model.hf_config=qwen2", "model.dropout=0.1"], "model.dropout is the family's own"),
     (["model.n_kv_head=2"], "model.arch: hf needs model.hf_config"),
@@ -172,6 +171,9 @@ def test_what_the_family_sets_itself_is_refused_in_one_line(overrides, message):
     (["model.hf_config=no_such_family"], "'no_such_family' is not a transformers model_type"),
     (["model.hf_config=qwen2", "model.hf_overrides={nonsense_field: 1}"], "nonsense_field is not a field of qwen2"),
     (["model.hf_config=qwen2", "model.hf_overrides={hidden_size: 8}"], "hidden_size is set by tiedlm's own key"),
+    (["model.hf_config=gemma2", "model.tie_mode=lowrank", "model.untie_rank=4"],
+     r"model.tie_mode lowrank builds W_out from E for a plain linear head, and this family's logits are not one "
+     r"\(final-logit soft-capping at 30\) — use tied, untied, soft or pull \(or model.untie_at\) on this family"),
 ])
 def test_what_the_family_cannot_take_is_refused_when_built(overrides, message):
     cfg = load_config(None, ["model.arch=hf", "model.n_head=2", "model.n_embd=32", "train.max_steps=2", *overrides])

@@ -99,6 +99,7 @@ def test_a_pretrained_start_is_the_checkpoint_s_initialisation(tiny):
     fresh = ledger_of(cfg, params)
     assert differences(g, fresh, start, cfg) == [
         "initialisation the checkpoint exports/base-tied vs normal(0, 0.02), drawn at the run's seed",
+        "block initialisation the checkpoint's vs normal(0, 0.02); residual projections 0.01 (0.02/√(2·2))",
         "init std of E — vs 0.02", "init std of W_out — vs 0.02"]  # model.init_from is said once, as init
 
 

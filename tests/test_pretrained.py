@@ -91,7 +91,7 @@ def test_the_checkpoint_arrives_exactly_with_its_size_and_tokenizer(exports, nam
         was_tied = name.endswith("-tied")
         if was_tied or not tie:  # kept, or untied by copy: the checkpoint's function exactly
             assert torch.equal(ours, ref)
-            assert torch.equal(model.lm_head.weight, theirs.get_output_embeddings().weight)
+            assert torch.equal(model.get_output_embeddings().weight, theirs.get_output_embeddings().weight)
         assert model.start["checkpoint_tied"] is was_tied
 
 
@@ -101,7 +101,7 @@ def test_untie_by_copy_starts_w_out_as_e_and_trains_it_apart(exports, tmp_path, 
     monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
     cfg = start(exports["qwen2-tied"], "model.tie_embeddings=false")
     model = build_model(cfg.model, 128)
-    assert not model.is_tied and torch.equal(model.lm_head.weight, model.transformer.wte.weight)
+    assert not model.is_tied and torch.equal(model.get_output_embeddings().weight, model.get_input_embeddings().weight)
     run = train_run(cfg, out=tmp_path / "runs", progress=False)
     report = json.loads((run / "report.json").read_text())
     assert report["params"]["start"] == {"init_from": str(exports["qwen2-tied"]), "checkpoint_tied": True,
@@ -120,7 +120,7 @@ def test_an_untied_checkpoint_is_tied_from_e_w_out_or_their_mean(exports, tie_fr
     expected = {"e": E, "w_out": W, "mean": (E + W) / 2}[tie_from]
     model = build_model(start(folder, f"model.tie_from={tie_from}").model, 128)
     model.check_tie(True)
-    assert torch.equal(model.transformer.wte.weight, expected)
+    assert torch.equal(model.get_input_embeddings().weight, expected)
     assert model.start["start"].startswith({"e": "tied from E", "w_out": "tied from W_out",
                                             "mean": "tied from the mean"}[tie_from])
 
@@ -154,7 +154,7 @@ def test_a_pretrained_start_resumes_bit_for_bit_and_exports_with_its_tie(exports
     (["model.n_embd=64"], "model.n_embd is 64, but the checkpoint in .* has 32 — remove model.n_embd"),
     (["model.block_size=64"], "model.block_size is 64, but the checkpoint in .* holds positions up to 16"),
     (["model.hf_config=llama"], "model.hf_config is 'llama', but model.init_from gives the family"),
-    (["model.tie_mode=projection"], "model.tie_mode projection is not built"),
+    (["model.tie_mode=projection"], "model.tie_mode projection and model.untie_at are not built for it"),
     (["model.untie_at=0.5"], "model.untie_at are not built for it"),
     (["model.tie_from=both"], "model.tie_from must be one of e, w_out, mean"),
 ])
@@ -249,8 +249,8 @@ def test_new_tokens_get_rows_at_the_old_rows_mean_and_a_bucket_of_their_own(expo
     model = build_model(cfg.model, data.model_vocab_size)
     init_new_rows(model, tok.added_ids)
     theirs = _transformers_model(folder)
-    for mine, saved in ((model.transformer.wte.weight, theirs.get_input_embeddings().weight),
-                        (model.lm_head.weight, theirs.get_output_embeddings().weight)):
+    for mine, saved in ((model.get_input_embeddings().weight, theirs.get_input_embeddings().weight),
+                        (model.get_output_embeddings().weight, theirs.get_output_embeddings().weight)):
         if tie == "true" and saved is theirs.get_output_embeddings().weight:
             saved = theirs.get_input_embeddings().weight  # tied from E, the default
         assert torch.equal(mine[:old], saved)  # the checkpoint's rows untouched

@@ -1,7 +1,8 @@
 """The block family as one value, like the tie (tie.Tie): `model.arch` names it, and every module
 asks the `Arch` it names instead of comparing the name (tests/test_architecture.py forbids reading
 `arch ==` anywhere but here). An Arch knows its position scheme, norm, MLP, the keys that apply to
-it only (refused on the other families), its default for `model.bias`, its MLP width, what a
+it only (refused on the other families), its default for `model.bias`, its MLP width, its own initialisation
+(`Init`: torchtitan's model folders and transformers' `_init_weights` each carry theirs), what a
 report calls it, and the transformers class it exports to. No torch: model.py builds the blocks an
 Arch names, counting.py counts them, export.py writes them.
 
@@ -10,8 +11,36 @@ Adding a family: an entry in ARCHS, its blocks in model.py, its export adapter, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Init:
+    """A family's own initialisation of its blocks, as the family publishes it: every matrix and
+    embedding drawn from normal(0, std) (transformers' initializer_range), biases zero, norm gains
+    one; with `residual_scaled`, the residual projections (each block's attention output and MLP
+    down projection) drawn again at std/√(2·n_layer), as GPT-2 does (Radford et al. 2019) and
+    Llama does not. `own` is a family that initialises itself (a transformers class's
+    _init_weights), which tiedlm does not draw."""
+
+    std: float = 0.02
+    residual_scaled: bool = False
+    own: bool = False
+
+    def residual_std(self, n_layer: int) -> float:
+        """The residual projections' std at this depth."""
+        return self.std / math.sqrt(2 * n_layer) if self.residual_scaled else self.std
+
+    def words(self, n_layer: int) -> str:
+        """What the ledger records: "normal(0, 0.02); residual projections 0.005 (0.02/√(2·8))"."""
+        if self.own:
+            return "the family's own (its transformers class's _init_weights)"
+        if not self.residual_scaled:
+            return f"normal(0, {self.std:g}), the residual projections too"
+        return (f"normal(0, {self.std:g}); residual projections {self.residual_std(n_layer):.4g} "
+                f"({self.std:g}/√(2·{n_layer}))")
 
 
 @dataclass(frozen=True)
@@ -26,6 +55,7 @@ class Arch:
     own_keys: dict[str, Any]  # model keys of this family only -> the value the other families must keep
     export_class: str  # the transformers class `tiedlm export` writes
     summary: str  # how a report names the block: "" for the default family, which reports leave unnamed
+    init: Init  # the family's own initialisation of its blocks
 
     @property
     def built_by_transformers(self) -> bool:
@@ -68,9 +98,9 @@ class Arch:
 _LLAMA_KEYS = {"n_kv_head": None, "intermediate_size": None, "multiple_of": 64, "rope_theta": 10000.0}
 
 GPT2 = Arch(name="gpt2", positions="learned", norm="layernorm", mlp="gelu", default_bias=True, own_keys={},
-            export_class="GPT2LMHeadModel", summary="")
+            export_class="GPT2LMHeadModel", summary="", init=Init(residual_scaled=True))
 LLAMA = Arch(name="llama", positions="rotary", norm="rmsnorm", mlp="swiglu", default_bias=False,
-             own_keys=_LLAMA_KEYS, export_class="LlamaForCausalLM", summary="Llama-style")
+             own_keys=_LLAMA_KEYS, export_class="LlamaForCausalLM", summary="Llama-style", init=Init())
 
 # Any transformers causal LM (hf.py): its positions, norms and MLP are its family's own; tiedlm's
 # keys set its size, model.hf_config names it and model.hf_overrides sets the rest. Unless
@@ -83,7 +113,7 @@ HF_SIZE_FIELDS = {"n_layer": "num_hidden_layers", "n_embd": "hidden_size", "n_he
 HF = Arch(name="hf", positions="the family's", norm="the family's", mlp="swiglu", default_bias=False,
           own_keys={"n_kv_head": None, "intermediate_size": None, "multiple_of": 64, "hf_config": None,
                     "hf_overrides": None}, export_class="(the family's own class)",
-          summary="transformers")
+          summary="transformers", init=Init(own=True))
 
 ARCHS = {a.name: a for a in (GPT2, LLAMA, HF)}
 DEFAULT = GPT2.name

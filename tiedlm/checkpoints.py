@@ -209,8 +209,8 @@ def load_weights(model, tensors: dict, manifest: dict) -> None:
     one = stored_tied(manifest)
     if not one and model.is_tied:
         model.untie()
-    elif one and not model.is_tied and "transformer.wte.weight" in tensors:
-        tensors = {**tensors, "lm_head.weight": tensors["transformer.wte.weight"].clone()}
+    elif one and not model.is_tied and model.embedding_key in tensors:
+        tensors = {**tensors, model.head_key: tensors[model.embedding_key].clone()}
     load_model_tensors(model, tensors, tied=model.is_tied)
 
 

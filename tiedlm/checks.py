@@ -261,8 +261,10 @@ def _validate_start(m: ModelConfig) -> None:
 
 def _validate_hf(m: ModelConfig) -> None:
     """arch: hf: the family is named, and tiedlm's keys that the family sets itself are left alone
-    (each would silently not apply): the bias, norm epsilon, dropout and embedding scale are its
-    config's (model.hf_overrides sets them); the tie is tied or untied (untie_at allowed)."""
+    (each would silently not apply): the bias, norm epsilon and dropout are its config's
+    (model.hf_overrides sets them). Every tying mode, the √d input scale and the head bias are the
+    tie layer's (tie_layer.py) and apply to any family; a mode that needs the plain head is refused
+    when the model is built, on a family whose logits are not linear in W_out."""
     _check(isinstance(m.hf_config, str) and m.hf_config.strip() != "",
            "model.arch: hf needs model.hf_config — a transformers model_type (qwen2, gemma2, olmo2, phi3, "
            "gpt_neox, llama, ...) or a local config.json or model folder")
@@ -270,13 +272,9 @@ def _validate_hf(m: ModelConfig) -> None:
            f"model.hf_overrides must be a mapping of the family's config fields, got {m.hf_overrides!r} — e.g. "
            "{rms_norm_eps: 1.0e-6}")
     for key, default, field in (("bias", False, "its attention_bias / mlp_bias"), ("norm_eps", 1e-5, "rms_norm_eps"),
-                                ("dropout", 0.0, "attention_dropout"), ("embed_scale", "1", "its own scaling"),
-                                ("lm_head_bias", False, "its head")):
+                                ("dropout", 0.0, "attention_dropout")):
         _check(getattr(m, key) == default, f"model.{key} is the family's own under model.arch: hf — remove it, and "
                                            f"set {field} through model.hf_overrides if the family has it")
-    tie = m.tie
-    _check(tie.mode in ("tied", "untied"), f"model.tie_mode {tie.mode} is not built for model.arch: hf (its head is "
-                                           "the family's) — use tied or untied, or a tiedlm block (arch: llama)")
 
 
 def _validate_train(t: TrainConfig) -> None:

@@ -74,8 +74,8 @@ def score_tokens(model, tokens: np.ndarray, block_size: int, stride: int, batch_
     was_training = model.training
     model.eval()
     ctx = autocast if autocast is not None else contextlib.nullcontext()
-    # a tiedlm GPT scores by the fused loss; any other module that gives logits, by F.cross_entropy
-    fused = hasattr(model, "hidden") and hasattr(model, "lm_head")
+    # a tiedlm model (tie_layer.TiedLM) scores by the fused loss; any other module that gives logits, by F.cross_entropy
+    fused = hasattr(model, "hidden") and hasattr(model, "get_output_embeddings")
     try:
         with torch.inference_mode():
             for length, group in by_len.items():

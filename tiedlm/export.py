@@ -77,6 +77,9 @@ def check_exportable(cfg: Config, tied: bool) -> None:
     if cfg.model.lm_head_bias:
         raise ConfigError(f"model.lm_head_bias: {hf_class(cfg)} has no bias on its head, so this run cannot be "
                           "exported exactly — export runs trained with model.lm_head_bias: false")
+    if cfg.model.family.built_by_transformers and cfg.model.embed_scale == "sqrt_d":
+        raise ConfigError("model.embed_scale: sqrt_d — the family's transformers class reads E unscaled, so this run "
+                          "cannot be exported exactly — export runs trained with model.embed_scale: 1")
     # A tied llama run folds √d into E and 1/√d into the final RMSNorm's gain (export_llama.py).
     if not cfg.model.family.rms_norm and cfg.model.embed_scale == "sqrt_d" and tied:
         raise ConfigError("model.embed_scale: sqrt_d with a tied matrix: GPT-2 scales no embedding, and folding "
@@ -119,7 +122,7 @@ def hf_state_dict(model: GPT) -> dict:
     for name in list(sd):
         if name.endswith(CONV1D):
             sd[name] = sd[name].t().contiguous()
-    d = model.transformer.wte.weight.shape[1]
+    d = model.get_input_embeddings().weight.shape[1]
     for i in range(len(model.transformer.h)):  # no biases: GPT-2 has them, so they are zeros
         p = f"transformer.h.{i}."
         for key, size in (("ln_1.bias", d), ("ln_2.bias", d), ("attn.c_attn.bias", 3 * d), ("attn.c_proj.bias", d),
@@ -175,7 +178,8 @@ def _write_folder(folder: Path, rm: RunModel, model: torch.nn.Module) -> None:
             for c in [model.hf.config, *(getattr(model.hf.config, k) for k in ("text_config",)
                                           if getattr(model.hf.config, k, None) is not None)]:
                 c.bos_token_id = c.eos_token_id = tok.eot_id  # for generation; training had none
-            model.hf.save_pretrained(str(folder), safe_serialization=True)
+            with model.materialised_head():  # a mode's W_out as the family's own untied head
+                model.hf.save_pretrained(str(folder), safe_serialization=True)
             write_hf_tokenizer(tok, folder, rm.cfg.model.block_size)
         return
     with writing(folder, AGAIN_HINT):

@@ -1,9 +1,10 @@
-"""The model of model.arch: hf (hf.py builds its configuration): a transformers causal LM with the
-interface tiedlm's loop, evaluation, checkpoints and counting ask of model.GPT, and its count on the
-meta device. Imported only where such a model is built (torch and transformers at its top)."""
+"""The model of model.arch: hf (hf.py builds its configuration): a transformers causal LM as a
+tie_layer.TiedLM, so that every tying mode acts on its input and output embeddings, and its count
+on the meta device. Imported only where such a model is built (torch and transformers at its top)."""
 
 from __future__ import annotations
 
+import math
 import types
 import warnings
 from pathlib import Path
@@ -11,13 +12,11 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from .errors import ConfigError
 from .hf import language_configs, config_flags_tied, hf_model_config, require_transformers
 from .pretrained import checkpoint_config, checkpoint_tied, describe_start
-from .tie import UNTIED, Tie
-from .loss import cross_entropy, token_losses
+from .tie_layer import TiedLM, count_params
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -25,8 +24,9 @@ if TYPE_CHECKING:
     from .config import ModelConfig
 
 
-class HFCausalLM(nn.Module):
-    """A transformers causal LM with the interface tiedlm's loop asks of model.GPT."""
+class HFCausalLM(TiedLM):
+    """A transformers causal LM under tiedlm's tie layer: E is the family's input embeddings,
+    W_out its output embeddings, and every tying mode acts on them (tie_layer.TiedLM)."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
@@ -39,12 +39,15 @@ class HFCausalLM(nn.Module):
             self.hf = self._load_checkpoint(transformers, cfg, config)
         else:
             self.hf = transformers.AutoModelForCausalLM.from_config(config)
-        self.built_tie = cfg.tie
-        self.embed_scale = 1.0  # the family scales its own embeddings where it does (Gemma)
-        # not registered: the same module as the family's, under the name tiedlm's code reads
-        object.__setattr__(self, "transformer", types.SimpleNamespace(wte=self.hf.get_input_embeddings()))
+        self.embed_scale = math.sqrt(cfg.n_embd) if cfg.embed_scale == "sqrt_d" else 1.0
+        self.family_scale = None if on_meta else self._family_scale()
+        if self.family_scale not in (None, 1.0) and self.embed_scale != 1.0:
+            raise ConfigError(f"model.embed_scale: sqrt_d — {config.model_type} scales its input embedding itself "
+                              f"(by {self.family_scale:.4g} at this width), so tiedlm's would scale it twice; remove "
+                              "model.embed_scale")
         self.head_kind = self._head_kind()
-        self.check_tie(cfg.tie.w_out_is_e)
+        self.attach_tie(cfg.tie, cfg.lm_head_bias)
+        self.check_tie(not cfg.tie.two_matrices)
 
     def _load_checkpoint(self, transformers: types.ModuleType, cfg: ModelConfig,
                          config: PretrainedConfig) -> nn.Module:
@@ -88,6 +91,16 @@ class HFCausalLM(nn.Module):
                       "start": describe_start(was_tied, tied, cfg.tie_from)}
         return model
 
+    def _family_scale(self) -> float:
+        """How much the family's own input embedding scales E's rows (Gemma's embedding module
+        multiplies them by √d): measured on the built model, one row read both ways."""
+        E = self.hf.get_input_embeddings()
+        with torch.no_grad():
+            row = E.weight[:1].float()
+            out = E(torch.zeros(1, dtype=torch.long, device=E.weight.device)).float()
+            norm = row.square().sum().item()
+            return round((out * row).sum().item() / norm, 6) if norm > 0 else 1.0
+
     def _head_kind(self) -> str:
         """'linear' where logits = final hidden state @ W_outᵀ (+ bias); else the reason the
         family's own logits are used."""
@@ -99,116 +112,41 @@ class HFCausalLM(nn.Module):
                 return f"the family's own logits ({field} {getattr(c, field)})"
         return "linear"
 
-    # ---------------------------------------------------------------- the tie
+    # ---------------------------------------------------------------- what the tie layer asks
 
-    @property
-    def lm_head(self) -> nn.Module:
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.hf.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Linear:
         return self.hf.get_output_embeddings()
 
-    @property
-    def head_key(self) -> str:
-        """W_out's name in the state dict: stored once when tied."""
-        name = next(n for n, mod in self.hf.named_modules(remove_duplicate=False) if mod is self.lm_head)
-        return f"hf.{name}.weight"
+    def tie_flags(self) -> list[bool]:
+        return config_flags_tied(self.hf.config)
 
-    @property
-    def is_tied(self) -> bool:
-        return self.lm_head.weight is self.transformer.wte.weight
-
-    @property
-    def current_tie(self) -> Tie:
-        return self.built_tie if self.is_tied else UNTIED
-
-    @property
-    def w_out_is_e(self) -> bool:
-        return self.is_tied
-
-    def _flag(self, tied: bool) -> None:
+    def set_tie_flags(self, tied: bool) -> None:
         for c in language_configs(self.hf.config):
             c.tie_word_embeddings = tied
 
-    def tie(self) -> None:
-        self.lm_head.weight = self.transformer.wte.weight
-        self._flag(True)
-        assert self.is_tied
-
-    def untie(self) -> nn.Parameter:
-        assert self.is_tied, "untie() on a model that is not tied"
-        new = nn.Parameter(self.transformer.wte.weight.detach().clone())
-        self.lm_head.weight = new
-        self._flag(False)
-        return new
-
-    def check_tie(self, tied: bool) -> None:
-        """The tie by storage and by the config flag (and every nested one)."""
-        if self.is_tied != tied or any(flag != tied for flag in config_flags_tied(self.hf.config)):
-            raise AssertionError(f"expected the model to be {'tied' if tied else 'untied'}, by storage and by "
-                                 f"tie_word_embeddings: storage {self.is_tied}, flags "
-                                 f"{config_flags_tied(self.hf.config)}")
-
-    def head(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        return h, self.lm_head.weight, getattr(self.lm_head, "bias", None)
-
-    def output_weight(self) -> torch.Tensor:
-        return self.lm_head.weight.detach()
-
-    def tie_distance(self) -> None:
-        return None
-
-    def tie_penalty(self) -> None:
-        return None
-
-    def pull_tie(self, lr: float) -> None:  # pull is refused for arch: hf: nothing to pull
-        return None
-
-    def head_parameters(self) -> list:
-        return []
-
-    def embedding_parameters(self) -> list[nn.Parameter]:
-        out = [self.transformer.wte.weight]
-        return out if self.is_tied else out + [self.lm_head.weight]
-
-    # ---------------------------------------------------------------- forward
-
-    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+    def _inputs(self, idx: torch.Tensor) -> dict:
+        """The decoder's input: the ids, or E's rows scaled by tiedlm's √d (model.embed_scale)."""
         if idx.shape[1] > self.cfg.block_size:
             raise ValueError(f"sequence length {idx.shape[1]} exceeds block_size {self.cfg.block_size}")
-        return self.hf.get_decoder()(input_ids=idx).last_hidden_state
+        return {"input_ids": idx} if self.embed_scale == 1.0 else {"inputs_embeds": self.embed(idx)}
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                reduction: str = "mean") -> torch.Tensor:
-        if self.head_kind != "linear":
-            logits = self.hf(input_ids=idx).logits
-            if targets is None:
-                return logits
-            losses = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1),
-                                     reduction="none" if reduction == "none" else "mean")
-            return losses.view(targets.shape) if reduction == "none" else losses
-        h, weight, bias = self.head(self.hidden(idx))
-        if targets is None:
-            return F.linear(h, weight, bias)
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.hf.get_decoder()(**self._inputs(idx)).last_hidden_state
 
-        h2, t = h.reshape(-1, h.size(-1)), targets.reshape(-1)
-        if reduction == "none":
-            with torch.no_grad():
-                return token_losses(h2, weight, bias, t).view(targets.shape)
-        return cross_entropy(h2, weight, bias, t)
+    def family_logits(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.hf(**self._inputs(idx)).logits
 
 
 def count_on_meta(m: ModelConfig, vocab_size: int) -> dict:
-    """The breakdown model.count_params gives, of the model built on the meta device (nothing is
-    allocated): every parameter once (a shared one is one Parameter), E, W_out's own (0 tied), and
-    the rest; with the decoder's matmul weights (its 2-D parameters but E), for the FLOPs."""
+    """The breakdown tie_layer.count_params gives, of the model built on the meta device (nothing
+    is allocated), with the decoder's matmul weights for the FLOPs: its 2-D parameters but the
+    embedding tables (E, a learned position table), which are looked up, not multiplied."""
     with torch.device("meta"), warnings.catch_warnings():  # V = 0 (the memory check before a tokenizer
         warnings.filterwarnings("ignore", "Initializing zero-element tensors")  # exists): E has no rows
         model = HFCausalLM(m, vocab_size)
-    total = sum(p.numel() for p in model.parameters())  # parameters() yields a shared one once
-    wte, tied = model.transformer.wte.weight.numel(), model.is_tied
-    lm_head = 0 if tied else model.lm_head.weight.numel()
-    bias = getattr(model.lm_head, "bias", None)
-    embeddings = {id(model.transformer.wte.weight)}
-    matmul = sum(p.numel() for p in model.hf.get_decoder().parameters() if p.dim() == 2 and id(p) not in embeddings)
-    return {"total": total, "wte": wte, "lm_head": lm_head, "lm_head_bias": bias.numel() if bias is not None else 0,
-            "wpe": 0, "non_embedding": total - wte - lm_head, "saved_by_tying": wte if tied else 0,
-            "tie_mode": model.current_tie.mode, "tied": tied, "vocab_size": vocab_size,
-            "non_head_matmul_params": matmul, "head_kind": model.head_kind}
+    tables = {id(mod.weight) for mod in model.modules() if isinstance(mod, nn.Embedding)}
+    matmul = sum(p.numel() for p in model.hf.get_decoder().parameters() if p.dim() == 2 and id(p) not in tables)
+    return {**count_params(model), "non_head_matmul_params": matmul, "head_kind": model.head_kind}

@@ -9,10 +9,11 @@ variant, what E and W_out received:
 - the AdamW weight decay on E, on W_out's own parameters (E's when W_out is E: one matrix, decayed
   once) and on the other matrices (train/step.py: the embedding matrices, model.embedding_parameters,
   follow train.decay_embeddings; every other matrix is decayed at train.weight_decay);
-- the initialisation and the initial scale: a fresh draw (model.GPT._init_weights draws E and
+- the initialisation and the initial scale: a fresh draw (model.GPT.init_weights draws E and
   W_out from normal(0, 0.02); an `arch: hf` family initialises by its own rules) or a pretrained
   start (model.init_from: the checkpoint's weights), the std of E and of W_out where tiedlm draws
-  them, and the input scale (model.embed_scale);
+  them, and the input scale (model.embed_scale); the blocks' own initialisation (arch.Init: GPT-2's
+  residual projections at 0.02/√(2·n_layer), Llama's at 0.02);
 - the head's initialisation: E itself (tied), its own draw (untied), a copy of E (soft, pull, and
   untie_at at its split), or built from E (projection, lowrank, split: W_out starts as E); from a
   checkpoint, what the run's tie did to the checkpoint's (pretrained.describe_start);
@@ -40,12 +41,12 @@ from .tie import STORED_KEYS
 if TYPE_CHECKING:
     from .config import Config
 
-INIT_STD = 0.02  # model.GPT._init_weights: normal(0, 0.02) for every matrix and embedding
+INIT_STD = 0.02  # model.GPT.init_weights: normal(0, 0.02) for every matrix and embedding
 TIE_KEYS = (*STORED_KEYS, "model.untie_at", "model.tie_from")  # the tie itself: what a difference in is not a confound
 RECORDED = "recorded by the run"
 FROM_CONFIG = "computed from the run's stored config (the run predates the ledger)"
 # (field, words): the ledger's fields two variants are compared on, in the order a difference is said
-COMPARED = (("init", "initialisation"), ("lr", "learning rate"), ("min_lr", "final learning rate"), ("weight_decay_e", "weight decay on E"),
+COMPARED = (("init", "initialisation"), ("block_init", "block initialisation"), ("lr", "learning rate"), ("min_lr", "final learning rate"), ("weight_decay_e", "weight decay on E"),
             ("weight_decay_w_out", "weight decay on W_out"),
             ("weight_decay_other", "weight decay on the other matrices"),
             ("init_std_e", "init std of E"), ("init_std_w_out", "init std of W_out"),
@@ -80,6 +81,7 @@ class Ledger:
     lm_head_bias: bool
     vd: int | None  # V·d: E's parameters, what tying saves
     vd_share: float | None  # V·d / the model's parameters
+    block_init: str | None = None  # the blocks' own initialisation (arch.Init.words); None: not recorded
     source: str = RECORDED
 
     def to_json(self) -> dict:
@@ -160,7 +162,9 @@ def ledger_of(cfg: Config, params: dict | None, source: str = RECORDED) -> Ledge
                   frozen=_frozen(cfg), lr=cfg.train.lr,
                   min_lr=effective_min_lr(cfg.train), weight_decay_e=e, weight_decay_w_out=w_out,
                   weight_decay_other=other, init_std_e=std, init_std_w_out=std, embed_scale=str(cfg.model.embed_scale),
-                  lm_head_bias=bool(cfg.model.lm_head_bias), vd=vd, vd_share=share, source=source)
+                  lm_head_bias=bool(cfg.model.lm_head_bias), vd=vd, vd_share=share,
+                  block_init="the checkpoint's" if cfg.model.init_from else cfg.model.family.init.words(cfg.model.n_layer),
+                  source=source)
 
 
 def stored_ledger(recorded: Any, cfg: Config, params: dict | None) -> Ledger:
@@ -219,7 +223,7 @@ def run_lines(ledger: Ledger) -> list[str]:
             "What this run's embedding matrices received: the fields a comparison checks, so that two "
             "variants that differ in more than the tie are seen to.", "",
             f"- tie: {ledger.tie}; W_out at the start: {ledger.head_init}",
-            f"- initialisation: {ledger.init}; frozen: {ledger.frozen}",
+            f"- initialisation: {ledger.init}; blocks: {w('block_init', ledger.block_init)}; frozen: {ledger.frozen}",
             f"- learning rate {w('lr', ledger.lr)} (cosine to {w('min_lr', ledger.min_lr)})",
             f"- weight decay: E {w('weight_decay_e', ledger.weight_decay_e)}, W_out "
             f"{w('weight_decay_w_out', ledger.weight_decay_w_out)}, other matrices "

@@ -1,26 +1,17 @@
-"""A decoder of GPT-2-style or Llama-style blocks, with weight-tying options, and its counting.
+"""tiedlm's own decoder blocks, GPT-2-style and Llama-style, and the weights' way in and out.
 
 Reads top to bottom: the GPT-2 block (CausalSelfAttention, MLP, Block), the Llama-style block
 (rotary embeddings, GroupedQueryAttention, SwiGLU, LlamaBlock), then GPT, which stacks either kind
-(`model.arch`). Names follow GPT-2 / nanoGPT (wte, wpe, h, ln_f, lm_head, n_layer, n_embd) on
-both, so that counts can be checked against them; export.py renames to each transformers class.
-A Llama-style block (Touvron et al. 2023; the blocks of Llama 3.2 and SmolLM2) is pre-norm
-RMSNorm, attention with rotary embeddings on q and k and n_kv_head key/value heads, and a gated MLP
-(SwiGLU); the model has no position matrix, so E is its only embedding, and a final RMSNorm.
+(`model.arch`) and draws its family's own initialisation (arch.Arch.init). Names follow GPT-2 /
+nanoGPT (wte, wpe, h, ln_f, lm_head, n_layer, n_embd) on both, so that counts can be checked
+against them; export.py renames to each transformers class. A Llama-style block (Touvron et al.
+2023; the block of Llama 3.2 and SmolLM2) is pre-norm RMSNorm, attention with rotary embeddings on
+q and k and n_kv_head key/value heads, and a gated MLP (SwiGLU); the model has no position matrix,
+so E is its only embedding, and a final RMSNorm.
 
-Tying (Press & Wolf 2017; Inan et al. 2017): `lm_head.weight` *is* `wte.weight`, one Parameter
-used twice, so its gradient is the sum of the gradients of both uses and AdamW keeps one state.
-Three modes build W_out from that shared E (`model.tie_mode`; `lm_head.weight` is still E):
-`projection`, Press & Wolf's, logits = (P h) Eᵀ with a learned d×d map P (`head_proj`, starting at
-the identity, weight-decayed); `lowrank`, W_out = E + A·Bᵀ with A (V×r, `head_a`, starting at
-zero) and B (d×r, `head_b`, orthonormal columns), a dial from tied (r = 0) towards untied; and
-`split`, W_out = [W_r, E[:, r:]] with W_r (V×r, `head_own`, starting as E's first r columns) a
-matrix of its own: the dial that reaches both ends (r = 0 tied, r = d untied from a tied start).
-All three start as the tied model. `head()` gives what the output layer computes with; `output_weight()` the
-effective W_out (V×d), which analyze and export use. Two more, `soft` and `pull`, are two matrices, as
-untied: W_out starts as a copy of E, and soft's training loss adds λ/2·‖W_out − E‖² (`tie_penalty()`,
-added once per optimizer step by train/step.py, never to an evaluation's loss); `pull` is soft
-decoupled from Adam (`pull_tie()`, a step of W_out and E towards each other after the optimizer's).
+The tie and every tying mode are not here: GPT is a tie_layer.TiedLM, which acts on any model
+through its input embedding and output head (`get_input_embeddings`, `get_output_embeddings`), this
+one and a transformers family (hf_model.py) alike.
 """
 
 from __future__ import annotations
@@ -35,8 +26,7 @@ from torch.nn import functional as F
 from .config import ModelConfig
 from .errors import RunError
 from .norms import LayerNorm
-from .tie import UNTIED, Tie
-from .loss import cross_entropy, token_losses
+from .tie_layer import TiedLM, count_params  # noqa: F401  (count_params: the library's name for it here)
 
 
 class CausalSelfAttention(nn.Module):
@@ -170,7 +160,10 @@ class LlamaBlock(nn.Module):
 BLOCKS = {"gpt2": Block, "llama": LlamaBlock}  # each family's block (arch.ARCHS names them)
 
 
-class GPT(nn.Module):
+class GPT(TiedLM):
+    """tiedlm's own decoder: E, the blocks of its family (model.arch), the final norm and the head;
+    the tie and its modes are tie_layer.TiedLM's."""
+
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         self.cfg = cfg
@@ -179,6 +172,7 @@ class GPT(nn.Module):
         parts = dict(wte=nn.Embedding(vocab_size, cfg.n_embd))  # E: (V, d)
         if self.family.learned_positions:  # GPT-2; a rotary model rotates q and k instead
             parts["wpe"] = nn.Embedding(cfg.block_size, cfg.n_embd)
+            self.positions_key = "transformer.wpe.weight"
         block = BLOCKS[self.family.name]
         parts["drop"] = nn.Dropout(cfg.dropout)
         parts["h"] = nn.ModuleList([block(cfg) for _ in range(cfg.n_layer)])
@@ -193,192 +187,41 @@ class GPT(nn.Module):
         # sqrt(d) scaling of the input embedding (Vaswani et al. 2017, Gemma): with a tied matrix
         # the output side sees E unscaled, the input side sees sqrt(d)*E.
         self.embed_scale = math.sqrt(cfg.n_embd) if cfg.embed_scale == "sqrt_d" else 1.0
-        self.apply(self._init_weights)
-        # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer) (two per block)
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
-        self.built_tie = cfg.tie  # the config's tie; current_tie is the tie now (untie_at splits it)
-        if not self.built_tie.two_matrices:
-            self.tie()
-        elif self.built_tie.strengthened:  # W_out starts as E's copy (its own init drawn, then replaced,
-            with torch.no_grad():  # so that the random stream, and E and the blocks, are untied's at a seed)
-                self.lm_head.weight.copy_(self.transformer.wte.weight)
-        # The modes' extra parameters come after every other initialisation, so that their weights
-        # draw nothing from the random stream the tied model's weights are drawn from: at a seed, a
-        # projection or lowrank model starts with the tied model's E and blocks exactly.
-        if self.built_tie.mode == "projection":
-            self.head_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)  # P: (d, d), applied as P h
-            with torch.no_grad():
-                self.head_proj.weight.copy_(torch.eye(cfg.n_embd))
-        elif self.built_tie.mode == "lowrank":
-            r = self.built_tie.rank
-            self.head_a = nn.Parameter(torch.zeros(vocab_size, r))  # A: (V, r)
-            b = torch.empty(cfg.n_embd, r)
-            if r:
-                nn.init.orthogonal_(b)  # orthonormal columns: at r = d, A·Bᵀ moves as an untied W_out would
-            self.head_b = nn.Parameter(b)  # B: (d, r)
-        elif self.built_tie.mode == "split":  # W_out's first r columns its own, started as E's (no draw)
-            self.head_own = nn.Parameter(self.transformer.wte.weight[:, :self.built_tie.rank].detach().clone())
+        self.init_weights()
+        self.attach_tie(cfg.tie)
 
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        # nanoGPT / GPT-2 init: normal(0, 0.02) for every matrix and embedding, zero biases.
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
+    def init_weights(self) -> None:
+        """The family's own initialisation (arch.Arch.init): normal(0, 0.02) for every matrix and
+        embedding, zero biases, unit norm gains, as GPT-2 and Llama both draw them; then GPT-2's
+        residual projections (the attention output and the MLP's down projection, two per block)
+        again at 0.02/√(2·n_layer) (Radford et al. 2019). Llama draws those at 0.02 like the rest."""
+        init = self.family.init
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=init.std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        residual = init.residual_std(self.cfg.n_layer)
+        if residual != init.std:
+            for block in self.transformer.h:
+                for proj in (block.attn.c_proj, block.mlp.c_proj):
+                    nn.init.normal_(proj.weight, mean=0.0, std=residual)
 
-    # ---------------------------------------------------------------- tying
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.transformer.wte
 
-    @property
-    def is_tied(self) -> bool:
-        return self.lm_head.weight is self.transformer.wte.weight
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
 
-    head_key = "lm_head.weight"  # W_out's name in the state dict: stored once, under E's, when tied
-
-    @property
-    def current_tie(self) -> Tie:
-        """The tie the model has now: its config's, or untied once a tied model has split (untie_at)."""
-        return self.built_tie if self.is_tied or self.built_tie.two_matrices else UNTIED
-
-    @property
-    def w_out_is_e(self) -> bool:
-        """Whether the effective W_out is E itself now (Tie.w_out_is_e: tied, or lowrank at rank 0)."""
-        return self.current_tie.w_out_is_e
-
-    def tie(self) -> None:
-        """Make W_out the same Parameter as E (E's init is kept, the head's discarded)."""
-        self.lm_head.weight = self.transformer.wte.weight
-        assert self.is_tied
-
-    def untie(self) -> nn.Parameter:
-        """Split a tied model in two independent matrices with identical values (modded-nanogpt's
-        untie). Returns the new W_out Parameter; the caller copies the optimizer state to it."""
-        assert self.is_tied, "untie() on a model that is not tied"
-        new = nn.Parameter(self.transformer.wte.weight.detach().clone())
-        self.lm_head.weight = new
-        assert not self.is_tied
-        return new
-
-    def check_tie(self, tied: bool) -> None:
-        """Assert the tie is what it should be; called wherever a model is built, wrapped or loaded."""
-        if self.is_tied != tied:
-            raise AssertionError(f"expected the model to be {'tied' if tied else 'untied'}, it is not")
-
-    # ---------------------------------------------------------------- the output layer
-
-    def head(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(the head's input, its weight (V, d), its bias): logits = input @ weightᵀ + bias. Tied and
-        untied: (h, W_out, b); projection: (P h, E, b), which never forms E·P; lowrank: (h, E + A·Bᵀ,
-        b), formed once per call (V·d·r multiply-adds, against V·d per token for the logits)."""
-        mode = self.built_tie.mode
-        if mode == "projection":
-            return self.head_proj(h), self.transformer.wte.weight, self.lm_head.bias
-        if mode == "lowrank":
-            return h, self.transformer.wte.weight + self.head_a @ self.head_b.T, self.lm_head.bias
-        if mode == "split":
-            return h, self._split_weight(), self.lm_head.bias
-        return h, self.lm_head.weight, self.lm_head.bias
-
-    def _split_weight(self) -> torch.Tensor:
-        """split's W_out (V, d): its own r columns, then E's last d − r (E itself at r = 0). The r
-        columns get the head's gradient alone, and E none of it there: E's gradient from the head
-        is in its last d − r columns only."""
-        E, r = self.transformer.wte.weight, self.built_tie.rank
-        return E if r == 0 else torch.cat([self.head_own, E[:, r:]], dim=1)
-
-    def output_weight(self) -> torch.Tensor:
-        """The effective W_out (V, d), detached: logits = h @ W_outᵀ (+ bias) for every mode. For
-        projection it is E·P (logits = (P h) Eᵀ = h (E P)ᵀ)."""
-        with torch.no_grad():
-            if self.built_tie.mode == "projection":
-                return self.transformer.wte.weight @ self.head_proj.weight
-            if self.built_tie.mode == "lowrank":
-                return self.transformer.wte.weight + self.head_a @ self.head_b.T
-            if self.built_tie.mode == "split":
-                return self._split_weight().detach()
-            return self.lm_head.weight.detach()
-
-    def tie_distance(self) -> torch.Tensor | None:
-        """‖W_out − E‖_F (a 0-d tensor, no gradient) of a soft model, what its λ pulls to 0; None
-        for the other modes."""
-        if not self.built_tie.strengthened:
-            return None
-        with torch.no_grad():
-            return torch.linalg.vector_norm(self.lm_head.weight - self.transformer.wte.weight)
-
-    def tie_penalty(self) -> torch.Tensor | None:
-        """Soft's λ/2·‖W_out − E‖²_F, with its gradient: λ(W_out − E) into W_out's and −λ(W_out − E)
-        into E's. None when there is none (not soft, or λ = 0: nothing is computed, so that λ = 0
-        is untied from a tied start to the bit). Computed in float32 whatever the autocast: it is
-        V·d elementwise work once per optimizer step."""
-        if not self.built_tie.penalised:
-            return None
-        diff = self.lm_head.weight.float() - self.transformer.wte.weight.float()  # (V, d)
-        return 0.5 * self.built_tie.strength * diff.square().sum()
-
-    @torch.no_grad()
-    def pull_tie(self, lr: float) -> None:
-        """Pull's decoupled step, after the optimizer's: W_out and E each move c = min(1/2, lr·λ) of
-        D = W_out − E towards the other (their mean is kept; D shrinks by 1 − 2c), as AdamW's
-        decoupled weight decay is lr·wd. Nothing for other modes, or at λ = 0."""
-        if not self.built_tie.pulled:
-            return
-        W, E = self.lm_head.weight, self.transformer.wte.weight
-        c = min(0.5, lr * self.built_tie.strength)
-        diff = W - E  # (V, d)
-        W.sub_(diff, alpha=c)
-        E.add_(diff, alpha=c)
-
-    def head_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        """The modes' own parameters (P, A and B, or split's columns): W_out's extra parameters beside E."""
-        names = {"projection": ["head_proj.weight"], "lowrank": ["head_a", "head_b"],
-                 "split": ["head_own"]}.get(self.built_tie.mode, [])
-        params = dict(self.named_parameters())
-        return [(n, params[n]) for n in names]
-
-    def embedding_parameters(self) -> list[nn.Parameter]:
-        """The embedding matrices, whose weight decay train.decay_embeddings sets: E, the position
-        embeddings, W_out when it is a matrix of its own, lowrank's A and B and split's own columns
-        (a part of W_out).
-        Projection's P is a d×d map like the blocks' and is not among them."""
-        t = self.transformer
-        out = [t.wte.weight] + ([t.wpe.weight] if self.family.learned_positions else [])
-        if not self.is_tied:
-            out.append(self.lm_head.weight)
-        if self.built_tie.mode == "lowrank":
-            out += [self.head_a, self.head_b]
-        if self.built_tie.mode == "split":
-            out.append(self.head_own)
-        return out
-
-    # ---------------------------------------------------------------- forward
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                reduction: str = "mean") -> torch.Tensor:
-        """idx (B, T) token ids -> logits (B, T, V); given targets (B, T), the cross-entropy instead,
-        by the fused loss (loss.py: the logits never whole): the mean (reduction="mean"), or each
-        token's (reduction="none", (B, T), no gradient: evaluation)."""
-        h, weight, bias = self.head(self.hidden(idx))
-        if targets is None:
-            return F.linear(h, weight, bias)  # (B, T, V)
-
-        h2, t = h.reshape(-1, h.size(-1)), targets.reshape(-1)
-        if reduction == "none":
-            return token_losses(h2, weight, bias, t).view(targets.shape)
-        if reduction != "mean":
-            raise ValueError(f"reduction must be 'mean' or 'none', not {reduction!r}")
-        return cross_entropy(h2, weight, bias, t)
+    def position_parameters(self) -> list[nn.Parameter]:
+        return [self.transformer.wpe.weight] if self.family.learned_positions else []
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         """idx (B, T) token ids -> the final norm's output (B, T, C), what the head reads."""
         B, T = idx.shape
         if T > self.cfg.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.cfg.block_size}")
-        tok = self.transformer.wte(idx)  # (B, T, C)
-        if self.embed_scale != 1.0:
-            tok = tok * self.embed_scale
+        tok = self.embed(idx)  # (B, T, C)
         if self.family.rotary:
             x = self.transformer.drop(tok)
             cos, sin = self.rope_cos[:T], self.rope_sin[:T]
@@ -420,7 +263,7 @@ def freeze_all_but(model: nn.Module, trainable: str) -> None:
     is W_out), the embedding matrices, or all of them trainable, and freeze the rest. Returns the
     number of trainable values (a shared matrix once)."""
     if trainable != "all":
-        keep = ([model.lm_head.weight, *(p for _, p in model.head_parameters())] if trainable == "head"
+        keep = ([model.get_output_embeddings().weight, *(p for _, p in model.head_parameters())] if trainable == "head"
                 else model.embedding_parameters())
         kept = {id(p) for p in keep}
         for p in model.parameters():
@@ -439,7 +282,7 @@ def init_new_rows(model: nn.Module, ids: list[int]) -> None:
         return
     first = min(ids)
     new = torch.as_tensor(ids)
-    mats = [model.transformer.wte.weight] + ([] if model.is_tied else [model.lm_head.weight])
+    mats = [model.get_input_embeddings().weight] + ([] if model.is_tied else [model.get_output_embeddings().weight])
     for W in mats:
         old = W[:first].float()
         mean = old.mean(0)
@@ -480,38 +323,3 @@ def _version() -> str:
     from . import __version__
 
     return __version__
-
-
-# -------------------------------------------------------------------- counting
-
-
-def count_params(model: GPT) -> dict:
-    """The one place parameters are counted. Every piece is reported so that no convention is
-    ambiguous: nanoGPT's count is `total`; transformers' num_parameters(exclude_embeddings=True)
-    drops the nn.Embedding weights, wte and wpe, and keeps an untied lm_head (an nn.Linear): it is
-    total − wte − wpe; Pythia counts E and W_out separately (`wte` + `saved_by_tying` when tied)."""
-    seen: set[int] = set()
-    total = 0
-    for p in model.parameters():  # parameters() yields a shared Parameter once; be explicit anyway
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel()
-    wte = model.transformer.wte.weight.numel()
-    wpe = model.transformer.wpe.weight.numel() if model.family.learned_positions else 0
-    tied = model.is_tied
-    extra = sum(p.numel() for _, p in model.head_parameters())  # P, or A and B
-    lm_head = extra if tied else model.lm_head.weight.numel()
-    lm_head_bias = model.lm_head.bias.numel() if model.lm_head.bias is not None else 0
-    return {
-        "total": total,
-        "wte": wte,
-        "lm_head": lm_head,  # extra parameters of W_out: 0 when it is E; P, or A and B, when built from E
-        "lm_head_bias": lm_head_bias,
-        "wpe": wpe,
-        "non_embedding": total - wte - lm_head - wpe,  # blocks, ln_f and the head's bias
-        "saved_by_tying": wte - extra if tied else 0,  # V*d, less what a mode spends on W_out
-        "tie_mode": model.current_tie.mode,
-        "tied": tied,
-        "vocab_size": model.vocab_size,
-        **({"head_kind": model.head_kind} if hasattr(model, "head_kind") else {}),  # arch: hf: how the loss is taken
-    }

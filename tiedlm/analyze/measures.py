@@ -90,7 +90,8 @@ def direct_path(model, tokens: np.ndarray, vocab: int, max_pairs: int, bytes_per
     E = t.wte.weight.detach().float()
     W = model.output_weight().float()  # the effective W_out (E·P, E + A·Bᵀ for the tying modes)
     norm = final_norm_args(model)
-    head_bias = model.lm_head.bias.detach().float() if model.lm_head.bias is not None else None
+    bias = model.get_output_embeddings().bias
+    head_bias = bias.detach().float() if bias is not None else None
     ids = torch.from_numpy(np.asarray(tokens[: max_pairs + 1], dtype=np.int64))
     prev, nxt = ids[:-1], ids[1:]
     args = dict(**norm, scale=model.embed_scale, head_bias=head_bias)
@@ -130,7 +131,7 @@ def language_asymmetry(scfg: SyntheticConfig) -> dict:
 
 def per_token_arrays(model, vocab: int) -> tuple[Any, Any]:
     """(E, the effective W_out) restricted to the tokenizer's V rows (padding rows are never trained)."""
-    E = model.transformer.wte.weight.detach().float()[:vocab]
+    E = model.get_input_embeddings().weight.detach().float()[:vocab]
     W = model.output_weight().float()[:vocab]
     return E, W
 

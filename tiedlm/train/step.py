@@ -33,7 +33,7 @@ def build_optimizer(model, tcfg: TrainConfig) -> torch.optim.Optimizer:
     # the model names its embedding matrices (the lowrank mode's A and B among them: part of W_out);
     # projection's P is a matrix like any other (Press & Wolf regularise it), decayed at train.weight_decay
     embeds = {id(p) for p in model.embedding_parameters()}
-    w_out = None if model.is_tied else model.lm_head.weight  # a W_out of its own goes last
+    w_out = None if model.is_tied else model.get_output_embeddings().weight  # a W_out of its own goes last
     decay, no_decay = [], []
     for p in model.parameters():  # yields a shared Parameter once
         if not p.requires_grad:  # frozen by train.trainable
@@ -153,7 +153,7 @@ def untie_step(cfg: Config, total: int) -> int | None:
 
 def untie_with_optimizer(model, optimizer) -> None:
     """Split the tied matrix in two; W_out gets an identical copy of E's AdamW state."""
-    old = model.transformer.wte.weight
+    old = model.get_input_embeddings().weight
     new = model.untie()
     for group in optimizer.param_groups:
         if any(p is old for p in group["params"]):
