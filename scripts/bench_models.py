@@ -107,11 +107,10 @@ def tiedlm_model(shape, tied: bool, device):
 
 
 def archhf_model(shape, tied: bool, device):
-    """tiedlm's `model.arch: hf` of a llama shape (transformers' LlamaForCausalLM blocks under tiedlm's
-    loop and fused loss, rms_norm_eps as tiedlm's), with tiedlm's optimizer; None for a GPT-2 shape or
-    without transformers. Its parameter count is asserted equal to tiedlm's own block's."""
-    if arch(shape) != "llama":
-        return None
+    """tiedlm's `model.arch: hf` of a shape: transformers' LlamaForCausalLM blocks (a llama shape,
+    rms_norm_eps as tiedlm's) or GPT2LMHeadModel's (a GPT-2 shape, exact GELU as tiedlm's) under
+    tiedlm's tie layer, loop and fused loss, with tiedlm's optimizer; None without transformers.
+    Its parameter count is asserted equal to tiedlm's own block's."""
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -125,8 +124,13 @@ def archhf_model(shape, tied: bool, device):
     from tiedlm.train.step import build_optimizer
 
     ours = model_config(shape, tied)
-    cfg = dataclasses.replace(ours, arch="hf", hf_config="llama", n_kv_head=ours.kv_heads, intermediate_size=ours.mlp_size,
-                              hf_overrides={"rms_norm_eps": ours.norm_eps})
+    if arch(shape) == "llama":
+        cfg = dataclasses.replace(ours, arch="hf", hf_config="llama", n_kv_head=ours.kv_heads,
+                                  intermediate_size=ours.mlp_size, hf_overrides={"rms_norm_eps": ours.norm_eps})
+    else:
+        cfg = dataclasses.replace(ours, arch="hf", hf_config="gpt2", bias=False, hf_overrides={
+            "activation_function": "gelu", "layer_norm_epsilon": ours.norm_eps, "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0, "attn_pdrop": 0.0})
     torch.manual_seed(0)
     model = build_model(cfg, dims(shape)[5]).to(device)
     native = unique_params(tiedlm_model(shape, tied, torch.device("cpu"))[0])

@@ -212,11 +212,11 @@ def test_bench_quick_runs_and_reports_every_implementation(tmp_path):
         import transformers  # noqa: F401
 
         want += ["transformers tied", "transformers untied"]
-        archhf = ["arch: hf tied", "arch: hf untied"]  # transformers' blocks under tiedlm's loop: llama shapes only
+        archhf = ["arch: hf tied", "arch: hf untied"]  # transformers' blocks under tiedlm's loop and tie layer
     except ImportError:
         pass
     # the tiny GPT-2 shape, then the tiny llama one
-    assert [r.split("|")[1].strip() for r in rows] == want + want + archhf
+    assert [r.split("|")[1].strip() for r in rows] == want + archhf + want + archhf
     if archhf:
         assert "tiedlm's own block / arch: hf" in out.stdout
     assert "tiny llama (llama: 1 key/value heads" in out.stdout
@@ -229,7 +229,7 @@ def test_bench_quick_runs_and_reports_every_implementation(tmp_path):
     result = json.loads((tmp_path / "b.json").read_text())
     timers = [e["pid"] for e in result["shapes"]] + [e["counted"]["pid"] for e in result["shapes"]]
     assert len(set(timers)) == 4 and result["pid"] not in timers  # each shape and its counted line: a fresh process
-    tables = [rows[:len(want)], rows[len(want):]]  # the GPT-2 shape's rows, then the llama one's (with arch: hf)
+    tables = [rows[:len(want + archhf)], rows[len(want + archhf):]]  # the GPT-2 shape's rows, then the llama one's
     for e, shape_rows in zip(result["shapes"], tables):  # page faults a step, by the rates' labels, in the last column
         table = [r.split("|") for r in shape_rows]
         assert list(e["faults_per_step"]) == list(e["train"]) == [r[1].strip() for r in table]
@@ -270,6 +270,7 @@ def test_each_implementation_s_page_faults_are_its_own(monkeypatch):
 
     monkeypatch.setattr(bench, "tiedlm_model", lambda shape, tied, device: ("tied" if tied else "untied", None))
     monkeypatch.setattr(bench, "hf_model", lambda shape, tied, device: ("tied" if tied else "untied", None))
+    monkeypatch.setattr(bench, "archhf_model", lambda shape, tied, device: None)  # transformers' blocks: not timed here
     monkeypatch.setattr(bench, "step_fn", step_fn)
     faults: dict = {}
     rates = bench.train_rates(bench.QUICK_SHAPES[0], torch.device("cpu"), "fp32", 2, 3, 1, faults=faults)

@@ -40,11 +40,11 @@ class HFCausalLM(TiedLM):
         else:
             self.hf = transformers.AutoModelForCausalLM.from_config(config)
         self.embed_scale = math.sqrt(cfg.n_embd) if cfg.embed_scale == "sqrt_d" else 1.0
-        self.family_scale = None if on_meta else self._family_scale()
-        if self.family_scale not in (None, 1.0) and self.embed_scale != 1.0:
-            raise ConfigError(f"model.embed_scale: sqrt_d — {config.model_type} scales its input embedding itself "
-                              f"(by {self.family_scale:.4g} at this width), so tiedlm's would scale it twice; remove "
-                              "model.embed_scale")
+        self.family_scale = self._family_scale(on_meta)
+        if self.family_scale != 1.0 and self.embed_scale != 1.0:
+            by = f" (by {self.family_scale:.4g} at this width)" if self.family_scale is not None else ""
+            raise ConfigError(f"model.embed_scale: sqrt_d — {config.model_type} scales its input embedding itself{by}, "
+                              "so tiedlm's would scale it twice; remove model.embed_scale")
         self.head_kind = self._head_kind()
         self.attach_tie(cfg.tie, cfg.lm_head_bias)
         self.check_tie(not cfg.tie.two_matrices)
@@ -91,10 +91,15 @@ class HFCausalLM(TiedLM):
                       "start": describe_start(was_tied, tied, cfg.tie_from)}
         return model
 
-    def _family_scale(self) -> float:
+    def _family_scale(self, on_meta: bool) -> float | None:
         """How much the family's own input embedding scales E's rows (Gemma's embedding module
-        multiplies them by √d): measured on the built model, one row read both ways."""
+        multiplies them by √d), measured on the built model, one row read both ways: 1.0 for a
+        plain nn.Embedding; on the meta device, None for a module with a forward of its own."""
         E = self.hf.get_input_embeddings()
+        if type(E).forward is nn.Embedding.forward:
+            return 1.0
+        if on_meta:
+            return None
         with torch.no_grad():
             row = E.weight[:1].float()
             out = E(torch.zeros(1, dtype=torch.long, device=E.weight.device)).float()
