@@ -74,9 +74,11 @@ def report(run_dir: Path) -> dict:
 HF = {"arch": "hf", "hf_config": "qwen2", "n_kv_head": 1}  # transformers' Qwen2 (arch: hf): biases on q, k and v
 
 
-@pytest.mark.parametrize("extra", [{}, {"tie_embeddings": False}, {"untie_at": 0.5}, {"arch": "llama", "n_kv_head": 1},
-                                   HF, {**HF, "untie_at": 0.5}],
-                         ids=["tied", "untied", "untie_at", "llama-tied-gqa", "hf-qwen2-tied", "hf-qwen2-untie_at"])
+# once per tie, each on another family: the tie is one layer over every family (tie_layer.py), so a
+# tie that holds under DDP on one holds on all; every family is met at least once
+@pytest.mark.parametrize("extra", [{}, {"tie_embeddings": False, "arch": "llama", "n_kv_head": 1},
+                                   {**HF, "untie_at": 0.5}, {**HF, "tie_mode": "lowrank", "untie_rank": 4}],
+                         ids=["gpt2-tied", "llama-gqa-untied", "hf-qwen2-untie_at", "hf-qwen2-lowrank"])
 def test_two_processes_end_where_one_does(tmp_path, extra, monkeypatch):
     if extra.get("arch") == "hf":
         pytest.importorskip("transformers")
@@ -105,6 +107,10 @@ def test_two_processes_end_where_one_does(tmp_path, extra, monkeypatch):
         assert two["untied_at_step"] == 15 and params["lm_head"] > 0
     elif extra.get("tie_embeddings") is False:
         assert two["params"]["lm_head"] == two["params"]["wte"]  # V·d more values all-reduced than tied
+    elif extra.get("tie_mode") == "lowrank":  # A (V×r) and B (d×r) all-reduced beside the one E
+        d = two["params"]["wte"] // two["params"]["model_vocab_size"]
+        assert two["params"]["lm_head"] == 4 * (two["params"]["model_vocab_size"] + d)
+        assert two["params"]["saved_by_tying"] == two["params"]["wte"] - two["params"]["lm_head"]
     else:
         assert two["params"]["saved_by_tying"] == two["params"]["wte"]
 
