@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, script_module
+
+pytestmark = pytest.mark.bench  # runs scripts/bench*.py: opt-in, python -m pytest -m bench
 from tiedlm.counting import flops_per_token
 
 counted = script_module("bench_counted")

@@ -6,7 +6,6 @@ does; the counts need no torch; the bench itself runs (--quick) so that it canno
 
 import json
 import math
-import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -126,16 +125,16 @@ def _adam_steps(optimizer, model, x, y, n=4) -> None:
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_tiedlm_s_adamw_steps_loads_and_saves_as_torch_s_to_the_bit(tied):
-    """build_optimizer's AdamW skips the wrappers that import torch._dynamo; it must stay AdamW:
-    the same weights and moments to the bit over steps, a state dict either one loads, untie_at's
-    split, and the stock class under train.compile."""
+    """build_optimizer's AdamW is torch's, over the groups it builds (a tied matrix once): the same
+    weights and moments to the bit over steps as torch.optim.AdamW over those groups, a state dict
+    either one loads, and untie_at's split."""
     from tiedlm.config import TrainConfig
     from tiedlm.train.step import build_optimizer, untie_with_optimizer
 
     tcfg = TrainConfig(max_steps=1, lr=1e-2, weight_decay=0.1)
     (ours_model, x, y), (theirs_model, _, _) = model_and_batch(tied), model_and_batch(tied)
     ours = build_optimizer(ours_model, tcfg)
-    assert isinstance(ours, torch.optim.AdamW) and type(ours) is not torch.optim.AdamW
+    assert type(ours) is torch.optim.AdamW
     params = dict(theirs_model.named_parameters())
     theirs = torch.optim.AdamW([{**g, "params": [params[n] for n in names]}  # the same groups, in order
                                 for g, names in zip(ours.param_groups, _group_names(ours, ours_model))])
@@ -156,10 +155,6 @@ def test_tiedlm_s_adamw_steps_loads_and_saves_as_torch_s_to_the_bit(tied):
     _adam_steps(ours, ours_model, x, y, 1)
     _adam_steps(theirs, theirs_model, x, y, 1)
     assert all(torch.equal(p, q) for p, q in zip(ours_model.parameters(), theirs_model.parameters()))
-    compiled = TrainConfig(max_steps=1, compile=True)
-    assert type(build_optimizer(model_and_batch(tied)[0], compiled)) is torch.optim.AdamW
-    again = build_optimizer(model_and_batch(tied)[0], tcfg)  # one class per process, and it pickles
-    assert type(again) is type(ours) and type(pickle.loads(pickle.dumps(ours))) is type(ours)
 
 
 def _group_names(optimizer, model) -> list:
@@ -167,28 +162,7 @@ def _group_names(optimizer, model) -> list:
     return [[name[id(p)] for p in g["params"]] for g in optimizer.param_groups]
 
 
-def test_a_training_process_never_imports_torch_s_compiler():
-    """torch._dynamo costs a process 1.6-1.8 s to import (2 CPU cores): training, a checkpoint's
-    state and its resume, and untie_at must not pull it in."""
-    code = """if True:
-        import sys, torch
-        from tests.test_performance import _adam_steps, model_and_batch
-        from tiedlm.config import TrainConfig
-        from tiedlm.train.step import build_optimizer, untie_with_optimizer
-        model, x, y = model_and_batch(True)
-        opt = build_optimizer(model, TrainConfig(max_steps=1))
-        _adam_steps(opt, model, x, y, 2)
-        untie_with_optimizer(model, opt)
-        opt.load_state_dict(opt.state_dict())
-        _adam_steps(opt, model, x, y, 1)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        print(sorted(m for m in sys.modules if m.startswith("torch._dynamo")))
-    """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]"
-
-
+@pytest.mark.bench
 def test_the_bench_on_a_device_this_machine_lacks_says_so_in_one_line_naming_its_own_option():
     # cuda:99 is missing on a CPU machine and on any GPU machine alike; the modes that take --device
     # (the tables, --counted, --chunks) resolve it through bench_models.bench_device, and main()
@@ -201,6 +175,7 @@ def test_the_bench_on_a_device_this_machine_lacks_says_so_in_one_line_naming_its
     assert "--set train.device" not in out.stderr  # the fix is the bench's own option, not the CLI's
 
 
+@pytest.mark.bench
 def test_bench_quick_runs_and_reports_every_implementation(tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--json", str(tmp_path / "b.json")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -237,6 +212,7 @@ def test_bench_quick_runs_and_reports_every_implementation(tmp_path):
     assert result["settings"]["steps"] == 1 and result["failed_shapes"] == []
 
 
+@pytest.mark.bench
 def test_the_bench_counts_the_page_faults_of_memory_mapped_afresh():
     import mmap
 
@@ -250,6 +226,7 @@ def test_the_bench_counts_the_page_faults_of_memory_mapped_afresh():
     assert bench.minor_faults() - before >= pages
 
 
+@pytest.mark.bench
 def test_each_implementation_s_page_faults_are_its_own(monkeypatch):
     """The models take turns; the faults between a turn's first and last step go to that model's label."""
     import mmap
@@ -279,6 +256,7 @@ def test_each_implementation_s_page_faults_are_its_own(monkeypatch):
     assert all(v < pages / 4 for k, v in faults.items() if k != "tiedlm plain loss untied"), faults
 
 
+@pytest.mark.bench
 def test_a_shape_whose_timing_process_fails_is_left_out_with_a_line_and_the_bench_goes_on(monkeypatch, capsys):
     bench = bench_module()
     args = type("Args", (), {"steps": 1, "rounds": 1, "warmup": 1, "eval_batches": 2})()
@@ -290,6 +268,7 @@ def test_a_shape_whose_timing_process_fails_is_left_out_with_a_line_and_the_benc
         assert err[0] == "child: boom" and err[1].startswith("tiny: its timing process gave no result (")
 
 
+@pytest.mark.bench
 def test_an_unknown_shape_is_one_line_before_anything_is_timed():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--shapes", "base.yaml,nope"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -298,6 +277,7 @@ def test_an_unknown_shape_is_one_line_before_anything_is_timed():
         "bench: error: unknown shape(s) ['nope'] in --shapes — name some of " + str([s[0] for s in bench_module().SHAPES])]
 
 
+@pytest.mark.bench
 def test_the_main_job_bench_can_run_auto_first_and_reports_jobs_1_first(tmp_path, monkeypatch):
     script_module("bench_load")
     main_job = script_module("bench_main_job")
@@ -316,6 +296,7 @@ def test_the_main_job_bench_can_run_auto_first_and_reports_jobs_1_first(tmp_path
         assert [r["jobs"] for r in result["runs"]] == ["1", "auto"] and result["ratio"] == pytest.approx(0.8)
 
 
+@pytest.mark.bench
 def test_the_main_job_bench_times_both_commands_and_tells_the_same_runs_from_changed_ones(tiny_yaml, tmp_path):
     """scripts/bench.py --main-job on a tiny config: both commands run into folders of their own,
     their runs are found the same to the bit, and one changed byte of a weights file is found."""

@@ -7,7 +7,6 @@ them (evaluation, checkpoints, signals) is train/__init__.py's."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from typing import TYPE_CHECKING, Callable
 
@@ -50,62 +49,13 @@ def build_optimizer(model, tcfg: TrainConfig) -> torch.optim.Optimizer:
     # Fused AdamW on CUDA (one kernel for all parameters). On the CPU it is 2 ms a step faster at
     # base.yaml's shape (~2% of the step) but not bit-identical to the default implementation, so
     # the default stays there and CPU results do not depend on the torch build's fused kernels.
+    # torch.optim.AdamW as it is. Its first step imports torch._dynamo (1.6-1.8 s on 2 CPU cores),
+    # once per process: `--jobs` workers live across their runs and pay it once.
+    import torch
+
     fused = all(p.is_cuda for g in groups for p in g["params"])
-    return _adamw_class(tcfg.compile)(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), eps=1e-8,
+    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), eps=1e-8,
                              **({"fused": True} if fused else {}))
-
-
-@functools.lru_cache(maxsize=None)
-def _adamw_class(compiled: bool):
-    """torch.optim.AdamW, less the wrappers torch puts around five of its methods for
-    torch.compile: they import torch._dynamo at their first call (the import alone is 1.6-1.8 s on
-    2 CPU cores; a tiny `tiedlm train` went from 5.9 to 3.4 s without it), for graph breaks and
-    dynamo's "do not trace" marks that eager code never reads. Each method here calls the function
-    under those wrappers (the step with gradients off, as its wrapper turns them off), so every
-    bit, the state dict and its loading are AdamW's own; the profiler's and the step hooks' wrapper
-    is put back on the step by torch.optim.Optimizer, as on any optimizer class. With
-    train.compile, or where a method carries a wrapper not known here, AdamW itself is used. One
-    class per process, a module attribute so that a pickled optimizer finds it."""
-    import torch
-
-    base = torch.optim.AdamW
-    if compiled:
-        return base
-    known = _known_wrapper_codes()
-    inner = {}
-    for name in _WRAPPED:
-        fn = getattr(base, name)
-        while getattr(fn, "__code__", None) in known and hasattr(fn, "__wrapped__"):
-            fn = fn.__wrapped__
-        if hasattr(fn, "__wrapped__") or getattr(fn, "__code__", None) in known:
-            return base  # a wrapper this code does not know: keep AdamW's own methods
-        inner[name] = fn
-
-    def step(self, closure=None):
-        with torch.no_grad():
-            return inner["step"](self, closure)
-
-    methods = {name: fn for name, fn in inner.items() if name != "step"}
-    cls = type("AdamW", (base,), {**methods, "step": step, "__module__": __name__, "__qualname__": "AdamW"})
-    globals()["AdamW"] = cls
-    return cls
-
-
-def _known_wrapper_codes() -> set:
-    """The code of the wrappers torch.optim puts on AdamW's methods: torch.compile's two (the step's
-    gradient mode and graph breaks, dynamo's "do not trace") and the profiler's on the step."""
-    import torch
-    from torch.optim import optimizer
-
-    def probe():
-        return None
-
-    makers = (getattr(optimizer, "_use_grad_for_differentiable", None), getattr(torch, "_disable_dynamo", None),
-              getattr(optimizer.Optimizer, "profile_hook_step", None))
-    return {make(probe).__code__ for make in makers if make is not None}
-
-
-_WRAPPED = ("step", "zero_grad", "add_param_group", "state_dict", "load_state_dict")
 
 
 def lr_at(step: int, total: int, tcfg) -> float:
