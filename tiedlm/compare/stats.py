@@ -15,16 +15,17 @@ computed on the loss and only then shown as a perplexity.
   the difference is not 0 (the limit scipy.stats also reports: t = inf, p = 0); p is undefined
   (None) when the difference is 0 as well (scipy: nan);
 - holm: Holm's step-down adjustment of a family of p-values;
-- nct_cdf / t_power / power_analysis: the noncentral t distribution (Lenth 1989, AS 243), the
-  power of a two-sided t-test, the smallest effect detectable with 80% power and the seeds that
+- t_power / power_analysis: the power of a two-sided t-test (the noncentral t), the smallest effect detectable with 80% power and the seeds that
   would detect the observed effect, both at the observed spread and at the spread's one-sided
   80% upper confidence bound (chi2_ppf, spread_factor): with 3 seeds the spread has 2 degrees of
   freedom, and figures planned from it alone are too small more often than not.
 
-The distributions are implemented here (regularised incomplete beta by continued fraction, the
-regularised incomplete gamma by series and continued fraction, the noncentral t as a Poisson
-mixture of incomplete betas) so that tiedlm needs no scipy;
-tests/test_compare_stats.py checks them against scipy.stats.
+The distributions are scipy's (scipy.special: Student's t, χ², the normal and the noncentral t,
+the ufuncs scipy.stats is built on, a microsecond a call where the searches call them thousands of
+times). Written here, because no library has them in this form: the tests' handling of a spread
+of zero, the power search over fractional Welch degrees of freedom (`_seeds_needed`), the spread's
+upper bound (`spread_factor`), Holm's adjustment with absent p-values left out of the family, and
+the exact small-sample Spearman test.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ import functools
 import itertools
 import math
 from dataclasses import asdict, dataclass, field
-from statistics import NormalDist
 from typing import Any, Callable, Iterable, Sequence
+
+from scipy import special
 
 from ..nats import perplexity, relative
 from ..formatting import MISSING, fmt_p
@@ -51,85 +53,16 @@ ZERO_SD = 1e-12  # a spread below ZERO_SD x the largest |value| is float roundin
 # ============================================================================ the t distribution
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes 6.4)."""
-    tiny, eps = 1e-300, 1e-16
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c = 1.0
-    d = 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 10_000):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))  # even step
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))  # odd step
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < eps:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function I_x(a, b), for a, b > 0 and 0 <= x <= 1."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                 + a * math.log(x) + b * math.log1p(-x))
-    # the continued fraction converges fast for x < (a+1)/(a+b+2); use the symmetry otherwise
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
-
-
 def t_sf(t: float, df: float) -> float:
     """P(T > t) for Student's t with df degrees of freedom (df may be fractional, as Welch's is)."""
-    if math.isinf(t):
-        return 0.0 if t > 0 else 1.0
-    # P(|T| > |t|) = I_{df/(df+t^2)}(df/2, 1/2): precise in the tails, where p-values live
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return tail if t >= 0 else 1.0 - tail
+    return float(special.stdtr(df, -t))
 
 
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with df degrees of freedom."""
-    return t_sf(-t, df)
-
-
-@functools.lru_cache(maxsize=4096)  # power analysis asks for the same quantile at every step of its searches
 def t_ppf(p: float, df: float) -> float:
-    """The p-quantile of Student's t (bisection on t_sf, to float precision)."""
+    """The p-quantile of Student's t."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"t_ppf needs 0 < p < 1, got {p}")
-    if p == 0.5:
-        return 0.0
-    q = 1.0 - p if p > 0.5 else p  # the upper-tail probability of |quantile|
-    lo, hi = 0.0, 1.0
-    while t_sf(hi, df) > q:  # bracket the root
-        lo, hi = hi, hi * 2.0
-        if hi > 1e300:
-            break
-    for _ in range(400):
-        mid = 0.5 * (lo + hi)
-        if mid in (lo, hi):
-            break
-        if t_sf(mid, df) > q:
-            lo = mid
-        else:
-            hi = mid
-    x = 0.5 * (lo + hi)
-    return x if p > 0.5 else -x
+    return float(special.stdtrit(df, p))
 
 
 def t_two_sided_p(t: float, df: float) -> float:
@@ -407,70 +340,18 @@ def significant(p_value: float | None, level: float = ALPHA) -> bool | None:
 # ============================================================================ the chi-square and the spread's bound
 
 
-def _gamma_series(a: float, x: float) -> float:
-    """Σ_n x^n / (a (a+1) ... (a+n)), the series of P(a, x) (Numerical Recipes 6.2), for x < a + 1."""
-    term = total = 1.0 / a
-    for n in range(1, 10_000):
-        term *= x / (a + n)
-        total += term
-        if abs(term) < abs(total) * 1e-16:
-            break
-    return total
-
-
-def _gamma_fraction(a: float, x: float) -> float:
-    """The continued fraction of Q(a, x)·e^x·x^(−a)·Γ(a) (modified Lentz), for x >= a + 1."""
-    tiny = 1e-300
-    b = x + 1.0 - a
-    c, d = 1.0 / tiny, 1.0 / b
-    h = d
-    for i in range(1, 10_000):
-        an = -i * (i - a)
-        b += 2.0
-        d = an * d + b
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = b + an / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        if abs(d * c - 1.0) < 1e-16:
-            break
-    return h
-
-
-def gammainc(a: float, x: float) -> float:
-    """The regularised lower incomplete gamma function P(a, x), for a > 0 (a may be fractional)."""
-    if x <= 0.0:
-        return 0.0
-    log_front = a * math.log(x) - x - math.lgamma(a)
-    if x < a + 1.0:
-        return min(1.0, math.exp(log_front) * _gamma_series(a, x))
-    return max(0.0, 1.0 - math.exp(log_front) * _gamma_fraction(a, x))
-
-
-def chi2_cdf(x: float, df: float) -> float:
-    """P(χ²_df <= x), df > 0 and possibly fractional (Welch–Satterthwaite's)."""
-    return gammainc(df / 2.0, x / 2.0)
-
-
-@functools.lru_cache(maxsize=1024)  # one quantile per degrees of freedom in a comparison
 def chi2_ppf(p: float, df: float) -> float:
-    """The p-quantile of χ²_df (bisection on chi2_cdf, to a relative 1e-13)."""
+    """The p-quantile of χ²_df, df > 0 and possibly fractional (Welch–Satterthwaite's)."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"chi2_ppf needs 0 < p < 1, got {p}")
     if not df > 0:
         raise ValueError(f"chi2_ppf needs df > 0, got {df}")
-    lo, hi = 0.0, max(1.0, df)
-    while chi2_cdf(hi, df) < p:  # bracket the root
-        lo, hi = hi, hi * 2.0
-    for _ in range(400):
-        mid = 0.5 * (lo + hi)
-        if mid in (lo, hi) or hi - lo <= 1e-13 * hi:
-            break
-        if chi2_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
+    return float(special.chdtri(df, 1.0 - p))
+
+
+def chi2_sf(x: float, k: float) -> float:
+    """P(χ²_k > x)."""
+    return float(special.chdtrc(k, x)) if x > 0 else 1.0
 
 
 def spread_factor(df: float, confidence: float = SPREAD_CONFIDENCE) -> float:
@@ -485,54 +366,18 @@ def spread_factor(df: float, confidence: float = SPREAD_CONFIDENCE) -> float:
 
 
 def norm_cdf(z: float) -> float:
-    return 0.5 * math.erfc(-z / math.sqrt(2.0))
-
-
-def _nct_nonnegative(t: float, df: float, nc: float) -> float:
-    """P(T <= t) for t >= 0 (Lenth 1989, AS 243): Φ(−δ) + ½ Σ_j [p_j I_x(j+½, ν/2) + q_j I_x(j+1, ν/2)],
-    x = t²/(t²+ν), with Poisson weights p_j = e^−λ λ^j/j! and q_j = δ e^−λ λ^j/(√2 Γ(j+3/2)),
-    λ = δ²/2; summed over the Poisson mode ± 12 SD, the betas by their recurrence in a."""
-    base = norm_cdf(-nc)
-    if t == 0.0:
-        return base
-    x = t * t / (t * t + df)
-    log_x, log_1mx = math.log(x), math.log(df) - math.log(t * t + df)
-    lam = nc * nc / 2.0
-    lo = max(0, int(lam - 12.0 * math.sqrt(lam) - 12.0))
-    hi = int(lam + 12.0 * math.sqrt(lam) + 12.0)
-    b = df / 2.0
-    ip, iq = betainc(lo + 0.5, b, x), betainc(lo + 1.0, b, x)
-    log_lam = math.log(lam) if lam > 0 else -math.inf
-    total = 0.0
-    for j in range(lo, hi + 1):
-        log_w = -lam + (j * log_lam if j else 0.0)
-        p_j = math.exp(log_w - math.lgamma(j + 1.0))
-        q_j = nc / math.sqrt(2.0) * math.exp(log_w - math.lgamma(j + 1.5))
-        total += p_j * ip + q_j * iq
-        # I_x(a+1, b) = I_x(a, b) − x^a (1−x)^b Γ(a+b) / (Γ(a+1) Γ(b))
-        for_a = (j + 0.5, j + 1.0)
-        steps = [math.exp(math.lgamma(a + b) - math.lgamma(a + 1.0) - math.lgamma(b) + a * log_x + b * log_1mx)
-                 for a in for_a]
-        ip, iq = max(0.0, ip - steps[0]), max(0.0, iq - steps[1])
-    return min(1.0, max(0.0, base + 0.5 * total))
-
-
-def nct_cdf(t: float, df: float, nc: float) -> float:
-    """P(T <= t) for the noncentral t with df degrees of freedom (df may be fractional) and
-    noncentrality nc; absolute error about 1e-12."""
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    if nc == 0.0:
-        return t_cdf(t, df)
-    if t < 0:  # −T is noncentral t with −nc
-        return 1.0 - _nct_nonnegative(-t, df, -nc)
-    return _nct_nonnegative(t, df, nc)
+    return float(special.ndtr(z))
 
 
 def t_power(nc: float, df: float, alpha: float = ALPHA) -> float:
-    """The power of a two-sided t-test at level alpha when the true effect is nc standard errors."""
-    c = t_ppf(1.0 - alpha / 2.0, df)
-    return (1.0 - nct_cdf(c, df, nc)) + nct_cdf(-c, df, nc)
+    """The power of a two-sided t-test at level alpha when the true effect is nc standard errors:
+    P(T' > c) + P(T' < −c) for the noncentral t T' (scipy's, Boost's algorithm underneath). Far in
+    the tail against the effect scipy gives no value (nan); that tail is below Φ(−|nc|) there, under
+    1e-9 wherever it happens, and counts as 0."""
+    c, nc = t_ppf(1.0 - alpha / 2.0, df), abs(nc)
+    near = 1.0 - float(special.nctdtr(df, nc, c))
+    far = float(special.nctdtr(df, nc, -c))
+    return near + (0.0 if math.isnan(far) else far)
 
 
 @functools.lru_cache(maxsize=1024)  # the same few degrees of freedom in every contrast and simulation
@@ -628,7 +473,7 @@ def _seeds_needed(test: TestResult, effect: float, power: float, alpha: float, f
         df_per = (va + vb) ** 2 / (va ** 2 + vb ** 2)  # Welch–Satterthwaite df / (n − 1) with n a side
         power_at = lambda n: t_power(effect / math.sqrt((va + vb) / n), (n - 1) * df_per, alpha)  # noqa: E731
         var = va + vb
-    z = NormalDist().inv_cdf(1.0 - alpha / 2.0) + NormalDist().inv_cdf(power)
+    z = float(special.ndtri(1.0 - alpha / 2.0) + special.ndtri(power))
     guess = z * z * var / (effect * effect)  # n by the normal approximation; the t test needs a little more
     return _smallest_n(power_at, power, int(min(guess, SEEDS_CAP)) + 1)
 
@@ -670,27 +515,6 @@ def power_analysis(test: TestResult, power: float = POWER, alpha: float = ALPHA,
 def fmt_threshold(p: float) -> str:
     """A nominal threshold with 3 significant digits: 0.0122, 0.000346; 0 when no stop was possible."""
     return f"{p:.3g}" if p > 0 else "0"
-
-
-def chi2_sf(x: float, k: int) -> float:
-    """P(χ²_k > x) for an integer k ≥ 1, in closed form: for even k, e^(−x/2)·Σ_{i<k/2} (x/2)^i/i!;
-    for odd k, erfc(√(x/2)) + e^(−x/2)·Σ_{i=1}^{(k−1)/2} (x/2)^(i−1/2)/Γ(i+1/2)."""
-    if k < 1 or int(k) != k:
-        raise ValueError(f"chi2_sf needs an integer k >= 1, got {k}")
-    if x <= 0:
-        return 1.0
-    h = x / 2.0
-    if k % 2 == 0:
-        term, total = 1.0, 1.0
-        for i in range(1, k // 2):
-            term *= h / i
-            total += term
-        return min(1.0, math.exp(-h) * total)
-    total, term = math.erfc(math.sqrt(h)), math.sqrt(2.0 * x / math.pi)  # term: (x/2)^(1/2)/Γ(3/2)
-    for i in range(1, (k - 1) // 2 + 1):
-        total += math.exp(-h) * term
-        term *= h / (i + 0.5)
-    return min(1.0, total)
 
 
 def fmt_pvalue(p: float | None) -> str:
