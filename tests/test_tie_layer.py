@@ -254,3 +254,21 @@ def test_the_ledger_records_each_family_s_block_initialisation():
     assert hf.block_init.startswith("the family's own")
     said = differences(gpt2, llama)
     assert any(s.startswith("block initialisation normal(0, 0.02); residual projections 0.005") for s in said)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["model.hf_config=gpt_neox", "model.n_kv_head=2"], "model.n_kv_head does not apply to gpt_neox"),
+    (["model.hf_config=gemma2", "model.tie_mode=lowrank", "model.untie_rank=4"],
+     "model.tie_mode lowrank builds W_out from E for a plain linear head"),
+])
+def test_compare_refuses_a_family_it_cannot_build_once_before_any_run(tiny_yaml, tmp_path, extra, message):
+    """Said once, before a run is planned: not once per run of the tuning grid, each then failing."""
+    from typer.testing import CliRunner
+
+    from tiedlm.cli import app
+
+    sets = [a for e in ["model.arch=hf", "model.n_head=4", *extra] for a in ("--set", e)]
+    r = CliRunner().invoke(app, ["compare", "--config", str(tiny_yaml), "--seeds", "2", "--tune", "train.lr=0.001,0.01",
+                                 "--out", str(tmp_path / "runs"), *sets])
+    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "runs").exists()

@@ -187,6 +187,8 @@ def plan_comparison(req: CompareRequest) -> ComparisonPlan:
 
     check_source(base.data)  # a local-looking data.path that is not there: one line, before any run
     variants, matched = variants_of(req, base)
+    for _, extra in variants:  # a model its family cannot build is refused once, not once per planned run
+        count_params_config(load_config(req.config, req.overrides + extra).model, base.model.vocab_size or 0)
     source = RunSource(req.config, tuple(req.overrides), base.name + override_tag(req.overrides))
     return ComparisonPlan(base=base, variants=variants, source=source, match=matched)
 
