@@ -218,3 +218,25 @@ def test_sampling_never_yields_a_padding_id():
     got = list(generate_ids(PrefersPadding(), [0], SampleOptions(max_new_tokens=30, seed=0), torch.Generator(),
                             block_size=8, eot_id=7, device="cpu", vocab_size=8))
     assert got and all(t < 7 for t in got)
+
+
+def test_export_writes_the_judged_weights_by_default_and_says_which(tiny, tmp_path, monkeypatch):
+    """A run that kept its best weights exports them (what a comparison judged), naming the step;
+    --checkpoint latest gives the last weights; a run that kept none exports its latest and says why."""
+    from tiedlm.evaluate import kept_best
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    run = train_run(tiny("train.keep_best=true", "train.eval_every=4", "train.lr=0.3"), out=tmp_path / "runs",
+                    progress=False)
+    best = kept_best(run)
+    report = json.loads((run / runs.REPORT).read_text())
+    assert best is not None and best == report["best"]["weights"].rsplit("/", 1)[-1]
+    r = CliRunner().invoke(app, ["export", str(run), "--out", str(tmp_path / "judged")])
+    assert r.exit_code == 0, r.output
+    step = int(best.removeprefix("best-step-").split("-")[0])
+    assert f"exported {best} " in r.stdout and f"the run's best validation evaluation, step {step:,}" in r.stdout
+    r = CliRunner().invoke(app, ["export", str(run), "--out", str(tmp_path / "last"), "--checkpoint", "latest"])
+    assert r.exit_code == 0 and f"exported step-{report['steps']:07d} " in r.stdout, r.output
+    plain = train_run(tiny("train.keep_best=false"), out=tmp_path / "plain", progress=False)
+    r = CliRunner().invoke(app, ["export", str(plain), "--out", str(tmp_path / "plain-export")])
+    assert r.exit_code == 0 and "it kept no best weights (train.keep_best)" in r.stdout, r.output

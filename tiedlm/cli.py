@@ -419,10 +419,12 @@ def analyze(
 def export(
     run: Path = typer.Argument(..., help="A run folder."),
     out: str = typer.Option(..., "--out", help="The folder to write (new, or empty)."),
-    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="step-N or best-step-N (default: the "
-                                             "latest checkpoint)."),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="step-N, best-step-N or latest (default: "
+                                             "the weights a comparison judges, the best validation evaluation's "
+                                             "where the run kept them, else the latest checkpoint)."),
 ) -> None:
-    """Export a run as a transformers GPT2LMHeadModel or LlamaForCausalLM (checked against tiedlm's logits)."""
+    """Export a run as its family's transformers model (GPT2LMHeadModel, LlamaForCausalLM, or an arch: hf
+    family's own class), its logits checked against tiedlm's."""
 
     def write_export():
         from .export import export_run, summary

@@ -265,7 +265,7 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise NotARunError(f"{run_dir} does not exist or is not a folder — give a run folder such as runs/base-s0")
+        raise NotARunError(f"{run_dir} does not exist or is not a folder — give a run folder, one holding config.yaml (the main job writes runs/shakespeare-tied-lr=0.003-s0)")
     cfg = runs.read_config(run_dir)
     if cfg is None:
         raise NotARunError(f"{run_dir} has no config.yaml — is it a tiedlm run folder?")
@@ -331,6 +331,17 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
     return {"results": results, "text": "\n".join(lines)}
 
 
+def kept_best(run_dir) -> str | None:
+    """The name of the weights a run kept at its best validation evaluation (best-step-N), when its
+    report names them and they are in its checkpoints folder; None otherwise."""
+    from . import checkpoints
+
+    report = runs.read_report(Path(run_dir))
+    kept = (report.best or {}).get("weights") if report is not None and isinstance(report.best, dict) else None
+    name = kept.rsplit("/", 1)[-1] if isinstance(kept, str) and kept else None
+    return name if name in {p.name for p in checkpoints.best_weight_folders(Path(run_dir))} else None
+
+
 def _best_weights(run_dir):
     """The folder of the weights a run kept at its best validation evaluation (report.json's best)."""
     from . import checkpoints
@@ -370,8 +381,14 @@ def _other_weights(run_dir, ckpt, chooser: str | None) -> str | None:
 
 
 def _named_checkpoint(run_dir, name: str):
-    """checkpoints/<name> (step-N or best-step-N), which must be one of the run's checkpoints."""
+    """checkpoints/<name> (step-N or best-step-N, or `latest`), which must be one of the run's checkpoints."""
     from . import checkpoints
+
+    if name == "latest":
+        latest = checkpoints.latest_checkpoint(run_dir)
+        if latest is None:
+            raise NotARunError(f"{run_dir} has no checkpoint yet — train it first (tiedlm train --config ...)")
+        return latest
 
     have = checkpoints.checkpoint_names(run_dir)
     if name not in have:

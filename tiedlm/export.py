@@ -59,7 +59,8 @@ class ExportResult:
     tokens: int | None = None  # scored in the check
     note: str | None = None
     mode: str | None = None  # the run's model.tie_mode when it has one (one of tie.NAMED_MODES)
-    hf_class: str = "GPT2LMHeadModel"  # or LlamaForCausalLM (model.arch: llama)
+    hf_class: str = "GPT2LMHeadModel"  # or LlamaForCausalLM (model.arch: llama), or an arch: hf family's class
+    chosen: str = ""  # why these weights: the ones a comparison judges, the latest, or the ones asked for
 
 
 def writes_tied(model: torch.nn.Module) -> bool:
@@ -134,8 +135,9 @@ def hf_state_dict(model: GPT) -> dict:
 
 def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = None, verify: bool = True,
                batch: int = 4) -> ExportResult:
-    """Write the run (its latest checkpoint, or checkpoints/<checkpoint>) as a transformers folder at
-    `out`, which must not exist or be empty, nor lie in a run's managed parts (checkpoints/, tb/,
+    """Write the run as a transformers folder at `out`: the weights a comparison judges by default
+    (the best validation evaluation's, where the run kept them: train.keep_best; else its latest
+    checkpoint), or checkpoints/<checkpoint> (`latest` for the latest); which must not exist or be empty, nor lie in a run's managed parts (checkpoints/, tb/,
     ...); verify it when transformers is installed."""
     from .evaluate import load_run_model
 
@@ -145,7 +147,10 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
     check_outside_runs(out, "--out")  # inside checkpoints/, a resume would delete it
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} exists and is not an empty folder — choose a new folder")
-    rm = load_run_model(run_dir, checkpoint=checkpoint, chooser="--checkpoint")
+    from .evaluate import kept_best
+
+    judged = kept_best(run_dir) if checkpoint is None else None  # the weights a comparison judges
+    rm = load_run_model(run_dir, checkpoint=judged or checkpoint, chooser="--checkpoint")
     model = rm.model.eval()
     check_exportable(rm.cfg, writes_tied(model))
     out.parent.mkdir(parents=True, exist_ok=True)  # the temporary folder beside it: one rename, no copy
@@ -154,7 +159,8 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
         _write_folder(tmp, rm, model)
         family_class = type(model.hf).__name__ if rm.cfg.model.family.built_by_transformers else hf_class(rm.cfg)
         result = ExportResult(out, writes_tied(model), rm.checkpoint.name, verified=False,
-                              mode=model.built_tie.stored_mode, hf_class=family_class)
+                              mode=model.built_tie.stored_mode, hf_class=family_class,
+                              chosen=_chosen_words(judged, checkpoint, rm.checkpoint.name))
         if verify:
             _verify(tmp, rm, model, result, batch)
         if out.exists():
@@ -279,6 +285,17 @@ def _verify_family_tie(folder: Path, hf: PreTrainedModel, tied: bool) -> None:
                        "removed; this is a bug in tiedlm's export, please report it")
 
 
+def _chosen_words(judged: str | None, asked: str | None, name: str) -> str:
+    """Why the exported weights are these, in words."""
+    if judged:
+        step = int(name.removeprefix("best-step-").split("-")[0])
+        return (f"the weights a comparison judges: the run's best validation evaluation, step {step:,} "
+                "(--checkpoint latest for its last weights)")
+    if asked:
+        return "as asked (--checkpoint)"
+    return "the run's latest checkpoint: it kept no best weights (train.keep_best)"
+
+
 def summary(r: ExportResult) -> str:
     form = "tied" if r.tied else "untied"
     if r.mode is not None:
@@ -286,6 +303,8 @@ def summary(r: ExportResult) -> str:
             f"{r.mode}, written untied: lm_head is its own W_out" if r.mode in STRENGTHENED else \
             f"{r.mode}, written untied: lm_head is the materialised W_out"
     lines = [f"exported {r.checkpoint} ({form}) to {r.out} as a {r.hf_class}"]
+    if r.chosen:
+        lines.append(f"{r.checkpoint}: {r.chosen}")
     if r.verified:
         lines.append(f"checked with transformers on {r.tokens:,} validation tokens: max |logit difference| "
                      f"{r.max_abs_diff:.2e}; perplexity {r.tiedlm_perplexity:.4f} (tiedlm) vs {r.hf_perplexity:.4f} "
