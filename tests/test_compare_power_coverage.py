@@ -119,3 +119,21 @@ def test_the_welch_power_line_covers_about_its_stated_rate():
     se = math.sqrt(0.8 * 0.2 / draws)
     assert upper / draws >= SPREAD_CONFIDENCE - 3 * se
     assert point / draws < 0.65
+
+
+def test_two_seeds_say_they_cannot_bound_an_effect_and_how_many_would():
+    """With 2 seeds the spread has 1 degree of freedom: no 'effects between −96% and +2334%' range,
+    but that 2 seeds cannot bound what they miss, and the seeds the observed effect needs."""
+    import dataclasses
+
+    from tiedlm.compare.variants import SplitContrast
+    from tiedlm.compare.verdicts import seeds_sentence
+
+    test = paired_test([4.10, 4.13], [4.00, 4.05])
+    d = SplitContrast(**dataclasses.asdict(test))
+    d.power = power_analysis(test)
+    said = seeds_sentence(d)
+    assert said.startswith("2 seeds cannot bound the effects they might miss: the seed-to-seed spread has 1 degree "
+                           "of freedom"), said
+    assert "Effects between" not in said and "degrees of freedom" not in said
+    assert f"About {d.power.seeds_needed_upper} seeds per variant would resolve the observed" in said

@@ -66,7 +66,8 @@ def _usage_error(exc) -> None:
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   cls=_OneLineUsageErrors,
-                  help="Train small GPTs with tied and untied embeddings and compare them honestly.")
+                  help="Train language models with tied and untied embeddings (any block family, every tying mode) and "
+                       "compare them honestly.")
 cache_app = typer.Typer(no_args_is_help=True, help="The token cache: list or clear prepared datasets.")
 app.add_typer(cache_app, name="cache")
 
