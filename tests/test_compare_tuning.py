@@ -139,7 +139,7 @@ def test_the_shared_value_verdict_stands_beside_the_tuned_one(tmp_path, stand_in
     expect = math.exp(sum(math.log(tied(s) / untied(s)) for s in (0, 1)) / 2) - 1
     assert shared["relative"] == pytest.approx(expect)
     text = C.format_terminal_table(c)
-    assert "At lr=0.003 for both variants: tied" in text and "each at its own best: tied" in text
+    assert "At the config's own lr=0.003 for both variants: tied" in text and "each at its own best: tied" in text
 
 
 @pytest.mark.figures

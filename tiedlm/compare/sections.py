@@ -230,7 +230,8 @@ def _shared_sentence(c: Comparison, tuning: Tuning) -> str | None:
     interval = (f" (95% CI {percent(s.get('ci_low'))} to {percent(s.get('ci_high'))}, over {len(seeds)} seeds)"
                 if len(seeds) > 1 and s.get("ci_low") is not None else
                 f" (seed {', '.join(str(x) for x in seeds)} only: no interval)")
-    where = f"At {s['label']} for both variants: {s['variant']} {percent(s.get('relative'))} on {s['split']}{interval}"
+    where = (f"At the config's own {s['label']} for both variants: {s['variant']} {percent(s.get('relative'))} "
+             f"on {s['split']}{interval}")
     if tuned_contrast is None:
         return where + "."
     n = tuned_contrast.n or 0
