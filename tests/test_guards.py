@@ -65,16 +65,31 @@ def test_runs_that_beat_it_get_no_such_warning(tmp_path):
     assert not [x for x in C.compare_runs(runs_dir=runs).warnings if "unigram" in x]
 
 
-def test_a_budget_shorter_than_its_warmup_is_refused_before_anything_is_written(tmp_path):
-    from tiedlm.train import train_run
+def test_a_budget_shorter_than_its_warmup_is_refused_for_a_verdict_before_anything_is_written(tmp_path):
+    from tiedlm.experiment import CompareRequest
+    from tiedlm.experiment.plan import plan_comparison
 
-    cfg = load_config("configs/shakespeare.yaml", ["train.max_tokens=100000"])
+    req = CompareRequest.of(config="configs/shakespeare.yaml", overrides=["train.max_tokens=100000"],
+                            runs_dir=tmp_path / "runs")
     with pytest.raises(ConfigError, match=r"train\.warmup_steps 50 is more than the 49 optimizer steps the budget "
                                           r"gives \(train\.max_tokens 100,000 / \(32 batch x 64 tokens x 1 "
                                           r"grad_accum\)\).*lower train\.warmup_steps \(a tenth of the steps: 4\) or "
                                           r"raise train\.max_tokens to at least 102,400"):
-        train_run(cfg, out=tmp_path, progress=False)
+        plan_comparison(req)
     assert not any(tmp_path.iterdir())
+
+
+def test_one_run_shorter_than_its_warmup_warns_once_and_trains(tiny, tmp_path, capsys):
+    """tiedlm train --set train.max_steps=10 is a smoke test: said once, and the run goes on."""
+    from tiedlm.train import train_run
+
+    run = train_run(tiny("train.max_steps=3", "train.warmup_steps=5", "train.eval_every=0"), out=tmp_path,
+                    progress=False)
+    err = capsys.readouterr().err
+    assert err.count("warning: train.warmup_steps 5 is more than the 3 optimizer steps the budget gives "
+                     "(train.max_steps 3)") == 1
+    assert "so this run is a smoke test rather than a measurement (compare --config refuses it)" in err
+    assert json.loads((run / "report.json").read_text())["status"] == "finished"
 
 
 def test_runs_mostly_warming_up_are_said(tmp_path):

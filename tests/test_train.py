@@ -16,7 +16,8 @@ from tiedlm.errors import (
     RunError,
 )
 from tiedlm.train import train_run
-from tiedlm.train.step import budget_steps, lr_at, untie_step
+from tiedlm.config import budget_steps
+from tiedlm.train.step import lr_at, untie_step
 
 RUN_FILES = {"config.yaml", "metrics.jsonl", "report.json", "report.md", "tokenizer", "checkpoints"}
 

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -454,3 +455,35 @@ def effective_min_lr(t: TrainConfig) -> float:
     """Where the cosine decay ends: train.lr x train.min_lr_ratio when the ratio is set (so the
     schedule keeps its shape when lr changes), else the absolute train.min_lr."""
     return t.lr * t.min_lr_ratio if t.min_lr_ratio is not None else t.min_lr
+
+
+def budget_steps(cfg: Config) -> int:
+    """The optimizer steps a run's budget gives: train.max_steps, or train.max_tokens over the tokens of a step."""
+    t = cfg.train
+    if t.max_steps is not None:
+        return t.max_steps
+    per_step = t.batch_size * t.grad_accum * cfg.model.block_size
+    return max(1, math.ceil(t.max_tokens / per_step))
+
+
+def check_warmup(cfg: Config, total: int, verdict: bool = True) -> str | None:
+    """A budget of fewer optimizer steps than warm-up steps: the learning rate never reaches
+    train.lr. Where runs carry a verdict (`verdict`: compare --config) that is refused, since a
+    comparison of such runs compares their warm-ups; for one run (a smoke test of
+    train.max_steps=10) it is the warning returned, and the run goes on. None when the budget is
+    long enough."""
+    t = cfg.train
+    if total >= t.warmup_steps:
+        return None
+    budget = (f"train.max_steps {t.max_steps}" if t.max_steps is not None else
+              f"train.max_tokens {t.max_tokens:,} / ({t.batch_size} batch x {cfg.model.block_size} tokens x "
+              f"{t.grad_accum} grad_accum)")
+    per_step = t.batch_size * t.grad_accum * cfg.model.block_size
+    more = (f"train.max_steps to at least {t.warmup_steps}" if t.max_steps is not None else
+            f"train.max_tokens to at least {t.warmup_steps * per_step:,}")
+    fix = f"lower train.warmup_steps (a tenth of the steps: {max(1, total // 10)}) or raise {more}"
+    said = (f"train.warmup_steps {t.warmup_steps} is more than the {total} optimizer steps the budget gives "
+            f"({budget}): the learning rate would never finish warming up")
+    if verdict:
+        raise ConfigError(f"{said} — {fix}")
+    return f"{said}, so this run is a smoke test rather than a measurement (compare --config refuses it) — {fix}"

@@ -24,7 +24,7 @@ from ..compare.tuned import TuneSpec
 from ..errors import ConfigError
 from ..naming import sanitize, scalar, short_keys, yaml_value
 from .request import CompareRequest
-from ..config import Config, load_config
+from ..config import Config, budget_steps, check_warmup, load_config
 from ..counting import count_params_config
 from ..naming import override_tag
 from ..runs import run_dir_for
@@ -187,8 +187,10 @@ def plan_comparison(req: CompareRequest) -> ComparisonPlan:
 
     check_source(base.data)  # a local-looking data.path that is not there: one line, before any run
     variants, matched = variants_of(req, base)
-    for _, extra in variants:  # a model its family cannot build is refused once, not once per planned run
-        count_params_config(load_config(req.config, req.overrides + extra).model, base.model.vocab_size or 0)
+    for _, extra in variants:  # refused once, not once per planned run: a model its family cannot build, and
+        cfg = load_config(req.config, req.overrides + extra)  # a budget shorter than its warm-up (no verdict)
+        count_params_config(cfg.model, base.model.vocab_size or 0)
+        check_warmup(cfg, budget_steps(cfg))
     source = RunSource(req.config, tuple(req.overrides), base.name + override_tag(req.overrides))
     return ComparisonPlan(base=base, variants=variants, source=source, match=matched)
 

@@ -10,15 +10,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import checkpoints, runs
-from ..config import Config
+from ..config import Config, budget_steps, check_warmup
 from ..distributed import Dist
 from ..errors import ConfigError, RunError
 from ..tensorboard import TrainingLog, require
-from .step import budget_steps, check_warmup, untie_step
+from .step import untie_step
 from .also import prepare_also
 from ..counting import check_fits
 from ..device import resolve_dtype
 from ..distributed import check_batch, main_first, start
+from ..process import log
 
 if TYPE_CHECKING:
     import torch
@@ -62,7 +63,9 @@ def preflight(cfg: Config, run_dir: Path, device: torch.device, fresh: bool, pro
     if cfg.model.untie_at is not None and total < 2:
         raise ConfigError(f"model.untie_at needs at least 2 training steps, the budget gives {total} — "
                           "raise train.max_steps / train.max_tokens or drop model.untie_at")
-    check_warmup(cfg, total)
+    short = check_warmup(cfg, total, verdict=False)
+    if short and d.main:
+        log(f"warning: {short}")
     ckpt, note = (None, None) if fresh else checkpoints.resolve_checkpoint(run_dir)
     loaded = checkpoints.load_checkpoint(ckpt) if ckpt is not None else None
     best = ((loaded[1] or {}).get("best") or {}).get("weights") if loaded is not None else None

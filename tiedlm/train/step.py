@@ -14,7 +14,6 @@ import numpy as np
 
 from .. import threads
 from ..config import Config, TrainConfig, effective_min_lr
-from ..errors import ConfigError
 from ..nats import representable
 
 if TYPE_CHECKING:
@@ -68,31 +67,6 @@ def lr_at(step: int, total: int, tcfg) -> float:
     progress = min(1.0, (step - tcfg.warmup_steps) / (total - tcfg.warmup_steps))
     low = effective_min_lr(tcfg)
     return low + 0.5 * (tcfg.lr - low) * (1.0 + math.cos(math.pi * progress))
-
-
-def budget_steps(cfg: Config) -> int:
-    t = cfg.train
-    if t.max_steps is not None:
-        return t.max_steps
-    per_step = t.batch_size * t.grad_accum * cfg.model.block_size
-    return max(1, math.ceil(t.max_tokens / per_step))
-
-
-def check_warmup(cfg: Config, total: int) -> None:
-    """Refuse a budget of fewer optimizer steps than warm-up steps: the learning rate would never
-    reach train.lr, and a comparison of such runs compares their warm-ups."""
-    t = cfg.train
-    if total >= t.warmup_steps:
-        return
-    budget = (f"train.max_steps {t.max_steps}" if t.max_steps is not None else
-              f"train.max_tokens {t.max_tokens:,} / ({t.batch_size} batch x {cfg.model.block_size} tokens x "
-              f"{t.grad_accum} grad_accum)")
-    per_step = t.batch_size * t.grad_accum * cfg.model.block_size
-    more = (f"train.max_steps to at least {t.warmup_steps}" if t.max_steps is not None else
-            f"train.max_tokens to at least {t.warmup_steps * per_step:,}")
-    raise ConfigError(f"train.warmup_steps {t.warmup_steps} is more than the {total} optimizer steps the budget "
-                      f"gives ({budget}): the learning rate would never finish warming up — lower "
-                      f"train.warmup_steps (a tenth of the steps: {max(1, total // 10)}) or raise {more}")
 
 
 def untie_step(cfg: Config, total: int) -> int | None:
