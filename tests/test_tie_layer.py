@@ -272,3 +272,15 @@ def test_compare_refuses_a_family_it_cannot_build_once_before_any_run(tiny_yaml,
                                  "--out", str(tmp_path / "runs"), *sets])
     assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_transformers_position_table_is_counted_and_grouped_as_tiedlm_s():
+    """GPT-2 built by transformers counts and groups its wpe as tiedlm's own GPT-2 does."""
+    ours = build_model(cfg_of("gpt2", "tied").model, V)
+    theirs = build_model(load_config(None, ["model.n_layer=2", f"model.n_embd={D}", "model.n_head=4",
+                                            "model.block_size=16", "train.max_steps=1", "model.arch=hf",
+                                            "model.hf_config=gpt2"]).model, V)
+    a, b = count_params(ours), count_params(theirs)
+    assert a["wpe"] == b["wpe"] == 16 * D and a["total"] == b["total"] and a["non_embedding"] == b["non_embedding"]
+    assert theirs.position_parameters()[0] is theirs.hf.transformer.wpe.weight
+    assert any(p is theirs.hf.transformer.wpe.weight for p in theirs.embedding_parameters())

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from .arch import HF_SIZE_FIELDS
 from .errors import ConfigError
 from .hf import language_configs, config_flags_tied, hf_model_config, require_transformers
 from .pretrained import checkpoint_config, checkpoint_tied, describe_start
@@ -125,6 +126,12 @@ class HFCausalLM(TiedLM):
     def get_output_embeddings(self) -> nn.Linear:
         return self.hf.get_output_embeddings()
 
+    def position_parameters(self) -> list[nn.Parameter]:
+        """A learned position table, where the family has one (GPT-2's wpe, OPT's): the embedding
+        tables other than E."""
+        E = self.get_input_embeddings()
+        return [m.weight for m in self.hf.modules() if isinstance(m, nn.Embedding) and m is not E]
+
     def tie_flags(self) -> list[bool]:
         return config_flags_tied(self.hf.config)
 
@@ -154,4 +161,8 @@ def count_on_meta(m: ModelConfig, vocab_size: int) -> dict:
         model = HFCausalLM(m, vocab_size)
     tables = {id(mod.weight) for mod in model.modules() if isinstance(mod, nn.Embedding)}
     matmul = sum(p.numel() for p in model.hf.get_decoder().parameters() if p.dim() == 2 and id(p) not in tables)
-    return {**count_params(model), "non_head_matmul_params": matmul, "head_kind": model.head_kind}
+    # the size keys the family's config has (GPT-2's has no key/value heads nor an MLP width field)
+    sizes = " ".join(f"{key}={value}" for key, value in (("n_kv_head", m.kv_heads), ("intermediate_size", m.mlp_size))
+                     if getattr(model.hf.config, HF_SIZE_FIELDS[key], None) is not None)
+    return {**count_params(model), "non_head_matmul_params": matmul, "head_kind": model.head_kind,
+            "family_sizes": sizes}

@@ -67,11 +67,14 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
              if m.family.rotary else "")
     if m.family.built_by_transformers:  # counted on the meta device, as transformers builds it
         head = t.get("head_kind", "linear")
-        llama = (f" arch=hf hf_config={m.hf_config} n_kv_head={m.kv_heads} intermediate_size={m.mlp_size} (built by "
-                 f"transformers on the meta device; head: {'a plain linear map' if head == 'linear' else head})")
+        sizes = t.get("family_sizes", "")
+        llama = (f" arch=hf hf_config={m.hf_config}{' ' + sizes if sizes else ''} (built by transformers on the meta "
+                 f"device; biases, norms and positions the family's own; head: "
+                 f"{'a plain linear map' if head == 'linear' else head})")
+    bias = "" if m.family.built_by_transformers else f" bias={m.bias}"
     text = "\n".join([
-        f"{cfg.name}: n_layer={m.n_layer} n_head={m.n_head} n_embd={m.n_embd} block_size={m.block_size} "
-        f"bias={m.bias}{llama} V={V:,} (from {source})", "",
+        f"{cfg.name}: n_layer={m.n_layer} n_head={m.n_head} n_embd={m.n_embd} block_size={m.block_size}"
+        f"{bias}{llama} V={V:,} (from {source})", "",
         params_text(forms), "",
         f"tying saves {saved:,} parameters ({100 * saved / u['total']:.1f}% of the untied model), "
         f"{16 * saved / 2**20:,.1f} MiB of fp32 weights + gradients + AdamW moments", *spent,
