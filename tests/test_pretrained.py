@@ -315,6 +315,13 @@ def test_a_comparison_of_an_adaptation_tabulates_the_start_the_old_domain_and_th
     assert tied.seeds == untied.seeds == 2 and tied.new_tokens_loss > 0 and 0 < tied.new_tokens_share < 1
     md = (tmp_path / "cmp" / "comparison.md").read_text()
     assert "## The pretrained start, the old domain and the new tokens" in md and "untied by copy" in md
+    from tiedlm.compare.report import format_terminal_table
+
+    said = [line for line in format_terminal_table(c).splitlines() if line.startswith("Adaptation: ")]
+    assert len(said) == 2  # the terminal says what each variant forgot and gained, as comparison.md does
+    line = next(x for x in said if x.startswith(f"Adaptation: {tied.variant} (kept tied)"))
+    assert f"the old domain's test perplexity {tied.old_before:,.2f} → {tied.old_after:,.2f}" in line
+    assert f"the new tokens' loss {tied.new_tokens_loss:.3f} nats on {c.primary}" in line and "(mean over 2 seeds)" in line
 
 
 def test_a_pretrained_start_may_use_a_shorter_context_and_its_own_tokenizer_keys(exports):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..formatting import markdown_table
+from ..formatting import markdown_table, percent
 from ..nats import perplexity
 
 
@@ -73,3 +73,19 @@ def adaptation_markdown(rows: list[Adapted], primary: str) -> list[str]:
             f"{primary} split with their share of its tokens (tokenizer.add_tokens). Means over each variant's seeds.",
             "", markdown_table(["variant", "seeds", "start", "old domain before", "after", "change",
                                 "new tokens' loss", "their share"], table, "lrlrrrrr")]
+
+
+def adaptation_lines(rows: list[Adapted], primary: str) -> list[str]:
+    """The terminal's lines: per variant, what it did to the checkpoint's tie, the old domain's
+    perplexity before and after, and the new tokens' loss (the same numbers as the markdown's)."""
+    out = []
+    for a in rows:
+        parts = [f"{a.variant}" + (f" ({a.start})" if a.start else "")]
+        if a.old_before is not None and a.old_after is not None:
+            parts.append(f"the old domain's test perplexity {a.old_before:,.2f} → {a.old_after:,.2f} "
+                         f"({percent(a.old_after / a.old_before - 1, 1)})")
+        if a.new_tokens_loss is not None:
+            share = f", {a.new_tokens_share:.2%} of its tokens" if a.new_tokens_share is not None else ""
+            parts.append(f"the new tokens' loss {a.new_tokens_loss:.3f} nats on {primary}{share}")
+        out.append("Adaptation: " + "; ".join(parts) + f" (mean over {a.seeds} seed{'s' if a.seeds != 1 else ''}).")
+    return out

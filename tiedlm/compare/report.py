@@ -27,7 +27,7 @@ from .comparison import Comparison, RunRow
 from .matching import PARAM_MATCH
 from .plots import MATCHED_PLOT, PLOTS, TYING_LINE_PLOT, TYING_MAP_BUCKETS_PLOT, TYING_MAP_PLOT, bucket_split, captions
 from .stats import GeometricSummary, Summary, TestResult
-from .adaptation import adaptation_markdown
+from .adaptation import adaptation_lines, adaptation_markdown
 from .tying_line import mechanism_markdown
 from .sections import (ledger_markdown, sequential_lines, sequential_markdown, trajectory_lines, trajectory_markdown,
                        tuning_lines, tuning_markdown)
@@ -584,6 +584,7 @@ def format_terminal_table(c: Comparison) -> str:
                   "params"]
         lines = [*warnings, text_table(header, [_terminal_row(c, v) for v in c.variants])]
     lines += [line.replace("**", "") for line in c.verdicts]
+    lines += adaptation_lines(c.adaptation, c.primary)  # a pretrained start: what each variant forgot and gained
     lines += sequential_lines(c)  # --seeds auto: the design, where it stopped and why, each look
     lines += trajectory_lines(c)  # the crossover, and whether the effect is still moving
     lines += tuning_lines(c)  # the tuning table, the chosen values, the verdict at the shared value
