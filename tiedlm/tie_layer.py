@@ -81,6 +81,11 @@ class TiedLM(nn.Module):
     def attach_tie(self, tie: Tie, lm_head_bias: bool = False) -> None:
         """Set the config's tie on the built model: one Parameter, or W_out a copy of E (soft,
         pull), then the modes' own parameters, which draw after every other weight."""
+        if tie.built_from_e and self.head_kind != "linear":
+            why = self.head_kind.removeprefix("the family's own logits ")
+            raise ConfigError(f"model.tie_mode {tie.mode} builds W_out from E for a plain linear head, and this "
+                              f"family's logits are not one {why} — use tied, untied, soft or pull (or "
+                              "model.untie_at) on this family")
         self.built_tie = tie
         E, head = self.get_input_embeddings(), self.get_output_embeddings()
         V, d = E.weight.shape
@@ -109,11 +114,6 @@ class TiedLM(nn.Module):
             self.head_b = nn.Parameter(b)  # B: (d, r)
         elif tie.mode == "split":  # W_out's first r columns its own, started as E's (no draw)
             self.head_own = nn.Parameter(E.weight[:, :tie.rank].detach().clone())
-        if tie.built_from_e and self.head_kind != "linear":
-            why = self.head_kind.removeprefix("the family's own logits ")
-            raise ConfigError(f"model.tie_mode {tie.mode} builds W_out from E for a plain linear head, and this "
-                              f"family's logits are not one {why} — use tied, untied, soft or pull (or "
-                              "model.untie_at) on this family")
 
     # ---------------------------------------------------------------- the tie now
 
