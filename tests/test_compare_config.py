@@ -70,7 +70,7 @@ def fake_flops(model_cfg) -> dict:
 def write_config(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.yaml"
     path.write_text("name: tiny\nmodel:\n  n_layer: 2\n  n_head: 2\n  n_embd: 64\n  block_size: 64\n"
-                    "train:\n  max_steps: 20\n")
+                    "train:\n  max_steps: 20\n  warmup_steps: 2\n")
     return path
 
 

@@ -69,7 +69,7 @@ def stand_in(monkeypatch):
 def config(tmp_path: Path, model: str = "") -> Path:
     path = tmp_path / "tiny.yaml"
     path.write_text("name: tiny\nmodel:\n  n_layer: 2\n  n_head: 2\n  n_embd: 64\n  block_size: 64\n" + model
-                    + "train:\n  max_steps: 20\n  lr: 2.0e-3\n  min_lr: 2.0e-4\n")
+                    + "train:\n  max_steps: 20\n  warmup_steps: 2\n  lr: 2.0e-3\n  min_lr: 2.0e-4\n")
     return path
 
 

@@ -346,7 +346,7 @@ def stand_in(monkeypatch):
 def write_config(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.yaml"
     path.write_text("name: tiny\nmodel:\n  n_layer: 2\n  n_head: 2\n  n_embd: 64\n  block_size: 64\n"
-                    "train:\n  max_steps: 20\n  lr: 3.0e-3\n")
+                    "train:\n  max_steps: 20\n  warmup_steps: 2\n  lr: 3.0e-3\n")
     return path
 
 

@@ -54,7 +54,7 @@ def config(tmp_path: Path, tune: str = "") -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "tiny.yaml"
     path.write_text("name: tiny\nmodel:\n  n_layer: 2\n  n_head: 2\n  n_embd: 64\n  block_size: 64\n"
-                    "train:\n  max_steps: 20\n  lr: 3.0e-3\n  min_lr: 3.0e-4\n" + tune)
+                    "train:\n  max_steps: 20\n  warmup_steps: 2\n  lr: 3.0e-3\n  min_lr: 3.0e-4\n" + tune)
     return path
 
 

@@ -170,12 +170,13 @@ def nan_kept_best(tmp_path_factory):
 
 @pytest.mark.parametrize("command", ["sample", "eval", "analyze", "export"])
 def test_the_fix_for_weights_that_are_not_finite_names_an_option_of_the_command(nan_kept_best, command, tmp_path):
-    """eval reads the kept best weights with --best, export any checkpoint with --checkpoint; sample
-    and analyze read the latest checkpoint only, so their fix is to retrain."""
+    """eval reads the kept best weights with --best, export any checkpoint with --checkpoint (it
+    writes the kept best ones by default: asked for the latest, it names them); sample and analyze
+    read the latest checkpoint only, so their fix is to retrain."""
     from tiedlm.checkpoints import best_weight_folders
 
     best = best_weight_folders(nan_kept_best)[0].name
-    extra = {"export": ["--out", tmp_path / "hf"], "analyze": ["--out", tmp_path / "an"]}
+    extra = {"export": ["--out", tmp_path / "hf", "--checkpoint", "latest"], "analyze": ["--out", tmp_path / "an"]}
     r = invoke(command, nan_kept_best, *extra.get(command, []))
     assert r.exit_code == 1, r.output
     lines = r.stderr.strip().splitlines()
@@ -191,6 +192,8 @@ def test_the_fix_for_weights_that_are_not_finite_names_an_option_of_the_command(
                       "train.lr"
         followed = invoke("export", nan_kept_best, "--out", tmp_path / "hf2", "--checkpoint", best)
         assert followed.exit_code == 0, followed.output
+        judged = invoke("export", nan_kept_best, "--out", tmp_path / "hf3")  # the default: the kept best weights
+        assert judged.exit_code == 0 and f"exported {best} " in judged.stdout, judged.output
     else:
         assert fix == "retrain it with a lower train.lr"
     assert "best-step-N" not in lines[0]

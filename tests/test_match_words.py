@@ -24,7 +24,7 @@ from tiedlm.tie import Tie
 def _config(tmp_path, n_layer: int, n_embd: int, n_head: int = 2):
     path = tmp_path / "tiny.yaml"
     path.write_text(f"name: tiny\nmodel:\n  n_layer: {n_layer}\n  n_head: {n_head}\n  n_embd: {n_embd}\n"
-                    "  block_size: 64\ntrain:\n  max_steps: 20\n")
+                    "  block_size: 64\ntrain:\n  max_steps: 20\n  warmup_steps: 2\n")
     return path
 
 

@@ -163,7 +163,7 @@ def test_a_tuned_sweep_of_one_point_says_nothing_was_compared(tmp_path, monkeypa
     from tiedlm.compare import compare_runs
     from tiedlm.experiment.sweep import format_sweep_summary, run_sweep
 
-    (tmp_path / "base.yaml").write_text("name: base\nmodel:\n  n_head: 2\ntrain:\n  max_steps: 10\n")
+    (tmp_path / "base.yaml").write_text("name: base\nmodel:\n  n_head: 2\ntrain:\n  max_steps: 10\n  warmup_steps: 1\n")
     grid = tmp_path / "grid.yaml"
     grid.write_text("config: base.yaml\ngrid:\n  model.tie_embeddings: [true, false]\nseeds: 2\nout: runs\n"
                     "tune:\n  train.lr: [1.0e-3]\n")
@@ -225,7 +225,7 @@ def test_an_empty_tune_key_is_named():
 
 def test_a_nested_tune_block_in_a_config_is_refused_on_the_command_line(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("name: c\ntrain:\n  max_steps: 2\ntune:\n  train:\n    lr: [1.0e-3, 3.0e-3]\n")
+    cfg.write_text("name: c\ntrain:\n  max_steps: 2\n  warmup_steps: 1\ntune:\n  train:\n    lr: [1.0e-3, 3.0e-3]\n")
     r = runner.invoke(app, ["compare", "--config", str(cfg), "--out", str(tmp_path / "runs"), "-q"])
     refused(r, "tune: train holds a mapping", "train.lr")
     assert not (tmp_path / "runs").exists()

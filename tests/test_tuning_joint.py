@@ -56,7 +56,7 @@ def compare(tmp_path: Path, trainer, tune, block: str = "", dropout: float = 0.1
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "tiny.yaml"
     path.write_text(f"name: tiny\nmodel:\n  n_layer: 2\n  n_head: 2\n  n_embd: 64\n  block_size: 64\n  dropout: {dropout}\n"
-                    f"train:\n  max_steps: 20\n  lr: 3.0e-3\n  min_lr: 3.0e-4\n  weight_decay: {weight_decay}\n" + block)
+                    f"train:\n  max_steps: 20\n  warmup_steps: 2\n  lr: 3.0e-3\n  min_lr: 3.0e-4\n  weight_decay: {weight_decay}\n" + block)
     return E.compare_config(path, [], seeds=1, runs_dir=tmp_path / "runs", progress=False, train=trainer.train,
                             tune=tune)
 
