@@ -316,3 +316,19 @@ def test_a_manifest_that_cannot_be_written_leaves_the_old_one_and_no_temporary_f
             cache.write_manifest(tmp_path, {"new": 2})
     assert os.listdir(tmp_path) == ["manifest.json"]
     assert json.loads((tmp_path / "manifest.json").read_text()) == {"old": 1}
+
+
+def test_the_cache_says_where_it_is_on_its_first_use_only(tmp_path, monkeypatch, capsys):
+    from tiedlm.config import load_config
+    from tiedlm.data import prepare_data
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "fresh-cache"))
+    cfg = load_config(None, ["train.max_steps=1", "data.synthetic.train_tokens=2000",
+                             "data.synthetic.validation_tokens=300", "data.synthetic.test_tokens=300"])
+    prepare_data(cfg, progress=False)
+    first = capsys.readouterr().err
+    assert first.count(f"the token cache is {tmp_path / 'fresh-cache'} (set TIEDLM_CACHE") == 1
+    prepare_data(load_config(None, ["train.max_steps=1", "tokenizer.kind=char", "data.synthetic.train_tokens=2000",
+                                    "data.synthetic.validation_tokens=300", "data.synthetic.test_tokens=300"]),
+                 progress=False)
+    assert "the token cache is" not in capsys.readouterr().err  # it exists now: said once

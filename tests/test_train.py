@@ -423,3 +423,19 @@ def test_resume_accepts_other_operational_settings(tiny, tmp_path):
     assert r["config"]["train"]["threads"] == 2  # the folder records the settings it finished with
     with pytest.raises(ConfigMismatchError, match="train.lr"):
         train_run(tiny("train.lr=0.5"), out=tmp_path, progress=False)
+
+
+def test_the_finished_line_says_how_many_epochs_the_budget_was(tiny, tmp_path, monkeypatch, capsys):
+    """On one's own data the budget in tokens says little; the epochs of the training split do."""
+    import json as _json
+
+    from tiedlm.train import train_run
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    run = train_run(tiny(), out=tmp_path / "runs", progress=False)
+    report = _json.loads((run / "report.json").read_text())
+    from tiedlm.data import prepare_data
+
+    train = len(prepare_data(tiny(), progress=False).splits["train"].tokens)
+    line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("finished "))
+    assert f"({report['tokens_seen'] / train:.1f} epochs of its {train:,} training tokens): validation ppl" in line

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,9 @@ def _new_entry(kind: str, key: str) -> Iterator[Path]:
     removes it and becomes one line (see cache_write_failure): a full disk leaves nothing behind."""
     final = cache_root() / kind / key
     tmp = final.parent / f".tmp-{key}-{tmp_tag()}"
+    if not cache_root().exists():  # its first use (rank 0 alone fills it): say where it is, once
+        sys.stderr.write(f"the token cache is {cache_root()} (set TIEDLM_CACHE to put it elsewhere; tiedlm cache "
+                         "list and tiedlm cache clear show and empty it)\n")
     with _writing(final.parent, cleanup=tmp):
         tmp.mkdir(parents=True)
         yield tmp

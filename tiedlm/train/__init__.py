@@ -541,7 +541,9 @@ def _finish(record: runs.RunRecord, cfg: Config, pre: Preflight, model, state: T
                  threads=threads_used(pre.device))
     if pre.tb is not None:
         pre.tb.finish(record.report)
-    log(f"finished {run_dir}: " + ", ".join(f"{s} ppl {r['perplexity']:.2f}" for s, r in final.items()))
+    train_tokens = len(pre.data.splits["train"].tokens) if "train" in pre.data.splits else 0
+    epochs = f" ({state.tokens / train_tokens:.1f} epochs of its {train_tokens:,} training tokens)" if train_tokens else ""
+    log(f"finished {run_dir}{epochs}: " + ", ".join(f"{s} ppl {r['perplexity']:.2f}" for s, r in final.items()))
 
 
 def _best_effort(fn, **kwargs: Any) -> None:
