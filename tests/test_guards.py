@@ -55,6 +55,9 @@ def test_runs_that_do_not_beat_the_unigram_model_are_said_first(tmp_path):
     md = (runs / "compare" / "comparison.md").read_text()
     assert md.index("**Warning:** 4 of 4 runs") < md.index("## Verdict")
     assert json.loads((runs / "compare" / "comparison.json").read_text())["warnings"] == c.warnings
+    said = "\n".join(c.verdicts)  # the guard says nothing can be concluded: no verdict is printed either
+    assert "no verdict. None of their runs beats the unigram model" in said
+    assert "significant" not in said and "confirms" not in said and "seeds per variant would" not in said
 
 
 def test_runs_that_beat_it_get_no_such_warning(tmp_path):

@@ -183,6 +183,7 @@ def _judge_held(run_dirs: list[Path], left_out: list[LeftOut], req: Judging, fou
     c.select, c.select_reason = select, why
     c.trained = len(found.trained) if found.trained is not None else None
     c.warnings += guard_warnings(runs, c.primary)
+    c.at_chance = {r.name for r in runs if r.at_unigram(c.primary)}  # a contrast of only these gets no verdict
     c.protocol = protocol_line(protocol_differences(select, c.primary, tuning is not None or bool(tuned),
                                                     [v.n_seeds for v in c.variants]))
     if record is not None:

@@ -136,6 +136,7 @@ class Comparison:
     protocol: str | None = None  # how the protocol differs from the main job's (guards.protocol_line): at the top
     replaced: str | None = None  # the line saying an earlier comparison of other runs in its folder was replaced
     adaptation: list = field(default_factory=list)  # adaptation.Adapted: a pretrained start's rows, per variant
+    at_chance: set = field(default_factory=set)  # runs that do not beat their unigram model on the primary split
 
     @property
     def verdicts(self) -> list[str]:

@@ -265,12 +265,18 @@ def verdicts_for(v: Variant, c: Comparison) -> list[str]:
     vs = v.vs_baseline
     if vs is None:
         return []
+    reference = next((x for x in c.variants if x.label == vs.baseline), None)
+    both = v.runs + (reference.runs if reference is not None else [])
+    if c.at_chance and all(name in c.at_chance for name in both):  # the unigram guard: no verdict to draw
+        return [f"**{v.label}** against **{vs.baseline}**: no verdict. None of their runs beats the unigram model of "
+                f"its training split on {c.primary}: they have not learned from context, so their difference says "
+                "nothing about tying (the table shows it, untested) — train longer (train.max_tokens or "
+                "train.max_steps), or check train.lr and train.warmup_steps."]
     main = vs.split(c.primary)
     family = c.family if c.family is not None and c.family.split == c.primary else None
     first = verdict(v.label, vs.baseline, main, c.primary, family.member(v.label) if family else None, family)
     if first is None:
         return []
-    reference = next((x for x in c.variants if x.label == vs.baseline), None)
     extra = [s for s in (params_sentence(v.params.get("total"), vs), flops_sentence(vs, v, reference),
                          confounds_sentence(vs)) if s]
     lines = [" ".join([first] + extra)]
