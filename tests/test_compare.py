@@ -508,7 +508,7 @@ def test_comparison_json_keys(tmp_path):
     tested = ["test", "difference", "se", "df", "t", "p_value", "ci_low", "ci_high", "level", "note", "n", "seeds_a",
               "seeds_b"]
     assert list(vs["validation"]) == tested + ["relative", "relative_ci_low", "relative_ci_high", "significant",
-                                               "variant_mean", "baseline_mean", "perplexity_difference", "power",
+                                               "variant_mean", "baseline_mean", "perplexity_difference", "p_holm", "power",
                                                "buckets"]
     assert list(vs["validation"]["power"]) == ["test", "seeds", "power", "alpha", "mde", "mde_relative",
                                                "mde_relative_down", "observed",

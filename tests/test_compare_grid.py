@@ -200,6 +200,15 @@ def test_grid_gives_one_matched_contrast_per_setting(tmp_path):
                                         "untied_perplexity", "effect", "ci_low", "ci_high", "p_value", "test", "seeds",
                                         "embedding_share", "tied_params", "untied_params", "power"]
 
+    # the settings are one family: each is significant only after Holm's adjustment over them
+    from tiedlm.compare.stats import holm
+
+    tested = [m.split(result.primary) for m in result.matched]
+    for d, p in zip(tested, holm([d.p_value for d in tested])):
+        assert d.p_holm == pytest.approx(p) and d.holm_family == 2 and d.significant == (p < 0.05)
+    assert all("after Holm's adjustment over the settings" in line and "Holm-adjusted over the grid's 2 settings" in line
+               for line in result.verdicts if "primary endpoint" in line)
+
     # --baseline keeps the one-baseline layout
     one = C.compare_runs(runs_dir=runs, baseline="untied, n_embd=128", out=tmp_path / "one")
     assert one.mode == "baseline" and one.matched == [] and one.baseline_label == "untied, n_embd=128"

@@ -59,7 +59,7 @@ from .sequential import Sequential, primary_variant
 from .tuned import Tuning, TuningRecord, read_record, tuned_keys
 from .tying_map import TyingMap
 from .variants import Contrast, SplitContrast, Variant
-from .verdicts import verdicts_for
+from .verdicts import adjust_grid, verdicts_for
 
 # What a user of the library calls and reads: the entry points, the outputs, the result's types
 # and the names of the files written. Everything else is imported from its module (compare.stats, ...).
@@ -195,6 +195,7 @@ def _judge_held(run_dirs: list[Path], left_out: list[LeftOut], req: Judging, fou
     if found.record_note:
         c.notes.append(found.record_note)
     c.notes += overtrained_notes(runs, select) + [r.analysis_note for r in runs if r.analysis_note]
+    adjust_grid(c)  # a grid's settings judged as one family (Holm), as its tying line and map judge them
     for v in c.variants:
         v.verdicts = verdicts_for(v, c)
     if found.sequential is not None:  # --seeds auto: the primary contrast judged at the design's adjusted level

@@ -132,12 +132,14 @@ class SplitContrast(TestResult):
     power: Power | None = None
     buckets: dict[str, BucketContrast] = field(default_factory=dict)
     adjusted: AdjustedLevel | None = None  # the sequential design's level, where it judges this contrast
+    p_holm: float | None = None  # in a grid: Holm's adjustment over its settings' contrasts, which `significant` uses
+    holm_family: int = 0  # how many contrasts that adjustment is over
 
     def to_json(self) -> dict:
         return {**super().to_json(), "relative": self.relative, "relative_ci_low": self.relative_ci_low,
                 "relative_ci_high": self.relative_ci_high, "significant": self.significant,
                 "variant_mean": self.variant_mean, "baseline_mean": self.baseline_mean,
-                "perplexity_difference": self.perplexity_difference,
+                "perplexity_difference": self.perplexity_difference, "p_holm": self.p_holm,
                 "power": self.power.to_json() if self.power else None,
                 "buckets": {n: t.to_json() for n, t in self.buckets.items()}}
 

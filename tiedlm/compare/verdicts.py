@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..formatting import MISSING, fmt, fmt_count, fmt_int, fmt_p, markdown_table, p_only, percent
 from .comparison import Comparison
 from .matching import PARAM_MATCH, FamilyMember, MatchFamily
-from .stats import SEEDS_CAP, AdjustedLevel, TestResult, fmt_pvalue, fmt_threshold
+from .stats import SEEDS_CAP, AdjustedLevel, TestResult, fmt_pvalue, fmt_threshold, holm, significant
 from .variants import COMPUTE_MATCH, Contrast, SplitContrast, Variant
 
 ROLES = ("The primary endpoint is the {primary} loss: it alone carries the verdict. {others} "
@@ -72,6 +72,9 @@ def verdict(label: str, ref: str, d: SplitContrast | None, split: str, member: F
         claim = f"has {shown}% {'lower' if rel < 0 else 'higher'} perplexity than **{ref}**"
     holm = member is not None and family is not None and len(family.members) > 1
     adjusted = _holm_words(member, family) if holm and d.ci_low is not None else ""
+    grid = getattr(d, "p_holm", None) is not None
+    if grid:
+        adjusted = f"; Holm-adjusted over the grid's {d.holm_family} settings {fmt_p(d.p_holm)}"
     head = (f"**{label}** {claim} on {split}, the primary endpoint (perplexity {fmt(d.variant_mean)} vs "
             f"{fmt(d.baseline_mean)}; {interval_words(d)}{adjusted})")
     if member is not None:
@@ -86,6 +89,11 @@ def verdict(label: str, ref: str, d: SplitContrast | None, split: str, member: F
         return head + _holm_judgement(d, member, family)
     if adjusted is not None:
         return head + _adjusted_judgement(d, adjusted)
+    if grid:
+        includes = d.relative_ci_low is not None and d.relative_ci_low <= 0 <= d.relative_ci_high
+        why = "the interval includes 0%" if includes else "its 95% interval, not adjusted, excludes 0%"
+        return head + (": significant at 0.05 after Holm's adjustment over the settings." if d.significant else
+                       f": not significant at 0.05 after Holm's adjustment over the settings ({why}).")
     return head + (": significant at 0.05." if d.significant else
                    ": not significant at 0.05 (the interval includes 0%).")
 
@@ -257,6 +265,21 @@ def flops_sentence(vs: Contrast, variant: Variant | None = None, reference: Vari
     if vs.parameter_matched:
         return f"It is parameter-matched to **{vs.baseline}** but not compute-matched: {what}."
     return f"It spends {what}."
+
+
+def adjust_grid(c: Comparison) -> None:
+    """In a grid (each tied setting against its untied twin), the settings' contrasts on the primary
+    split are one family: each is called significant only after Holm's adjustment over them (the
+    tying line and the tying map adjust the same family). Nothing for a single contrast, or for the
+    --match contrasts, which their own family judges."""
+    if c.mode != "matched" or c.family is not None:
+        return
+    tests = [d for v in c.variants if v.vs_baseline is not None
+             and (d := v.vs_baseline.split(c.primary)) is not None and d.p_value is not None]
+    if len(tests) < 2:
+        return
+    for d, p in zip(tests, holm([d.p_value for d in tests])):
+        d.p_holm, d.holm_family, d.significant = p, len(tests), significant(p)
 
 
 def verdicts_for(v: Variant, c: Comparison) -> list[str]:
