@@ -130,7 +130,8 @@ def test_a_damaged_or_missing_file_is_one_line(tmp_path, monkeypatch):
 
 def test_test_from_validation_is_refused_for_a_builtin():
     with raises(ConfigError, match="data.test_from: validation carves test from validation, and builtin:shakespeare "
-                                   "brings its own train, validation and test splits — drop data.test_from"):
+                                   r"brings its own train, validation and test splits — use them \(--set "
+                                   r"data.test_from=train\)"):
         load_config(None, ["train.max_steps=1", SHAKESPEARE, "data.test_from=validation"])
 
 

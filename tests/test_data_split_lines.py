@@ -156,7 +156,10 @@ def test_the_config_hash_is_unchanged_at_the_defaults():
     (["data.test_from=test"], "data.test_from must be train or validation, got 'test'"),
     (["data.test_from=validation", "data.test_fraction=0"],
      "data.test_from: validation carves the test split from validation, and data.test_fraction is 0 — set "
-     "data.test_fraction (of the validation documents, e.g. 0.5 for half) or drop data.test_from"),
+     "data.test_fraction (of the validation documents, e.g. 0.5 for half) or carve test from train "
+     "(--set data.test_from=train)"),
+    (["data.test_fraction=0.5"], "data.test_fraction 0.5 of the training documents would carve a test split larger "
+                                 "than what is left to train on (0.45) — lower data.test_fraction (0.05 is the default)"),
 ])
 def test_config_refusals(overrides, message):
     with raises(ConfigError, match=None) as info:
@@ -168,11 +171,19 @@ def test_test_from_validation_needs_a_validation_split_and_no_test_split(tmp_pat
     r = cli_data(tmp_path, *one_file, "data.test_from=validation")
     assert_one_line_error(r, f"data.test_from: validation carves test from the validation split, and text files: "
                              f"all.txt (1 file, 400 B) has none (it has: train) — name it with "
-                             "data.validation_split, or drop data.test_from (test is then carved from train)", 2)
+                             "data.validation_split, or carve test from train (--set data.test_from=train)", 2)
+    r = cli_data(tmp_path, *one_file, "data.test_from=validation", "data.test_from=train")  # the fix, as typed
+    assert r.exit_code == 0, r.output
+    r = cli_data(tmp_path, *one_file, "data.test_from=validation", "data.test_fraction=0.5")  # half of validation:
+    fix = "--set data.test_from=train --set data.test_fraction=0.05"  # too much of train, so the fix says both
+    assert r.exit_code == 2 and f"or carve test from train ({fix})" in r.stderr, r.output
+    r = cli_data(tmp_path, *one_file, "data.test_from=validation", "data.test_fraction=0.5", "data.test_from=train",
+                 "data.test_fraction=0.05")
+    assert r.exit_code == 0, r.output
     files = {"train": str(write(tmp_path / "a.txt", LINES)), "validation": str(write(tmp_path / "v.txt", VALID)),
              "test": str(write(tmp_path / "t.txt", VALID))}
-    with raises(ConfigError, match=r"has a test split of its own \('test'\) — drop data.test_from to use it, or "
-                                   "set data.test_split: null to carve test from validation anyway"):
+    with raises(ConfigError, match=r"has a test split of its own \('test'\) — use it \(--set data.test_from=train\), "
+                                   "or set data.test_split: null to carve test from validation anyway"):
         prepare("data.path=text", f"data.data_files={json.dumps(files)}", "tokenizer.kind=byte",
                 "data.test_from=validation")
     # ... and with test_split: null it does

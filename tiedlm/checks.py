@@ -386,13 +386,17 @@ def _validate_data(d: DataConfig) -> None:
     if d.test_from == "train":
         _check(d.validation_fraction + d.test_fraction < 1.0,
                "data.validation_fraction + data.test_fraction must leave some training data")
+        left = 1.0 - d.validation_fraction - d.test_fraction
+        _check(d.test_fraction < left, f"data.test_fraction {d.test_fraction:g} of the training documents would carve a "
+                                       f"test split larger than what is left to train on ({left:g}) — lower "
+                                       "data.test_fraction (0.05 is the default)")
     else:
         _check(d.test_fraction > 0, "data.test_from: validation carves the test split from validation, and "
                                     "data.test_fraction is 0 — set data.test_fraction (of the validation documents, "
-                                    "e.g. 0.5 for half) or drop data.test_from")
+                                    "e.g. 0.5 for half) or carve test from train (--set data.test_from=train)")
         _check(not d.path.strip().startswith("builtin:"),
                f"data.test_from: validation carves test from validation, and {d.path.strip()} brings its own "
-               "train, validation and test splits — drop data.test_from")
+               "train, validation and test splits — use them (--set data.test_from=train)")
     for key in ("max_train_tokens", "max_eval_tokens"):
         if getattr(d, key) is not None:
             check_positive(getattr(d, key), f"data.{key}")

@@ -280,13 +280,20 @@ def _choose_splits(raw: dict[str, Any], d: DataConfig, what: str) -> tuple[dict[
     if d.test_from == "validation":
         if "validation" in carve:
             raise ConfigError(f"data.test_from: validation carves test from the validation split, and {what} has none "
-                              f"(it has: {available}) — name it with data.validation_split, or drop data.test_from "
-                              "(test is then carved from train)")
+                              f"(it has: {available}) — name it with data.validation_split, or carve test from train "
+                              f"({_from_train(d)})")
         if "test" in chosen:
             raise ConfigError(f"data.test_from: validation would carve test from validation, and {what} has a test "
-                              f"split of its own ({origins['test']!r}) — drop data.test_from to use it, or set "
+                              f"split of its own ({origins['test']!r}) — use it ({_from_train(d)}), or set "
                               "data.test_split: null to carve test from validation anyway")
     return chosen, origins, carve
+
+
+def _from_train(d: DataConfig) -> str:
+    """The options that carve test from train instead: test_from, and a test_fraction that fits
+    train (one meant for half of the validation documents would take half the training text)."""
+    fits = d.test_fraction < 1.0 - d.validation_fraction - d.test_fraction
+    return "--set data.test_from=train" + ("" if fits else " --set data.test_fraction=0.05")
 
 
 def _origin(d: DataConfig, source: str, role: str) -> str:
