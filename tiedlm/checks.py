@@ -367,6 +367,11 @@ def _validate_tokenizer(tok: TokenizerConfig) -> None:
                                     f"it needs at least {n} ({why}) — raise tokenizer.vocab_size")
 
 
+def carved_test_fits(d: DataConfig) -> bool:
+    """Whether test_fraction, carved from train, leaves more to train on than it takes."""
+    return d.test_fraction < 1.0 - d.validation_fraction - d.test_fraction
+
+
 def _validate_data(d: DataConfig) -> None:
     _check(d.data_files is None or _is_paths(d.data_files) or (
         isinstance(d.data_files, dict) and all(_is_paths(v) for v in d.data_files.values())),
@@ -386,10 +391,10 @@ def _validate_data(d: DataConfig) -> None:
     if d.test_from == "train":
         _check(d.validation_fraction + d.test_fraction < 1.0,
                "data.validation_fraction + data.test_fraction must leave some training data")
-        left = 1.0 - d.validation_fraction - d.test_fraction
-        _check(d.test_fraction < left, f"data.test_fraction {d.test_fraction:g} of the training documents would carve a "
-                                       f"test split larger than what is left to train on ({left:g}) — lower "
-                                       "data.test_fraction (0.05 is the default)")
+        _check(carved_test_fits(d), f"data.test_fraction {d.test_fraction:g} of the training documents would carve a "
+                                   f"test split larger than what is left to train on "
+                                   f"({1.0 - d.validation_fraction - d.test_fraction:g}) — lower data.test_fraction "
+                                   "(0.05 is the default)")
     else:
         _check(d.test_fraction > 0, "data.test_from: validation carves the test split from validation, and "
                                     "data.test_fraction is 0 — set data.test_fraction (of the validation documents, "

@@ -265,11 +265,12 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise NotARunError(f"{run_dir} does not exist or is not a folder — give a run folder, one holding config.yaml (the main job writes runs/shakespeare-tied-lr=0.003-s0)")
+        raise NotARunError(f"{run_dir} does not exist or is not a folder — give a run folder, one holding config.yaml "
+                           "(the main job writes runs/shakespeare-tied-lr=0.003-s0)")
     cfg = runs.read_config(run_dir)
     if cfg is None:
         raise NotARunError(f"{run_dir} has no config.yaml — is it a tiedlm run folder?")
-    if checkpoint is not None:
+    if checkpoint is not None and checkpoint != "latest":  # `latest`: the latest checkpoint, as with none named
         ckpt = _named_checkpoint(run_dir, checkpoint)
     else:
         ckpt = _best_weights(run_dir) if best else checkpoints.latest_checkpoint(run_dir)
@@ -331,14 +332,20 @@ def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = 
     return {"results": results, "text": "\n".join(lines)}
 
 
+def _recorded_best(run_dir: Path) -> str | None:
+    """The kept best weights a run's report names (report.json's best.weights), or None."""
+    report = runs.read_report(run_dir)
+    kept = (report.best or {}).get("weights") if report is not None and isinstance(report.best, dict) else None
+    return kept if isinstance(kept, str) and kept else None
+
+
 def kept_best(run_dir) -> str | None:
     """The name of the weights a run kept at its best validation evaluation (best-step-N), when its
     report names them and they are in its checkpoints folder; None otherwise."""
     from . import checkpoints
 
-    report = runs.read_report(Path(run_dir))
-    kept = (report.best or {}).get("weights") if report is not None and isinstance(report.best, dict) else None
-    name = kept.rsplit("/", 1)[-1] if isinstance(kept, str) and kept else None
+    kept = _recorded_best(Path(run_dir))
+    name = kept.rsplit("/", 1)[-1] if kept else None
     return name if name in {p.name for p in checkpoints.best_weight_folders(Path(run_dir))} else None
 
 
@@ -346,8 +353,7 @@ def _best_weights(run_dir):
     """The folder of the weights a run kept at its best validation evaluation (report.json's best)."""
     from . import checkpoints
 
-    report = runs.read_report(run_dir)
-    kept = (report.best or {}).get("weights") if report is not None and isinstance(report.best, dict) else None
+    kept = _recorded_best(run_dir)
     if not kept:
         raise NotARunError(f"{run_dir} kept no best weights (train.keep_best was off, or the run has not finished) — "
                        "drop --best to score its last checkpoint")
@@ -381,14 +387,8 @@ def _other_weights(run_dir, ckpt, chooser: str | None) -> str | None:
 
 
 def _named_checkpoint(run_dir, name: str):
-    """checkpoints/<name> (step-N or best-step-N, or `latest`), which must be one of the run's checkpoints."""
+    """checkpoints/<name> (step-N or best-step-N), which must be one of the run's checkpoints."""
     from . import checkpoints
-
-    if name == "latest":
-        latest = checkpoints.latest_checkpoint(run_dir)
-        if latest is None:
-            raise NotARunError(f"{run_dir} has no checkpoint yet — train it first (tiedlm train --config ...)")
-        return latest
 
     have = checkpoints.checkpoint_names(run_dir)
     if name not in have:

@@ -107,13 +107,14 @@ def hf_state_dict(model: GPT) -> dict:
     """tiedlm's tensors under GPT-2's names and layout (see the module docstring), or Llama's."""
     import torch
 
-    sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
+    # a mode's effective W_out as a matrix of its own, as an arch: hf export writes it (taken before E
+    # is scaled below: the head sees E unscaled)
+    with model.materialised_head():
+        sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
     for name, _ in model.head_parameters():  # P, or A and B: folded into the materialised W_out
         sd.pop(name)
     if writes_tied(model):
         sd.pop("lm_head.weight")
-    else:  # untied, or a mode's effective W_out (taken before E is scaled below: the head sees E unscaled)
-        sd["lm_head.weight"] = model.output_weight().float().cpu().contiguous()
     if model.family.export_class == LLAMA_CLASS:
         from .export_llama import llama_state_dict
 
@@ -137,18 +138,16 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
                batch: int = 4) -> ExportResult:
     """Write the run as a transformers folder at `out`: the weights a comparison judges by default
     (the best validation evaluation's, where the run kept them: train.keep_best; else its latest
-    checkpoint), or checkpoints/<checkpoint> (`latest` for the latest); which must not exist or be empty, nor lie in a run's managed parts (checkpoints/, tb/,
-    ...); verify it when transformers is installed."""
-    from .evaluate import load_run_model
-
+    checkpoint), or checkpoints/<checkpoint> (`latest` for the latest). `out` must not exist or be
+    empty, nor lie in a run's managed parts (checkpoints/, tb/, ...); the folder is verified when
+    transformers is installed."""
     from .checkpoints import check_outside_runs
+    from .evaluate import kept_best, load_run_model
 
     out = Path(out)
     check_outside_runs(out, "--out")  # inside checkpoints/, a resume would delete it
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} exists and is not an empty folder — choose a new folder")
-    from .evaluate import kept_best
-
     judged = kept_best(run_dir) if checkpoint is None else None  # the weights a comparison judges
     rm = load_run_model(run_dir, checkpoint=judged or checkpoint, chooser="--checkpoint")
     model = rm.model.eval()

@@ -44,8 +44,8 @@ class HFCausalLM(TiedLM):
         self.family_scale = self._family_scale(on_meta)
         if self.family_scale != 1.0 and self.embed_scale != 1.0:
             by = f" (by {self.family_scale:.4g} at this width)" if self.family_scale is not None else ""
-            raise ConfigError(f"model.embed_scale: sqrt_d — {config.model_type} scales its input embedding itself{by}, "
-                              "so tiedlm's would scale it twice; remove model.embed_scale")
+            raise ConfigError(f"model.embed_scale: sqrt_d — {config.model_type} scales its input embedding "
+                              f"itself{by}, so tiedlm's would scale it twice; remove model.embed_scale")
         self.head_kind = self._head_kind()
         self.attach_tie(cfg.tie, cfg.lm_head_bias)
         self.check_tie(not cfg.tie.two_matrices)

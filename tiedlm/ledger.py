@@ -46,7 +46,8 @@ TIE_KEYS = (*STORED_KEYS, "model.untie_at", "model.tie_from")  # the tie itself:
 RECORDED = "recorded by the run"
 FROM_CONFIG = "computed from the run's stored config (the run predates the ledger)"
 # (field, words): the ledger's fields two variants are compared on, in the order a difference is said
-COMPARED = (("init", "initialisation"), ("block_init", "block initialisation"), ("lr", "learning rate"), ("min_lr", "final learning rate"), ("weight_decay_e", "weight decay on E"),
+COMPARED = (("init", "initialisation"), ("block_init", "block initialisation"), ("lr", "learning rate"),
+            ("min_lr", "final learning rate"), ("weight_decay_e", "weight decay on E"),
             ("weight_decay_w_out", "weight decay on W_out"),
             ("weight_decay_other", "weight decay on the other matrices"),
             ("init_std_e", "init std of E"), ("init_std_w_out", "init std of W_out"),
@@ -163,7 +164,8 @@ def ledger_of(cfg: Config, params: dict | None, source: str = RECORDED) -> Ledge
                   min_lr=effective_min_lr(cfg.train), weight_decay_e=e, weight_decay_w_out=w_out,
                   weight_decay_other=other, init_std_e=std, init_std_w_out=std, embed_scale=str(cfg.model.embed_scale),
                   lm_head_bias=bool(cfg.model.lm_head_bias), vd=vd, vd_share=share,
-                  block_init="the checkpoint's" if cfg.model.init_from else cfg.model.family.init.words(cfg.model.n_layer),
+                  block_init=("the checkpoint's" if cfg.model.init_from else
+                              cfg.model.family.init.words(cfg.model.n_layer)),
                   source=source)
 
 

@@ -15,15 +15,15 @@ computed on the loss and only then shown as a perplexity.
   the difference is not 0 (the limit scipy.stats also reports: t = inf, p = 0); p is undefined
   (None) when the difference is 0 as well (scipy: nan);
 - holm: Holm's step-down adjustment of a family of p-values;
-- t_power / power_analysis: the power of a two-sided t-test (the noncentral t), the smallest effect detectable with 80% power and the seeds that
-  would detect the observed effect, both at the observed spread and at the spread's one-sided
-  80% upper confidence bound (chi2_ppf, spread_factor): with 3 seeds the spread has 2 degrees of
+- t_power / power_analysis: the power of a two-sided t-test (the noncentral t), the smallest
+  effect detectable with 80% power and the seeds that would detect the observed effect, both at
+  the observed spread and at the spread's one-sided 80% upper confidence bound (chi2_ppf, spread_factor): with 3 seeds the spread has 2 degrees of
   freedom, and figures planned from it alone are too small more often than not.
 
 The distributions are scipy's (scipy.special: Student's t, χ², the normal and the noncentral t,
 the ufuncs scipy.stats is built on, a microsecond a call where the searches call them thousands of
-times). Written here, because no library has them in this form: the tests' handling of a spread
-of zero, the power search over fractional Welch degrees of freedom (`_seeds_needed`), the spread's
+times). Written here, because no library has them in this form: the paired and Welch tests'
+handling of a spread of zero, the power search over fractional Welch degrees of freedom (`_seeds_needed`), the spread's
 upper bound (`spread_factor`), Holm's adjustment with absent p-values left out of the family, and
 the exact small-sample Spearman test.
 """

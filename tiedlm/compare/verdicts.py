@@ -164,20 +164,21 @@ def seeds_sentence(d: SplitContrast | None) -> str | None:
         return (f"The difference has no spread between seeds: any difference is detectable with "
                 f"{plural(pw.seeds, 'seed')} {level}.")
     df = f"{d.df:.0f}" if float(d.df).is_integer() else f"{d.df:.1f}"
+    dof = f"{df} degree{'' if df == '1' else 's'} of freedom"
     observed = percent(pw.observed_relative)
     if pw.seeds < 3 and pw.observed:  # a spread of 1 degree of freedom: its upper bound is no bound
         point = f"about {pw.seeds_needed}" if pw.seeds_needed is not None else f"more than {SEEDS_CAP:,}"
         need = (f"about {pw.seeds_needed_upper}" if pw.seeds_needed_upper is not None else
                 f"more than {SEEDS_CAP:,}")
         return (f"{plural(pw.seeds, 'seed').capitalize()} cannot bound the effects they might miss: the seed-to-seed "
-                f"spread has {df} degree{'' if df == '1' else 's'} of freedom, and its one-sided "
+                f"spread has {dof}, and its one-sided "
                 f"{pw.spread_confidence:.0%} upper bound is {pw.spread_factor:.2f}× the observed spread. "
                 f"{need.capitalize()} seeds per variant would resolve the observed {observed} at that bound "
                 f"({point} at the observed spread).")
     head = (f"Effects between {percent(-pw.mde_relative_down_upper)} and {percent(pw.mde_relative_upper)} may not be "
             f"detectable with {plural(pw.seeds, 'seed')} {level}, taking the seed-to-seed spread at its one-sided "
             f"{pw.spread_confidence:.0%} upper confidence bound ({pw.spread_factor:.2f}× the observed spread, which "
-            f"has {df} degree{'' if df == '1' else 's'} of freedom); at the observed spread itself, between {percent(-pw.mde_relative_down)} "
+            f"has {dof}); at the observed spread itself, between {percent(-pw.mde_relative_down)} "
             f"and {percent(pw.mde_relative)}")
     if not pw.observed:
         return head + "; no difference was observed."

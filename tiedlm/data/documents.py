@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 
 from .. import corpora
-from ..checks import SPLITS
+from ..checks import SPLITS, carved_test_fits
 from ..config import DataConfig
 from ..errors import ConfigError, DataError, TiedlmError
 from .sources import Source, load_raw, translate
@@ -292,8 +292,7 @@ def _choose_splits(raw: dict[str, Any], d: DataConfig, what: str) -> tuple[dict[
 def _from_train(d: DataConfig) -> str:
     """The options that carve test from train instead: test_from, and a test_fraction that fits
     train (one meant for half of the validation documents would take half the training text)."""
-    fits = d.test_fraction < 1.0 - d.validation_fraction - d.test_fraction
-    return "--set data.test_from=train" + ("" if fits else " --set data.test_fraction=0.05")
+    return "--set data.test_from=train" + ("" if carved_test_fits(d) else " --set data.test_fraction=0.05")
 
 
 def _origin(d: DataConfig, source: str, role: str) -> str:

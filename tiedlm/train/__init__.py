@@ -542,7 +542,8 @@ def _finish(record: runs.RunRecord, cfg: Config, pre: Preflight, model, state: T
     if pre.tb is not None:
         pre.tb.finish(record.report)
     train_tokens = len(pre.data.splits["train"].tokens) if "train" in pre.data.splits else 0
-    epochs = f" ({state.tokens / train_tokens:.1f} epochs of its {train_tokens:,} training tokens)" if train_tokens else ""
+    epochs = (f" ({state.tokens / train_tokens:.1f} epochs of its {train_tokens:,} training tokens)"
+              if train_tokens else "")
     log(f"finished {run_dir}{epochs}: " + ", ".join(f"{s} ppl {r['perplexity']:.2f}" for s, r in final.items()))
 
 
