@@ -25,7 +25,7 @@ LlamaForCausalLM with the same numbers and SDPA attention; both sides' parameter
 asserted equal (bench_models.py holds the models and their steps).
 Evaluation (evaluate.score_tokens) is timed the same way, fused and plain in turn (the plain one
 through a module that gives only logits, which score_tokens scores by F.cross_entropy). FLOP/s use
-tiedlm.counting.flops_per_token (the head counted whether tied or not), so tied and untied models
+tiedlm.model.counting.flops_per_token (the head counted whether tied or not), so tied and untied models
 of a shape do the same work; a shape's "% of matmul rate" is against the 2048³ matmul timed once a
 round in the same turns as its models (the rate the run starts with drifts over its minutes). Each
 shape is timed in a fresh process of its own (shape_entry), so that no row depends on the heap the
@@ -317,7 +317,7 @@ def shape_entry(shape, device, dtype: str, args, n: int) -> dict | None:
 
 def child_shape(spec: dict) -> None:
     """--child for shape_entry: print the shape's entry as JSON."""
-    from tiedlm.counting import flops_per_token
+    from tiedlm.model.counting import flops_per_token
 
     device, dtype, shape = bench_device(spec["device"]), spec["dtype"], tuple(spec["shape"])
     name, V = shape[0], dims(shape)[5]
@@ -421,7 +421,7 @@ def chunk_sizes(args) -> None:
     wide vocabulary at several CHUNK_BYTES, timed in turn (medians over rounds)."""
     import torch
 
-    import tiedlm.loss as loss
+    import tiedlm.model.loss as loss
     from tiedlm.device import autocast_ctx, resolve_dtype
 
     device = bench_device(args.device)
@@ -559,7 +559,7 @@ def bench_main() -> None:
                     f"(default: all: {', '.join(s[0] for s in SHAPES)})")
     ap.add_argument("--no-extra", action="store_true", help="the shapes' tables only (no memory, cold commands, data)")
     ap.add_argument("--chunks", action="store_true", help="time the base shape's training step at several chunk "
-                    "sizes of the fused loss (tiedlm.loss.CHUNK_BYTES), in turn, and stop")
+                    "sizes of the fused loss (tiedlm.model.loss.CHUNK_BYTES), in turn, and stop")
     ap.add_argument("--counted", action="store_true", help="each shape's tied step beside its matmuls and "
                     "attention replayed alone (scripts/bench_counted.py): the share of the matmul rate it would "
                     "reach were the rest free, and stop")

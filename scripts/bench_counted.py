@@ -1,5 +1,5 @@
 """How far a training step's share of the matmul rate can go: the work that its FLOP count counts
-(tiedlm.counting.flops_per_token: every matmul, and attention's scores and weighted sum), recorded
+(tiedlm.model.counting.flops_per_token: every matmul, and attention's scores and weighted sum), recorded
 from one real step and replayed alone.
 
 `record(step)` runs the step once under a dispatch mode that writes down each call of a counted

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a training step of tiedlm's Llama-style model goes, and what alternatives to its parts cost,
 at scripts/bench.py's "llama base" shape (L 2, H 4, n_kv_head 2, d 128, SwiGLU 384, T 64, batch 32,
-V 4,096). Prototypes live here only: tiedlm/model.py is not changed by this script.
+V 4,096). Prototypes live here only: tiedlm/model/blocks.py is not changed by this script.
 
     python scripts/bench_llama.py --profile          # torch.profiler over tiedlm llama steps: the ops, by part
     python scripts/bench_llama.py --parts            # each part forward + backward, now and the prototypes
@@ -138,7 +138,7 @@ def attn_forward(self, x, cos, sin, rotary: str = "now"):
 
 def patch(model, rotary: str | None = None, norm: bool = False, swiglu: bool = False):
     """tiedlm's llama model with some parts replaced by the prototypes (instance methods only)."""
-    from tiedlm.model import LlamaBlock
+    from tiedlm.model.blocks import LlamaBlock
 
     norms = [model.transformer.ln_f]
     for block in model.transformer.h:
@@ -234,7 +234,7 @@ def parts(shape, args) -> None:
     L, H, d, T, B, V = dims(shape)
     cfg = model_config(shape)
     kv, hs, m = cfg.kv_heads, d // H, cfg.mlp_size
-    from tiedlm.model import rotary_tables, rotate
+    from tiedlm.model.blocks import rotary_tables, rotate
 
     cos, sin = rotary_tables(hs, T, cfg.rope_theta)
     qkv = torch.randn(B, T, (H + 2 * kv) * hs, requires_grad=True)

@@ -75,8 +75,8 @@ def arch(shape) -> str:
 
 
 def step_flops(shape) -> float:
-    """A training step's FLOPs at the shape (tiedlm.counting.flops_per_token, a batch of B·T tokens)."""
-    from tiedlm.counting import flops_per_token
+    """A training step's FLOPs at the shape (tiedlm.model.counting.flops_per_token, a batch of B·T tokens)."""
+    from tiedlm.model.counting import flops_per_token
 
     _, _, _, T, B, V = dims(shape)
     return B * T * flops_per_token(model_config(shape), V)["train"]
@@ -98,7 +98,7 @@ def tiedlm_model(shape, tied: bool, device):
     import torch
 
     from tiedlm.config import TrainConfig
-    from tiedlm.model import GPT
+    from tiedlm.model.blocks import GPT
     from tiedlm.train.step import build_optimizer
 
     torch.manual_seed(0)
@@ -120,7 +120,7 @@ def archhf_model(shape, tied: bool, device):
     import torch
 
     from tiedlm.config import TrainConfig
-    from tiedlm.model import build_model
+    from tiedlm.model.blocks import build_model
     from tiedlm.train.step import build_optimizer
 
     ours = model_config(shape, tied)
@@ -241,7 +241,7 @@ def step_fn(kind: str, model, opt, x, amp, chunk_bytes: int | None = None):
     """kind: "tiedlm" (the fused loss), "plain" (tiedlm with the plain loss) or "transformers"."""
     import torch
 
-    from tiedlm.model import lm_loss
+    from tiedlm.model.blocks import lm_loss
 
     chunk_bytes = chunk_bytes or CHUNK_LOGITS_BYTES
 

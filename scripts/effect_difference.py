@@ -3,7 +3,7 @@
     python scripts/effect_difference.py runs/compare/comparison.json runs/llama/compare/comparison.json \
         --name-a gpt2 --name-b llama [--split test] [--variant tied] [--reference untied] [--json out.json]
 
-Welch's t-test on the two comparisons' per-seed loss differences (tiedlm/compare/between.py). The
+Welch's t-test on the two comparisons' per-seed loss differences (tiedlm/compare/effect_difference.py). The
 test takes the two comparisons as independent: two given the same file, the same contents or any
 of the same runs are refused, not tested. A runs folder or its compare/ folder stands for the
 comparison.json in it."""
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tiedlm.compare.between import describe, effect_difference  # noqa: E402
+from tiedlm.compare.effect_difference import describe, effect_difference  # noqa: E402
 from tiedlm.files import json_text, os_error_line  # noqa: E402
 
 NAME = "comparison.json"
@@ -40,7 +40,7 @@ def comparison_path(path: Path) -> Path:
 
 
 def read_comparison(path: Path) -> dict:
-    """The comparison in path, checked for the shape between.py reads: a Refused otherwise (an
+    """The comparison in path, checked for the shape compare/effect_difference.py reads: a Refused otherwise (an
     OSError for a file that cannot be read at all)."""
     raw = path.read_bytes()
     try:

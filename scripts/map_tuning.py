@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tiedlm.tie import STORED_KEYS  # noqa: E402
+from tiedlm.model.tie import STORED_KEYS  # noqa: E402
 
 LR = "train.lr"
 RECORD = "tuning.json"

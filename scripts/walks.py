@@ -1,7 +1,7 @@
 """Count the two walks of docs/architecture.md by tracing the code that runs, not by reading it.
 
 A walk is every tiedlm file one of whose functions is called after the command starts (code run
-at import time is left out), less the leaves (errors, formatting, files, nats, process, device,
+at import time is left out), less the leaves (errors, formatting, files, perplexity, process, device,
 distributed, threads, and the package's __init__.py, whose lazy exports run for --help):
 
 - compare: `tiedlm compare --config configs/base.yaml --tune train.lr=…` scaled down on
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PACKAGE = ROOT / "tiedlm"
-LEAVES = {"errors", "formatting", "files", "nats", "process", "device", "distributed", "threads",
+LEAVES = {"errors", "formatting", "files", "perplexity", "process", "device", "distributed", "threads",
           "__init__"}  # the package's own __init__.py (a subpackage's, as train/__init__, is counted)
 SMALL = ["data.path=builtin:synthetic", "data.synthetic.train_tokens=20000", "data.synthetic.validation_tokens=4000",
          "data.synthetic.test_tokens=4000", "model.n_layer=1", "model.n_head=2", "model.n_embd=16",

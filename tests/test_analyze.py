@@ -74,7 +74,7 @@ def test_a_tied_run_has_one_matrix_and_a_symmetric_direct_path(pair, tmp_path):
 
 def test_untied_figures_hang_together(pair, tmp_path):
     scipy_stats = pytest.importorskip("scipy.stats")
-    from tiedlm import geometry as g
+    from tiedlm.analyze import geometry as g
     from tiedlm.evaluate import load_run_model
 
     a = analyze_run(pair["untied"], out=tmp_path)
@@ -135,7 +135,7 @@ def test_direct_path_equals_the_model_without_its_layers(pair, tmp_path, tag):
 
 
 def test_language_asymmetry_against_the_explicit_bigram_matrix():
-    from tiedlm.corpora import synthetic_language
+    from tiedlm.data.builtin import synthetic_language
 
     scfg = load_config(None, TINY).data.synthetic
     lang = synthetic_language(scfg)

@@ -17,22 +17,24 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tiedlm"
 LAYERS = [
     ["cli"],
     ["experiment"],
-    ["compare", "params"],
-    ["analyze", "export", "export_llama", "generate"],
+    ["compare", "model.params_report"],
+    ["analyze", "export", "generate"],
     ["train"],
     ["evaluate"],
-    ["checkpoints", "figures", "tensorboard", "runs", "report_md", "process"],
-    ["model", "counting", "hf_model", "hf", "tie_layer", "norms", "loss", "distributed", "device", "threads", "ledger"],
-    ["data", "corpora"],
-    ["naming", "config", "config_layers", "variant", "checks", "pretrained", "tie", "arch", "yamlsafe"],
-    ["files", "formatting", "errors", "geometry", "nats"],
+    ["runs.checkpoints", "figures", "trackers", "runs", "runs.human_report", "process"],
+    ["model.blocks", "model.counting", "model.hf_model", "model.hf_config", "model.tie_layer", "model.norms",
+     "model.loss", "distributed", "device", "threads", "runs.ledger"],
+    ["data", "data.builtin"],
+    ["config.naming", "config", "config.layers", "config.identity", "config.checks", "model.pretrained", "model.tie",
+     "model.arch", "config.yamlsafe"],
+    ["files", "formatting", "errors", "analyze.geometry", "perplexity", "model"],
 ]
 RANK = {name: (i, j) for i, layer in enumerate(LAYERS) for j, name in enumerate(layer)}
 
 
 def modules(root: Path = PACKAGE) -> dict[str, Path]:
     """Every module of the package in folder `root`, by its full dotted name: `tiedlm.runs` for
-    runs.py, and a package by its own name (`tiedlm.analyze` for analyze/__init__.py, `tiedlm` for
+    runs/, and a package by its own name (`tiedlm.analyze` for analyze/__init__.py, `tiedlm` for
     the root's), as Python names them."""
     found = {}
     for path in sorted(root.rglob("*.py")):
@@ -42,10 +44,16 @@ def modules(root: Path = PACKAGE) -> dict[str, Path]:
 
 
 def layer(name: str) -> str:
-    """The LAYERS entry of a module: its first part below the root package (`analyze` for
-    tiedlm.analyze.render); the root package is its own."""
+    """The LAYERS entry of a module: the longest of its dotted names below the root package that
+    LAYERS holds (`model.blocks` for tiedlm.model.blocks, `analyze` for tiedlm.analyze.render), so
+    that a package may hold modules of several layers; the root package is its own."""
     parts = name.split(".")
-    return parts[1] if len(parts) > 1 else parts[0]
+    if len(parts) == 1:
+        return parts[0]
+    for end in range(len(parts), 1, -1):
+        if ".".join(parts[1:end]) in RANK:
+            return ".".join(parts[1:end])
+    return parts[1]
 
 
 def _typing_only(tree: ast.AST) -> set[int]:
@@ -300,8 +308,8 @@ def config_dict_reads(source: str) -> list[str]:
 
 
 def test_no_module_but_runs_and_config_reads_a_config_as_a_dict():
-    """A config is a Config from the command line to the report: runs.py rebuilds stored ones
-    (read_report, read_config) and config.py and config_layers.py own the dict forms; every other module reads
+    """A config is a Config from the command line to the report: runs/ rebuilds stored ones
+    (read_report, read_config) and config/__init__.py and config/layers.py own the dict forms; every other module reads
     attributes, so a setting has one type and a label can never show null for a key that is set."""
     old_forms = """
 TIE_KEY = "model.tie_embeddings"
@@ -323,7 +331,7 @@ by_split = {s: final["train"][s] for s in splits}
 """
     assert config_dict_reads(others) == []
     found = [f"{path.relative_to(PACKAGE)}: {f}" for name, path in modules().items()
-             if name not in ("tiedlm.runs", "tiedlm.config", "tiedlm.config_layers") for f in config_dict_reads(path.read_text())]
+             if name not in ("tiedlm.runs.record", "tiedlm.runs.layout", "tiedlm.config", "tiedlm.config.layers") for f in config_dict_reads(path.read_text())]
     assert found == []
 
 
@@ -366,12 +374,12 @@ def test_the_judging_side_imports_nothing_of_the_experiment_side():
 
 
 def test_only_arch_py_decides_by_the_family_s_name():
-    """The block family is one value (arch.Arch): no module but arch.py compares model.arch with a
-    name, and none reads a `.llama` flag; model.py's table of blocks is keyed by the names."""
+    """The block family is one value (arch.Arch): no module but model/arch.py compares model.arch with a
+    name, and none reads a `.llama` flag; model/blocks.py's table of blocks is keyed by the names."""
     import re
 
     decides = re.compile(r"""\barch\s*(==|!=)|(==|!=)\s*["'](gpt2|llama)["']|\.llama\b|\barch\s+(not\s+)?in\s+\(""")
-    found = [f"{name}:{i}: {line.strip()}" for name, path in modules().items() if name != "tiedlm.arch"
+    found = [f"{name}:{i}: {line.strip()}" for name, path in modules().items() if name != "tiedlm.model.arch"
              for i, line in enumerate(path.read_text().splitlines(), 1)
              if decides.search(line.split("#", 1)[0])]
     assert found == []

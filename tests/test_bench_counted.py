@@ -1,6 +1,6 @@
 """scripts/bench_counted.py: the work a step's FLOP count counts, recorded from a real training step
 and replayed alone. The recorded matmuls' FLOPs are torch's own account of what the step ran, so
-they cross-check tiedlm.counting.flops_per_token to the FLOP."""
+they cross-check tiedlm.model.counting.flops_per_token to the FLOP."""
 
 import subprocess
 import sys
@@ -11,7 +11,7 @@ import torch
 from tests.conftest import ROOT, script_module
 
 pytestmark = pytest.mark.bench  # runs scripts/bench*.py: opt-in, python -m pytest -m bench
-from tiedlm.counting import flops_per_token
+from tiedlm.model.counting import flops_per_token
 
 counted = script_module("bench_counted")
 models = script_module("bench_models")

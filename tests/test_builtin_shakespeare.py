@@ -10,7 +10,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from tiedlm import corpora
+from tiedlm.data import builtin
 from tiedlm.config import load_config
 from tiedlm.data import prepare_data
 from tiedlm.errors import ConfigError, DataError
@@ -29,7 +29,7 @@ CHARS = {"train": 1_003_863, "validation": 50_506, "test": 46_580}  # of the spe
 
 
 def raw_text() -> bytes:
-    return gzip.decompress(corpora.SHAKESPEARE_FILE.read_bytes())
+    return gzip.decompress(builtin.SHAKESPEARE_FILE.read_bytes())
 
 
 def prepare(*overrides, block_size=16):
@@ -40,9 +40,9 @@ def prepare(*overrides, block_size=16):
 def test_the_bundled_text_is_tiny_shakespeare_byte_for_byte():
     raw = raw_text()
     assert len(raw) == N_BYTES and raw.count(b"\n") == N_LINES
-    assert hashlib.sha256(raw).hexdigest() == corpora.SHAKESPEARE_SHA256
+    assert hashlib.sha256(raw).hexdigest() == builtin.SHAKESPEARE_SHA256
     assert hashlib.md5(raw).hexdigest() == "6fb458f1232090904fb40fe944165e91"  # char-rnn's input.txt
-    assert corpora.shakespeare_text() == raw.decode("utf-8")
+    assert builtin.shakespeare_text() == raw.decode("utf-8")
     copy = SHARED_DATA / "tinyshakespeare" / "input.txt"
     if copy.exists():
         assert copy.read_bytes() == raw
@@ -53,17 +53,17 @@ def test_it_is_package_data_and_a_builtin():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     globs = meta["tool"]["setuptools"]["package-data"]["tiedlm"]
     package = ROOT / "tiedlm"
-    assert corpora.SHAKESPEARE_FILE in {p for g in globs for p in package.glob(g)}
-    assert "shakespeare" in corpora.BUILTINS
+    assert builtin.SHAKESPEARE_FILE in {p for g in globs for p in package.glob(g)}
+    assert "shakespeare" in builtin.BUILTINS
 
 
 def test_the_splits_are_contiguous_blocks_in_order_cut_between_speeches():
     lines = raw_text().decode().split("\n")[:-1]
-    layout_lines, ranges = corpora._shakespeare_layout()
+    layout_lines, ranges = builtin._shakespeare_layout()
     assert layout_lines == lines and ranges == RANGES
     for split, (a, b) in RANGES.items():
         assert a == 0 or not lines[a].strip(), f"{split} starts inside a speech"
-    splits = corpora.shakespeare_splits()
+    splits = builtin.shakespeare_splits()
     assert {s: len(d) for s, d in splits.items()} == SPEECHES
     assert {s: sum(map(len, d)) for s, d in splits.items()} == CHARS
     # every non-blank line exactly once, in text order, in the split its line number says
@@ -104,7 +104,7 @@ def test_every_tokenizer_sees_one_document_per_speech(kind, extra):
 def tamper(tmp_path, monkeypatch, content: bytes):
     bad = tmp_path / "tinyshakespeare.txt.gz"
     bad.write_bytes(content)
-    monkeypatch.setattr(corpora, "SHAKESPEARE_FILE", bad)
+    monkeypatch.setattr(builtin, "SHAKESPEARE_FILE", bad)
     return bad
 
 
@@ -115,17 +115,17 @@ def test_a_tampered_copy_is_one_line(tmp_path, monkeypatch):
     got = hashlib.sha256(bytes(raw)).hexdigest()
     assert_one_line_error(cli_data(tmp_path, SHAKESPEARE, "tokenizer.kind=char"),
                           f"the bundled corpus {bad} is not the text tiedlm shipped (SHA-256 {got[:16]}..., expected "
-                          f"{corpora.SHAKESPEARE_SHA256[:16]}...) — reinstall tiedlm (pip install --force-reinstall "
+                          f"{builtin.SHAKESPEARE_SHA256[:16]}...) — reinstall tiedlm (pip install --force-reinstall "
                           "--no-deps tiedlm)", 1)
 
 
 def test_a_damaged_or_missing_file_is_one_line(tmp_path, monkeypatch):
-    bad = tamper(tmp_path, monkeypatch, corpora.SHAKESPEARE_FILE.read_bytes()[:5000])  # cut short
+    bad = tamper(tmp_path, monkeypatch, builtin.SHAKESPEARE_FILE.read_bytes()[:5000])  # cut short
     with raises(DataError, match=rf"the bundled corpus {bad} is damaged \(.*\) — reinstall tiedlm"):
-        corpora.shakespeare_text()
+        builtin.shakespeare_text()
     bad.unlink()
     with raises(DataError, match=rf"the bundled corpus {bad} is missing — reinstall tiedlm"):
-        corpora.shakespeare_text()
+        builtin.shakespeare_text()
 
 
 def test_test_from_validation_is_refused_for_a_builtin():

@@ -220,7 +220,7 @@ def test_yaml_merge_keys_are_not_duplicates(tmp_path):
     cfg = tmp_path / "merge.yaml"
     cfg.write_text("common: &m {n_layer: 2, n_head: 2, n_embd: 32}\n"
                    "model:\n  <<: *m\n  n_layer: 3\ntrain: {max_steps: 2}\n")
-    from tiedlm.yamlsafe import load_yaml
+    from tiedlm.config.yamlsafe import load_yaml
 
     data = load_yaml(cfg.read_text(), "merge.yaml")
     assert data["model"] == {"n_layer": 3, "n_head": 2, "n_embd": 32}
@@ -289,8 +289,8 @@ def test_option_errors_come_before_heavy_imports(tmp_path):
 def test_names_tiedlm_builds_follow_the_run_name_rule(tiny_yaml):
     """compare and sweep put '=' and '+' into folder names: the rule for --name allows them, so a
     folder tiedlm made can always be named again with --name (and checked by the same rule)."""
-    from tiedlm.checks import check_run_name
-    from tiedlm.naming import override_tag as _override_tag
+    from tiedlm.config.checks import check_run_name
+    from tiedlm.config.naming import override_tag as _override_tag
 
     for tag in (_override_tag(["model.n_embd=256", "train.lr=2e-3"]), _override_tag(["eval.buckets=[0.2, 0.6]"]),
                 _override_tag(["train.lr=1e+3"])):

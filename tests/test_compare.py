@@ -19,10 +19,10 @@ import tiedlm.experiment as E
 from tiedlm import runs as run_folder
 from tiedlm.compare.variants import label_variants
 from tiedlm.config import load_config, to_yaml
-from tiedlm.variant import config_hash
+from tiedlm.config.identity import config_hash
 from tiedlm.errors import ConfigError, NotARunError, RunError
 from tiedlm.formatting import percent
-from tiedlm.naming import short_keys
+from tiedlm.config.naming import short_keys
 
 scipy_stats = pytest.importorskip("scipy.stats")  # the cross-check only; tiedlm itself needs no scipy
 

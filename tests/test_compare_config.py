@@ -54,7 +54,7 @@ def fake_training(monkeypatch):
         extra_layers = cfg.model.n_layer - 2
         val = 60.0 - (1.5 if cfg.model.tie_embeddings else 0.0) - 0.7 * extra_layers + 0.4 * cfg.seed
         run = make_run(Path(out), name, cfg.seed, val=val, cfg=cfg)
-        edit_report(run, flops_per_token=fake_flops(cfg.model))  # deeper costs more, as model.py counts
+        edit_report(run, flops_per_token=fake_flops(cfg.model))  # deeper costs more, as model/blocks.py counts
         return run
 
     monkeypatch.setattr(tiedlm.data, "prepare_data", lambda cfg, progress=True: types.SimpleNamespace(model_vocab_size=V))

@@ -19,7 +19,7 @@ from tests.test_compare import TIED, UNTIED, make_run
 from tests.test_compare_grid import make_grid
 from tests.test_compare_select import UNTIED_BEST, make_runs
 from tests.test_compare_tuning import run as tuned, stand_in  # noqa: F401 (stand_in: the fixture)
-from tiedlm.naming import scalar
+from tiedlm.config.naming import scalar
 
 @pytest.fixture
 def drawn(monkeypatch):

@@ -24,7 +24,7 @@ from tiedlm.compare import sequential as S
 from tiedlm.compare.matching import match_params, match_width
 from tiedlm.compare.stats import holm
 from tiedlm.config import load_config
-from tiedlm.counting import count_params_config
+from tiedlm.model.counting import count_params_config
 from tiedlm.errors import ConfigError
 
 BEST_LR = 2e-3  # every variant's best lr: interior to the grid, so no extension

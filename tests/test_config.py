@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from tiedlm.config import ALL_KEYS, load_config, to_dict, to_yaml
-from tiedlm.variant import config_hash, diff_keys
+from tiedlm.config.identity import config_hash, diff_keys
 from tiedlm.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,7 +195,7 @@ def test_operational_keys_do_not_change_the_variant():
 
 @pytest.mark.parametrize("name", ["run", "tiny-s0", "base-n_embd=256-tied-s0", "lr=1e+3", "a.b_c", "9", "x" * 200])
 def test_check_run_name_accepts_plain_names(name):
-    from tiedlm.checks import check_run_name
+    from tiedlm.config.checks import check_run_name
 
     check_run_name(name)
 
@@ -207,7 +207,7 @@ def test_check_run_name_accepts_plain_names(name):
     ("x" * 201, "is 201 characters long"),
 ])
 def test_check_run_name_refuses_what_the_rule_excludes(name, problem):
-    from tiedlm.checks import RUN_NAME_RULE, check_run_name
+    from tiedlm.config.checks import RUN_NAME_RULE, check_run_name
 
     with pytest.raises(ConfigError) as info:
         check_run_name(name, "--name")

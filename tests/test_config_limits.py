@@ -8,10 +8,11 @@ import signal
 
 import pytest
 
-from tiedlm import config_layers, runs, yamlsafe
+from tiedlm.config import layers, yamlsafe
+from tiedlm import runs
 from tiedlm.config import load_config
 from tiedlm.errors import ConfigError, DamagedRunError
-from tiedlm.yamlsafe import YAML_DEPTH_LIMIT, load_yaml, read_yaml_text
+from tiedlm.config.yamlsafe import YAML_DEPTH_LIMIT, load_yaml, read_yaml_text
 
 
 @pytest.fixture
@@ -82,8 +83,8 @@ def _chain(folder, n, bases_per_file=1):
 
 
 def test_a_base_chain_too_deep_is_refused(tmp_path):
-    assert load_config(_chain(tmp_path, config_layers.BASE_DEPTH_LIMIT)).train.max_steps == 3
-    limit = config_layers.BASE_DEPTH_LIMIT
+    assert load_config(_chain(tmp_path, layers.BASE_DEPTH_LIMIT)).train.max_steps == 3
+    limit = layers.BASE_DEPTH_LIMIT
     with pytest.raises(ConfigError, match=f"c0.yaml: its base: files nest more than {limit} deep") as info:
         load_config(_chain(tmp_path, 1_000))
     assert "merge some of them" in _one_line(info)
@@ -91,7 +92,7 @@ def test_a_base_chain_too_deep_is_refused(tmp_path):
 
 def test_base_files_that_name_their_base_twice_are_bounded(tmp_path):
     """Each file naming its base twice reads 2^depth files: refused at BASE_FILES_LIMIT."""
-    with pytest.raises(ConfigError, match=f"more than {config_layers.BASE_FILES_LIMIT} files"):
+    with pytest.raises(ConfigError, match=f"more than {layers.BASE_FILES_LIMIT} files"):
         load_config(_chain(tmp_path, 12, bases_per_file=2))
     assert load_config(_chain(tmp_path, 5, bases_per_file=2)).train.max_steps == 3  # 31 files
 

@@ -1,4 +1,4 @@
-"""tiedlm.corpora: the synthetic language (structure, exact entropy rate, speed) and builtin:pydoc."""
+"""tiedlm.data.builtin: the synthetic language (structure, exact entropy rate, speed) and builtin:pydoc."""
 
 import hashlib
 import json
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tiedlm import corpora
+from tiedlm.data import builtin
 from tiedlm.config import SyntheticConfig, load_config
 from tiedlm.data import prepare_data
 
@@ -26,8 +26,8 @@ def digest(splits: dict) -> str:
 
 def digest_in_a_fresh_process(expression: str) -> str:
     """digest(expression) computed by another Python process: the language memo
-    (corpora.synthetic_language is cached) and every other state of this process are not there."""
-    code = (f"import hashlib, json\nfrom tiedlm import corpora\nfrom tiedlm.config import SyntheticConfig\n"
+    (builtin.synthetic_language is cached) and every other state of this process are not there."""
+    code = (f"import hashlib, json\nfrom tiedlm.data import builtin\nfrom tiedlm.config import SyntheticConfig\n"
             f"SMALL = SyntheticConfig(**{SMALL.__dict__!r})\n"
             f"print(hashlib.sha256(json.dumps({expression}, sort_keys=True).encode()).hexdigest())")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -36,7 +36,7 @@ def digest_in_a_fresh_process(expression: str) -> str:
 
 
 def test_language_structure():
-    lang = corpora.synthetic_language(SMALL)
+    lang = builtin.synthetic_language(SMALL)
     v, c = SMALL.vocab_size, SMALL.n_classes
     assert len(lang.words) == len(set(lang.words)) == v
     assert all(re.fullmatch(r"[a-z]+", w) for w in lang.words)
@@ -58,23 +58,23 @@ def test_language_structure():
 
 
 def test_deterministic_for_the_seed_and_splits_independent():
-    a = corpora.synthetic_splits(SMALL)
-    assert digest_in_a_fresh_process("corpora.synthetic_splits(SMALL)") == digest(a)
-    other = corpora.synthetic_splits(SyntheticConfig(**{**SMALL.__dict__, "seed": 8}))
+    a = builtin.synthetic_splits(SMALL)
+    assert digest_in_a_fresh_process("builtin.synthetic_splits(SMALL)") == digest(a)
+    other = builtin.synthetic_splits(SyntheticConfig(**{**SMALL.__dict__, "seed": 8}))
     assert other["train"] != a["train"]
-    longer = corpora.synthetic_splits(SyntheticConfig(**{**SMALL.__dict__, "train_tokens": 9000}))
+    longer = builtin.synthetic_splits(SyntheticConfig(**{**SMALL.__dict__, "train_tokens": 9000}))
     assert longer["validation"] == a["validation"] and longer["test"] == a["test"]
     assert a["validation"] != a["test"]
     lines = a["train"].split("\n")
     assert len(a["train"].split()) == SMALL.train_tokens
-    assert all(len(line.split()) == corpora.WORDS_PER_LINE for line in lines[:-1])
+    assert all(len(line.split()) == builtin.WORDS_PER_LINE for line in lines[:-1])
 
 
 def test_entropy_rate_formula_matches_the_word_level_chain():
     """The word sequence is itself a Markov chain, P(w' | w) = T[c(w), c(w')] p(w' | c(w')); its
     entropy rate sum_w mu_w H(P(. | w)) (mu stationary over words) must equal the class formula."""
     cfg = SyntheticConfig(vocab_size=40, n_classes=5, successors=2, zipf=0.9, seed=3)
-    lang = corpora.synthetic_language(cfg)
+    lang = builtin.synthetic_language(cfg)
     c = lang.word_class
     p = lang.transitions[c][:, c] * lang.emission[None, :]  # [V, V]
     assert np.allclose(p.sum(1), 1.0)
@@ -83,7 +83,7 @@ def test_entropy_rate_formula_matches_the_word_level_chain():
     mu /= mu.sum()
     with np.errstate(divide="ignore", invalid="ignore"):
         h_rows = -np.nansum(np.where(p > 0, p * np.log(p), 0.0), axis=1)
-    assert corpora.synthetic_entropy_rate(cfg) == pytest.approx(float(mu @ h_rows), rel=1e-9)
+    assert builtin.synthetic_entropy_rate(cfg) == pytest.approx(float(mu @ h_rows), rel=1e-9)
 
 
 @pytest.mark.parametrize("cfg", [SyntheticConfig(), SMALL])
@@ -92,8 +92,8 @@ def test_entropy_rate_matches_a_monte_carlo_estimate(cfg):
     (Markov), so the standard error comes from the means of 100 consecutive batches (batch means):
     with batches much longer than the chain's mixing time they are nearly independent. A correct
     formula is then within 4 standard errors with probability > 0.9999."""
-    h = corpora.synthetic_entropy_rate(cfg)
-    _, log_p = corpora.sample_synthetic(cfg, 400_000)
+    h = builtin.synthetic_entropy_rate(cfg)
+    _, log_p = builtin.sample_synthetic(cfg, 400_000)
     loss = -log_p
     assert np.isfinite(loss).all()  # every sampled transition has positive probability
     batches = loss[: len(loss) // 100 * 100].reshape(100, -1).mean(axis=1)
@@ -105,15 +105,15 @@ def test_entropy_rate_matches_a_monte_carlo_estimate(cfg):
 def test_a_million_words_are_words_of_the_language():
     """How fast they are generated, scripts/bench.py measures (its cold builtin:synthetic prepare)."""
     cfg = SyntheticConfig(train_tokens=1_000_000, validation_tokens=1, test_tokens=1, seed=11)
-    words = corpora.synthetic_splits(cfg)["train"].split()
-    assert len(words) == 1_000_000 and set(words) <= set(corpora.synthetic_language(cfg).words)
+    words = builtin.synthetic_splits(cfg)["train"].split()
+    assert len(words) == 1_000_000 and set(words) <= set(builtin.synthetic_language(cfg).words)
 
 
 def test_prepared_synthetic_reports_the_floor():
     cfg = load_config(None, ["train.max_steps=1", "model.block_size=16", "tokenizer.kind=word",
                              *(f"data.synthetic.{k}={v}" for k, v in SMALL.__dict__.items())])
     p = prepare_data(cfg, progress=False)
-    h = corpora.synthetic_entropy_rate(SMALL)
+    h = builtin.synthetic_entropy_rate(SMALL)
     assert p.floor["nats_per_word"] == pytest.approx(h)
     assert p.floor["perplexity_per_word"] == pytest.approx(math.exp(h))
     assert "per word" in p.floor["note"]
@@ -129,14 +129,14 @@ def test_prepared_synthetic_reports_the_floor():
 
 
 def test_pydoc_splits_are_deterministic_and_disjoint():
-    a = corpora.pydoc_splits()
+    a = builtin.pydoc_splits()
     assert set(a) == {"train", "validation", "test"}
-    assert digest_in_a_fresh_process("corpora.pydoc_splits()") == digest(a)
+    assert digest_in_a_fresh_process("builtin.pydoc_splits()") == digest(a)
     n = {k: len(v) for k, v in a.items()}
     total = sum(n.values())
     assert abs(n["validation"] - total / 20) <= 1 and abs(n["test"] - total / 20) <= 1
     assert all(p.strip() for v in a.values() for p in v)
-    assert len(corpora.pydoc_fingerprint()) == 16
+    assert len(builtin.pydoc_fingerprint()) == 16
     assert sum(len(p) for p in a["train"]) > 300_000  # about 0.4 MB of English in CPython 3.11
     # no paragraph in two splits (evaluation text is never in training), none twice in one split
     train, val, test = (set(a[s]) for s in ("train", "validation", "test"))
@@ -187,7 +187,7 @@ def explicit_floor(lang, tokens, tokenizer):
 def test_split_floor_equals_an_independent_computation(extra):
     """Whole splits, splits cut by a token limit, and a word tokenizer too small for the language."""
     p = prepared(*extra)
-    lang = corpora.synthetic_language(SMALL)
+    lang = builtin.synthetic_language(SMALL)
     for name in ("validation", "test"):
         s, f = p.splits[name], p.floor["splits"][name]
         want = explicit_floor(lang, np.asarray(s.tokens), p.tokenizer)
@@ -206,15 +206,15 @@ def test_unk_forward_pass_equals_brute_force_on_a_tiny_language():
     import itertools
 
     cfg = SyntheticConfig(vocab_size=12, n_classes=3, successors=2, zipf=1.0, seed=5)
-    lang = corpora.synthetic_language(cfg)
+    lang = builtin.synthetic_language(cfg)
     unk_words = np.zeros(12, dtype=bool)
     unk_words[[4, 6, 7, 9, 10, 11]] = True
     ids = lang.sample(9, np.random.default_rng(3))
-    codes = np.where(unk_words[ids], corpora.UNK, ids)
-    codes[0], codes[4], codes[5] = corpora.UNK, corpora.UNK, corpora.UNK  # runs of UNKs, one at the start
+    codes = np.where(unk_words[ids], builtin.UNK, ids)
+    codes[0], codes[4], codes[5] = builtin.UNK, builtin.UNK, builtin.UNK  # runs of UNKs, one at the start
 
     def emit(code, c):
-        if code == corpora.UNK:
+        if code == builtin.UNK:
             return sum(lang.emission[w] for w in range(12) if unk_words[w] and lang.word_class[w] == c)
         return lang.emission[code] if lang.word_class[code] == c else 0.0
 
@@ -233,12 +233,12 @@ def test_unk_forward_pass_equals_brute_force_on_a_tiny_language():
 
 
 def test_the_unk_floor_is_below_the_true_model_and_never_printed_as_a_higher_floor():
-    from tiedlm import report_md
+    from tiedlm.runs import human_report
 
     p = prepared("tokenizer.vocab_size=120")
-    lang = corpora.synthetic_language(SMALL)
+    lang = builtin.synthetic_language(SMALL)
     index = {w: i for i, w in enumerate(lang.words)}
-    texts = corpora.synthetic_splits(SMALL)
+    texts = builtin.synthetic_splits(SMALL)
     final = {}
     for name in ("validation", "test"):
         f = p.floor["splits"][name]
@@ -247,7 +247,7 @@ def test_the_unk_floor_is_below_the_true_model_and_never_printed_as_a_higher_flo
         assert f["nats_per_token"] < true_model  # <unk> merges words: a lower loss is achievable
         assert f["nats_per_token"] < p.floor["nats_per_word"]
         final[name] = {"tokens": f["tokens"], "loss": 5.0, "perplexity": math.exp(5.0)}
-    md = "\n".join(report_md._final_md(final, p.floor))
+    md = "\n".join(human_report._final_md(final, p.floor))
     header, _, *rows = [line for line in md.splitlines() if line.startswith("|")]
     cols = [c.strip() for c in header.strip("|").split("|")]
     assert "best achievable perplexity" in cols and not any("floor" in c for c in cols)
@@ -263,11 +263,11 @@ def test_the_split_floor_is_what_a_perfect_model_scores_and_differs_a_little_fro
 
     scfg = SyntheticConfig(**{**SMALL.__dict__, "train_tokens": 300_000, "validation_tokens": 20_000})
     p = prepared(scfg=scfg)
-    lang = corpora.synthetic_language(scfg)
+    lang = builtin.synthetic_language(scfg)
     index = {w: i for i, w in enumerate(lang.words)}
     s, f = p.splits["validation"], p.floor["splits"]["validation"]
     assert s.oov_rate == 0 and f["label"] == "split floor"
-    words = np.array([index[w] for w in corpora.synthetic_splits(scfg)["validation"].split()])
+    words = np.array([index[w] for w in builtin.synthetic_splits(scfg)["validation"].split()])
     nll = np.append(-lang.log_probs(words), 0.0)  # the true model on targets 1..n-1; the final EOT is certain
     perfect = summarize_nll(np.asarray(s.tokens)[1:], nll, len(s.tokens), s.n_bytes, s.n_words)
     assert perfect["loss"] == pytest.approx(f["nats_per_token"], rel=1e-9)
@@ -279,24 +279,24 @@ def test_the_split_floor_is_what_a_perfect_model_scores_and_differs_a_little_fro
 
 
 def test_end_of_text_costs_nothing_only_where_the_generator_puts_it():
-    lang = corpora.synthetic_language(SMALL)
+    lang = builtin.synthetic_language(SMALL)
     words = lang.sample(40, np.random.default_rng(1))
-    E = corpora.EOT
+    E = builtin.EOT
     lines = np.concatenate([np.append(words[i:i + 16], E) for i in range(0, 40, 16)])  # 16, 16, 8 words
-    s = corpora.FloorStream(lines, True, len(lines), 1000, 43)
-    f = corpora.split_floor(lang, s)
+    s = builtin.FloorStream(lines, True, len(lines), 1000, 43)
+    f = builtin.split_floor(lang, s)
     assert f["nats_per_token"] == pytest.approx(-lang.log_probs(words).sum() / (len(lines) - 1))  # chain goes on
-    cut = corpora.FloorStream(lines[:-4], True, len(lines) - 4, 1000, 39)  # a limit cut the last line short
-    assert corpora.split_floor(lang, cut) is not None
+    cut = builtin.FloorStream(lines[:-4], True, len(lines) - 4, 1000, 39)  # a limit cut the last line short
+    assert builtin.split_floor(lang, cut) is not None
     ragged = np.concatenate([np.append(words[:10], E), np.append(words[10:40], E)])  # 10 then 30 words
-    assert corpora.split_floor(lang, corpora.FloorStream(ragged, True, len(ragged), 1000, 42)) is None
+    assert builtin.split_floor(lang, builtin.FloorStream(ragged, True, len(ragged), 1000, 42)) is None
 
 
 def test_a_byte_tokenizer_gets_the_text_floor_over_its_tokens():
     p = prepared("tokenizer.kind=byte")
-    lang = corpora.synthetic_language(SMALL)
+    lang = builtin.synthetic_language(SMALL)
     index = {w: i for i, w in enumerate(lang.words)}
-    words = np.array([index[w] for w in corpora.synthetic_splits(SMALL)["validation"].split()])
+    words = np.array([index[w] for w in builtin.synthetic_splits(SMALL)["validation"].split()])
     f = p.floor["splits"]["validation"]
     assert f["tokens"] == len(p.splits["validation"].tokens) - 1 and not f["per_token"]
     total = -lang.log_probs(words).sum()  # words 1..N-1 given their predecessors: all but the first word

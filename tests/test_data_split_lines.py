@@ -8,7 +8,7 @@ import pytest
 
 from tiedlm import data
 from tiedlm.config import load_config
-from tiedlm.variant import ADDED_KEYS, config_hash
+from tiedlm.config.identity import ADDED_KEYS, config_hash
 from tiedlm.data import _split_settings
 from tiedlm.data.cache import key_of
 from tiedlm.data.sources import resolve_source

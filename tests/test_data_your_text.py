@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from tiedlm import data
-from tiedlm.checks import check_run_name
+from tiedlm.config.checks import check_run_name
 from tiedlm.data import sources
 from tiedlm.errors import ConfigError
-from tiedlm.naming import data_name, override_tag
+from tiedlm.config.naming import data_name, override_tag
 
 from .conftest import ROOT
 from .test_data import DOCS, assert_one_line_error, cfg_for, cli_data, prepare, raises

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tiedlm import checkpoints, runs
+from tiedlm.runs import checkpoints
+from tiedlm import runs
 
 TINY = {"name": "ddp",
         "data": {"path": "builtin:synthetic", "synthetic": {"vocab_size": 300, "n_classes": 12, "train_tokens": 20000,
@@ -74,7 +75,7 @@ def report(run_dir: Path) -> dict:
 HF = {"arch": "hf", "hf_config": "qwen2", "n_kv_head": 1}  # transformers' Qwen2 (arch: hf): biases on q, k and v
 
 
-# once per tie, each on another family: the tie is one layer over every family (tie_layer.py), so a
+# once per tie, each on another family: the tie is one layer over every family (model/tie_layer.py), so a
 # tie that holds under DDP on one holds on all; every family is met at least once
 @pytest.mark.parametrize("extra", [{}, {"tie_embeddings": False, "arch": "llama", "n_kv_head": 1},
                                    {**HF, "untie_at": 0.5}, {**HF, "tie_mode": "lowrank", "untie_rank": 4}],
@@ -148,7 +149,7 @@ def test_a_failing_rank_stops_the_other_with_its_message(tmp_path):
     (hook / "sitecustomize.py").write_text(
         "import os\n"
         "if os.environ.get('RANK') == '1':\n"
-        "    import tiedlm.model as m\n"
+        "    import tiedlm.model.blocks as m\n"
         "    real, calls = m.lm_loss, [0]\n"
         "    def failing(*a, **k):\n"
         "        calls[0] += 1\n"

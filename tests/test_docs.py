@@ -278,13 +278,13 @@ def test_config_keys_and_file_names_are_not_module_references():
 
 def test_resolve_tells_defined_from_undefined():
     assert resolve("experiment.jobs.train_jobs") is None
-    assert resolve("checks.check_run_name") is None
+    assert resolve("config.checks.check_run_name") is None
     assert resolve("config.ALL_KEYS") is None
     assert resolve("load_config") is None  # tiedlm's lazy export
     assert resolve("compare.stats") is None
     assert resolve("runs.RunReport") is None
     assert resolve("train.train_jobs") is not None
-    assert resolve("config.check_run_name") is not None
+    assert resolve("config.naming.check_run_name") is not None
 
 
 def path_tokens(text: str) -> list[str]:

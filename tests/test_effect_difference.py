@@ -1,4 +1,4 @@
-"""The difference of two comparisons' tying effects (compare/between.py), against scipy's Welch
+"""The difference of two comparisons' tying effects (compare/effect_difference.py), against scipy's Welch
 test, and the script that prints it."""
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from tiedlm.compare.between import NotComparable, effect_difference, seed_differences
+from tiedlm.compare.effect_difference import NotComparable, effect_difference, seed_differences
 
 ROOT = Path(__file__).resolve().parent.parent
 

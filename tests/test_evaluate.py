@@ -6,14 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tiedlm.evaluate import (
-    frequency_buckets,
-    mass_buckets,
-    mean_perplexity,
-    score_tokens,
-    summarize_nll,
-    windows,
-)
+from tiedlm.evaluate import frequency_buckets, mass_buckets, mean_perplexity, score_tokens, summarize_nll, windows
 
 
 class UniformLM(torch.nn.Module):

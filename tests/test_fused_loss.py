@@ -1,4 +1,4 @@
-"""The fused cross-entropy (tiedlm/loss.py) computes what F.cross_entropy(h @ W.T + b, y) does:
+"""The fused cross-entropy (tiedlm/model/loss.py) computes what F.cross_entropy(h @ W.T + b, y) does:
 the loss and the gradients of h, W and b to fp32 rounding, at vocabularies the chunk does and
 does not divide, with ignored targets, in the gradient-in-forward and the recompute modes;
 gradcheck in float64; never a whole batch's logits; under autocast the matmuls in its dtype and
@@ -12,8 +12,8 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tiedlm.config import ModelConfig
-from tiedlm.loss import chunk_rows, cross_entropy, token_losses
-from tiedlm.model import GPT, lm_loss
+from tiedlm.model.loss import chunk_rows, cross_entropy, token_losses
+from tiedlm.model.blocks import GPT, lm_loss
 
 # fp32 tolerances: the loss to 1e-6 relative; each gradient to 1e-5 relative per element plus
 # 1e-6 of the tensor's largest element (a sum over the chunks is rounded in another order)

@@ -1,4 +1,4 @@
-"""geometry.py against independent computations: scipy's Spearman, naive n x n CKA, an explicit
+"""analyze/geometry.py against independent computations: scipy's Spearman, naive n x n CKA, an explicit
 V x V bilinear form and full-vocabulary log-softmax; rotations that every alignment measure must
 see through, isotropic and offset matrices for anisotropy."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tiedlm.geometry import (
+from tiedlm.analyze.geometry import (
     aligned_cosines,
     anisotropy,
     bilinear_symmetry,
@@ -275,5 +275,5 @@ def test_direct_path_nll_refuses_bad_pairs():
 
 
 def test_importing_geometry_does_not_import_torch():
-    code = "import sys, tiedlm.geometry; sys.exit('torch' in sys.modules)"
+    code = "import sys, tiedlm.analyze.geometry; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

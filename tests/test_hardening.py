@@ -122,12 +122,12 @@ def tiny_config(tmp_path_factory):
 @pytest.fixture
 def no_model(monkeypatch):
     """Building a model means the value got past every check: fail at once, never hang."""
-    import tiedlm.model
+    import tiedlm.model.blocks
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was built: the value should have been refused before")
 
-    monkeypatch.setattr(tiedlm.model, "GPT", refuse)
+    monkeypatch.setattr(tiedlm.model.blocks, "GPT", refuse)
 
 
 def test_the_lists_name_real_keys_and_kinds():

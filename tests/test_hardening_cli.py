@@ -165,7 +165,7 @@ def test_a_run_trained_on_cuda_sampled_here_names_the_device_option(run):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible here")
     from tiedlm.config import from_dict
-    from tiedlm.variant import config_hash
+    from tiedlm.config.identity import config_hash
 
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     cfg["train"]["device"] = "cuda"

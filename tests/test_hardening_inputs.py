@@ -46,7 +46,7 @@ def rewrite_weights(run_dir, change):
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from tiedlm.checkpoints import MANIFEST, MODEL_FILE, latest_checkpoint
+    from tiedlm.runs.checkpoints import MANIFEST, MODEL_FILE, latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     path = ckpt / MODEL_FILE
@@ -139,7 +139,7 @@ def fill_first_block(value: float):
 
 @pytest.mark.parametrize("command", ["sample", "eval", "analyze", "export"])
 def test_weights_that_are_not_finite_are_one_line_exit_1(nan_run, command, tmp_path):
-    from tiedlm.checkpoints import latest_checkpoint
+    from tiedlm.runs.checkpoints import latest_checkpoint
 
     before = sorted(p.name for p in nan_run.rglob("*"))
     extra = {"export": ["--out", tmp_path / "hf"], "analyze": ["--out", tmp_path / "an"], "eval": ["--json"]}
@@ -173,7 +173,7 @@ def test_the_fix_for_weights_that_are_not_finite_names_an_option_of_the_command(
     """eval reads the kept best weights with --best, export any checkpoint with --checkpoint (it
     writes the kept best ones by default: asked for the latest, it names them); sample and analyze
     read the latest checkpoint only, so their fix is to retrain."""
-    from tiedlm.checkpoints import best_weight_folders
+    from tiedlm.runs.checkpoints import best_weight_folders
 
     best = best_weight_folders(nan_kept_best)[0].name
     extra = {"export": ["--out", tmp_path / "hf", "--checkpoint", "latest"], "analyze": ["--out", tmp_path / "an"]}

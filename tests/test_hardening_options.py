@@ -136,7 +136,7 @@ def _snapshot(root: Path) -> dict:
 @pytest.mark.parametrize("command, option, kind", CASES)
 def test_a_hostile_value_is_refused_in_one_line_or_valid_by_design(command, option, kind, trained, tmp_path,
                                                                    monkeypatch):
-    import tiedlm.model
+    import tiedlm.model.blocks
 
     run_src, cache = trained
     monkeypatch.setenv("TIEDLM_CACHE", str(cache))  # the run's tokens are there already
@@ -157,7 +157,7 @@ def test_a_hostile_value_is_refused_in_one_line_or_valid_by_design(command, opti
     def reached(*args, **kwargs):
         raise Reached()
 
-    monkeypatch.setattr(tiedlm.model, "GPT", reached)
+    monkeypatch.setattr(tiedlm.model.blocks, "GPT", reached)
     base, _ = COMMANDS[command]
     args = [a.format(**fill) for a in base]
     if option in ("RUN", "GRID"):
@@ -195,7 +195,7 @@ BAD_CONFIGS = {"fifo": "not a regular file", "device": "not a regular file", "fo
 def _bad_config(bad: str, work: Path) -> Path:
     import os
 
-    from tiedlm import yamlsafe
+    from tiedlm.config import yamlsafe
 
     cfg = work / "c.yaml"
     if bad == "fifo":
@@ -225,13 +225,13 @@ def _bad_config(bad: str, work: Path) -> Path:
 def test_a_config_file_that_cannot_be_read_safely_is_refused_in_one_line(command, bad, tmp_path, monkeypatch):
     import signal
 
-    import tiedlm.model
+    import tiedlm.model.blocks
 
     def blocked(*_):
         raise TimeoutError("reading the config blocked")
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(tiedlm.model, "GPT", lambda *a, **k: (_ for _ in ()).throw(Reached()))
+    monkeypatch.setattr(tiedlm.model.blocks, "GPT", lambda *a, **k: (_ for _ in ()).throw(Reached()))
     work = tmp_path / "work"
     work.mkdir()
     cfg = _bad_config(bad, work)

@@ -17,7 +17,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from tiedlm import checkpoints, runs
+from tiedlm.runs import checkpoints
+from tiedlm import runs
 from tiedlm.cli import app
 from tiedlm.config import apply_overrides
 from tiedlm.errors import ConfigError, Interrupted
@@ -277,7 +278,7 @@ def test_a_huge_number_of_tokens_per_step_is_refused_before_anything_is_created(
 
 
 def test_the_tokens_per_step_limit_is_the_product(tiny):
-    from tiedlm.checks import TOKENS_PER_STEP_LIMIT
+    from tiedlm.config.checks import TOKENS_PER_STEP_LIMIT
 
     at_limit = TOKENS_PER_STEP_LIMIT // (4 * 16)  # TINY: batch_size 4, block_size 16
     assert tiny(f"train.grad_accum={at_limit}").train.grad_accum == at_limit
@@ -290,7 +291,7 @@ def test_the_tokens_per_step_limit_is_the_product(tiny):
 def test_the_step_sums_the_loss_without_keeping_a_tensor_per_micro_batch(tiny):
     import torch
 
-    from tiedlm.model import GPT
+    from tiedlm.model.blocks import GPT
     from tiedlm.train.step import build_optimizer
     from tiedlm.train.step import train_step
 

@@ -131,7 +131,7 @@ def test_compare_refuses_the_users_own_files_and_replaces_them_with_overwrite_ou
 
 
 def test_tensorboard_removes_only_its_own_event_files(tmp_path):
-    from tiedlm.tensorboard import SUFFIX, TB
+    from tiedlm.trackers.tensorboard import SUFFIX, TB
 
     run = make_run(tmp_path, "t-s0", 0)
     tb = run / TB
@@ -187,7 +187,7 @@ def test_an_ordinary_folder_with_a_config_yaml_is_not_a_run(trained, tmp_path, m
     assert (proj / "checkpoints" / "hf" / "config.json").is_file()
     r = invoke("analyze", trained, "--out", "tb/analysis")
     assert r.exit_code == 0, r.output
-    from tiedlm.checkpoints import is_run_folder
+    from tiedlm.runs.checkpoints import is_run_folder
 
     assert not is_run_folder(proj)
     # each marker alone still makes a run: tiedlm's report, the checkpoints' pointer, config with metrics

@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import ROOT
-from tiedlm import checkpoints
+from tiedlm.runs import checkpoints
 from tiedlm.config import load_config
-from tiedlm.counting import count_params_config
+from tiedlm.model.counting import count_params_config
 from tiedlm.errors import ConfigError, Interrupted
-from tiedlm.model import build_model, count_params
+from tiedlm.model.blocks import build_model, count_params
 
 pytest.importorskip("transformers")
 
@@ -47,7 +47,7 @@ def test_each_family_builds_tied_or_untied_and_counts_on_the_meta_device(family,
     cfg = cfg_for(family, tied)
     torch.manual_seed(0)
     model = build_model(cfg.model, V)
-    assert model.is_tied is tied and all(f is tied for f in __import__("tiedlm.hf", fromlist=["x"])
+    assert model.is_tied is tied and all(f is tied for f in __import__("tiedlm.model.hf_config", fromlist=["x"])
                                          .config_flags_tied(model.hf.config))
     model.check_tie(tied)
     built = count_params(model)
@@ -88,7 +88,7 @@ def test_the_llama_family_counts_as_tiedlm_s_own_llama_block():
                                                            ("gemma-2-2b", 2_614_341_888, True),
                                                            ("olmo-2-1b", 1_484_916_736, False)])
 def test_the_shipped_count_only_configs_give_the_published_totals(config, total, tied_published):
-    from tiedlm.params import params_report
+    from tiedlm.model.params_report import params_report
 
     report = params_report(load_config(ROOT / "configs" / f"{config}.yaml"))
     assert (report.tied if tied_published else report.untied)["total"] == total
@@ -223,7 +223,7 @@ def test_analyze_and_sample_read_a_family_s_run(tmp_path, monkeypatch):
 def test_hf_overrides_is_one_key_of_the_variant(tmp_path):
     """A mapping value is one leaf of the config's dotted view: the hash, labels and twins see
     model.hf_overrides whole, and two different overrides are two variants."""
-    from tiedlm.variant import config_hash, flat
+    from tiedlm.config.identity import config_hash, flat
 
     a = cfg_for("llama", True, "model.hf_overrides={rms_norm_eps: 1.0e-5}")
     b = cfg_for("llama", True, "model.hf_overrides={rms_norm_eps: 1.0e-6}")
@@ -249,7 +249,7 @@ def test_torch_s_flop_counter_gives_tiedlm_s_forward_flops(family):
     weights taken from the model on the meta device) against torch's FLOP counter over one forward
     pass of block_size tokens of the built model: every matmul, attention's two products over the
     full T x T as both count them, and the head."""
-    from tiedlm.counting import flops_per_token
+    from tiedlm.model.counting import flops_per_token
 
     cfg = cfg_for(family, True, "model.n_kv_head=2")
     model = build_model(cfg.model, V).eval()
@@ -258,7 +258,7 @@ def test_torch_s_flop_counter_gives_tiedlm_s_forward_flops(family):
 
 def test_torch_s_flop_counter_gives_tiedlm_s_flops_for_its_own_llama_block():
     """The same check on tiedlm's own Llama-style block of that shape: the arithmetic both share."""
-    from tiedlm.counting import flops_per_token
+    from tiedlm.model.counting import flops_per_token
 
     cfg = load_config(None, ["model.arch=llama", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
                              "model.n_kv_head=2", "model.block_size=16", "train.max_steps=4", "train.warmup_steps=1"])

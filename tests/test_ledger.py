@@ -1,4 +1,4 @@
-"""The confound ledger (tiedlm/ledger.py): what each variant's E and W_out received, checked
+"""The confound ledger (tiedlm/runs/ledger.py): what each variant's E and W_out received, checked
 against built models and their optimizer, recorded by a training run, and rendered by compare
 (with runs written before the ledger computed from their stored configs)."""
 
@@ -10,7 +10,7 @@ import pytest
 import tiedlm.compare as C
 from tests.test_compare import TIED, UNTIED, make_run
 from tiedlm import runs as run_folder
-from tiedlm.ledger import FROM_CONFIG, INIT_STD, RECORDED, Ledger, differences, differs_sentence, ledger_of
+from tiedlm.runs.ledger import FROM_CONFIG, INIT_STD, RECORDED, Ledger, differences, differs_sentence, ledger_of
 
 V = 64
 MODES = {  # overrides -> (W_out is E, W_out's values equal E's at the start)
@@ -28,7 +28,7 @@ MODES = {  # overrides -> (W_out is E, W_out's values equal E's at the start)
 def _built(cfg):
     import torch
 
-    from tiedlm.model import GPT, count_params
+    from tiedlm.model.blocks import GPT, count_params
     from tiedlm.train.step import build_optimizer
 
     torch.manual_seed(0)
@@ -74,7 +74,7 @@ def test_the_ledger_says_what_a_built_model_and_its_optimizer_give_the_matrices(
     (["model.tie_embeddings=false"], "all", "nothing"),
 ])
 def test_the_ledger_says_what_train_trainable_froze(tiny, overrides, trainable, frozen):
-    from tiedlm.model import freeze_all_but
+    from tiedlm.model.blocks import freeze_all_but
 
     cfg = tiny(*overrides, f"train.trainable={trainable}")
     model, _, params = _built(cfg)
@@ -170,7 +170,7 @@ def test_a_tuned_key_s_difference_is_the_protocol_s_not_a_confound():
     import dataclasses
 
     from tiedlm.config import load_config
-    from tiedlm.ledger import differences, ledger_of
+    from tiedlm.runs.ledger import differences, ledger_of
 
     a = load_config(None, ["train.max_steps=10", "train.warmup_steps=1", "train.lr=0.01"])
     b = load_config(None, ["train.max_steps=10", "train.warmup_steps=1", "train.lr=0.003",

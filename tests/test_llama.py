@@ -11,11 +11,11 @@ import torch
 from torch.nn import functional as F
 
 from tiedlm.config import ModelConfig
-from tiedlm.variant import config_hash
+from tiedlm.config.identity import config_hash
 from tiedlm.config import load_config as _load
 from tiedlm.errors import ConfigError, Interrupted
-from tiedlm.model import GPT, count_params, rotary_tables, rotate
-from tiedlm.counting import count_params_config
+from tiedlm.model.blocks import GPT, count_params, rotary_tables, rotate
+from tiedlm.model.counting import count_params_config
 from tiedlm.train import train_run
 
 from .test_train import metric_rows, weights

@@ -1,4 +1,4 @@
-"""Counting for model.arch llama, tied and untied: tiedlm's arithmetic (counting.py, nothing built)
+"""Counting for model.arch llama, tied and untied: tiedlm's arithmetic (model/counting.py, nothing built)
 against transformers' LlamaForCausalLM built on the meta device from the same numbers (instant at
 any size: no memory is allocated), against a built tiedlm model on small shapes, and FLOPs per
 token against the matmuls written out here. The published shapes come from configs/."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tiedlm.config import ModelConfig, load_config
-from tiedlm.counting import count_params_config, flops_per_token
+from tiedlm.model.counting import count_params_config, flops_per_token
 
 transformers = pytest.importorskip("transformers")
 
@@ -127,7 +127,7 @@ def test_published_counts():
 
 def test_params_command_prints_the_exact_count_without_torch():
     """`tiedlm params` counts by arithmetic: the report of a 1.2B model imports no torch."""
-    code = ("import sys; from tiedlm.config import load_config; from tiedlm.params import params_report\n"
+    code = ("import sys; from tiedlm.config import load_config; from tiedlm.model.params_report import params_report\n"
             "for name in ('smollm2-135m', 'llama-3.2-1b'):\n"
             "    print(params_report(load_config(f'configs/{name}.yaml')).text)\n"
             "assert 'torch' not in sys.modules, 'params imported torch'\n")
@@ -173,7 +173,7 @@ def test_count_matches_the_formula(s, tied):
 @pytest.mark.parametrize("tied", FORMS, ids=["tied", "untied"])
 @pytest.mark.parametrize("s", SMALL, ids=lambda s: s.name)
 def test_built_tiedlm_model_counts_the_same(s, tied):
-    from tiedlm.model import GPT, count_params
+    from tiedlm.model.blocks import GPT, count_params
 
     for head_bias in (False, True):
         cfg = dataclasses.replace(s.model_cfg(tied), lm_head_bias=head_bias)

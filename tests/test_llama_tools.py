@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from tiedlm import geometry as g
+from tiedlm.analyze import geometry as g
 from tiedlm import runs
 from tiedlm.cli import app
-from tiedlm.tensorboard import TB
+from tiedlm.trackers.tensorboard import TB
 
 # d 32, 2 layers, 4 query heads over 2 key/value heads, 30 steps: about two seconds a run on a core.
 # block_size 16 is below the sample length, so sampling slides its context window.

@@ -16,9 +16,9 @@ from tests.test_compare import V, gpt2_params, raises_exactly
 from tests.test_compare_config import fake_training  # noqa: F401  (a fixture)
 from tiedlm.compare.matching import PARAM_MATCH, match_layers, match_width
 from tiedlm.config import load_config
-from tiedlm.counting import count_params_config
+from tiedlm.model.counting import count_params_config
 from tiedlm.errors import ConfigError
-from tiedlm.tie import Tie
+from tiedlm.model.tie import Tie
 
 
 def _config(tmp_path, n_layer: int, n_embd: int, n_head: int = 2):

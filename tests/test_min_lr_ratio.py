@@ -6,7 +6,7 @@ import math
 import pytest
 
 from tiedlm.config import effective_min_lr, from_dict, load_config, to_dict
-from tiedlm.variant import ADDED_KEYS, config_hash
+from tiedlm.config.identity import ADDED_KEYS, config_hash
 from tiedlm.errors import ConfigError
 from tiedlm.train.step import lr_at
 

@@ -8,8 +8,8 @@ import torch
 from torch.nn import functional as F
 
 from tiedlm.config import ModelConfig
-from tiedlm.model import GPT, count_params, load_model_tensors, model_tensors
-from tiedlm.counting import count_params_config, flops_per_token
+from tiedlm.model.blocks import GPT, count_params, load_model_tensors, model_tensors
+from tiedlm.model.counting import count_params_config, flops_per_token
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, dropout=0.0)
 V = 37
@@ -175,7 +175,7 @@ def test_tiedlm_s_layernorm_is_nn_layernorm_with_gradients_summed_by_column():
     what nn.LayerNorm does: the same output, and the same gradients to float64 rounding."""
     import torch
 
-    from tiedlm.norms import LayerNorm, _LayerNorm
+    from tiedlm.model.norms import LayerNorm, _LayerNorm
 
     torch.manual_seed(0)
     for bias in (True, False):

@@ -100,7 +100,7 @@ def test_a_wait_is_interrupted_by_ctrl_c(tmp_path, monkeypatch):
         monkeypatch.undo()
         holder.kill()
         holder.wait()
-    assert not runs._held_folders
+    assert not runs.locks._held_folders
 
 
 def test_two_compare_config_on_one_out_both_compare_every_run(tmp_path):

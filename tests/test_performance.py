@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 from tests.conftest import script_module
 from tiedlm.config import ModelConfig
-from tiedlm.model import GPT
+from tiedlm.model.blocks import GPT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,7 +92,7 @@ def test_evaluation_in_inference_mode_scores_what_a_plain_forward_does():
 
 
 def test_the_counts_import_no_torch():
-    code = ("import sys; from tiedlm.counting import count_params_config, flops_per_token; "
+    code = ("import sys; from tiedlm.model.counting import count_params_config, flops_per_token; "
             "from tiedlm.config import ModelConfig; count_params_config(ModelConfig(), 50257); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)

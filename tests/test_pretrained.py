@@ -16,10 +16,10 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import ROOT
-from tiedlm import checkpoints
+from tiedlm.runs import checkpoints
 from tiedlm.config import load_config
 from tiedlm.errors import ConfigError
-from tiedlm.model import build_model
+from tiedlm.model.blocks import build_model
 
 pytest.importorskip("transformers")
 
@@ -244,7 +244,7 @@ def test_new_tokens_get_rows_at_the_old_rows_mean_and_a_bucket_of_their_own(expo
     new = report["final"]["test"]["new_tokens"]
     assert new["types"] == 3 and new["tokens"] > 0 and new["loss"] > 0
 
-    from tiedlm.model import init_new_rows
+    from tiedlm.model.blocks import init_new_rows
 
     model = build_model(cfg.model, data.model_vocab_size)
     init_new_rows(model, tok.added_ids)
@@ -275,7 +275,7 @@ def test_eval_also_is_encoded_with_the_run_s_own_new_tokens(exports, tmp_path, m
     encoded by that same tokenizer (the same new tokens at the same ids), not one picked from it."""
     from tiedlm.config import also_config
     from tiedlm.data import prepare_data
-    from tiedlm.train.also import prepare_also
+    from tiedlm.train.old_domain import prepare_also
     from tiedlm.distributed import Dist
 
     monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))

@@ -65,7 +65,7 @@ GROUPS = {
 def clone_like(tmp_path: Path) -> Path:
     """A working folder as a fresh clone gives it: the configs, and the user's own text the README's
     'your data' commands name (a file, and a folder of files)."""
-    from tiedlm.corpora import shakespeare_text
+    from tiedlm.data.builtin import shakespeare_text
 
     work = tmp_path / "clone"
     work.mkdir()

@@ -8,11 +8,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tiedlm.checks import NORM_EPS_MIN, ROPE_THETA_MAX
+from tiedlm.config.checks import NORM_EPS_MIN, ROPE_THETA_MAX
 from tiedlm.cli import app
 from tiedlm.config import load_config
 from tiedlm.errors import ConfigError
-from tiedlm.model import rotary_tables
+from tiedlm.model.blocks import rotary_tables
 
 from .conftest import TINY
 
@@ -64,7 +64,7 @@ def test_norm_eps_below_what_float32_holds_is_refused(arch):
 def test_a_tuning_grid_never_steps_past_the_bounds_the_config_check_sets():
     """A grid at rope_theta 2 extended downwards goes halfway to 1, never to 1 or below; norm_eps's
     floor is float32's smallest normal number, as the check's."""
-    from tiedlm.checks import NORM_EPS_MIN
+    from tiedlm.config.checks import NORM_EPS_MIN
     from tiedlm.experiment.tuning_spec import BOUNDS, extend_value
 
     low = extend_value([2.0, 4.0], 2.0, -1, False, BOUNDS["model.rope_theta"])

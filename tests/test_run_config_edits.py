@@ -1,7 +1,7 @@
 """A run's config.yaml edited after the run: every command that rebuilds the run from its folder
 (eval, sample, export, analyze; compare where it reads config.yaml; train) refuses it in one line,
 by the config hash report.json stores, and changes nothing; the keys outside the hash may still
-change, and an older run folder, whose config runs.py brings up to date, still compares equal."""
+change, and an older run folder, whose config runs/ brings up to date, still compares equal."""
 
 import json
 import shutil
@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from tiedlm import runs
 from tiedlm.cli import app
 from tiedlm.config import load_config, to_yaml
-from tiedlm.variant import config_hash
+from tiedlm.config.identity import config_hash
 from tiedlm.errors import DamagedRunError
 from tiedlm.train import train_run
 
@@ -143,7 +143,7 @@ def test_compare_reading_config_yaml_leaves_an_edited_run_out(run, tmp_path):
 
 
 def test_an_older_run_folder_still_reads(tmp_path):
-    """A run folder of tiedlm 0.1: its config.yaml lacks every key added since; runs.py reads them at
+    """A run folder of tiedlm 0.1: its config.yaml lacks every key added since; runs/ reads them at
     their "as before" values, which the hash leaves out, so it matches the hash 0.1 stored."""
     report = json.loads(FIXTURE.read_text())
     (tmp_path / runs.REPORT).write_text(FIXTURE.read_text())

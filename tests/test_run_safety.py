@@ -15,7 +15,8 @@ import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from tiedlm import checkpoints, runs
+from tiedlm.runs import checkpoints
+from tiedlm import runs
 from tiedlm.cli import app
 from tiedlm.config import apply_overrides
 from tiedlm.errors import ConfigError, Interrupted, RunError
@@ -183,7 +184,7 @@ def test_the_memory_refusal_names_the_mlp_width_that_made_the_model_too_big(tiny
 
 def test_memory_estimate_is_a_lower_bound_that_counts_what_training_keeps():
     from tiedlm.config import ModelConfig
-    from tiedlm.counting import count_params_config, training_memory
+    from tiedlm.model.counting import count_params_config, training_memory
 
     cfg = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=16)
     m = training_memory(cfg, 100, 4)
@@ -196,7 +197,7 @@ def test_memory_estimate_is_a_lower_bound_that_counts_what_training_keeps():
 def test_embeddings_that_cannot_fit_are_refused_after_the_data_before_any_write(tiny, tmp_path, monkeypatch):
     import torch
 
-    import tiedlm.counting as counting
+    import tiedlm.model.counting as counting
 
     # the model without its embeddings fits in 1 MiB, with them (V=62, d=16, B*T=256 logits) it does not
     monkeypatch.setattr(counting, "device_memory", lambda device: (110_000, "a test budget"))
@@ -207,7 +208,7 @@ def test_embeddings_that_cannot_fit_are_refused_after_the_data_before_any_write(
 
 
 def test_cpu_allocator_failure_is_the_out_of_memory_line(tiny, tmp_path, monkeypatch):
-    from tiedlm.model import GPT
+    from tiedlm.model.blocks import GPT
 
     def oom(self, idx, *args, **kwargs):  # training gives the targets too (the fused loss)
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
@@ -273,7 +274,7 @@ def test_the_same_weights_write_the_same_bytes_in_any_process(tmp_path):
     with safe_open(str(paths[0]), "pt") as f:
         assert f.metadata() == meta
     assert int.from_bytes(paths[0].read_bytes()[:8], "little") % 8 == 0  # the data stays 8-byte aligned
-    code = ("import sys, torch, hashlib; from pathlib import Path; from tiedlm import checkpoints; "
+    code = ("import sys, torch, hashlib; from pathlib import Path; from tiedlm.runs import checkpoints; "
             "t = {'transformer.wte.weight': torch.arange(12.0).view(3, 4), 'b': torch.ones(5, dtype=torch.float64)}; "
             "checkpoints.write_safetensors(Path(sys.argv[1]), t, "
             "{'tiedlm_version': '0.1.0', 'vocab_size': '3', 'tied': 'True'}); "

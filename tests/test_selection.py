@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tiedlm import checkpoints, runs
+from tiedlm.runs import checkpoints
+from tiedlm import runs
 from tiedlm.config import load_config, to_dict
-from tiedlm.variant import config_hash
+from tiedlm.config.identity import config_hash
 from tiedlm.errors import ConfigError, Interrupted, RunError
 from tiedlm.train.selection import OVERTRAINED_MARGIN, BestTracker
 from tiedlm.train import train_run
@@ -83,7 +84,7 @@ def test_kept_best_weights_reload_to_the_recorded_best_loss_exactly(reference):
     from tiedlm.data import prepare_data
     from tiedlm.device import autocast_ctx
     from tiedlm.evaluate import evaluate_split
-    from tiedlm.model import GPT, load_model_tensors
+    from tiedlm.model.blocks import GPT, load_model_tensors
 
     r = report(reference)
     folders = checkpoints.best_weight_folders(reference)
@@ -236,7 +237,7 @@ def test_untie_at_best_weights_kept_while_tied_score_in_the_untied_model(tmp_pat
     from tiedlm.data import prepare_data
     from tiedlm.device import autocast_ctx
     from tiedlm.evaluate import evaluate_split
-    from tiedlm.model import GPT, load_model_tensors
+    from tiedlm.model.blocks import GPT, load_model_tensors
 
     extra = ["model.tie_embeddings=true", "model.untie_at=0.75", "train.keep_best=true"]
     run = train(tmp_path, "u", *extra)

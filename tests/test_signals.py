@@ -16,7 +16,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tiedlm import checkpoints, runs
+from tiedlm.runs import checkpoints
+from tiedlm import runs
 from tiedlm.config import apply_overrides, load_config
 from tiedlm.train import train_run
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from tiedlm.config import load_config
-from tiedlm.variant import config_hash
+from tiedlm.config.identity import config_hash
 from tiedlm.errors import ConfigError, DataError
 from tiedlm.runs import RunRecord, RunReport
 from tiedlm.experiment.sweep import load_grid, run_sweep, sweep_commands
-from tiedlm.naming import yaml_value
+from tiedlm.config.naming import yaml_value
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""TensorBoard logging (train.log_to: [tensorboard], tiedlm/tensorboard.py): the event files
+"""TensorBoard logging (train.log_to: [tensorboard], tiedlm/trackers/tensorboard.py): the event files
 written as a run trains hold exactly what metrics.jsonl and report.json hold; a resumed run has
 each step once; back-filling a run trained without TensorBoard writes the same; a missing
 package, an unknown logger and a failed write are handled; the new key leaves the hash alone."""
@@ -11,9 +11,9 @@ import pytest
 
 from tiedlm import runs
 from tiedlm.config import from_dict, load_config, to_dict
-from tiedlm.variant import config_hash, variant_dict
+from tiedlm.config.identity import config_hash, variant_dict
 from tiedlm.errors import ConfigError, Interrupted, RunError
-from tiedlm.tensorboard import TB, EventWriter, backfill, backfill_many
+from tiedlm.trackers.tensorboard import TB, EventWriter, backfill, backfill_many
 from tiedlm.train import train_run
 
 # A tiny tied model on a tiny synthetic corpus; eval_every divides max_steps, so the periodic
@@ -248,7 +248,7 @@ def test_cli_train_compare_and_backfill_write_event_files(tmp_path):
 
 
 def test_the_soft_modes_distance_is_a_scalar_where_it_is_logged():
-    from tiedlm.tensorboard import record_scalars
+    from tiedlm.trackers.tensorboard import record_scalars
 
     row = {"kind": "train", "step": 7, "loss": 3.0, "lr": 1e-3, "grad_norm": 0.5, "tokens_per_s": 10.0,
            "w_out_minus_e": 0.25, "tie_penalty": 0.01}

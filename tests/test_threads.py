@@ -199,7 +199,7 @@ def test_auto_reads_this_machine(monkeypatch):
 
 
 def test_train_threads_takes_a_count_or_auto():
-    from tiedlm.checks import validate
+    from tiedlm.config.checks import validate
     from tiedlm.config import load_config
 
     assert load_config(ROOT / "configs/base.yaml", ["train.threads=auto"]).train.threads == "auto"

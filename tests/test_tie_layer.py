@@ -15,10 +15,10 @@ from torch.nn import functional as F
 
 from tests.conftest import ROOT
 from tiedlm.config import load_config
-from tiedlm.counting import count_params_config
+from tiedlm.model.counting import count_params_config
 from tiedlm.errors import ConfigError
-from tiedlm.model import build_model
-from tiedlm.tie_layer import TiedLM, count_params
+from tiedlm.model.blocks import build_model
+from tiedlm.model.tie_layer import TiedLM, count_params
 from tiedlm.train.step import build_optimizer
 
 transformers = pytest.importorskip("transformers")
@@ -58,7 +58,7 @@ def unique_numel(model) -> int:
 
 
 def by_arithmetic(mode: str) -> int:
-    """What W_out adds beside E (its bias aside), from the mode's definition (tie.py's docstring)."""
+    """What W_out adds beside E (its bias aside), from the mode's definition (model/tie.py's docstring)."""
     r = 4
     return {"untied": V * D, "soft": V * D, "pull": V * D, "projection": D * D, "lowrank": r * (V + D),
             "split": V * r}.get(mode, 0)
@@ -153,7 +153,7 @@ def run_cfg(family: str, mode: str, *extra: str):
 def test_a_mode_on_qwen2_resumes_bit_for_bit_analyses_and_exports(tmp_path, monkeypatch, mode):
     from safetensors.torch import load_file
 
-    from tiedlm import checkpoints
+    from tiedlm.runs import checkpoints
     from tiedlm.analyze import analyze_run
     from tiedlm.errors import Interrupted
     from tiedlm.export import export_run
@@ -243,7 +243,7 @@ def test_gpt2_block_keeps_gpt2_s_scaled_residual_projections():
 
 
 def test_the_ledger_records_each_family_s_block_initialisation():
-    from tiedlm.ledger import differences, ledger_of
+    from tiedlm.runs.ledger import differences, ledger_of
 
     gpt2 = ledger_of(load_config(None, ["model.n_layer=8", "train.max_steps=1"]), None)
     llama = ledger_of(load_config(None, ["model.n_layer=8", "model.arch=llama", "train.max_steps=1"]), None)

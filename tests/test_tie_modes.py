@@ -10,11 +10,11 @@ import torch
 from torch.nn import functional as F
 
 from tiedlm.config import ModelConfig, TrainConfig
-from tiedlm.variant import config_hash
+from tiedlm.config.identity import config_hash
 from tiedlm.config import load_config as _load
 from tiedlm.errors import ConfigError
-from tiedlm.model import GPT, count_params
-from tiedlm.counting import count_params_config
+from tiedlm.model.blocks import GPT, count_params
+from tiedlm.model.counting import count_params_config
 from tiedlm.train.step import build_optimizer
 
 BASE = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8)
@@ -202,7 +202,7 @@ def test_what_the_modes_refuse(overrides, message):
 
 
 def test_params_report_adds_the_modes_column():
-    from tiedlm.params import params_report
+    from tiedlm.model.params_report import params_report
 
     rep = params_report(load_config(None, ["model.tie_mode=lowrank", "model.untie_rank=8"]), vocab_size=1000)
     d = 128
@@ -279,7 +279,7 @@ def test_the_cli_refuses_a_mode_in_one_line_and_writes_nothing(tiny_yaml, tmp_pa
 
 
 def test_flops_count_the_modes_head():
-    from tiedlm.counting import flops_per_token
+    from tiedlm.model.counting import flops_per_token
 
     m = dataclasses.replace(BASE, tie_mode=None)
     plain = flops_per_token(m, V)

@@ -14,11 +14,11 @@ import torch
 from tiedlm import runs
 from tiedlm.config import ModelConfig, TrainConfig
 from tiedlm.config import load_config as _load
-from tiedlm.counting import flops_per_token
+from tiedlm.model.counting import flops_per_token
 from tiedlm.errors import ConfigError, Interrupted
-from tiedlm.model import GPT, count_params
-from tiedlm.counting import count_params_config
-from tiedlm.tie import Tie
+from tiedlm.model.blocks import GPT, count_params
+from tiedlm.model.counting import count_params_config
+from tiedlm.model.tie import Tie
 from tiedlm.train.step import build_optimizer
 from tiedlm.train.step import train_step
 
@@ -248,7 +248,7 @@ def train_run_quiet(cfg, out, name, **kw):
 def test_interrupt_and_resume_is_bit_identical(tiny, tmp_path, arch):
     from safetensors.torch import load_file
 
-    from tiedlm import checkpoints
+    from tiedlm.runs import checkpoints
 
     cfg = tiny(*SOFT, "model.tie_strength=10", "model.dropout=0.1", f"model.arch={arch}")
     ref = train_run_quiet(cfg, tmp_path / "a", "r")

@@ -1,7 +1,7 @@
-"""The tie as one value (tiedlm/tie.py): configs of either form hash as they did before the value
+"""The tie as one value (tiedlm/model/tie.py): configs of either form hash as they did before the value
 existed, stored run folders load, the Tie answers each question once (lowrank at rank 0: W_out is
 E, in the model, analysis and export alike), one function loads weights in every form, the model
-names its embedding parameters, and no module but config.py, tie.py and runs.py reads the tie's
+names its embedding parameters, and no module but config/__init__.py, model/tie.py and runs/ reads the tie's
 stored fields."""
 
 import ast
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from tiedlm import runs
-from tiedlm.checkpoints import load_weights
+from tiedlm.runs.checkpoints import load_weights
 from tiedlm.config import ModelConfig, Tie, from_dict, load_config, to_yaml
-from tiedlm.variant import config_hash
-from tiedlm.model import GPT, model_tensors
-from tiedlm.tie import UNTIED
+from tiedlm.config.identity import config_hash
+from tiedlm.model.blocks import GPT, model_tensors
+from tiedlm.model.tie import UNTIED
 
 # config_hash of these configs, computed before the Tie existed: a change to how the tie is parsed
 # or stored that moves a hash orphans every run folder of that variant.
@@ -179,7 +179,7 @@ def test_one_function_loads_weights_in_every_form():
 
 STORED = {f.name for f in dataclasses.fields(ModelConfig)
           if f.name in ("tie_embeddings", "tie_mode", "untie_rank", "tie_strength")}
-OWNERS = {"config.py", "config_layers.py", "tie.py", "runs.py"}  # the parsing, layering and storing rules, the value, old folders
+OWNERS = {"config/__init__.py", "config/layers.py", "model/tie.py", "runs/record.py", "runs/layout.py"}  # the parsing, layering and storing rules, the value, old folders
 # Modules being rewritten beside this change, that still build their variants from the stored fields
 # (the run tag, the plain tied variant's overrides): they switch to Tie.tag and Tie.built_from_e.
 SWITCHING: set[str] = set()
@@ -211,7 +211,7 @@ def test_no_module_but_the_owners_reads_the_stored_tie():
 def test_every_mode_has_its_own_cost_words():
     """tiedlm params' sentence on what a mode adds to the FLOPs comes from the tie, one per mode:
     projection's words are projection's alone (a mode without words would be a KeyError)."""
-    from tiedlm.tie import MODES, RANKED, STRENGTHENED, Tie
+    from tiedlm.model.tie import MODES, RANKED, STRENGTHENED, Tie
 
     words = {}
     for mode in MODES:

@@ -7,14 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tiedlm import checkpoints, runs
-from tiedlm.errors import (
-    ConfigError,
-    ConfigMismatchError,
-    DivergedError,
-    Interrupted,
-    RunError,
-)
+from tiedlm.runs import checkpoints
+from tiedlm import runs
+from tiedlm.errors import ConfigError, ConfigMismatchError, DivergedError, Interrupted, RunError
 from tiedlm.train import train_run
 from tiedlm.config import budget_steps
 from tiedlm.train.step import lr_at, untie_step
@@ -135,7 +130,7 @@ def test_untie_at_gives_equal_then_diverging_matrices(tiny, tmp_path):
 
 def test_untie_copies_the_adamw_state():
     from tiedlm.config import ModelConfig, TrainConfig
-    from tiedlm.model import GPT
+    from tiedlm.model.blocks import GPT
     from tiedlm.train.step import build_optimizer, untie_with_optimizer
 
     m = GPT(ModelConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, tie_embeddings=True), 11)
@@ -154,7 +149,7 @@ def test_untie_copies_the_adamw_state():
 
 
 def test_tied_parameter_appears_once_in_the_optimizer(tiny):
-    from tiedlm.model import GPT
+    from tiedlm.model.blocks import GPT
     from tiedlm.train.step import build_optimizer
 
     cfg = tiny()
@@ -167,7 +162,7 @@ def test_tied_parameter_appears_once_in_the_optimizer(tiny):
 
 @pytest.mark.parametrize("decay", [True, False])
 def test_weight_decay_groups(tiny, decay):
-    from tiedlm.model import GPT
+    from tiedlm.model.blocks import GPT
     from tiedlm.train.step import build_optimizer
 
     cfg = tiny(f"train.decay_embeddings={str(decay).lower()}", "model.tie_embeddings=false")
@@ -193,7 +188,7 @@ def test_lr_schedule():
 def _poison_forward(monkeypatch, bad_calls, value=float("nan")):
     """Make the model's training forward return a non-finite loss (it is given the targets) on the
     calls in bad_calls."""
-    from tiedlm.model import GPT
+    from tiedlm.model.blocks import GPT
 
     real = GPT.forward
     calls = {"n": 0}
@@ -401,7 +396,7 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tiny, tmp_path, mo
 
 
 def test_out_of_memory_is_a_one_line_error(tiny, tmp_path, monkeypatch):
-    from tiedlm.model import GPT
+    from tiedlm.model.blocks import GPT
 
     def oom(self, idx, *args, **kwargs):  # training gives the targets too (the fused loss)
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")

@@ -10,11 +10,11 @@ def test_the_walks_name_the_files_that_run_and_which_of_them_call_into_another()
     compare, train = found["compare"], found["train"]
 
     counted = set(train.counted())
-    assert {"cli", "config", "train/__init__", "train/step", "model", "loss", "data/__init__"} <= counted
+    assert {"cli", "config/__init__", "train/__init__", "train/step", "model/blocks", "model/loss", "data/__init__"} <= counted
     assert "files" in train.seen and "files" not in counted  # run (the run folder's writes), left aside as a leaf
     assert set(train.directing()) <= counted
     assert {"cli", "train/__init__"} <= set(train.directing())
-    assert "loss" not in train.directing()  # called, and returns: nothing of tiedlm's runs below it
+    assert "model/loss" not in train.directing()  # called, and returns: nothing of tiedlm's runs below it
 
     judged = set(compare.counted())
     assert {"experiment/driver", "compare/__init__", "compare/verdicts"} <= judged

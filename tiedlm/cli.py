@@ -21,8 +21,16 @@ import typer
 from typer.core import TyperGroup
 
 from . import __version__
-from .checks import (VOCAB_LIMIT, check_at_most, check_device, check_folder_option, check_positive, check_run_name,
-                     check_seed, check_split)
+from .config.checks import (
+    VOCAB_LIMIT,
+    check_at_most,
+    check_device,
+    check_folder_option,
+    check_positive,
+    check_run_name,
+    check_seed,
+    check_split,
+)
 from .device import keep_freed_memory, set_thread_env
 from .distributed import is_main_process, leaves_errors_to_rank_0
 from .errors import ConfigError, DamagedRunError, Interrupted, TiedlmError
@@ -254,7 +262,7 @@ def compare(
             result = judge_runs(judging)
         typer.echo(format_terminal_table(result))
         if tensorboard:
-            from .tensorboard import backfill_many, left_alone_lines, logdir_of
+            from .trackers.tensorboard import backfill_many, left_alone_lines, logdir_of
 
             left_alone: list = []
             written = backfill_many([Path(r.path) for r in result.runs], left_alone)
@@ -325,7 +333,7 @@ def params(
             check_positive(vocab_size, "--vocab-size")
             check_at_most(vocab_size, VOCAB_LIMIT, "--vocab-size", "real tokenizers stay below a million entries")
         cfg = _load(config, set_)
-        from .params import params_report
+        from .model.params_report import params_report
 
         result = params_report(cfg, vocab_size=vocab_size, use_data=data)
         typer.echo(json.dumps(result.to_json(), indent=2) if as_json else result.text)
@@ -483,7 +491,7 @@ def tensorboard_(
 
     def write_events():
         from .runs import expand_runs
-        from .tensorboard import backfill_many, left_alone_lines, logdir_of
+        from .trackers.tensorboard import backfill_many, left_alone_lines, logdir_of
 
         left_alone: list = []
         written = backfill_many(expand_runs(runs_), left_alone)

@@ -22,7 +22,7 @@ import numpy as np
 from . import runs, threads
 from .device import autocast_ctx, cpu_threads, resolve_device, resolve_dtype
 from .errors import ConfigError, NotARunError, RunError
-from .nats import bits_per_byte, perplexity
+from .perplexity import bits_per_byte, perplexity
 
 if TYPE_CHECKING:
     import torch
@@ -259,9 +259,9 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
     run's own config (a token-cache hit when nothing changed); they must be the tokens it was
     trained on. `chooser`: the command's option that chooses other weights of the run (--best,
     --checkpoint), named when these are not finite; None for a command that has none."""
-    from . import checkpoints
+    from .runs import checkpoints
     from .data import identity_fits, prepare_data
-    from .model import build_model
+    from .model.blocks import build_model
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -342,7 +342,7 @@ def _recorded_best(run_dir: Path) -> str | None:
 def kept_best(run_dir) -> str | None:
     """The name of the weights a run kept at its best validation evaluation (best-step-N), when its
     report names them and they are in its checkpoints folder; None otherwise."""
-    from . import checkpoints
+    from .runs import checkpoints
 
     kept = _recorded_best(Path(run_dir))
     name = kept.rsplit("/", 1)[-1] if kept else None
@@ -351,7 +351,7 @@ def kept_best(run_dir) -> str | None:
 
 def _best_weights(run_dir):
     """The folder of the weights a run kept at its best validation evaluation (report.json's best)."""
-    from . import checkpoints
+    from .runs import checkpoints
 
     kept = _recorded_best(run_dir)
     if not kept:
@@ -369,7 +369,7 @@ def _other_weights(run_dir, ckpt, chooser: str | None) -> str | None:
     """How a command reads weights of the run other than `ckpt`, through its own option (`chooser`),
     when the run has any: eval's --best when it kept best weights, export's --checkpoint naming
     the others. None when the command has no such option or the run no other weights."""
-    from . import checkpoints
+    from .runs import checkpoints
 
     if chooser == "--checkpoint":
         others = [n for n in checkpoints.checkpoint_names(run_dir) if n != ckpt.name]
@@ -388,7 +388,7 @@ def _other_weights(run_dir, ckpt, chooser: str | None) -> str | None:
 
 def _named_checkpoint(run_dir, name: str):
     """checkpoints/<name> (step-N or best-step-N), which must be one of the run's checkpoints."""
-    from . import checkpoints
+    from .runs import checkpoints
 
     have = checkpoints.checkpoint_names(run_dir)
     if name not in have:

@@ -20,14 +20,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import runs
-from ..checkpoints import check_outside_runs
+from ..runs.checkpoints import check_outside_runs
 from ..device import cpu_threads
 from ..errors import ConfigError, RunError, TiedlmError
 from ..files import check_foreign
 from ..formatting import fmt
 from ..runs import FolderLock
 from .measures import direct_path, finite, language_asymmetry, matrix_stats, pair_stats, per_token_arrays
-from .render import ANALYSIS_JSON, ANALYSIS_MD, analysis_files, tie_kind, write_analysis  # render imports nothing from here
+from .render import (
+    ANALYSIS_JSON,
+    ANALYSIS_MD,
+    analysis_files,
+    tie_kind,
+    write_analysis,
+)  # render imports nothing from here
 
 if TYPE_CHECKING:
     from ..data import SplitData

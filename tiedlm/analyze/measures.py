@@ -1,7 +1,7 @@
 """What the analysis measures, from a run's two matrices and its data: each matrix on its own
 (norms against training frequency, anisotropy, spectrum), the pair (cosines raw and after the best
 rotation, CKA, shared neighbours, drift), the direct path, and for builtin:synthetic how
-asymmetric the language's true bigrams are. The geometry itself is geometry.py's."""
+asymmetric the language's true bigrams are. The geometry itself is analyze/geometry.py's."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import geometry as g
-from ..corpora import synthetic_language
-from ..nats import bits_per_byte
+from . import geometry as g
+from ..data.builtin import synthetic_language
+from ..perplexity import bits_per_byte
 
 if TYPE_CHECKING:
     from ..config import SyntheticConfig

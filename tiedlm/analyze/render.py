@@ -7,8 +7,8 @@ from typing import Any
 
 from ..figures import figure, plain_ticks
 from ..formatting import fmt, fmt_int, markdown_table
-from ..nats import perplexity
-from .. import geometry as g
+from ..perplexity import perplexity
+from . import geometry as g
 from ..files import atomic_write_text, json_text, recording
 from ..runs import AGAIN_HINT, writing
 

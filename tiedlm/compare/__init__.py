@@ -10,7 +10,7 @@ What is judged
     tuned         a tuning as the judge reads it (TuneSpec, Tuning, JointEffect) and a tuned sweep's
                   record beside its runs (tuning.json, read_record)
 Computing
-    collect       find run folders and read finished runs (through runs.py); which weights are compared
+    collect       find run folders and read finished runs (through runs/); which weights are compared
     datasets      group runs by the tokens they were trained and evaluated on
     variants      variants, labels, the baseline, aggregates over seeds, contrasts on the loss
     grid          matched contrasts: each tied variant against its untied twin in a grid
@@ -42,11 +42,20 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..checks import check_split
+from ..config.checks import check_split
 from ..errors import ConfigError, TiedlmError
 from ..runs import FolderLock
-from .collect import (COMPARE_DIR, SELECT, LeftOut, LoadedRun, choose_weights, discover, load_runs, no_runs_error,
-                      overtrained_notes)
+from .collect import (
+    COMPARE_DIR,
+    SELECT,
+    LeftOut,
+    LoadedRun,
+    choose_weights,
+    discover,
+    load_runs,
+    no_runs_error,
+    overtrained_notes,
+)
 from .comparison import Comparison, TrainFailure, build_comparison
 from .grid import MatchedContrast
 from .guards import guard_warnings, ignored_record_warning, protocol_differences, protocol_line

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..formatting import markdown_table, percent
-from ..nats import perplexity
+from ..perplexity import perplexity
 
 
 @dataclass

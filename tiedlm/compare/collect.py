@@ -1,4 +1,4 @@
-"""Finding and reading finished runs, through runs.py (the one module that knows the run folder).
+"""Finding and reading finished runs, through runs/ (the one module that knows the run folder).
 
 discover turns the paths a user gave (run folders, folders of runs, globs; default: every run
 under the runs folder) into run folders; load_run reads one into a LoadedRun, or says in a few
@@ -15,10 +15,10 @@ from typing import Any, Callable
 
 from .. import runs as run_folder
 from ..config import Config
-from ..variant import config_hash
+from ..config.identity import config_hash
 from ..errors import DamagedRunError, NotARunError, RunError, TiedlmError
-from ..report_md import overtrained_text
-from ..nats import perplexity
+from ..runs.human_report import overtrained_text
+from ..perplexity import perplexity
 from .stats import number
 from ..errors import ConfigError
 

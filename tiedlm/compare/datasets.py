@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from ..naming import scalar
+from ..config.naming import scalar
 from .collect import LoadedRun
-from ..variant import flat
+from ..config.identity import flat
 
 DATA_SECTIONS = ("data", "tokenizer")
 

@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..naming import scalar, short_keys
+from ..config.naming import scalar, short_keys
 from .variants import TYING_KEYS, Contrast, SplitContrast, Variant, versus
-from ..variant import flat
+from ..config.identity import flat
 
 
 @dataclass

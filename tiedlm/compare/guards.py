@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..formatting import fmt
-from ..nats import perplexity
+from ..perplexity import perplexity
 from .collect import LoadedRun
 
 WARMUP_SHARE = 0.5  # warm-up at least this share of a run's steps: its schedule barely peaks

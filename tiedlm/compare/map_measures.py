@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..formatting import fmt_signed, percent
-from ..naming import scalar
+from ..config.naming import scalar
 from .stats import ALPHA, number, spearman_test
 from ..formatting import markdown_table
 from .tying_map import BucketEffect, TyingMap, bucket_lines, tying_map

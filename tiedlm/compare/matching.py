@@ -20,9 +20,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from ..counting import count_params_config
+from ..model.counting import count_params_config
 from ..errors import ConfigError
-from ..tie import UNTIED, Tie
+from ..model.tie import UNTIED, Tie
 from .stats import ALPHA, holm, significant
 
 if TYPE_CHECKING:

@@ -9,8 +9,18 @@ from pathlib import Path
 from typing import Iterable
 
 from .comparison import Comparison
-from .plots import (MATCHED_PLOT, TUNE_PLOT, TYING_LINE_PLOT, TYING_MAP_BUCKETS_PLOT, TYING_MAP_PLOT, plot_tuning,
-                    plot_tying_line, plot_tying_map, plot_tying_map_buckets, write_plots)
+from .plots import (
+    MATCHED_PLOT,
+    TUNE_PLOT,
+    TYING_LINE_PLOT,
+    TYING_MAP_BUCKETS_PLOT,
+    TYING_MAP_PLOT,
+    plot_tuning,
+    plot_tying_line,
+    plot_tying_map,
+    plot_tying_map_buckets,
+    write_plots,
+)
 from .report import FILES, to_csv, to_json_text, to_markdown
 from ..files import atomic_write_text, check_foreign, recording
 from ..runs import AGAIN_HINT, writing
@@ -74,7 +84,7 @@ def check_outputs(out: Path, run_dirs: Iterable[Path] = (), analyze: bool = Fals
     files of the analysis' names in the run folders (a grid's tying-effect plot, and an untied
     run's pair-cosine plot, are checked again when they are written)."""
     from ..analyze import check_target
-    from ..checkpoints import check_outside_runs
+    from ..runs.checkpoints import check_outside_runs
 
     check_outside_runs(out, "--out")
     check_foreign(out, FILES.values(), OVERWRITE_OPTION, overwrite)

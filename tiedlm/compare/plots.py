@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..figures import empty_panel, figure, plain_ticks
 from ..formatting import percent
-from ..nats import relative
-from ..naming import scalar
+from ..perplexity import relative
+from ..config.naming import scalar
 from .comparison import Comparison
 from .grid import numeric_key
 from .stats import ALPHA, number

@@ -25,12 +25,27 @@ from ..formatting import (
 )
 from .comparison import Comparison, RunRow
 from .matching import PARAM_MATCH
-from .plots import MATCHED_PLOT, PLOTS, TYING_LINE_PLOT, TYING_MAP_BUCKETS_PLOT, TYING_MAP_PLOT, bucket_split, captions
+from .plots import (
+    MATCHED_PLOT,
+    PLOTS,
+    TYING_LINE_PLOT,
+    TYING_MAP_BUCKETS_PLOT,
+    TYING_MAP_PLOT,
+    bucket_split,
+    captions,
+)
 from .stats import GeometricSummary, Summary, TestResult
 from .adaptation import adaptation_lines, adaptation_markdown
 from .tying_line import mechanism_markdown
-from .sections import (ledger_markdown, sequential_lines, sequential_markdown, trajectory_lines, trajectory_markdown,
-                       tuning_lines, tuning_markdown)
+from .sections import (
+    ledger_markdown,
+    sequential_lines,
+    sequential_markdown,
+    trajectory_lines,
+    trajectory_markdown,
+    tuning_lines,
+    tuning_markdown,
+)
 from .variants import SPLITS, SplitContrast, Variant
 from .verdicts import decay_line, family_markdown, fmt_flops, plural, roles, test_words
 from ..files import json_text

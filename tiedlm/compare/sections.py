@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..formatting import MISSING, fmt_count, fmt_signed, markdown_table, percent
-from ..ledger import FROM_CONFIG, differs_sentence, share_words, value_words
+from ..runs.ledger import FROM_CONFIG, differs_sentence, share_words, value_words
 from .plots import TRAJECTORY_PLOT, TUNE_PLOT
 from .sequential import FIRST_SEEDS, look_words, mc_paths
 from .stats import fmt_pvalue, fmt_threshold
 from .trajectory import SPLIT, Trajectory
-from ..naming import scalar, short_keys
+from ..config.naming import scalar, short_keys
 from .tuned import not_compared, paired
 
 if TYPE_CHECKING:

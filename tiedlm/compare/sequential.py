@@ -47,7 +47,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..formatting import percent
-from ..nats import relative
+from ..perplexity import relative
 from .stats import ALPHA, AdjustedLevel, fmt_pvalue, fmt_threshold, norm_cdf, significant, t_sf
 from .matching import MatchFamily, apply_family
 from .stats import t_ppf

@@ -38,9 +38,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 from scipy import special
 
-from ..nats import perplexity, relative
+from ..perplexity import perplexity, relative
 from ..formatting import MISSING, fmt_p
-from ..geometry import average_ranks, spearman
+from ..analyze.geometry import average_ranks, spearman
 
 LEVEL = 0.95  # confidence level of every interval
 ALPHA = 0.05  # significance level of the verdicts

@@ -36,7 +36,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..naming import scalar
+from ..config.naming import scalar
 from .stats import LEVEL, chi2_sf, number, t_ppf, t_two_sided_p
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..formatting import fmt_count
-from ..nats import relative
+from ..perplexity import relative
 from .collect import LoadedRun
 from .stats import compare_by_seed, number
 from .variants import Variant
@@ -94,7 +94,7 @@ class Trajectory:
 
 def evaluations(run: LoadedRun) -> dict[float, tuple[int | None, float]]:
     """tokens -> (step, loss) of the run's periodic validation evaluations (metrics.jsonl, through
-    runs.py; LoadedRun.curve keeps only tokens and perplexity). The loss is log(perplexity) where a
+    runs/; LoadedRun.curve keeps only tokens and perplexity). The loss is log(perplexity) where a
     record lacks it; a later record at the same tokens (a resumed run) replaces an earlier one."""
 
     out: dict[float, tuple[int | None, float]] = {}

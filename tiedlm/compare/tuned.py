@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import foreign_files, read_json, written_here
-from ..nats import relative
+from ..perplexity import relative
 
 EXTEND_LIMIT = 3  # steps past each edge of the grid, per variant and axis
 LR_KEY, MIN_LR_KEY, RATIO_KEY = "train.lr", "train.min_lr", "train.min_lr_ratio"
@@ -50,7 +50,7 @@ class TuneSpec:
                 "shared_seeds": self.shared_seeds}
 
 
-# The range of each bounded numeric key (checks.py refuses the rest): (low, low allowed, high, high
+# The range of each bounded numeric key (config/checks.py refuses the rest): (low, low allowed, high, high
 # allowed), None where a side is open-ended. A step past the grid's edge never leaves it: it stops at
 
 

@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from ..formatting import fmt, markdown_table, p_only, percent
-from ..naming import scalar, short_keys
-from ..nats import relative
+from ..config.naming import scalar, short_keys
+from ..perplexity import relative
 from .stats import LEVEL, holm, number, t_ppf, t_two_sided_p
 from .surface import FAR, wls
 from .map_measures import direct_path_costs

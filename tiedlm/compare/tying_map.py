@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..formatting import percent
-from ..nats import relative
-from ..naming import scalar, short_keys
+from ..perplexity import relative
+from ..config.naming import scalar, short_keys
 from .grid import MatchedContrast
 from .stats import ALPHA, holm, number, significant
 from .surface import Surface, fit_surface

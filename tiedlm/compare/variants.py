@@ -16,10 +16,10 @@ from typing import Any, Sequence
 
 from ..config import Config
 from ..errors import ConfigError
-from ..ledger import Ledger, differences, stored_ledger
-from ..nats import perplexity, relative
-from ..naming import scalar, short_keys
-from ..tie import STORED_KEYS
+from ..runs.ledger import Ledger, differences, stored_ledger
+from ..perplexity import perplexity, relative
+from ..config.naming import scalar, short_keys
+from ..model.tie import STORED_KEYS
 from .collect import LoadedRun
 from .matching import PARAM_MATCH
 from .stats import (
@@ -37,7 +37,7 @@ from .stats import (
     power_analysis,
     summarize,
 )
-from ..variant import diff_keys, flat, variant_dict
+from ..config.identity import diff_keys, flat, variant_dict
 
 SPLITS = ("train", "validation", "test")  # in report order; only the splits the runs have appear
 MODE_KEYS = STORED_KEYS  # the tie's stored keys make one label part: tied, untied, lowrank r=8 ...

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import corpora
+from . import builtin
 from ..config import Config, DataConfig, TokenizerConfig
-from ..variant import ADDED_KEYS
+from ..config.identity import ADDED_KEYS
 from ..errors import ConfigError, DataError
 from . import overlap
 from .cache import (
@@ -88,7 +88,7 @@ class PreparedData:
     model_vocab_size: int  # padded up to tokenizer.pad_to_multiple (>= vocab_size)
     splits: dict[str, SplitData]  # "train" and "validation" always; "test" when there is one
     train_counts: np.ndarray  # int64 [model_vocab_size], count of each token id in the train split
-    floor: dict | None  # builtin:synthetic only: expected rate and each split's own floor (corpora.synthetic_floor)
+    floor: dict | None  # builtin:synthetic only: expected rate and each split's own floor (builtin.synthetic_floor)
     info: dict  # JSON-serialisable: source, fingerprint, carving, overlap, cache folders, tokenizer, timings
 
 
@@ -361,7 +361,7 @@ def prepare_data(cfg: Config, progress: bool = True) -> PreparedData:
     vocab = entries.tokenizer.vocab_size
     model_vocab = model_vocab_size(cfg, vocab)
     train_counts = _train_counts(splits, counts, vocab, model_vocab)
-    floor = corpora.prepared_floor(cfg.data, splits, entries.tokenizer)
+    floor = builtin.prepared_floor(cfg.data, splits, entries.tokenizer)
     entries.timings["total_s"] = time.perf_counter() - t_start
     info = _info(plan, cfg, entries, model_vocab)
     return PreparedData(entries.tokenizer, vocab, model_vocab, splits, train_counts, floor, info)

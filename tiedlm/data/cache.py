@@ -31,15 +31,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import DataError, TiedlmError
-from ..files import (
-    HOST,
-    atomic_write_json,
-    describe_write_failure,
-    errno_of,
-    first_line,
-    read_json,
-    tmp_tag,
-)
+from ..files import HOST, atomic_write_json, describe_write_failure, errno_of, first_line, read_json, tmp_tag
 from .tokenizers import Tokenizer, load_tokenizer
 
 CACHE_FORMAT = 1  # bump when the layout of cache entries changes; old entries are then ignored

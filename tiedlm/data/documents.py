@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from .. import corpora
-from ..checks import SPLITS, carved_test_fits
+from . import builtin
+from ..config.checks import SPLITS, carved_test_fits
 from ..config import DataConfig
 from ..errors import ConfigError, DataError, TiedlmError
 from .sources import Source, load_raw, translate
@@ -308,7 +308,7 @@ def split_documents(source: Source, d: DataConfig, progress: bool) -> tuple[dict
     what = source.description
     if source.kind == "builtin":  # built-in corpora bring their own three splits
         docs = {name: ArrowDocs.of(_pa_strings(texts)) for name, texts in raw.items()}
-        return docs, {"splits": list(docs), "origins": corpora.builtin_origins(d.path.strip()), "carving": None}
+        return docs, {"splits": list(docs), "origins": builtin.builtin_origins(d.path.strip()), "carving": None}
 
     chosen, origins, carve = _choose_splits(raw, d, what)
     import datasets

@@ -23,23 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import corpora
+from . import builtin
 from ..config import DataConfig
 from ..errors import ConfigError, DataError, TiedlmError
-from ..files import (
-    NO_ROOM,
-    atomic_write_json,
-    errno_of,
-    exception_chain,
-    first_line,
-    read_json,
-)
+from ..files import NO_ROOM, atomic_write_json, errno_of, exception_chain, first_line, read_json
 from .cache import DIGEST_MEMO, HUB_MEMO, cache_root, cache_write_failure, marking
 
 BUILDERS = {"text": "text", "json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}
 _EXTENSIONS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
                ".csv": "csv", ".parquet": "parquet"}
-_BUILTIN_NAMES = ", ".join(f"builtin:{n}" for n in corpora.BUILTINS[:-1]) + f" or builtin:{corpora.BUILTINS[-1]}"
+_BUILTIN_NAMES = ", ".join(f"builtin:{n}" for n in builtin.BUILTINS[:-1]) + f" or builtin:{builtin.BUILTINS[-1]}"
 _TEXT_FREE = f"local files (data.path: text, data.data_files: FILE) or a built-in corpus (data.path: {_BUILTIN_NAMES})"
 
 
@@ -242,14 +235,14 @@ def _builtin_source(p: str, d: DataConfig) -> Source:
         s = d.synthetic
         return Source("builtin", f"builtin:synthetic ({s.vocab_size} words in {s.n_classes} classes, "
                                  f"zipf {s.zipf}, seed {s.seed})",
-                      {"builtin": "synthetic", "version": corpora.SYNTHETIC_VERSION, **dataclasses.asdict(s)}, p)
+                      {"builtin": "synthetic", "version": builtin.SYNTHETIC_VERSION, **dataclasses.asdict(s)}, p)
     if name == "pydoc":
         return Source("builtin", f"builtin:pydoc (CPython {sys.version_info[0]}.{sys.version_info[1]} "
                                  "documentation topics)",
-                      {"builtin": "pydoc", "text": corpora.pydoc_fingerprint()}, p)
+                      {"builtin": "pydoc", "text": builtin.pydoc_fingerprint()}, p)
     if name == "shakespeare":
         return Source("builtin", "builtin:shakespeare (Tiny Shakespeare, 1,115,394 characters, shipped with tiedlm; "
-                                 "contiguous 90/5/5 by lines)", corpora.shakespeare_fingerprint(), p)
+                                 "contiguous 90/5/5 by lines)", builtin.shakespeare_fingerprint(), p)
     raise ConfigError(f"unknown built-in corpus {p} — use {_BUILTIN_NAMES}")
 
 
@@ -511,10 +504,10 @@ def load_raw(source: Source, d: DataConfig, progress: bool) -> dict[str, Any]:
     """{split name: datasets.Dataset | IterableDataset | list[str]} for the source."""
     if source.kind == "builtin":
         if d.path.strip() == "builtin:synthetic":
-            return {k: [v] for k, v in corpora.synthetic_splits(d.synthetic).items()}
+            return {k: [v] for k, v in builtin.synthetic_splits(d.synthetic).items()}
         if d.path.strip() == "builtin:shakespeare":
-            return corpora.shakespeare_splits()
-        return corpora.pydoc_splits()
+            return builtin.shakespeare_splits()
+        return builtin.pydoc_splits()
 
     _check_not_empty(source)
     import datasets

@@ -15,7 +15,7 @@ from ..compare.outputs import check_outputs
 from ..compare.tuned import Tuning, TuneSpec
 from ..config import Config
 from ..errors import ConfigError, RunError
-from ..naming import short_keys
+from ..config.naming import short_keys
 from ..runs import run_dir_for
 from .jobs import Executor
 from .plan import ComparisonPlan, RunSource, Stage, check_match_tuning, plan_comparison

@@ -18,7 +18,7 @@ from ..errors import ConfigMismatchError, Interrupted, TiedlmError
 from ..files import check_writable, os_error_line
 from ..process import log
 from ..train import train_run
-from ..variant import config_hash
+from ..config.identity import config_hash
 from .parallel import WorkerPool, resolve_workers, train_parallel
 
 if TYPE_CHECKING:

@@ -52,7 +52,7 @@ from ..errors import ConfigError, Interrupted
 from ..files import HOST
 from ..process import PARENT_ENV, alive, log
 from ..config import load_config
-from ..counting import count_params_config
+from ..model.counting import count_params_config
 from ..device import keep_freed_memory, thread_env
 from ..errors import TiedlmError
 from ..files import os_error_line

@@ -22,11 +22,11 @@ from typing import Any
 from ..compare.matching import ParamMatch, match_by, match_params
 from ..compare.tuned import TuneSpec
 from ..errors import ConfigError
-from ..naming import sanitize, scalar, short_keys, yaml_value
+from ..config.naming import sanitize, scalar, short_keys, yaml_value
 from .request import CompareRequest
 from ..config import Config, budget_steps, check_warmup, load_config
-from ..counting import count_params_config
-from ..naming import override_tag
+from ..model.counting import count_params_config
+from ..config.naming import override_tag
 from ..runs import run_dir_for
 
 

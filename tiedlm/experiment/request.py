@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from ..checks import check_at_most, check_positive
+from ..config.checks import check_at_most, check_positive
 from ..compare import Judging
 from ..compare.matching import match_by
 from .parallel import parse_jobs

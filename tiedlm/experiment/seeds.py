@@ -7,8 +7,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..compare.sequential import (FIRST_SEEDS, MAX_SEEDS, MAX_SEEDS_RANGE, MIN_EFFECT, Sequential, design, look_at,
-                                  look_words, next_decision)
+from ..compare.sequential import (
+    FIRST_SEEDS,
+    MAX_SEEDS,
+    MAX_SEEDS_RANGE,
+    MIN_EFFECT,
+    Sequential,
+    design,
+    look_at,
+    look_words,
+    next_decision,
+)
 from ..compare.stats import ALPHA
 from ..errors import ConfigError
 from ..process import log

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 from ..config import Config, load_config, parse_override, to_yaml
 from ..errors import ConfigError
 from ..formatting import shown_text
-from ..naming import sanitize, scalar, short_keys, yaml_value
-from ..yamlsafe import load_yaml, read_yaml_text
+from ..config.naming import sanitize, scalar, short_keys, yaml_value
+from ..config.yamlsafe import load_yaml, read_yaml_text
 from .driver import tune
 from .jobs import Executor, train_jobs
 from .parallel import parse_jobs
@@ -209,7 +209,7 @@ def load_grid(path: str | Path) -> Grid:
     if name is not None and (not isinstance(name, str) or not name):
         raise _fail(path, "name: must be a string (the prefix of the run names)")
     if name is not None:  # refused as --name is, rather than cleaned into a prefix the user did not write
-        from ..checks import check_run_name
+        from ..config.checks import check_run_name
 
         check_run_name(name, f"{path}: name:")
     tune = None

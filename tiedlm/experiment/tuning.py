@@ -43,20 +43,30 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..compare.tuned import (LR_KEY, MIN_LR_KEY, RATIO_KEY, RECORD, TunedPoint, TuneSpec, Tuning, VariantTuning,
-                             paired, tuned_keys)
+from ..compare.tuned import (
+    LR_KEY,
+    MIN_LR_KEY,
+    RATIO_KEY,
+    RECORD,
+    TunedPoint,
+    TuneSpec,
+    Tuning,
+    VariantTuning,
+    paired,
+    tuned_keys,
+)
 from ..config import Config, TrainConfig
 from ..errors import ConfigError, TiedlmError
 from ..files import atomic_write_json, foreign_files, recording
-from ..nats import perplexity
-from ..naming import scalar, short_keys
+from ..perplexity import perplexity
+from ..config.naming import scalar, short_keys
 from ..runs import read_report
-from ..variant import flat
+from ..config.identity import flat
 from .plan import PlannedRun, RunSource, Stage, point_label, point_overrides, point_tag, points
 from .tuning_spec import at_bound, bounds_of, extend_value, range_text, relative_bound, relative_bound_text, whole_key
 
 if TYPE_CHECKING:
-    from ..tie import Tie
+    from ..model.tie import Tie
 
 
 # Keys of one tie's own: tuned for the variants whose tie has them, absent (None) from the others,
@@ -77,7 +87,7 @@ def schedule_overrides(spec: TuneSpec, base: Config) -> list[str]:
         return []
 
     ratio = base.train.min_lr / base.train.lr if base.train.lr else 0.0
-    # min_lr back at its default: the ratio replaces it, and checks.py refuses a non-default min_lr beside it
+    # min_lr back at its default: the ratio replaces it, and config/checks.py refuses a non-default min_lr beside it
     return [f"{RATIO_KEY}={float(f'{ratio:.6g}')!r}", f"{MIN_LR_KEY}={TrainConfig.min_lr!r}"]
 
 

@@ -11,14 +11,14 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from ..checks import NORM_EPS_MIN, ROPE_THETA_MAX, ROPE_THETA_MIN
+from ..config.checks import NORM_EPS_MIN, ROPE_THETA_MAX, ROPE_THETA_MIN
 from ..compare.tuned import TuneSpec, paired
 from ..errors import ConfigError
-from ..checks import check_seed
+from ..config.checks import check_seed
 from ..config import ALL_KEYS, Config
-from ..config_layers import _load_with_bases
-from ..variant import flat
-from ..yamlsafe import load_yaml
+from ..config.layers import _load_with_bases
+from ..config.identity import flat
+from ..config.yamlsafe import load_yaml
 
 SETTINGS = ("seeds", "extend", "extend_limit", "shared_seeds")  # a tune: block's own keys; the rest are axes
 
@@ -30,7 +30,7 @@ BOUNDS: dict[str, tuple] = {
     "model.untie_at": (0.0, False, 1.0, False),
     "model.tie_strength": (0.0, True, None, False),  # soft, pull: 0 is the untied end of the dial
     "model.norm_eps": (NORM_EPS_MIN, True, 1.0, True),
-    "model.rope_theta": (ROPE_THETA_MIN, False, ROPE_THETA_MAX, False),  # checks.py says why
+    "model.rope_theta": (ROPE_THETA_MIN, False, ROPE_THETA_MAX, False),  # config/checks.py says why
     "train.lr": (0.0, False, None, False),
     "train.min_lr": (0.0, True, None, False),
     "train.min_lr_ratio": (0.0, True, 1.0, True),
@@ -45,7 +45,7 @@ BOUNDS: dict[str, tuple] = {
 }
 
 
-# Keys whose range ends at another key's value in the same config (checks.py): a key/value head
+# Keys whose range ends at another key's value in the same config (config/checks.py): a key/value head
 # serves whole query heads, so model.n_kv_head is at most model.n_head (and divides it). A choice
 # there is at the key's bound, not at an edge of the grid to step past.
 RELATIVE_BOUNDS = {"model.n_kv_head": ("model.n_head", "must divide")}

@@ -22,30 +22,27 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from .. import __version__, checkpoints, runs
-from ..checkpoints import rng_state, set_rng_state
+from .. import __version__, runs
+from ..runs import checkpoints
+from ..runs.checkpoints import rng_state, set_rng_state
 from ..config import Config, TrainConfig, to_yaml
-from ..variant import config_hash
+from ..config.identity import config_hash
 from ..files import atomic_write_text
-from ..errors import (
-    ConfigError,
-    DivergedError,
-    Interrupted,
-)
+from ..errors import ConfigError, DivergedError, Interrupted
 from .step import BatchSampler, build_optimizer, lr_at, train_step, untie_with_optimizer
 from ..distributed import Dist, check_in_step, is_main_process
 from .selection import BestTracker, evaluate_best, keep_best_weights, stop_reason
 from ..process import STDERR, StopSignals, Terminated, git_commit, log, now, versions
-from ..ledger import ledger_of
-from ..report_md import overtrained_text
-from .also import also_record, score_also
+from ..runs.ledger import ledger_of
+from ..runs.human_report import overtrained_text
+from .old_domain import also_record, score_also
 from .preflight import Preflight, preflight
-from ..tensorboard import TrainingLog
-from ..counting import check_fits, flops_per_token
+from ..trackers.tensorboard import TrainingLog
+from ..model.counting import check_fits, flops_per_token
 from ..device import autocast_ctx, cpu_threads, peak_memory, resolve_device, tf32_matmuls, threads_used
 from ..distributed import all_mean, allreduce_bytes, any_rank, barrier, from_env, stop, sum_arrays, wrap
 from ..formatting import fmt
-from ..nats import MAX_LOSS, perplexity, representable
+from ..perplexity import MAX_LOSS, perplexity, representable
 
 if TYPE_CHECKING:
     import torch
@@ -200,7 +197,7 @@ def _start_record(cfg: Config, run_dir: Path, pre: Preflight) -> runs.RunRecord:
 
 def _params(model, data) -> dict:
     """The model's parameter breakdown, with the tokenizer's and the padded vocabulary."""
-    from ..model import count_params
+    from ..model.blocks import count_params
 
     out = {**count_params(model), "model_vocab_size": data.model_vocab_size, "vocab_size": data.vocab_size,
            "vocab_padding": data.model_vocab_size - data.vocab_size,
@@ -215,7 +212,7 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     the checkpoint's weights, optimizer, RNG and counters applied. Returns (model, optimizer, sampler)."""
     import torch
 
-    from ..model import build_model, freeze_all_but, init_new_rows
+    from ..model.blocks import build_model, freeze_all_but, init_new_rows
 
     main = pre.dist.main
     tok_dir = run_dir / runs.TOKENIZER
@@ -272,7 +269,7 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
     evaluation (the best tracked, its weights kept), the untie split, checkpoints, and a stop at a
     step boundary on a signal (or between micro-batches, the partial step abandoned). Returns the
     trained model."""
-    from ..model import model_tensors
+    from ..model.blocks import model_tensors
 
     tcfg, total, T = cfg.train, pre.total_steps, cfg.model.block_size
     model, optimizer, sampler = _build(cfg, run_dir, pre, record, state)

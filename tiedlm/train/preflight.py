@@ -9,14 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import checkpoints, runs
+from ..runs import checkpoints
+from .. import runs
 from ..config import Config, budget_steps, check_warmup
 from ..distributed import Dist
 from ..errors import ConfigError, RunError
-from ..tensorboard import TrainingLog, require
+from ..trackers.tensorboard import TrainingLog, require
 from .step import untie_step
-from .also import prepare_also
-from ..counting import check_fits
+from .old_domain import prepare_also
+from ..model.counting import check_fits
 from ..device import resolve_dtype
 from ..distributed import check_batch, main_first, start
 from ..process import log

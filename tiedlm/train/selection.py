@@ -17,8 +17,8 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..checkpoints import BEST_PREFIX, load_checkpoint, load_weights, prune_best_weights, save_best_weights
-from ..nats import perplexity, relative
+from ..runs.checkpoints import BEST_PREFIX, load_checkpoint, load_weights, prune_best_weights, save_best_weights
+from ..perplexity import perplexity, relative
 
 OVERTRAINED_MARGIN = 0.02  # a last evaluation more than 2% above the best perplexity is flagged
 
@@ -96,7 +96,7 @@ def keep_best_weights(run_dir: Path, tracker: BestTracker, step: int, model, cov
     """Write the model's weights as the new best (checkpoints/best-step-N/) and remove the kept
     weights that are neither these nor `covered`, the ones the last checkpoint's state names
     (a resume from that checkpoint needs them)."""
-    from ..model import model_tensors
+    from ..model.blocks import model_tensors
 
     if not write:  # a rank other than 0 of a distributed run: rank 0 writes these very weights
         tracker.weights = f"{BEST_PREFIX}{step:07d}"

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import threads
 from ..config import Config, TrainConfig, effective_min_lr
-from ..nats import representable
+from ..perplexity import representable
 
 if TYPE_CHECKING:
     import torch
@@ -130,7 +130,7 @@ def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: contextl
     pull tie's decoupled step (model.pull_tie) follows the optimizer's, when that is taken."""
     import torch
 
-    from ..model import lm_loss
+    from ..model.blocks import lm_loss
 
     for group in optimizer.param_groups:
         group["lr"] = lr

@@ -1,0 +1,119 @@
+"""Names tiedlm builds from config values: variant labels (`tied, n_embd=128`) and run folder
+names (`base-n_embd=256-tied-s0`, `base-tie_embeddings=true-n_embd=64-s0`). Shared by compare and
+sweep, so that neither imports the other; pure functions of plain values."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+from . import parse_override
+
+
+def scalar(value: Any) -> str:
+    """A value as YAML would write it: true, 128, 0.001, null, [0.1, 0.5]."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return json.dumps(value, separators=(", ", ": "))
+
+
+def short_keys(keys: list[str]) -> dict[str, str]:
+    """The shortest dotted suffix of each key that no other key in the list ends with."""
+    out = {}
+    for key in keys:
+        parts = key.split(".")
+        for i in range(len(parts) - 1, -1, -1):
+            suffix = ".".join(parts[i:])
+            if not any(o != key and (o == suffix or o.endswith("." + suffix)) for o in keys):
+                out[key] = suffix
+                break
+        else:
+            out[key] = key
+    return out
+
+
+def sanitize(text: str) -> str:
+    """Keep run names portable folder names: letters, digits and . _ = + - only."""
+    text = re.sub(r"[^A-Za-z0-9._=+-]+", "_", text)
+    return text.lstrip(".") or "run"
+
+
+# The override keys that say which data a run trains on, and what a data file's name may end with
+# (stripped from a run's data name: my.txt.gz names the data "my").
+DATA_KEYS = ("data.path", "data.data_files")
+_DATA_SUFFIX = re.compile(r"\.(txt|text|md|jsonl|json|csv|tsv|parquet|arrow|gz|bz2|xz|zst|zip|tar)$", re.IGNORECASE)
+_BUILDER_NAMES = ("text", "json", "jsonl", "csv", "parquet")
+
+
+def data_name(value: Any) -> str:
+    """A short name for the data a data.path or data.data_files value names: a file's stem, a
+    folder's name, a hub id's last part or a built-in corpus's name (corpus2.txt → corpus2,
+    ../texts/ → texts, roneneldan/TinyStories → TinyStories, builtin:pydoc → pydoc); for a list or
+    a split mapping, its (train) first file; a glob's part without wildcards."""
+    if isinstance(value, dict):
+        value = value.get("train", next(iter(value.values()), None))
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    text = scalar(value).strip() if value is not None else ""
+    if text.startswith("builtin:"):
+        text = text[len("builtin:"):]
+    parts = [q for q in re.split(r"[\\/]+", text) if q not in ("", ".", "..", "~") and not re.search(r"[*?\[\]{}]", q)]
+    name = parts[-1] if parts else ""
+    while _DATA_SUFFIX.search(name) and _DATA_SUFFIX.sub("", name):
+        name = _DATA_SUFFIX.sub("", name)
+    name = sanitize(name)[:32].rstrip("._-=+")
+    return name if name and name != "run" else "data"
+
+
+def _data_tag(items: list[tuple[str, Any, str]]) -> str:
+    """'my-1a2b3c4d' for --set data.path=my.txt: the data's short name (data_name of data.path, or
+    of data.data_files where data.path is a builder such as text or is not overridden) and a hash
+    of the data overrides as written, so that two files of one name, or two spellings of one path
+    (which configs record as they are written), never share a run folder."""
+    paths = [value for key, value, _ in items if key == DATA_KEYS[0]]
+    files = [value for key, value, _ in items if key == DATA_KEYS[1]]  # the last of each counts, as in the config
+    named = paths[-1] if paths and (not files or scalar(paths[-1]).strip() not in _BUILDER_NAMES) else files[-1]
+    digest = hashlib.sha256(" ".join(item for _, _, item in items).encode()).hexdigest()[:8]
+    return f"{data_name(named)}-{digest}"
+
+
+def override_tag(overrides: list[str]) -> str:
+    """'-n_embd=256,lr=0.002' for --set model.n_embd=256 --set train.lr=2e-3, so that runs of the
+    config with other overrides get folders of their own instead of clashing with the plain runs
+    (a hash when that would be long). Seed and name overrides name nothing new. An override of the
+    data (data.path, data.data_files) comes first, as the data's short name and a hash of what was
+    written: '-corpus2-1a2b3c4d' for --set data.path=corpus2.txt, then the others as above."""
+
+    parts, data, rest = [], [], []
+    for item in overrides:
+        keys, value = parse_override(item)
+        if keys[0] in ("seed", "name"):
+            continue
+        if ".".join(keys) in DATA_KEYS:
+            data.append((".".join(keys), value, item.strip()))
+            continue
+        rest.append(item)
+        parts.append(f"{keys[-1]}={scalar(value)}")
+    tag = ""
+    if parts:
+        tag = sanitize(",".join(parts))
+        if len(tag) > 48:
+            tag = "set-" + hashlib.sha256(" ".join(rest if data else overrides).encode()).hexdigest()[:10]
+    if data:
+        tag = _data_tag(data) + ("-" + tag if tag else "")
+    return "-" + tag if tag else ""
+
+
+def yaml_value(value: Any) -> str:
+    """A value as the text of `--set key=TEXT` that YAML reads back as the same value."""
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, width=1_000_000)
+    if text.endswith("\n...\n"):
+        text = text[: -len("\n...\n")]
+    return text.strip()

@@ -1,0 +1,149 @@
+"""model.arch: hf — any transformers causal LM, built from its configuration (never from hub
+weights) and trained by tiedlm's loop like its own blocks.
+
+`model.hf_config` names the family: a transformers model_type (`qwen2`, `gemma2`, `olmo2`, `phi3`,
+`gpt_neox`, `llama`, `mistral`, …) or a local `config.json` or folder holding one. tiedlm's keys set
+its size, mapped to transformers' field names (SIZE_FIELDS); `model.hf_overrides` sets any other
+field. A size key the family's config does not have is refused in one line. The tie is the
+config's `tie_word_embeddings` (and a nested text config's), set from tiedlm's tie, and asserted
+by storage and by that flag wherever the model is built or loaded.
+
+`hf_model.HFCausalLM` gives the model the interface tiedlm's loop, evaluation, checkpoints and counting ask
+of `model.GPT`: E is the family's input embeddings, W_out its output embeddings. Where the head is
+a plain linear map of the final hidden state (checked on the built model), the loss is tiedlm's
+fused one over it; where it is not (Gemma 2's final-logit soft-capping, a logit scale), the
+family's own logits are used, and the report says so (`HFCausalLM.head_kind`).
+
+transformers is an optional extra: without it this arch says which extra to install.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .arch import HF_SIZE_FIELDS
+from ..errors import ConfigError
+from .pretrained import checkpoint_config
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from transformers import PretrainedConfig
+
+    from ..config import ModelConfig
+
+SIZE_FIELDS = HF_SIZE_FIELDS  # tiedlm's size keys -> transformers' config fields (model/arch.py)
+TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")  # None: no row of E is a frozen padding row
+NESTED = ("text_config",)  # multimodal configs keep the language model's fields here
+EXTRA = "pip install -e '.[hf]' (transformers)"
+
+
+def require_transformers() -> ModuleType:
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError(f"model.arch: hf builds its model with transformers, which is not installed — {EXTRA}") \
+            from None
+    return transformers
+
+
+def _base_config(name: str) -> tuple[str, dict, Any]:
+    """(model_type, the fields a local config.json gives, the family's config built from them):
+    a model_type names the family at its defaults; a config.json or a folder holding one, at its own."""
+    transformers = require_transformers()
+    path = Path(name).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    data: dict = {}
+    if path.suffix == ".json" or path.exists() or "/" in name:
+        if not path.is_file():
+            raise ConfigError(f"model.hf_config {name}: no such config.json — give a transformers model_type "
+                              "(qwen2, gemma2, olmo2, ...) or a local config.json or model folder")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"model.hf_config {path} is not a JSON config ({exc}) — give a transformers "
+                              "config.json") from None
+        if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+            raise ConfigError(f"model.hf_config {path} has no model_type — give a transformers config.json")
+        name = data.pop("model_type")
+        data = {k: v for k, v in data.items() if k not in ("architectures", "transformers_version")}
+    try:
+        return name, data, transformers.AutoConfig.for_model(name, **data)
+    except ValueError:
+        raise ConfigError(f"model.hf_config {name!r} is not a transformers model_type — e.g. qwen2, gemma2, olmo2, "
+                          "phi3, gpt_neox, llama, mistral (transformers "
+                          f"{transformers.__version__}), or a local config.json") from None
+
+
+def language_configs(cfg: PretrainedConfig) -> list[Any]:
+    """The config and its nested language-model configs (text_config), each to be set alike."""
+    return [cfg] + [getattr(cfg, k) for k in NESTED if getattr(cfg, k, None) is not None]
+
+
+def hf_model_config(m: ModelConfig, vocab_size: int) -> PretrainedConfig:
+    """The family's config with tiedlm's size, the vocabulary, the tie and model.hf_overrides set,
+    built by the family's own config class from them (so that what it derives from the size, such
+    as each layer's attention type, follows the size)."""
+    if m.init_from:
+        return _checkpoint_config(m, vocab_size)
+    kind, data, probe = _base_config(m.hf_config)
+    fields: dict[str, Any] = {}
+    for key, field in SIZE_FIELDS.items():
+        if key in ("n_kv_head", "intermediate_size") and getattr(probe, field, None) is None:  # not every family's
+            if getattr(m, key) is not None:
+                raise ConfigError(f"model.{key} does not apply to {kind} (its config has no {field}) — remove "
+                                  f"model.{key}")
+            continue
+        fields[field] = {"n_kv_head": m.kv_heads, "intermediate_size": m.mlp_size}.get(key, getattr(m, key))
+    if getattr(probe, "head_dim", None) is not None:
+        fields["head_dim"] = m.n_embd // m.n_head  # tiedlm's head size, as its own blocks have it
+    if isinstance(data.get("layer_types"), list) and len(data["layer_types"]) != m.n_layer:
+        data.pop("layer_types")  # the family derives them again for this depth
+    tied = m.tie.w_out_is_e
+    fields.update(vocab_size=vocab_size, tie_word_embeddings=tied, use_cache=False,
+                  **{t: None for t in TOKEN_FIELDS if hasattr(probe, t)})
+    _check_overrides(m, kind, probe)
+    base = type(probe)(**{**data, **fields, **(m.hf_overrides or {})})
+    for c in language_configs(base):
+        c.tie_word_embeddings = tied
+    return base
+
+
+def _check_overrides(m: ModelConfig, kind: str, probe: PretrainedConfig) -> None:
+    for key in (m.hf_overrides or {}):
+        if not hasattr(probe, key):
+            raise ConfigError(f"model.hf_overrides: {key} is not a field of {kind}'s config — check its name in "
+                              f"transformers' {type(probe).__name__}")
+        if key == "tie_word_embeddings" or key in SIZE_FIELDS.values() or key == "vocab_size":
+            raise ConfigError(f"model.hf_overrides: {key} is set by tiedlm's own key — use {_own_key(key)} instead")
+
+
+def _checkpoint_config(m: ModelConfig, vocab_size: int) -> PretrainedConfig:
+    """A pretrained start's config: the checkpoint's own (its size, vocabulary and token ids), with
+    model.hf_overrides and the run's tie set on it, and its vocabulary grown to `vocab_size` where
+    new tokens need more rows (tokenizer.add_tokens)."""
+    base = checkpoint_config(Path(m.hf_config))
+    base.vocab_size = max(base.vocab_size, vocab_size)
+    _check_overrides(m, base.model_type, base)
+    for key, value in (m.hf_overrides or {}).items():
+        setattr(base, key, value)
+    base.use_cache = False
+    for c in language_configs(base):
+        c.tie_word_embeddings = m.tie.w_out_is_e
+    return base
+
+
+def _own_key(field: str) -> str:
+    if field == "tie_word_embeddings":
+        return "model.tie_embeddings"
+    if field == "vocab_size":
+        return "tokenizer.vocab_size"
+    return "model." + next(k for k, f in SIZE_FIELDS.items() if f == field)
+
+
+def config_flags_tied(cfg: PretrainedConfig) -> list[bool]:
+    """tie_word_embeddings of the config and of each nested language config."""
+    return [bool(getattr(c, "tie_word_embeddings", False)) for c in language_configs(cfg)]
