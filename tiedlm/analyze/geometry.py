@@ -89,30 +89,19 @@ def row_norms(M: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(_matrix(M), dim=1)
 
 
-def average_ranks(x: torch.Tensor) -> torch.Tensor:
-    """1-based ranks of a 1-D float64 tensor, ties given the average of their ranks."""
-    _, inverse, counts = x.unique(return_inverse=True, return_counts=True)
-    last = counts.cumsum(0).double()  # the rank of the last member of each group of ties
-    return (last - (counts.double() - 1) / 2)[inverse]
-
-
 def spearman(x: Sequence[float] | torch.Tensor, y: Sequence[float] | torch.Tensor) -> float:
-    """Spearman's rank correlation: the Pearson correlation of the ranks, ties given average ranks
-    (as scipy.stats.spearmanr). nan when either side has zero variance, fewer than 2 values or a nan."""
-    import torch
+    """Spearman's rank correlation, scipy.stats.spearmanr's (ties at average ranks), of two 1-D
+    sequences or tensors; nan when either side is constant, has fewer than 2 values or a nan."""
+    import numpy as np
+    from scipy import stats
 
-    x = torch.as_tensor(x).detach().cpu().to(torch.float64).reshape(-1)
-    y = torch.as_tensor(y).detach().cpu().to(torch.float64).reshape(-1)
-    if x.numel() != y.numel():
-        raise ValueError(f"x and y must have the same length, got {x.numel()} and {y.numel()}")
-    if x.numel() < 2 or bool(x.isnan().any()) or bool(y.isnan().any()):
+    x = np.asarray(x.detach().cpu().double() if hasattr(x, "detach") else x, dtype=float).reshape(-1)
+    y = np.asarray(y.detach().cpu().double() if hasattr(y, "detach") else y, dtype=float).reshape(-1)
+    if x.size != y.size:
+        raise ValueError(f"x and y must have the same length, got {x.size} and {y.size}")
+    if x.size < 2 or np.isnan(x).any() or np.isnan(y).any() or np.ptp(x) == 0 or np.ptp(y) == 0:
         return math.nan
-    rx, ry = average_ranks(x), average_ranks(y)
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    den = math.sqrt(float(rx.square().sum()) * float(ry.square().sum()))
-    if den == 0:
-        return math.nan
-    return max(-1.0, min(1.0, float((rx * ry).sum()) / den))
+    return float(stats.spearmanr(x, y).statistic)
 
 
 # ============================================================================ one matrix

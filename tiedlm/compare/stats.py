@@ -14,7 +14,7 @@ computed on the loss and only then shown as a perplexity.
   rounding: sd ≤ 1e-12 × the largest |value|): the interval is the point itself and p = 0 when
   the difference is not 0 (the limit scipy.stats also reports: t = inf, p = 0); p is undefined
   (None) when the difference is 0 as well (scipy: nan);
-- holm: Holm's step-down adjustment of a family of p-values;
+- holm: Holm's step-down adjustment of a family of p-values (absent ones left out of the family);
 - t_power / power_analysis: the power of a two-sided t-test (the noncentral t), the smallest
   effect detectable with 80% power and the seeds that would detect the observed effect, both at
   the observed spread and at the spread's one-sided 80% upper confidence bound (chi2_ppf, spread_factor): with 3 seeds the spread has 2 degrees of
@@ -22,16 +22,19 @@ computed on the loss and only then shown as a perplexity.
 
 The distributions are scipy's (scipy.special: Student's t, χ², the normal and the noncentral t,
 the ufuncs scipy.stats is built on, a microsecond a call where the searches call them thousands of
-times). Written here, because no library has them in this form: the paired and Welch tests'
-handling of a spread of zero, the power search over fractional Welch degrees of freedom (`_seeds_needed`), the spread's
-upper bound (`spread_factor`), Holm's adjustment with absent p-values left out of the family, and
-the exact small-sample Spearman test.
+times); Spearman's test is scipy.stats' (spearmanr, and permutation_test for the exact p of a few
+cells), Holm's adjustment statsmodels' (multipletests), and the weighted least squares of the
+tying line and surface statsmodels' WLS (compare/surface.py). Written here, because no library
+has them in this form: the paired and Welch tests' handling of a spread of zero, the power search
+over fractional Welch degrees of freedom (`_seeds_needed`) and the spread's upper bound
+(`spread_factor`). The sequential design's Monte-Carlo-calibrated boundaries (compare/sequential.py)
+and Fieller's interval for the tying line's zero crossing (compare/tying_line.py) are written
+there, for the same reason.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -40,7 +43,6 @@ from scipy import special
 
 from ..perplexity import perplexity, relative
 from ..formatting import MISSING, fmt_p
-from ..analyze.geometry import average_ranks, spearman
 
 LEVEL = 0.95  # confidence level of every interval
 ALPHA = 0.05  # significance level of the verdicts
@@ -290,41 +292,37 @@ EXACT_CELLS = 8  # up to this many cells the p-value is exact (every ordering, 8
 
 
 def spearman_test(x: Sequence[float], y: Sequence[float]) -> tuple[float | None, float | None]:
-    """(ρ, two-sided p): ρ as scipy.stats.spearmanr gives it (ties at average ranks); p exact for
-    n ≤ EXACT_CELLS (the share of the n! orderings of y whose |ρ| reaches the observed one: with few
-    cells the t approximation is far off, e.g. 4 cells in perfect order have p = 2/24, not 0), else
-    scipy's t approximation (t = ρ·√((n − 2)/(1 − ρ²)), n − 2 degrees of freedom). (None, None) when
-    ρ is undefined."""
+    """(ρ, two-sided p), scipy's: ρ from scipy.stats.spearmanr (ties at average ranks); p exact for
+    n ≤ EXACT_CELLS (scipy.stats.permutation_test over every pairing: with few cells the t
+    approximation is far off, e.g. 4 cells in perfect order have p = 2/24, not 0), else spearmanr's
+    t approximation (t = ρ·√((n − 2)/(1 − ρ²)), n − 2 degrees of freedom). (None, None) when ρ is
+    undefined (fewer than 2 cells, a constant side, a nan)."""
+    import numpy as np
+    from scipy import stats
 
-    n = len(x)
-    rho = spearman(list(x), list(y)) if n >= 2 else math.nan
-    if not math.isfinite(rho):
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) < 2 or not (np.isfinite(x).all() and np.isfinite(y).all()) or np.ptp(x) == 0 or np.ptp(y) == 0:
         return None, None
-    if n <= EXACT_CELLS:
-        import numpy as np
-        import torch
-
-        rx, ry = (average_ranks(torch.tensor(v, dtype=torch.float64)).numpy() for v in (x, y))
-        rx, ry = rx - rx.mean(), ry - ry.mean()
-        perms = np.array(list(itertools.permutations(range(n))))
-        rhos = (ry[perms] @ rx) / math.sqrt(float(rx @ rx) * float(ry @ ry))
-        return rho, float(np.mean(np.abs(rhos) >= abs(rho) - 1e-12))
-    if abs(rho) >= 1.0:
-        return rho, 0.0
-    t = rho * math.sqrt((n - 2) / (1.0 - rho * rho))
-    return rho, t_two_sided_p(t, n - 2)
+    rho, p = stats.spearmanr(x, y)
+    if len(x) <= EXACT_CELLS:  # ρ over the pairings: y's centred ranks against each ordering of x's
+        rx, ry = stats.rankdata(x), stats.rankdata(y) - (len(y) + 1) / 2
+        scale = math.sqrt(float(((rx - rx.mean()) ** 2).sum() * (ry ** 2).sum()))
+        p = stats.permutation_test((rx,), lambda a, axis: (a @ ry) / scale, vectorized=True,
+                                   permutation_type="pairings", n_resamples=math.inf).pvalue
+    return float(rho), float(p)
 
 
 def holm(p_values: list[float | None]) -> list[float | None]:
-    """Holm's step-down adjusted p-values (None stays None and does not count towards the family):
-    sorted ascending, p_(i) becomes max over k <= i of min(1, (m − k + 1)·p_(k))."""
-    present = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
-    m = len(present)
+    """Holm's step-down adjusted p-values (statsmodels' multipletests); None stays None and does
+    not count towards the family."""
+    from statsmodels.stats.multitest import multipletests
+
+    present = [i for i, p in enumerate(p_values) if p is not None]
     out: list[float | None] = [None] * len(p_values)
-    running = 0.0
-    for k, (p, i) in enumerate(present):
-        running = max(running, min(1.0, (m - k) * p))
-        out[i] = running
+    if present:
+        adjusted = multipletests([p_values[i] for i in present], method="holm")[1]
+        for i, q in zip(present, adjusted):
+            out[i] = float(q)
     return out
 
 

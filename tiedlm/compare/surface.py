@@ -135,22 +135,18 @@ class Wls:
 
 
 def wls(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> Wls | None:
-    """Weighted least squares of y on the columns of X with weights w (> 0), through the QR
-    decomposition of √w·X; None when √w·X has rank below its columns."""
+    """Weighted least squares of y on the columns of X with weights w (> 0), statsmodels' WLS;
+    None when √w·X has rank below its columns (statsmodels would answer through a pseudo-inverse)."""
     import numpy as np
+    from statsmodels.regression.linear_model import WLS
 
     X, y, w = np.asarray(X, float), np.asarray(y, float), np.asarray(w, float)
-    sw = np.sqrt(w)
-    A, b = X * sw[:, None], y * sw
-    n, p = A.shape
-    if n < p or np.linalg.matrix_rank(A) < p:
+    n, p = X.shape
+    if n < p or np.linalg.matrix_rank(X * np.sqrt(w)[:, None]) < p:
         return None
-    q, r = np.linalg.qr(A)  # A = QR, R upper triangular (p, p)
-    beta = np.linalg.solve(r, q.T @ b)
-    r_inv = np.linalg.inv(r)
-    fitted = X @ beta
-    return Wls(beta=beta, unscaled=r_inv @ r_inv.T, chi2=float(np.sum(w * (y - fitted) ** 2)), dof=n - p,
-               fitted=fitted)
+    fit = WLS(y, X, weights=w).fit()
+    return Wls(beta=np.asarray(fit.params), unscaled=np.asarray(fit.normalized_cov_params), chi2=float(fit.ssr),
+               dof=n - p, fitted=np.asarray(fit.fittedvalues))
 
 
 # ============================================================================ the fit
