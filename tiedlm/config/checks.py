@@ -31,7 +31,7 @@ EMBED_SCALES = ("1", "sqrt_d")
 SPLITS = ("train", "validation", "test")
 CARVES = ("random", "contiguous")  # data.carve: how validation/test are carved from the split they come from
 TEST_FROM = ("train", "validation")  # data.test_from: the split the test split is carved from
-LOG_TARGETS = ("tensorboard",)  # train.log_to: where a run is recorded besides metrics.jsonl
+LOG_TARGETS = ("tensorboard", "wandb", "mlflow", "trackio")  # train.log_to: where a run is recorded besides metrics.jsonl
 SEED_LIMIT = 2**64  # torch.manual_seed takes seeds below 2**64 and overflows above
 THREADS_LIMIT = 1024  # more than any CPU has cores; torch crashes on absurd thread counts
 # builtin:synthetic generates each split in memory through Python lists (measured: about 55 bytes

@@ -37,7 +37,7 @@ from ..runs.ledger import ledger_of
 from ..runs.human_report import overtrained_text
 from .old_domain import also_record, score_also
 from .preflight import Preflight, preflight
-from ..trackers.tensorboard import TrainingLog
+from ..trackers.live import TrainingTrackers
 from ..model.counting import check_fits, flops_per_token
 from ..device import autocast_ctx, cpu_threads, peak_memory, resolve_device, tf32_matmuls, threads_used
 from ..distributed import all_mean, allreduce_bytes, any_rank, barrier, from_env, stop, sum_arrays, wrap
@@ -277,8 +277,8 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
     if d.active and all_mean(d, [float(state.step)], pre.device)[0] != state.step:
         raise ConfigError("the processes of this run resumed from different checkpoints — put the run folder on a "
                           "file system every machine shares")
-    if "tensorboard" in tcfg.log_to and d.main:  # tb/ rewritten from metrics.jsonl, trimmed to the checkpoint
-        pre.tb = TrainingLog(run_dir, record.report)
+    if tcfg.log_to and d.main:  # tb/ rewritten, the trackers' runs resumed, from metrics.jsonl trimmed to the checkpoint
+        pre.tb = TrainingTrackers(tcfg.log_to, run_dir, record.report, resumed=pre.loaded is not None)
     amp = autocast_ctx(pre.device, pre.dtype)
     fwd = _forward(model, tcfg, pre, record)
     next_batch = BatchSampler(pre.data.splits["train"].tokens, T, tcfg.batch_size, pre.device, sampler,
@@ -389,7 +389,7 @@ def _forward(model, tcfg: TrainConfig, pre: Preflight, record: runs.RunRecord):
     return torch.compile(fwd) if tcfg.compile else fwd
 
 
-def _append_metrics(run_dir: Path, tb: TrainingLog | None, records: list[dict]) -> None:
+def _append_metrics(run_dir: Path, tb: TrainingTrackers | None, records: list[dict]) -> None:
     if not is_main_process():  # the ranks of a distributed run other than 0 never write the folder
         return
     runs.append_metrics(run_dir, records)  # the record; TensorBoard only shows it
@@ -434,7 +434,7 @@ def _progress_bar(progress: bool, total: int, initial: int, desc: str):
 
 
 def _skip_or_diverge(run_dir: Path, record: runs.RunRecord, state: TrainState, tcfg: TrainConfig, pending: list,
-                     loss: float, grad_norm: float, tb: TrainingLog | None = None) -> None:
+                     loss: float, grad_norm: float, tb: TrainingTrackers | None = None) -> None:
     """A loss without a perplexity (not finite, or past exp()'s range: nats.representable) or a
     non-finite gradient norm: the step was not taken. Up to train.max_skipped such steps are
     skipped and logged; one more stops the run as diverged."""

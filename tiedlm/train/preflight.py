@@ -14,7 +14,7 @@ from .. import runs
 from ..config import Config, budget_steps, check_warmup
 from ..distributed import Dist
 from ..errors import ConfigError, RunError
-from ..trackers.tensorboard import TrainingLog, require
+from ..trackers.live import TrainingTrackers, require
 from .step import untie_step
 from .old_domain import prepare_also
 from ..model.counting import check_fits
@@ -41,7 +41,7 @@ class Preflight:
     checkpoint_note: str | None = None  # how it was found, when not through LATEST
     loaded: tuple | None = None  # checkpoints.load_checkpoint(checkpoint): verified, not yet applied
     old_report: runs.RunReport | None = None
-    tb: TrainingLog | None = None  # train.log_to: tensorboard, opened by the loop once the model is built
+    tb: TrainingTrackers | None = None  # train.log_to's loggers, opened by the loop once the model is built
     dist: Dist | None = None  # this process's rank among the run's processes (one by default)
     also: PreparedData | None = None  # eval.also's data
 
@@ -53,8 +53,7 @@ def preflight(cfg: Config, run_dir: Path, device: torch.device, fresh: bool, pro
     fits: any of them refuses the run while its folder is still untouched."""
     from ..data import identity_fits, prepare_data
 
-    if "tensorboard" in cfg.train.log_to:
-        require()
+    require(cfg.train.log_to)  # a logger's missing package, before anything is written
     d = d or Dist()
     check_batch(cfg.train.batch_size, d)
     if d.active and cfg.model.untie_at is not None and cfg.train.compile:
