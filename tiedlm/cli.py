@@ -220,6 +220,9 @@ def compare(
                                  "analyze) and add what they show to the report."),
     tensorboard: bool = Flag("--tensorboard", help="Write TensorBoard event files (tb/) for the "
                                      "compared runs, from their metrics."),
+    log_to: Optional[List[str]] = typer.Option(None, "--log-to", help="Log the comparison as a summary run to "
+                                               "this tracker (wandb, mlflow or trackio; repeatable). Default: the "
+                                               "trackers its runs logged to (train.log_to)."),
     jobs: Optional[str] = typer.Option(None, "--jobs", "-j", help="Runs trained at once (own processes), or auto."),
     quiet: bool = Flag("--quiet", "-q", help="No progress bars."),
 ) -> None:
@@ -250,7 +253,7 @@ def compare(
         from .compare import Judging, format_terminal_table, judge_runs
 
         judging = Judging(paths=runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select,
-                          analyze=analyze, overwrite_output=overwrite_output)
+                          analyze=analyze, overwrite_output=overwrite_output, log_to=log_to or None)
         if config is not None:  # run the experiment, then judge its runs
             from .experiment import CompareRequest, compare
 

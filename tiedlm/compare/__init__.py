@@ -42,8 +42,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config.checks import check_split
+from ..config.checks import check_log_to, check_split
 from ..errors import ConfigError, TiedlmError
+from ..process import log
 from ..runs import FolderLock
 from .collect import (
     COMPARE_DIR,
@@ -96,6 +97,7 @@ class Judging:
     out: Path | None = None
     analyze: bool = False
     overwrite_output: bool = False
+    log_to: list[str] | None = None  # trackers for the summary run; None: those the runs logged to
 
     @property
     def folder(self) -> Path:
@@ -107,6 +109,8 @@ class Judging:
         self.runs_dir = Path(self.runs_dir)
         if self.primary is not None:
             check_split(self.primary, "--primary")
+        if self.log_to is not None:
+            check_log_to(self.log_to, "--log-to")
         if self.select is not None and self.select not in SELECT:
             raise ConfigError(f"--select {self.select!r} is not known — choose best (each run's kept best weights) "
                               "or final (the last weights)")
@@ -211,7 +215,20 @@ def _judge_held(run_dirs: list[Path], left_out: list[LeftOut], req: Judging, fou
         found.sequential.apply(c)
     c.replaced = replaced_note(c, out)
     write_outputs(c, out, req.overwrite_output)
+    _log_summary(c, runs, req.log_to)
     return c
+
+
+def _log_summary(c: Comparison, runs: list[LoadedRun], log_to: list[str] | None) -> None:
+    """The comparison as a summary run in the trackers asked for (or that its runs logged to),
+    grouped under the name its runs share (the folder's name where they differ)."""
+    from ..trackers.live import log_comparison
+
+    names = {r.config.name for r in runs}
+    targets = log_to if log_to is not None else sorted({t for r in runs for t in r.config.train.log_to})
+    group = names.pop() if len(names) == 1 else Path(c.out).name
+    for line in log_comparison(targets, c.to_json(), dict(c.files), group):
+        log(line)
 
 
 def _analyzed(run: LoadedRun, overwrite_output: bool = False) -> LoadedRun:

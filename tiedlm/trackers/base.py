@@ -85,6 +85,7 @@ class ComparisonSummary:
 
     name: str
     group: str
+    folder: Path  # the comparison's folder (W&B's local files go there)
     table: list[dict]
     verdicts: list[str]
     interval: str

@@ -61,6 +61,7 @@ class WandbTracker(Tracker):
 
         run = wandb.init(project=os.environ.get("WANDB_PROJECT") or PROJECT, group=summary.group,
                          name=summary.name, job_type="compare", config={"interval": summary.interval},
+                         dir=str(summary.folder),
                          settings=_settings(), reinit="create_new")
         try:
             run.log({"verdict": _table(summary.table), **({"tuning": _table(summary.tuning)} if summary.tuning else {}),
