@@ -191,8 +191,8 @@ def test_a_failed_tensorboard_write_does_not_fail_the_run(tmp_path, monkeypatch,
 def test_log_to_takes_only_known_loggers_each_once():
     assert load_config(None, CFG + [TB_ON]).train.log_to == ["tensorboard"]
     assert load_config(None, CFG).train.log_to == []
-    with pytest.raises(ConfigError, match=r"train.log_to: 'wandb' is not a logger .* use tensorboard"):
-        load_config(None, CFG + ["train.log_to=[wandb]"])
+    with pytest.raises(ConfigError, match=r"train.log_to: 'comet' is not a logger .* use tensorboard"):
+        load_config(None, CFG + ["train.log_to=[comet]"])
     with pytest.raises(ConfigError, match="names a logger twice"):
         load_config(None, CFG + ["train.log_to=[tensorboard, tensorboard]"])
     with pytest.raises(ConfigError, match="train.log_to must be a list of a string"):
