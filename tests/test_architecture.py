@@ -18,7 +18,7 @@ LAYERS = [
     ["cli"],
     ["experiment"],
     ["compare", "model.params_report"],
-    ["analyze", "export", "generate"],
+    ["analyze", "export", "generate", "results"],
     ["train"],
     ["evaluate"],
     ["runs.checkpoints", "figures", "trackers", "runs", "runs.human_report", "process"],

@@ -6,6 +6,7 @@ The library is usable without the CLI:
     cfg = load_config("configs/base.yaml", ["model.tie_embeddings=false"], seed=1)
     run_dir = train_run(cfg)
     result = compare_runs(["runs/*"])
+    table = load_results("runs/compare")  # a pandas DataFrame, one row per run (tiedlm[pandas])
 
 Names are resolved lazily, so `import tiedlm` (and `tiedlm --help`) does not import torch.
 """
@@ -21,6 +22,7 @@ _EXPORTS = {
     "evaluate_run": "evaluate",
     "count_params_config": "counting",
     "params_report": "params",
+    "load_results": "results",
 }
 __all__ = ["__version__", *_EXPORTS]
 
