@@ -14,7 +14,7 @@ and checked against tiedlm's logits like any other export. Lowrank at rank 0, wh
 pulled them: it is written untied, `lm_head` its own W_out (the penalty is a training term only).
 
 The folder: config.json, generation_config.json, model.safetensors, tokenizer.json,
-tokenizer_config.json, special_tokens_map.json. With transformers installed, the export is loaded
+tokenizer_config.json, special_tokens_map.json, and README.md, the model card (export/card.py). With transformers installed, the export is loaded
 back and both implementations score one fixed batch of the run's validation tokens; a difference
 beyond fp32 tolerance fails the export and removes the folder.
 """
@@ -33,6 +33,7 @@ from .as_llama import CLASS as LLAMA_CLASS
 from ..perplexity import perplexity
 from ..model.tie import STRENGTHENED
 from ..model.hf_config import config_flags_tied
+from .card import write_card
 from ..runs import AGAIN_HINT, writing
 
 if TYPE_CHECKING:
@@ -162,6 +163,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
                               chosen=_chosen_words(judged, checkpoint, rm.checkpoint.name))
         if verify:
             _verify(tmp, rm, model, result, batch)
+        write_card(tmp, Path(run_dir), result)  # README.md: the model card
         if out.exists():
             out.rmdir()
         out.parent.mkdir(parents=True, exist_ok=True)
