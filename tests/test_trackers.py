@@ -210,3 +210,14 @@ def test_compare_logs_a_summary_run_grouped_with_its_runs(resumed, monkeypatch):
     assert summary.data.metrics[f"effect/{tied['label']}"] == pytest.approx(tied["vs_baseline"][c.primary]["relative"])
     w = [f for f in (root / "cmp").glob("wandb/offline-run-*/run-*.wandb")]
     assert len(w) == 1  # the W&B summary run, in the comparison's folder
+
+
+def test_compare_log_to_takes_only_known_trackers(tmp_path):
+    from typer.testing import CliRunner
+
+    from tiedlm.cli import app
+
+    r = CliRunner().invoke(app, ["compare", str(tmp_path), "--log-to", "comet"])
+    assert r.exit_code == 2 and r.stderr.strip().splitlines() == [
+        "tiedlm: error: --log-to: 'comet' is not a logger tiedlm writes to — use tensorboard, wandb, mlflow, trackio "
+        "(or [] for metrics.jsonl alone)"]

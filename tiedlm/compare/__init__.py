@@ -222,10 +222,12 @@ def _judge_held(run_dirs: list[Path], left_out: list[LeftOut], req: Judging, fou
 def _log_summary(c: Comparison, runs: list[LoadedRun], log_to: list[str] | None) -> None:
     """The comparison as a summary run in the trackers asked for (or that its runs logged to),
     grouped under the name its runs share (the folder's name where they differ)."""
+    targets = log_to if log_to is not None else sorted({t for r in runs for t in r.config.train.log_to})
+    if not any(t != "tensorboard" for t in targets):  # TensorBoard has no summary run (compare --tensorboard)
+        return
     from ..trackers.live import log_comparison
 
     names = {r.config.name for r in runs}
-    targets = log_to if log_to is not None else sorted({t for r in runs for t in r.config.train.log_to})
     group = names.pop() if len(names) == 1 else Path(c.out).name
     for line in log_comparison(targets, c.to_json(), dict(c.files), group):
         log(line)
