@@ -48,10 +48,12 @@ class TrackioTracker(Tracker):
         self.run.log({tag: value for tag, value, _ in items}, step=self.last)
 
     def close(self, finished: bool) -> None:
+        import trackio
+
         run, self.run = self.run, None
         if run is not None:
             with _quiet():
-                run.finish()
+                trackio.finish()  # the current run, ours (Run.finish would leave it current, finished again at exit)
 
     def comparison(self, summary: ComparisonSummary) -> None:
         import trackio
@@ -67,7 +69,7 @@ class TrackioTracker(Tracker):
                     step=0)
         finally:
             with _quiet():
-                run.finish()
+                trackio.finish()
 
 
 def _table(rows: list[dict]):
