@@ -59,3 +59,11 @@ def test_missing_pandas_and_a_path_that_is_no_run_are_one_line(compared, tmp_pat
     monkeypatch.setitem(sys.modules, "pandas", None)
     with pytest.raises(ConfigError, match=r"^tiedlm.load_results needs pandas — pip install 'tiedlm\[pandas\]'$"):
         tiedlm.load_results(compared / "cmp")
+
+
+def test_every_name_tiedlm_exports_resolves():
+    """`tiedlm.<name>` for each lazy export: load_results beside the others, each from the module
+    that holds it now."""
+    assert "load_results" in tiedlm.__all__
+    for name in tiedlm.__all__:
+        assert getattr(tiedlm, name) is not None, name

@@ -20,8 +20,8 @@ _EXPORTS = {
     "compare_config": "experiment",
     "prepare_data": "data",
     "evaluate_run": "evaluate",
-    "count_params_config": "counting",
-    "params_report": "params",
+    "count_params_config": "model.counting",
+    "params_report": "model.params_report",
     "load_results": "results",
 }
 __all__ = ["__version__", *_EXPORTS]

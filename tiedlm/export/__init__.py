@@ -14,9 +14,10 @@ and checked against tiedlm's logits like any other export. Lowrank at rank 0, wh
 pulled them: it is written untied, `lm_head` its own W_out (the penalty is a training term only).
 
 The folder: config.json, generation_config.json, model.safetensors, tokenizer.json,
-tokenizer_config.json, special_tokens_map.json, and README.md, the model card (export/card.py). With transformers installed, the export is loaded
-back and both implementations score one fixed batch of the run's validation tokens; a difference
-beyond fp32 tolerance fails the export and removes the folder.
+tokenizer_config.json, special_tokens_map.json, and README.md, the model card (export/card.py).
+With transformers installed, the export is loaded back and both implementations score one fixed
+batch of the run's validation tokens; a difference beyond fp32 tolerance fails the export and
+removes the folder.
 """
 
 from __future__ import annotations
