@@ -65,7 +65,7 @@ from .outputs import OVERWRITE_OPTION, check_outputs, replaced_note, write_outpu
 from .plots import MATCHED_PLOT, PLOTS, TRAJECTORY_PLOT, TYING_MAP_PLOT
 from .report import format_terminal_table
 from .sections import tuning_note
-from .sequential import Sequential, primary_variant
+from .sequential import Sequential
 from .tuned import Tuning, TuningRecord, read_record, tuned_keys
 from .tying_map import TyingMap
 from .variants import Contrast, SplitContrast, Variant
@@ -280,7 +280,7 @@ def glance(run_dirs: list[Path], judging: Judging, found: Found, primary: str | 
                              tuned=tuned_keys(found.tuning)) if runs else None
     except TiedlmError:
         return None  # the final comparison says why
-    picked = primary_variant(c) if c is not None else None
+    picked = c.primary_contrast() if c is not None else None
     if picked is None:
         return None
     variant, contrast = picked

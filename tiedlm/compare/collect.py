@@ -66,6 +66,13 @@ class LoadedRun:
         loss, unigram = self.metric(split, "loss"), self.metric(split, "unigram_loss")
         return loss is not None and unigram is not None and loss >= unigram
 
+    @property
+    def adapted(self) -> bool:
+        """Whether it started from a checkpoint, scored eval.also or added tokens: what the
+        comparison's adaptation table (compare/adaptation.py) reports."""
+        new_tokens = any(isinstance(s, dict) and s.get("new_tokens") for s in self.final.values())
+        return bool((self.params.get("start") or {}).get("start") or self.report.also or new_tokens)
+
     def bucket_names(self, split: str) -> list[str]:
         section = self.final.get(split) or {}
         return [b["name"] for b in section.get("buckets", [])

@@ -156,6 +156,20 @@ class Comparison:
     def variant(self, label: str) -> Variant:
         return next(v for v in self.variants if v.label == label)
 
+    def primary_contrast(self) -> tuple[Variant, Any] | None:
+        """(the variant, its contrast on the primary split): with --match the tied variant at equal
+        architecture (the family's primary contrast), else the first variant with one."""
+        if self.family is not None and self.family.split == self.primary:
+            v = self.variant(self.family.primary.label)
+            d = v.contrast(self.primary)
+            if d is not None and d.difference is not None:
+                return v, d
+        for v in self.variants:
+            d = v.contrast(self.primary)
+            if d is not None and d.difference is not None:
+                return v, d
+        return None
+
     def bucket_names(self, split: str = "validation") -> list[str]:
         """The buckets of every variant on split, in order of first appearance."""
         names: list[str] = []
@@ -408,10 +422,10 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
         labels, keys = _labels(kept, tuned)  # within the data set, so that labels name only what differs there
         variants = [aggregate(lab, kept[h], h) for lab, h in zip(labels, kept)]
         _check_primary(variants, primary)
-        if match is None and not baseline and base_key is None:
+        if match is None and not baseline and base_key is None and len(variants) == 3:  # --match's three variants
             match = found = found_match(variants, tuned)
         base, reason, matched = _contrast(variants, keys, baseline, base_key, match, tuned)
-    family = match_family(match, variants, base, primary)
+    family = match_family(match, variants, base, primary) if match is not None else None
     if found is not None and family is None:  # recognised, but not judged as a family: compared as before
         match = found = None
     order = {label: i for i, m in enumerate(matched) for label in (m.tied, m.untied)}  # settings in numeric order
@@ -420,16 +434,16 @@ def build_comparison(runs: list[LoadedRun], skipped: list[LeftOut], baseline: st
     variants.sort(key=lambda v: (v is not base, order.get(v.label, len(order)), v.label))
     rows = [_run_row(r, lab) for lab, h in zip(labels, kept) for r in kept[h]]
 
-    tmap = map_section(matched, primary, variants)
+    tmap = map_section(matched, primary, variants) if matched else None  # a grid's settings: a map or a line
     return Comparison(
-        tying_map=tmap, tying_line=tying_line(matched, primary, variants) if tmap is None else None,
+        tying_map=tmap, tying_line=tying_line(matched, primary, variants) if matched and tmap is None else None,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), out=out,
         baseline_label=base.label if base else None, baseline_reason=why or reason, differing_keys=keys,
         variants=variants, runs=rows, skipped=skipped,
         notes=[n for g in (groups if across is not None else [groups[home]]) for r in g.runs for n in r.notes]
         + _across_note(groups, across) + _resolution_note(variants)
-        + (missing_map_note(matched) if tmap is None else []) + _found_match_note(found), data_sets=len(groups),
+        + (missing_map_note(matched) if matched and tmap is None else []) + _found_match_note(found), data_sets=len(groups),
         not_compared=not_compared, match=match, family=family, tiedlm_version=__version__, primary=primary,
         mode="matched" if matched else "baseline", matched=matched,
         trajectories=contrast_trajectories(variants, kept),  # on the runs: metrics.jsonl, read again
-        adaptation=adaptation_rows(labels, kept, primary))
+        adaptation=adaptation_rows(labels, kept, primary) if any(r.adapted for g in kept.values() for r in g) else [])

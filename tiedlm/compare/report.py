@@ -438,7 +438,7 @@ def _md_left_aside(c: Comparison) -> list[str]:
 def to_markdown(c: Comparison) -> str:
     sections = (_md_intro(c) + _md_verdict(c) + sequential_markdown(c) + _md_matched(c) + tuning_markdown(c)
                 + trajectory_markdown(c) + _md_match(c)
-                + _md_results(c) + _md_differences(c) + ledger_markdown(c) + adaptation_markdown(c.adaptation, c.primary)
+                + _md_results(c) + _md_differences(c) + ledger_markdown(c) + (adaptation_markdown(c.adaptation, c.primary) if c.adaptation else [])
                 + _md_buckets(c) + _md_matrices(c)
                 + _md_params(c) + _md_cost(c)
                 + _md_plots(c) + _md_runs(c)
@@ -599,7 +599,7 @@ def format_terminal_table(c: Comparison) -> str:
                   "params"]
         lines = [*warnings, text_table(header, [_terminal_row(c, v) for v in c.variants])]
     lines += [line.replace("**", "") for line in c.verdicts]
-    lines += adaptation_lines(c.adaptation, c.primary)  # a pretrained start: what each variant forgot and gained
+    lines += adaptation_lines(c.adaptation, c.primary) if c.adaptation else []  # a pretrained start: what each variant forgot and gained
     lines += sequential_lines(c)  # --seeds auto: the design, where it stopped and why, each look
     lines += trajectory_lines(c)  # the crossover, and whether the effect is still moving
     lines += tuning_lines(c)  # the tuning table, the chosen values, the verdict at the shared value

@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..formatting import percent
 from ..perplexity import relative
@@ -315,7 +315,7 @@ class Sequential:
         adjusted one is named)."""
 
         c.sequential = self
-        found = primary_variant(c)
+        found = c.primary_contrast()
         if found is None:
             return
         v, d = found
@@ -353,22 +353,6 @@ class Sequential:
             if family.member(v.label) is not None:
                 v.verdicts = verdicts_for(v, c)
 
-
-
-def primary_variant(c: Comparison) -> tuple[Any, Any] | None:
-    """(the variant, its contrast on the primary split): with --match the tied variant at equal
-    architecture (the family's primary contrast), else the first variant with one."""
-    family = getattr(c, "family", None)
-    if family is not None and family.split == c.primary:
-        v = c.variant(family.primary.label)
-        d = v.contrast(c.primary)
-        if d is not None and d.difference is not None:
-            return v, d
-    for v in c.variants:
-        d = v.contrast(c.primary)
-        if d is not None and d.difference is not None:
-            return v, d
-    return None
 
 
 def look_words(look: Look) -> str:

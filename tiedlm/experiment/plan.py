@@ -168,7 +168,7 @@ def variants_of(req: CompareRequest, base: Config) -> tuple[list[tuple[str, list
                           f"is {m.untie_at:g}: its tied variants end untied, so no count matches — drop --match, "
                           "or set model.untie_at=null")
     variants = [tied, ("untied", ["model.tie_embeddings=false", *untie])]
-    by = match_by(req.match)
+    by = match_by(req.match) if req.match is not None else None
     if by is None:
         return variants, None
     from ..data import prepare_data

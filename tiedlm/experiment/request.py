@@ -70,7 +70,8 @@ class CompareRequest:
 
     def _check_training(self) -> None:
         """compare --config's own options, before its config is read."""
-        match_by(self.match)  # refuses an unknown --match
+        if self.match is not None:
+            match_by(self.match)  # refuses an unknown --match
         if self.seeds != "auto" and isinstance(self.seeds, int) and not isinstance(self.seeds, bool):
             check_positive(self.seeds, "--seeds")
             check_at_most(self.seeds, SEEDS_LIMIT, "--seeds", "each seed trains every variant once more")

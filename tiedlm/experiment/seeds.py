@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def check_auto(seeds: int | str, max_seeds: int | None, min_effect: float | None) -> tuple[int, float]:
     """Refuse what --seeds auto cannot take (ConfigError) and return (max_seeds, min_effect) with
     their defaults. --max-seeds and --min-effect need --seeds auto. With --match the design decides
-    on the primary contrast, tied vs untied at equal architecture (primary_variant)."""
+    on the primary contrast, tied vs untied at equal architecture (Comparison.primary_contrast)."""
     if seeds != "auto" and (isinstance(seeds, bool) or not isinstance(seeds, int)):
         raise ConfigError(f"--seeds must be a whole number or auto, got {seeds!r}")
     if seeds != "auto":
