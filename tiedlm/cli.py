@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, List, Optional
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from . import __version__
 from .config.checks import (
@@ -47,9 +47,24 @@ keep_freed_memory()  # glibc's malloc keeps what a step frees for the next step 
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 
+def _plain_help(option):
+    """--help is a flag: shown without a value (typer would show `--help <bool>`)."""
+    if option is not None:
+        option.metavar = ""
+    return option
+
+
+class _Command(TyperCommand):
+    def get_help_option(self, ctx):
+        return _plain_help(super().get_help_option(ctx))
+
+
 class _OneLineUsageErrors(TyperGroup):
     """Usage errors that click finds itself (a value that is not an integer, an unknown option or
     command, a missing --config) as one line with exit 2, like every other error, not a usage box."""
+
+    def get_help_option(self, ctx):
+        return _plain_help(super().get_help_option(ctx))
 
     def make_context(self, *args, **kwargs):  # the options before the command
         try:
@@ -76,7 +91,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   cls=_OneLineUsageErrors,
                   help="Train language models with tied and untied embeddings (any block family, every tying mode) and "
                        "compare them honestly.")
-cache_app = typer.Typer(no_args_is_help=True, help="The token cache: list or clear prepared datasets.")
+cache_app = typer.Typer(no_args_is_help=True, cls=_OneLineUsageErrors, help="The token cache: list or clear prepared datasets.")
 app.add_typer(cache_app, name="cache")
 
 _state = {"debug": False}
@@ -291,7 +306,7 @@ def train(
     overwrite: bool = Flag("--overwrite", help="Delete an existing run folder and start afresh."),
     print_config: bool = Flag("--print-config", help="Print the resolved config and exit."),
     tensorboard: bool = Flag("--tensorboard", help="Also write TensorBoard event files into "
-                                     "the run's tb/ (train.log_to: [tensorboard])."),
+                                     "the run's tb/ (train.log_to: \\[tensorboard])."),
     quiet: bool = Flag("--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Train one model. Re-running a finished run does nothing; an unfinished one resumes."""
@@ -605,6 +620,10 @@ def sweep(
                               + ", ".join(summary.failed))
 
     run_command(run_grid)
+
+
+for _info in app.registered_commands + cache_app.registered_commands:  # every command's --help a flag
+    _info.cls = _Command if _info.cls in (None, TyperCommand) else _info.cls
 
 
 if __name__ == "__main__":  # pragma: no cover
