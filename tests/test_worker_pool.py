@@ -1,6 +1,6 @@
 """--jobs workers that start once: fewer workers than runs, each started once and kept across the
 stages of one executor, a failing run that leaves its worker training the next, a signal that
-reaches the workers mid-queue, and the count and time left printed as each run ends (jobs.Tally)."""
+reaches the workers mid-queue, and the count and time left printed as each run ends (parallel.Tally)."""
 
 import json
 import os
@@ -15,7 +15,8 @@ import yaml
 
 from tiedlm.experiment import parallel
 from tiedlm.config import apply_overrides
-from tiedlm.experiment.jobs import Executor, Tally, train_jobs
+from tiedlm.experiment.jobs import Executor, train_jobs
+from tiedlm.experiment.parallel import Tally
 from tiedlm.experiment.plan import PlannedRun, Stage
 
 from .conftest import ROOT, TINY
@@ -160,6 +161,7 @@ def test_the_line_is_printed_as_each_run_ends_one_after_another(tiny, tmp_path, 
         executor.may_grow = False
         executor.run(Stage("seeds", [PlannedRun("g1", tiny(seed=1)), PlannedRun("s9", tiny(seed=9))]))
     err = capsys.readouterr().err
-    assert "g0: run 1 of 2 known so far (more may follow), about" in err
-    assert "g1: run 2 of 2 known so far (more may follow)\n" in err
-    assert "s9: run 3 of 3\n" in err  # g1 again is one run, not two
+    assert "[1/2] g0: run 1 of 2 known so far (more may follow), about" in err
+    assert "[2/2] g1: run 2 of 2 known so far (more may follow)\n" in err
+    assert "[3/3] s9: run 3 of 3\n" in err  # g1 again is one run, not two
+    assert "[3/3] s9: training" in err and "[1/2] s9" not in err  # one count: the comparison's, not the stage's

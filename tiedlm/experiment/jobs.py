@@ -2,7 +2,7 @@
 and `tiedlm sweep` train. `Executor` is the seam a plan's stages go through (plan.py): its one
 method trains a stage and says what became of each run; how (in this process, in --jobs
 processes, kept from stage to stage while it is open as a context manager) is its own business,
-and a run's numbers never depend on it. `Tally` counts the comparison's runs for the line printed
+and a run's numbers never depend on it. `Tally` (parallel.py) counts the comparison's runs for the line printed
 as each one ends: "run 3 of 10, about 4 min left"."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..files import check_writable, os_error_line
 from ..process import log
 from ..train import train_run
 from ..config.identity import config_hash
-from .parallel import WorkerPool, resolve_workers, train_parallel
+from .parallel import Tally, WorkerPool, resolve_workers, train_parallel
 
 if TYPE_CHECKING:
     from .plan import Stage
@@ -32,50 +32,6 @@ class JobResult:
     name: str
     status: str  # skipped (finished already) | finished | failed
     error: str | None = None
-
-
-def _about(seconds: float) -> str:
-    s = max(1, round(seconds))
-    if s < 60:
-        return f"about {s} s"
-    m = max(1, round(s / 60))
-    return f"about {m} min" if m < 60 else f"about {m // 60} h {m % 60:02d} min"
-
-
-@dataclass
-class Tally:
-    """The runs of one comparison or sweep so far, over all its stages: how many have ended, of
-    how many known, and the time the rest takes at the mean wall time of the runs trained here
-    (a skipped or failed run says nothing of the speed). `may_grow`: later stages may add runs
-    (a tuning grid extended past its edge, the seeds after the tuning, --seeds auto), so the
-    count is of the runs known so far and the line says so."""
-
-    may_grow: bool = False
-    known: dict[str, None] = field(default_factory=dict)  # run names, each once, in order
-    ended: set[str] = field(default_factory=set)
-    seconds: list[float] = field(default_factory=list)
-    finished: set[str] = field(default_factory=set)  # known runs found finished already: they take no time
-
-    def expect(self, names: list[str], finished: set[str] | frozenset[str] = frozenset()) -> None:
-        self.known.update(dict.fromkeys(names))
-        self.finished |= set(finished) & set(names)
-
-    def end(self, name: str, seconds: float | None = None) -> None:
-        self.ended.add(name)
-        if seconds is not None:
-            self.seconds.append(seconds)
-
-    def line(self, workers: int = 1) -> str:
-        """ "run 3 of 10, about 4 min left", with `workers` runs trained at a time."""
-        done, known = len(self.ended & self.known.keys()), len(self.known)
-        text = f"run {done} of {known}" + (" known so far (more may follow)" if self.may_grow else "")
-        left = known - done
-        to_train = len(self.known.keys() - self.ended - self.finished)  # the finished ones will be skipped
-        if left and to_train and self.seconds:
-            rounds = -(-to_train // max(1, workers))
-            text += f", {_about(sum(self.seconds) / len(self.seconds) * rounds)} left" + \
-                (" for those" if self.may_grow else "")
-        return text
 
 
 @dataclass
@@ -153,8 +109,8 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
         if workers > 1:
             return _train_parallel(jobs, out, progress, overwrite_other_config, workers, finished, tally, pool)
     results = []
-    for i, (name, cfg) in enumerate(jobs, 1):
-        tag = f"[{i}/{len(jobs)}] {name}"
+    for name, cfg in jobs:
+        tag = tally.tag(name)
         if run_is_finished(Path(out) / name, cfg):
             results.append(JobResult(name, "skipped"))
             tally.end(name)
@@ -162,7 +118,7 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
                 log(f"{tag}: finished already, skipped")
             continue
         if progress:
-            log(f"[{i}/{len(jobs)}] training {name}")
+            log(f"{tag}: training")
         started = time.monotonic()
         try:
             try:
@@ -197,13 +153,13 @@ def _train_parallel(jobs: list[tuple[str, Config]], out: Path, progress: bool, o
     `finished`: the jobs whose runs are finished already (train_jobs read their reports)."""
     results: dict[str, JobResult] = {}
     todo = []
-    for i, (name, cfg) in enumerate(jobs, 1):
+    for name, cfg in jobs:
         run_dir = runs.run_dir_for(Path(out), name)
         if name in finished:
             results[name] = JobResult(name, "skipped")
             tally.end(name)
             if progress:
-                log(f"[{i}/{len(jobs)}] {name}: finished already, skipped")
+                log(f"{tally.tag(name)}: finished already, skipped")
             continue
         overwrite = False
         try:
@@ -212,16 +168,15 @@ def _train_parallel(jobs: list[tuple[str, Config]], out: Path, progress: bool, o
             if not overwrite_other_config:
                 results[name] = JobResult(name, "failed", str(exc))
                 tally.end(name)
-                log(f"[{i}/{len(jobs)}] {name} failed: {exc}")
+                log(f"{tally.tag(name)} failed: {exc}")
                 continue
             overwrite = True
             if progress:
-                log(f"[{i}/{len(jobs)}] {name}: holds another config, retraining (--overwrite)")
+                log(f"{tally.tag(name)}: holds another config, retraining (--overwrite)")
         except TiedlmError:
             pass  # the child meets it again and says it
         todo.append((name, cfg, overwrite))
-    outcome = train_parallel(todo, Path(out), workers, progress, total=len(jobs), done_before=len(results),
-                             pool=pool, tally=tally)
+    outcome = train_parallel(todo, Path(out), workers, progress, pool=pool, tally=tally)
     for name, error in outcome.items():
         results[name] = JobResult(name, "finished") if error is None else JobResult(name, "failed", error)
     return [results[name] for name, _ in jobs if name in results]

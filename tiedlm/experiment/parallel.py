@@ -20,7 +20,7 @@ token arrays are memory-mapped (one copy in the page cache for all of them).
   non-embedding parameters, where one process per core beats one process using every core), else 1.
 - Output: one line per event on stderr (started, finished with the time it took, failed with the
   run's `tiedlm: error:` line), with the counts of runs done, running and queued and the whole
-  comparison's count and time left (jobs.Tally). Each run's own output goes to a log file.
+  comparison's count and time left (Tally, below). Each run's own output goes to a log file.
 - Signals: SIGINT and SIGTERM are forwarded to every worker (started in sessions of their own, so
   that a terminal's Ctrl-C reaches them once, through here); a training one writes a checkpoint and
   stops, an idle one ends, and the command ends with Interrupted (130/143), so running it again
@@ -43,9 +43,8 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..config import Config, to_yaml
 from ..errors import ConfigError, Interrupted
@@ -57,9 +56,6 @@ from ..device import keep_freed_memory, thread_env
 from ..errors import TiedlmError
 from ..files import os_error_line
 from ..process import StopSignals, Terminated, die_with_parent
-
-if TYPE_CHECKING:
-    from .jobs import Tally
 
 JOBS_LIMIT = 256  # --jobs: more processes than that is a typo, not a machine
 SMALL_MODEL = 10_000_000  # non-embedding parameters below which --jobs auto runs one process per core
@@ -454,18 +450,68 @@ def _gpu_for(cfg: Config, free: list[str]) -> str | None:
     return free.pop(0) if free and cfg.train.device in ("auto", "cuda", "cuda:0") else None
 
 
+def _about(seconds: float) -> str:
+    s = max(1, round(seconds))
+    if s < 60:
+        return f"about {s} s"
+    m = max(1, round(s / 60))
+    return f"about {m} min" if m < 60 else f"about {m // 60} h {m % 60:02d} min"
+
+
+@dataclass
+class Tally:
+    """The runs of one comparison or sweep so far, over all its stages: how many have ended, of
+    how many known, and the time the rest takes at the mean wall time of the runs trained here
+    (a skipped or failed run says nothing of the speed). `may_grow`: later stages may add runs
+    (a tuning grid extended past its edge, the seeds after the tuning, --seeds auto), so the
+    count is of the runs known so far and the line says so."""
+
+    may_grow: bool = False
+    known: dict[str, None] = field(default_factory=dict)  # run names, each once, in order
+    ended: set[str] = field(default_factory=set)
+    seconds: list[float] = field(default_factory=list)
+    finished: set[str] = field(default_factory=set)  # known runs found finished already: they take no time
+
+    def expect(self, names: list[str], finished: set[str] | frozenset[str] = frozenset()) -> None:
+        self.known.update(dict.fromkeys(names))
+        self.finished |= set(finished) & set(names)
+
+    def end(self, name: str, seconds: float | None = None) -> None:
+        self.ended.add(name)
+        if seconds is not None:
+            self.seconds.append(seconds)
+
+    def tag(self, name: str) -> str:
+        """ "[7/10] name": the run's place among the runs known so far, the count `line` gives too
+        (one count for the whole comparison, over its stages)."""
+        return f"[{list(self.known).index(name) + 1}/{len(self.known)}] {name}"
+
+    def line(self, workers: int = 1) -> str:
+        """ "run 3 of 10, about 4 min left", with `workers` runs trained at a time."""
+        done, known = len(self.ended & self.known.keys()), len(self.known)
+        text = f"run {done} of {known}" + (" known so far (more may follow)" if self.may_grow else "")
+        left = known - done
+        to_train = len(self.known.keys() - self.ended - self.finished)  # the finished ones will be skipped
+        if left and to_train and self.seconds:
+            rounds = -(-to_train // max(1, workers))
+            text += f", {_about(sum(self.seconds) / len(self.seconds) * rounds)} left" + \
+                (" for those" if self.may_grow else "")
+        return text
+
+
 def train_parallel(jobs: list[tuple[str, Config, bool]], out: Path, workers: int, progress: bool = True,
-                   total: int | None = None, done_before: int = 0, pool: WorkerPool | None = None,
-                   tally: Tally | None = None) -> dict[str, str | None]:
+                   pool: WorkerPool | None = None, tally: Tally | None = None) -> dict[str, str | None]:
     """Train (name, config, overwrite) jobs into `out`, at most `workers` at a time, on the
     workers of `pool` (one made and closed here when None). Returns {name: None (finished) or the
     failure's message}. A signal stops them all at a checkpoint and raises Interrupted.
-    `total`/`done_before`: the stage's count and the runs already finished (skipped), for the
-    display; `tally` (a jobs.Tally): the whole comparison's count and time left."""
+    `tally` (a Tally): the whole comparison's count, the one each line gives (these jobs
+    alone when None), and the time left."""
     if pool is None:
         with WorkerPool() as own:
-            return train_parallel(jobs, out, workers, progress, total, done_before, own, tally)
-    total = total or len(jobs)
+            return train_parallel(jobs, out, workers, progress, own, tally)
+    if tally is None:
+        tally = Tally()
+        tally.expect([name for name, _, _ in jobs])
     gpus = visible_gpus([cfg for _, cfg, _ in jobs])
     threads = max(1, available_cores() // workers)
     outcome: dict[str, str | None] = {}
@@ -477,7 +523,7 @@ def train_parallel(jobs: list[tuple[str, Config, bool]], out: Path, workers: int
             f"{'es' * (len(pool.workers) != 1)} started already)")
 
     def counts() -> str:
-        return f"{done_before + len(outcome)}/{total} done, {len(pool.busy())} running, {len(queue)} queued"
+        return f"{len(pool.busy())} running, {len(queue)} queued"
 
     def finished(job: _Job, code: int, error: str | None) -> None:
         if job.gpu is not None:
@@ -485,16 +531,13 @@ def train_parallel(jobs: list[tuple[str, Config, bool]], out: Path, workers: int
         seconds = time.monotonic() - job.started
         if code == 0:
             outcome[job.name] = None
-            if tally is not None:
-                tally.end(job.name, seconds)
+            tally.end(job.name, seconds)
             if progress:
-                left = f"; {tally.line(workers)}" if tally is not None else ""
-                log(f"[{job.index}/{len(jobs)}] {job.name} finished in {seconds:.1f}s ({counts()}{left})")
+                log(f"{tally.tag(job.name)} finished in {seconds:.1f}s ({counts()}; {tally.line(workers)})")
         elif code not in (130, 143, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL):
             outcome[job.name] = error or _last_error(job.log, code)
-            if tally is not None:
-                tally.end(job.name)
-            log(f"[{job.index}/{len(jobs)}] {job.name} failed: {outcome[job.name]}")
+            tally.end(job.name)
+            log(f"{tally.tag(job.name)} failed: {outcome[job.name]}")
 
     _prepare_once([cfg for _, cfg, _ in jobs], progress)
     with _Signals() as sig:
@@ -507,7 +550,7 @@ def train_parallel(jobs: list[tuple[str, Config, bool]], out: Path, workers: int
                         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, threads=threads))
                     job = pool.send(i, name, cfg, overwrite, out, _gpu_for(cfg, free_gpus))
                     if progress:
-                        log(f"[{i}/{len(jobs)}] started {name}{f' on GPU {job.gpu}' if job.gpu is not None else ''} "
+                        log(f"{tally.tag(name)} started{f' on GPU {job.gpu}' if job.gpu is not None else ''} "
                             f"({counts()})")
                 for job, code, error in pool.ended(_POLL_S):
                     if code in (130, 143) and sig.received is None:  # a run interrupted on its own:
