@@ -170,6 +170,8 @@ class TrainConfig:
     early_stop_patience: int = 0  # stop after this many evaluations without improvement; 0 never stops
     early_stop_min_delta: float = 0.0  # a fall in validation loss (nats) must exceed this to count as improvement
     log_to: list[str] = field(default_factory=list)  # loggers beside metrics.jsonl: tensorboard (<run>/tb/)
+    parallel: str = "ddp"  # under torchrun: ddp (a whole model per rank) | fsdp (sharded, FSDP2; docs/fsdp.md)
+    fsdp_init: str = "full"  # fsdp: full (built whole, then sharded: one process's weights) | meta (sharded as built)
 
 
 @dataclass

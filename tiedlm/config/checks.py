@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 TOKENIZER_KINDS = ("bpe", "word", "char", "byte", "pretrained")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "fp32", "bf16")
+PARALLEL = ("ddp", "fsdp")  # train.parallel
+FSDP_INIT = ("full", "meta")  # train.fsdp_init
 EMBED_SCALES = ("1", "sqrt_d")
 SPLITS = ("train", "validation", "test")
 CARVES = ("random", "contiguous")  # data.carve: how validation/test are carved from the split they come from
@@ -305,6 +307,8 @@ def _validate_train(t: TrainConfig) -> None:
     _check(0.0 <= t.beta1 < 1.0 and 0.0 <= t.beta2 < 1.0, "train.beta1 and train.beta2 must be in [0, 1)")
     _check(t.trainable in TRAINABLE, f"train.trainable must be one of {', '.join(TRAINABLE)}, got {t.trainable!r} "
                                      "(head: W_out alone, E when tied; embeddings: E and W_out)")
+    _check(t.parallel in PARALLEL, f"train.parallel must be one of {', '.join(PARALLEL)}, got {t.parallel!r}")
+    _check(t.fsdp_init in FSDP_INIT, f"train.fsdp_init must be one of {', '.join(FSDP_INIT)}, got {t.fsdp_init!r}")
 
 
 def _validate_min_lr(t: TrainConfig) -> None:

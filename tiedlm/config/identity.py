@@ -28,7 +28,8 @@ _NO = object()
 # only in them are seeds of one variant. Device, dtype and everything in the model, data and
 # optimizer do change results, and are not here.
 OPERATIONAL_KEYS = ("train.threads", "train.compile", "train.checkpoint_every", "train.log_every",
-                    "train.eval_every", "train.eval_tokens", "eval.batch_size", "train.log_to")
+                    "train.eval_every", "train.eval_tokens", "eval.batch_size", "train.log_to",
+                    "train.parallel")
 # The periodic evaluation decides when early stopping ends a run and which weights keep_best keeps:
 # with either on, its interval and slice are part of what a run is.
 SELECTION_KEYS = ("train.eval_every", "train.eval_tokens")
@@ -43,7 +44,7 @@ ADDED_KEYS = {"train.keep_best": False, "train.early_stop_patience": 0, "train.e
               "model.multiple_of": 64, "model.rope_theta": 10000.0, "model.tie_strength": 0.0,
               "model.hf_config": None, "model.hf_overrides": None, "model.init_from": None, "model.tie_from": None,
               "model.vocab_size": None, "train.trainable": "all", "eval.also": None,
-              "tokenizer.add_tokens": None}
+              "tokenizer.add_tokens": None, "train.fsdp_init": "full"}
 
 
 def selects_checkpoints(cfg: Config) -> bool:

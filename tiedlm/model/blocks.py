@@ -207,6 +207,16 @@ class GPT(TiedLM):
                 for proj in (block.attn.c_proj, block.mlp.c_proj):
                     nn.init.normal_(proj.weight, mean=0.0, std=residual)
 
+    def blocks(self) -> list[nn.Module]:
+        return list(self.transformer.h)
+
+    def init_family(self) -> None:
+        """init_weights, with the norms' unit gains and zero biases set again."""
+        for module in self.modules():
+            if isinstance(module, (LayerNorm, nn.RMSNorm)):
+                module.reset_parameters()
+        self.init_weights()
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.transformer.wte
 

@@ -132,6 +132,15 @@ class HFCausalLM(TiedLM):
         E = self.get_input_embeddings()
         return [m.weight for m in self.hf.modules() if isinstance(m, nn.Embedding) and m is not E]
 
+    def blocks(self) -> list[nn.Module]:
+        """The family's decoder layers: the classes it names as never to be split (_no_split_modules)."""
+        names = set(getattr(self.hf, "_no_split_modules", None) or ())
+        return [m for m in self.hf.modules() if type(m).__name__ in names]
+
+    def init_family(self) -> None:
+        """The family's own _init_weights, applied to every module."""
+        self.hf.apply(self.hf._init_weights)
+
     def tie_flags(self) -> list[bool]:
         return config_flags_tied(self.hf.config)
 

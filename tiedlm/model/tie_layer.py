@@ -69,6 +69,16 @@ class TiedLM(nn.Module):
         """A learned position table (GPT-2's wpe), decayed as the embeddings are; none by default."""
         return []
 
+    def blocks(self) -> list[nn.Module]:
+        """The repeated decoder blocks: under FSDP each is a unit of its own (fsdp.py), and E, W_out
+        and what else is outside them the root's one unit, so that a tied matrix is one sharded Parameter."""
+        raise NotImplementedError
+
+    def init_family(self) -> None:
+        """Draw the family's own initialisation again over the built weights (a model materialised
+        from the meta device, fsdp.py)."""
+        raise NotImplementedError
+
     def tie_flags(self) -> list[bool]:
         """The tie as the family's config states it (transformers' tie_word_embeddings); none here."""
         return []
@@ -103,17 +113,31 @@ class TiedLM(nn.Module):
         on_meta = E.weight.device.type == "meta"
         if tie.mode == "projection":
             self.head_proj = nn.Linear(d, d, bias=False, device=E.weight.device)  # P: (d, d), applied as P h
-            if not on_meta:
-                with torch.no_grad():
-                    self.head_proj.weight.copy_(torch.eye(d))
         elif tie.mode == "lowrank":
             self.head_a = nn.Parameter(torch.zeros(V, tie.rank, device=E.weight.device))  # A: (V, r)
-            b = torch.empty(d, tie.rank, device=E.weight.device)
-            if tie.rank and not on_meta:
-                nn.init.orthogonal_(b)  # orthonormal columns: at r = d, A·Bᵀ moves as an untied W_out would
-            self.head_b = nn.Parameter(b)  # B: (d, r)
+            self.head_b = nn.Parameter(torch.empty(d, tie.rank, device=E.weight.device))  # B: (d, r)
         elif tie.mode == "split":  # W_out's first r columns its own, started as E's (no draw)
             self.head_own = nn.Parameter(E.weight[:, :tie.rank].detach().clone())
+        if not on_meta:
+            self.init_tie_parameters()
+
+    @torch.no_grad()
+    def init_tie_parameters(self, set_full=None) -> None:
+        """The modes' own starts: P the identity, lowrank's A zero and B orthonormal, split's columns
+        E's. `set_full(param, value)` writes a whole value into a parameter (a sharded one's shard)."""
+        set_full = set_full or (lambda p, value: p.copy_(value))
+        mode, E = self.built_tie.mode, self.get_input_embeddings().weight
+        d = E.shape[1]
+        if mode == "projection":
+            set_full(self.head_proj.weight, torch.eye(d))
+        elif mode == "lowrank":
+            b = torch.empty(d, self.built_tie.rank, device=E.device)
+            if self.built_tie.rank:
+                nn.init.orthogonal_(b)  # orthonormal columns: at r = d, A·Bᵀ moves as an untied W_out would
+            self.head_a.zero_()
+            set_full(self.head_b, b)
+        elif mode == "split":
+            self.head_own.copy_(E[:, :self.built_tie.rank])
 
     # ---------------------------------------------------------------- the tie now
 
@@ -228,7 +252,8 @@ class TiedLM(nn.Module):
         if not self.built_tie.strengthened:
             return None
         with torch.no_grad():
-            return torch.linalg.vector_norm(self.get_output_embeddings().weight - self.get_input_embeddings().weight)
+            return _whole(torch.linalg.vector_norm(self.get_output_embeddings().weight
+                                                   - self.get_input_embeddings().weight))
 
     def tie_penalty(self) -> torch.Tensor | None:
         """Soft's λ/2·‖W_out − E‖²_F, with its gradient: λ(W_out − E) into W_out's and −λ(W_out − E)
@@ -238,7 +263,7 @@ class TiedLM(nn.Module):
         if not self.built_tie.penalised:
             return None
         diff = self.get_output_embeddings().weight.float() - self.get_input_embeddings().weight.float()  # (V, d)
-        return 0.5 * self.built_tie.strength * diff.square().sum()
+        return 0.5 * self.built_tie.strength * _whole(diff.square().sum())
 
     @torch.no_grad()
     def pull_tie(self, lr: float) -> None:
@@ -302,6 +327,11 @@ class TiedLM(nn.Module):
             with torch.no_grad():
                 return token_losses(h2, weight, bias, t).view(targets.shape)
         return cross_entropy(h2, weight, bias, t)
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor: a sum or norm over FSDP's shards (a DTensor) reduced over the ranks."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def count_params(model: TiedLM) -> dict:

@@ -5,6 +5,7 @@
     human_report.py  report.md, report.json for people
     metrics.py       metrics.jsonl, appended, read past a torn line, trimmed on resume
     runs/checkpoints.py   checkpoints/step-N folders and the LATEST pointer
+    runs/sharded.py       a sharded run's checkpoints (train.parallel: fsdp), each rank its shards
     runs/ledger.py        the confound ledger: what E and W_out received besides the tie
     locks.py         a run's `.lock` and the lock on a folder compare or analyze writes into
     failures.py      a failed write, out of memory or a broken collective as one line

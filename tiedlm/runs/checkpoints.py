@@ -5,6 +5,11 @@
                                        counters, RNG states), manifest.json (each file's SHA-256)
     checkpoints/best-step-0000300/     train.keep_best: the weights of the best validation evaluation
                                        (model.safetensors and manifest.json), named by the state
+    checkpoints/step-0000500/          a run sharded with FSDP (train.parallel: fsdp, sharded.py):
+                                       shards/ (torch.distributed.checkpoint: the weights, a tied
+                                       matrix once, and the optimizer, each rank's part) in place of
+                                       model.safetensors, state.pt without the optimizer, and the
+                                       manifest with every shard's SHA-256
 
 A checkpoint is written into a temporary folder (files fsynced, the manifest last) and renamed
 into place; LATEST is then pointed at it, and only then is the previous one removed. Nothing is
@@ -36,18 +41,28 @@ from . import CHECKPOINTS, CONFIG, FORMAT, MANAGED, METRICS, REPORT, check_forma
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.pt"
 MANIFEST = "manifest.json"
+SHARDS = "shards"  # a sharded checkpoint's torch.distributed.checkpoint folder
 
 
-def save_checkpoint(run_dir: Path, step: int, tensors: dict, metadata: dict, state: dict,
-                    keep_previous: bool = False) -> Path:
-    """Write checkpoints/step-N atomically: weights (safetensors), training state (torch.save),
-    and a manifest with each file's SHA-256, in a temporary folder renamed into place; then
-    LATEST is pointed at it and older checkpoints are removed."""
+def new_checkpoint_folder(run_dir: Path, step: int) -> Path:
+    """The temporary folder a checkpoint of `step` is written into before it is renamed into place."""
     root = Path(run_dir) / CHECKPOINTS
     name = f"step-{step:07d}"
     with writing(root / name):
         root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+        return Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+
+
+def save_checkpoint(run_dir: Path, step: int, tensors: dict | None, metadata: dict, state: dict,
+                    keep_previous: bool = False, tmp: Path | None = None) -> Path:
+    """Write checkpoints/step-N atomically: weights (safetensors), training state (torch.save),
+    and a manifest with each file's SHA-256, in a temporary folder renamed into place; then
+    LATEST is pointed at it and older checkpoints are removed. A sharded checkpoint's `tmp`
+    (new_checkpoint_folder) already holds its shards, and `tensors` is None."""
+    root = Path(run_dir) / CHECKPOINTS
+    name = f"step-{step:07d}"
+    with writing(root / name):
+        tmp = tmp or new_checkpoint_folder(run_dir, step)
         final = _write_checkpoint_folder(tmp, root, name, step, tensors, metadata, state)
     with writing(root / "LATEST"):
         atomic_write_text(root / "LATEST", final.name + "\n")
@@ -84,17 +99,19 @@ def prune_best_weights(run_dir: Path, keep: set) -> list[str]:
     return removed
 
 
-def _write_checkpoint_folder(tmp: Path, root: Path, name: str, step: int, tensors: dict, metadata: dict,
+def _write_checkpoint_folder(tmp: Path, root: Path, name: str, step: int, tensors: dict | None, metadata: dict,
                              state: dict | None) -> Path:
-    """Fill tmp and rename it to root/name (or name-1, ... if that exists); tmp is removed on failure."""
+    """Fill tmp and rename it to root/name (or name-1, ... if that exists); tmp is removed on failure.
+    Every file in tmp (a sharded checkpoint's shards too) is fsynced and named in the manifest."""
     import torch
 
     try:
-        write_safetensors(tmp / MODEL_FILE, tensors, {k: str(v) for k, v in metadata.items()})
+        if tensors is not None:
+            write_safetensors(tmp / MODEL_FILE, tensors, {k: str(v) for k, v in metadata.items()})
         if state is not None:
             torch.save(state, tmp / STATE_FILE)
         files = {}
-        for fname in (MODEL_FILE, STATE_FILE) if state is not None else (MODEL_FILE,):
+        for fname in sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file()):
             with open(tmp / fname, "rb") as f:
                 os.fsync(f.fileno())
             files[fname] = {"sha256": sha256_file(tmp / fname), "bytes": (tmp / fname).stat().st_size}
@@ -232,7 +249,7 @@ def verify_checkpoint(ckpt: Path) -> dict:
     return manifest
 
 
-def load_checkpoint(ckpt: Path, with_state: bool = True) -> tuple[dict, dict | None, dict]:
+def load_checkpoint(ckpt: Path, with_state: bool = True, weights: bool = True) -> tuple[dict | None, dict | None, dict]:
     """(tensors, state or None, manifest) of a verified checkpoint. Nothing is unpickled:
     weights come from safetensors, state from torch.load(weights_only=True)."""
     import torch
@@ -240,11 +257,31 @@ def load_checkpoint(ckpt: Path, with_state: bool = True) -> tuple[dict, dict | N
 
     manifest = verify_checkpoint(ckpt)
     try:
-        tensors = load_file(str(ckpt / MODEL_FILE))
+        if not weights:  # a sharded run resuming: each rank reads its own shards (sharded.py)
+            tensors = None
+        elif manifest.get("sharded"):
+            tensors = read_sharded_weights(ckpt / SHARDS)
+        else:
+            tensors = load_file(str(ckpt / MODEL_FILE))
         state = torch.load(ckpt / STATE_FILE, weights_only=True) if with_state else None
     except Exception as exc:  # a file that passed the hash but still fails to parse
         raise DamagedRunError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__})") from None
     return tensors, state, manifest
+
+
+def read_sharded_weights(folder: Path) -> dict:
+    """A sharded checkpoint's weights gathered whole in this one process (export, eval, analyze):
+    every tensor allocated from the checkpoint's own metadata and read by torch.distributed.checkpoint
+    without a process group. The names are the model's state dict's (a tied matrix once, under E's)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    reader = dcp.FileSystemReader(str(folder))
+    tensors = {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+               for key, meta in reader.read_metadata().state_dict_metadata.items()
+               if key.startswith("model.") and hasattr(meta, "size")}
+    dcp.load(tensors, storage_reader=reader, no_dist=True)
+    return {key.removeprefix("model."): t for key, t in tensors.items()}
 
 
 def check_finite_weights(tensors: dict, ckpt: Path, other_weights: Callable[[], str | None] | None = None) -> None:

@@ -41,6 +41,8 @@ from ..trackers.live import TrainingTrackers
 from ..model.counting import check_fits, flops_per_token
 from ..device import autocast_ctx, cpu_threads, peak_memory, resolve_device, tf32_matmuls, threads_used
 from ..distributed import all_mean, allreduce_bytes, any_rank, barrier, from_env, stop, sum_arrays, wrap
+from .. import fsdp
+from ..runs.sharded import load_sharded, save_sharded
 from ..formatting import fmt
 from ..perplexity import MAX_LOSS, perplexity, representable
 
@@ -68,7 +70,8 @@ def train_run(cfg: Config, out: Path = Path("runs"), name: str | None = None, ov
     device = resolve_device(cfg.train.device)  # once: the checks, the TF32 setting and the run use it
     # The vocabulary is known only once the data are prepared (that check follows in preflight):
     # here the model without its embeddings, which is what an absurd depth or width is about.
-    check_fits(cfg.model, None, max(cfg.train.batch_size, cfg.eval.batch_size), device)
+    if not (d.active and cfg.train.parallel == "fsdp"):  # sharded: planned per rank (train --dry-run)
+        check_fits(cfg.model, None, max(cfg.train.batch_size, cfg.eval.batch_size), device)
     created = not run_dir.exists() and d.main
     try:  # in a distributed run, rank 0 alone holds the lock and writes the folder
         with StopSignals() as signals, (runs.RunLock(run_dir) if d.main else contextlib.nullcontext()) as lock:
@@ -143,7 +146,8 @@ def _train(cfg: Config, run_dir: Path, device: torch.device, progress: bool, sto
 
         try:
             model = _train_loop(cfg, run_dir, pre, record, state, signals, interrupted, progress, stop_after_step)
-            check_in_step(pre.dist, model, pre.device)
+            if not pre.fsdp:  # sharded, each rank holds other weights by design
+                check_in_step(pre.dist, model, pre.device)
             final = final_evaluation(cfg, run_dir, pre, model, state, signals, interrupted)
             also = [score_also(cfg, pre, model)] if pre.also is not None else None
             final_best = _best_evaluation(cfg, run_dir, pre, model, state, signals, interrupted, final, also)
@@ -224,22 +228,37 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     np.random.seed(cfg.seed % 2**32)
     random.seed(cfg.seed)
     sampler = np.random.default_rng(cfg.seed)
-    model = build_model(cfg.model, pre.data.model_vocab_size).to(pre.device)
+    on_meta = pre.fsdp and cfg.train.fsdp_init == "meta"
+    with fsdp.parameters_on_meta() if on_meta else contextlib.nullcontext():
+        model = build_model(cfg.model, pre.data.model_vocab_size).to(pre.device)
     model.check_tie(not cfg.model.tie.two_matrices)
-    init_new_rows(model, getattr(pre.data.tokenizer, "added_ids", []))  # before freezing: a row, not a step
+    if not on_meta:
+        init_new_rows(model, getattr(pre.data.tokenizer, "added_ids", []))  # before freezing: a row, not a step
     freeze_all_but(model, cfg.train.trainable)
-    if pre.also is not None and pre.loaded is None:  # the start's score (a resume keeps the first attempt's)
+    if pre.also is not None and pre.loaded is None and not on_meta:  # the start's score (a resume keeps the first's)
         before = score_also(cfg, pre, model)
         if main:
             record.write(also=also_record(cfg, before))
     params = _params(model, pre.data)
+    if pre.fsdp:  # sharded before the optimizer sees its parameters; drawn shard by shard from the meta device
+        sharding = fsdp.shard(model, pre.dist, pre.device, pre.dtype)
+        if on_meta:
+            fsdp.materialise(model, pre.device, cfg.seed, pre.dist.rank)
+        record.report.extra["fsdp"] = sharding.to_json()  # beside the report's fields, as a newer tiedlm's are
+        record.write(world_size=pre.dist.world)
     optimizer = build_optimizer(model, cfg.train)
     if pre.loaded is not None:
         tensors, st, manifest = pre.loaded
-        if st["untied"]:  # before the optimizer's state is loaded: W_out has a place in it
-            untie_with_optimizer(model, optimizer)
-        checkpoints.load_weights(model, tensors, manifest)
-        optimizer.load_state_dict(st["optimizer"])
+        if pre.fsdp:  # each rank its own shards of the weights and the optimizer
+            load_sharded(pre.checkpoint, manifest, model, optimizer)
+        else:
+            if manifest.get("sharded"):
+                raise ConfigError(f"{pre.checkpoint} is sharded (train.parallel: fsdp) — resume it with the same "
+                                  "config under torchrun: torchrun --standalone --nproc_per_node=N -m tiedlm train ...")
+            if st["untied"]:  # before the optimizer's state is loaded: W_out has a place in it
+                untie_with_optimizer(model, optimizer)
+            checkpoints.load_weights(model, tensors, manifest)
+            optimizer.load_state_dict(st["optimizer"])
         set_rng_state(st["rng"], sampler)
         state.restore(st)
         if main:
@@ -295,7 +314,11 @@ def _train_loop(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunReco
         _append_metrics(run_dir, pre.tb, pending)
         pending = []
         covered = state.best.weights
-        if d.main:  # one checkpoint, by rank 0: the weights, optimizer and sampler are the same on every rank
+        if pre.fsdp:  # every rank writes its shards, rank 0 the rest
+            save_sharded(run_dir, state.step, model, optimizer, {
+                "tied": model.is_tied, "vocab_size": model.vocab_size, "tiedlm_version": __version__},
+                {**state.to_checkpoint(), "rng": rng}, d)
+        elif d.main:  # one checkpoint, by rank 0: the weights, optimizer and sampler are the same on every rank
             tensors, meta = model_tensors(model)
             checkpoints.save_checkpoint(run_dir, state.step, tensors, meta, {
                 "optimizer": optimizer.state_dict(), **state.to_checkpoint(), "rng": rng})
@@ -383,6 +406,8 @@ def _forward(model, tcfg: TrainConfig, pre: Preflight, record: runs.RunRecord):
     and the bytes it all-reduces recorded), compiled with train.compile."""
     import torch
 
+    if pre.fsdp:  # sharded in _build: FSDP's hooks gather each unit in its forward
+        return model
     fwd = wrap(model, pre.dist, pre.device)
     if pre.dist.active:
         record.write(world_size=pre.dist.world, allreduce_bytes_per_step=allreduce_bytes(fwd))
@@ -478,8 +503,9 @@ def final_evaluation(cfg: Config, run_dir: Path, pre: Preflight, model, state: T
         res = evaluate_split(model, pre.data.splits[split], cfg.model.block_size, cfg.eval.stride,
                              cfg.eval.batch_size, pre.device, autocast_ctx(pre.device, pre.dtype),
                              train_counts=pre.data.train_counts, fractions=cfg.eval.buckets,
-                             unk_id=pre.data.tokenizer.unk_id, shard=(d.rank, d.world),
-                             reduce=lambda nll: sum_arrays(d, nll, pre.device),  # each token scored once
+                             unk_id=pre.data.tokenizer.unk_id, shard=(0, 1) if pre.fsdp else (d.rank, d.world),
+                             # each token scored once; sharded, every rank runs every window (a forward gathers)
+                             reduce=(lambda nll: nll) if pre.fsdp else (lambda nll: sum_arrays(d, nll, pre.device)),
                              new_ids=getattr(pre.data.tokenizer, "added_ids", None))
         final[split] = res
         record = {"kind": "final", "step": state.step, "tokens": state.tokens, "split": split,

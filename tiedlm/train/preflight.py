@@ -20,6 +20,7 @@ from .old_domain import prepare_also
 from ..model.counting import check_fits
 from ..device import resolve_dtype
 from ..distributed import check_batch, main_first, start
+from ..fsdp import check_launch
 from ..process import log
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class Preflight:
     tb: TrainingTrackers | None = None  # train.log_to's loggers, opened by the loop once the model is built
     dist: Dist | None = None  # this process's rank among the run's processes (one by default)
     also: PreparedData | None = None  # eval.also's data
+    fsdp: bool = False  # train.parallel: fsdp under torchrun: the model sharded (fsdp.py), its checkpoints too
 
 
 def preflight(cfg: Config, run_dir: Path, device: torch.device, fresh: bool, progress: bool,
@@ -58,6 +60,8 @@ def preflight(cfg: Config, run_dir: Path, device: torch.device, fresh: bool, pro
     check_batch(cfg.train.batch_size, d)
     if d.active and cfg.model.untie_at is not None and cfg.train.compile:
         raise ConfigError("model.untie_at with train.compile under torchrun is not supported — drop one of them")
+    fsdp = cfg.train.parallel == "fsdp"
+    check_launch(cfg.train.parallel, d, cfg.train.keep_best, cfg.model.untie_at, cfg.train.compile)
     device = start(d, device)
     total = budget_steps(cfg)
     if cfg.model.untie_at is not None and total < 2:
@@ -67,7 +71,8 @@ def preflight(cfg: Config, run_dir: Path, device: torch.device, fresh: bool, pro
     if short and d.main:
         log(f"warning: {short}")
     ckpt, note = (None, None) if fresh else checkpoints.resolve_checkpoint(run_dir)
-    loaded = checkpoints.load_checkpoint(ckpt) if ckpt is not None else None
+    # a sharded run's ranks read their own shards once the model is sharded (runs/sharded.py)
+    loaded = checkpoints.load_checkpoint(ckpt, weights=not fsdp) if ckpt is not None else None
     best = ((loaded[1] or {}).get("best") or {}).get("weights") if loaded is not None else None
     if best and cfg.train.keep_best:  # the kept best weights the checkpoint names must be intact
         checkpoints.verify_checkpoint(run_dir / runs.CHECKPOINTS / best)
@@ -82,7 +87,8 @@ def preflight(cfg: Config, run_dir: Path, device: torch.device, fresh: bool, pro
         raise RunError(f"the data or tokenizer of {run_dir} changed since the run started (source fingerprint "
                        "or tokenizer key differ), so its checkpoint no longer fits the tokens — restore the "
                        "data, or start afresh with --overwrite")
-    check_fits(cfg.model, data.model_vocab_size, max(cfg.train.batch_size, cfg.eval.batch_size), device)
+    if not fsdp:  # a sharded model is planned per rank (train --dry-run), not whole
+        check_fits(cfg.model, data.model_vocab_size, max(cfg.train.batch_size, cfg.eval.batch_size), device)
     also = prepare_also(cfg, data, d, progress)
     return Preflight(device, resolve_dtype(cfg.train.dtype, device), total, untie_step(cfg, total), data,
-                     ckpt, note, loaded, old, dist=d, also=also)
+                     ckpt, note, loaded, old, dist=d, also=also, fsdp=fsdp)

@@ -153,6 +153,8 @@ def train_step(fwd, optimizer, params: list, next_batch: Callable, amp: contextl
     if penalty is not None:
         penalty.backward()
     norm = torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip if tcfg.grad_clip > 0 else float("inf"))
+    if hasattr(norm, "full_tensor"):  # under FSDP the norm over every rank's shards (a DTensor)
+        norm = norm.full_tensor()
     # one device-to-host copy per step: the mean loss and the gradient norm together
     loss_val, grad_norm = torch.stack([loss_sum / tcfg.grad_accum, norm.double()]).tolist()
     if representable(loss_val) and math.isfinite(grad_norm):  # a loss past exp()'s range is no step either
