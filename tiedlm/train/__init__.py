@@ -229,7 +229,10 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     random.seed(cfg.seed)
     sampler = np.random.default_rng(cfg.seed)
     on_meta = pre.fsdp and cfg.train.fsdp_init == "meta"
-    with fsdp.parameters_on_meta() if on_meta else contextlib.nullcontext():
+    if on_meta:  # no weights yet: each rank draws its shards once the model is sharded
+        with fsdp.parameters_on_meta():
+            model = build_model(cfg.model, pre.data.model_vocab_size)
+    else:
         model = build_model(cfg.model, pre.data.model_vocab_size).to(pre.device)
     model.check_tie(not cfg.model.tie.two_matrices)
     if not on_meta:
