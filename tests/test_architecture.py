@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tiedlm"
 LAYERS = [
     ["cli"],
     ["experiment"],
-    ["compare", "model.params_report"],
+    ["compare", "model.memory_plan", "model.params_report"],
     ["analyze", "export", "generate", "results"],
     ["train"],
     ["evaluate"],

@@ -308,6 +308,8 @@ def train(
     tensorboard: bool = Flag("--tensorboard", help="Also write TensorBoard event files into "
                                      "the run's tb/ (train.log_to: \\[tensorboard])."),
     quiet: bool = Flag("--quiet", "-q", help="No progress bars."),
+    dry_run: bool = Flag("--dry-run", help="Plan the run and exit: parameters counted on the meta device, "
+                                           "memory per process (whole under DDP, sharded under FSDP), FLOPs."),
 ) -> None:
     """Train one model. Re-running a finished run does nothing; an unfinished one resumes."""
 
@@ -322,6 +324,13 @@ def train(
             from .config import to_yaml
 
             typer.echo(to_yaml(cfg), nl=False)
+            return
+        if dry_run:
+            from .distributed import from_env
+            from .model.memory_plan import plan_text
+
+            if is_main_process():
+                typer.echo(plan_text(cfg, from_env().world))
             return
         from .train import train_run
 

@@ -10,6 +10,7 @@
     model/counting.py      parameter counts, memory and FLOPs per token of a config
     model/pretrained.py    model.init_from: starting from a saved model
     params_report.py `tiedlm params`: the counts of a config, tied and untied side by side
+    model/memory_plan.py   `tiedlm train --dry-run`: memory per process and FLOPs, on the meta device
 
 This file imports nothing: config/ reads model/tie.py, model/arch.py and model/pretrained.py without torch.
 """
