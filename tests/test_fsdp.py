@@ -154,3 +154,15 @@ def test_dry_run_plans_memory_per_process_without_building_weights(tmp_path):
     assert set(rows) == {"1", "2", "4", "8"}
     # sharded state: 16 bytes a parameter over the ranks (18.4 GiB at 1, 2.3 GiB at 8)
     assert rows["1"][3:5] == ["18.4", "GiB"] and rows["8"][3:5] == ["2.3", "GiB"]
+
+
+def test_a_sweep_emits_each_sharded_run_as_one_torchrun_job(tmp_path):
+    from tiedlm.experiment.sweep import load_grid, slurm_script
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"config": str(write_config(tmp_path, "f", {})), "seeds": 2,
+                                    "grid": {"model.tie_embeddings": [True, False]}, "out": str(tmp_path / "runs")}))
+    script = slurm_script(load_grid(grid), {"gpus_per_task": "8"})
+    tasks = [line for line in script.splitlines() if line.startswith("  ") and ") " in line and "*)" not in line]
+    assert len(tasks) == 4 and all("torchrun --standalone --nproc_per_node=gpu -m tiedlm train" in t for t in tasks)
+    assert "#SBATCH --gpus-per-task=8" in script

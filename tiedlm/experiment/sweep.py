@@ -272,8 +272,13 @@ def _shown(path: Path) -> str:
     return rel if not rel.startswith("..") else str(Path(path).resolve())
 
 
+# A sharded run (train.parallel: fsdp) is one torchrun job of as many processes as the task has GPUs.
+FSDP_LAUNCH = ["torchrun", "--standalone", "--nproc_per_node=gpu", "-m", "tiedlm"]
+
+
 def _command(grid: Grid, run: SweepRun) -> list[str]:
-    cmd = ["tiedlm", "train", "--config", _shown(grid.config)]
+    launch = FSDP_LAUNCH if run.cfg.train.parallel == "fsdp" else ["tiedlm"]
+    cmd = [*launch, "train", "--config", _shown(grid.config)]
     for item in run.overrides:
         cmd += ["--set", item]
     return cmd + ["--seed", str(run.seed), "--name", run.name, "--out", _shown(grid.out)]
