@@ -109,7 +109,9 @@ class RunReport:
 
 
 class RunRecord:
-    """A run's report.json and report.md, kept in step: every update rewrites both atomically."""
+    """A run's report.json, rewritten atomically at every update, and report.md, its view for
+    people, rewritten with it once the run has ended (finished, interrupted, diverged or failed):
+    while a run trains, report.json is the record and report.md is its last attempt's."""
 
     def __init__(self, run_dir: Path, report: RunReport):
         self.run_dir = Path(run_dir)
@@ -120,6 +122,8 @@ class RunRecord:
         data = self.report.to_json()  # each made before its writing(): a failure there is no write's
         with writing(self.run_dir / REPORT):
             files.atomic_write_json(self.run_dir / REPORT, data)
+        if self.report.status == "running":
+            return
         text = render_report_md(self.report)
         with writing(self.run_dir / REPORT_MD):
             files.atomic_write_text(self.run_dir / REPORT_MD, text)

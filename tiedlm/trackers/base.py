@@ -68,13 +68,18 @@ def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def run_info(run_dir: Path, report: RunReport) -> RunInfo:
+    """What a tracker's run starts with. The ledger is the report's, or, for a run that has not
+    finished yet (training records it at the end), made here from its config and counts."""
+    from ..runs.ledger import ledger_of
+
     cfg = report.config
     tags = {"seed": str(report.seed), "variant": str(report.config_hash)}
     if cfg is not None:
         tags["tie"] = cfg.model.tie.label
     return RunInfo(name=Path(run_dir).name, group=cfg.name if cfg is not None else Path(run_dir).name,
                    config=to_dict(cfg) if cfg is not None else {}, params=dict(report.params or {}),
-                   ledger=report.ledger, texts=run_texts(run_dir, report), tags=tags)
+                   ledger=report.ledger or (ledger_of(cfg, report.params).to_json() if cfg and report.params else None),
+                   texts=run_texts(run_dir, report), tags=tags)
 
 
 @dataclass

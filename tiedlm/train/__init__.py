@@ -280,8 +280,7 @@ def _build(cfg: Config, run_dir: Path, pre: Preflight, record: runs.RunRecord, s
     record.write(params=params, flops_per_token=flops_per_token(cfg.model, pre.data.model_vocab_size, per_forward,
                                                                 per_forward * cfg.train.grad_accum),
                  total_steps=pre.total_steps, data=pre.data.info, floor=pre.data.floor,
-                 untie_step=pre.untie_step, decay_embeddings=cfg.train.decay_embeddings,
-                 ledger=ledger_of(cfg, params).to_json())
+                 untie_step=pre.untie_step, decay_embeddings=cfg.train.decay_embeddings)
     return model, optimizer, sampler
 
 
@@ -564,7 +563,7 @@ def _finish(record: runs.RunRecord, cfg: Config, pre: Preflight, model, state: T
                  skipped_steps=state.skipped, finished_at=now(),
                  params_after_untie=_params(model, pre.data) if state.untied_at_step is not None else None,
                  checkpoint=str(checkpoints.latest_checkpoint(run_dir).relative_to(run_dir)),
-                 threads=threads_used(pre.device))
+                 threads=threads_used(pre.device), ledger=ledger_of(cfg, record.report.params).to_json())
     if pre.tb is not None:
         pre.tb.finish(record.report)
     train_tokens = len(pre.data.splits["train"].tokens) if "train" in pre.data.splits else 0

@@ -55,13 +55,15 @@ def preflight(cfg: Config, run_dir: Path, device: torch.device, fresh: bool, pro
     fits: any of them refuses the run while its folder is still untouched."""
     from ..data import identity_fits, prepare_data
 
-    require(cfg.train.log_to)  # a logger's missing package, before anything is written
+    if cfg.train.log_to:
+        require(cfg.train.log_to)  # a logger's missing package, before anything is written
     d = d or Dist()
     check_batch(cfg.train.batch_size, d)
     if d.active and cfg.model.untie_at is not None and cfg.train.compile:
         raise ConfigError("model.untie_at with train.compile under torchrun is not supported — drop one of them")
     fsdp = cfg.train.parallel == "fsdp"
-    check_launch(cfg.train.parallel, d, cfg.train.keep_best, cfg.model.untie_at, cfg.train.compile)
+    if fsdp:
+        check_launch(cfg.train.parallel, d, cfg.train.keep_best, cfg.model.untie_at, cfg.train.compile)
     device = start(d, device)
     total = budget_steps(cfg)
     if cfg.model.untie_at is not None and total < 2:
@@ -89,6 +91,6 @@ def preflight(cfg: Config, run_dir: Path, device: torch.device, fresh: bool, pro
                        "data, or start afresh with --overwrite")
     if not fsdp:  # a sharded model is planned per rank (train --dry-run), not whole
         check_fits(cfg.model, data.model_vocab_size, max(cfg.train.batch_size, cfg.eval.batch_size), device)
-    also = prepare_also(cfg, data, d, progress)
+    also = prepare_also(cfg, data, d, progress) if cfg.eval.also is not None else None
     return Preflight(device, resolve_dtype(cfg.train.dtype, device), total, untie_step(cfg, total), data,
                      ckpt, note, loaded, old, dist=d, also=also, fsdp=fsdp)
