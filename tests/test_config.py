@@ -252,3 +252,23 @@ def test_duplicate_keys_name_both_lines(tmp_path):
         load_config(tmp_path / "d.yaml")
     with pytest.raises(ConfigError, match=r"--set data.data_files: duplicate key 'train' \(line 1\)"):
         load_config(None, BUDGET + ["data.data_files={train: a.txt, train: b.txt}"])
+
+
+def test_warmup_as_a_fraction_follows_the_budget_and_keeps_old_hashes():
+    """train.warmup: a share of the steps (issue: a budget change must never break the warm-up)."""
+    from tiedlm.config import budget_steps, check_warmup, warmup_steps_for
+    from tiedlm.train.step import lr_at
+
+    base = load_config(str(ROOT / "configs" / "base.yaml"), ["train.max_steps=10"])
+    assert check_warmup(base, budget_steps(base), verdict=False) is not None  # 100 warm-up steps in 10
+    assert "train.warmup=0.1" in check_warmup(base, budget_steps(base), verdict=False)  # the fix names it
+    short = load_config(str(ROOT / "configs" / "base.yaml"), ["train.max_steps=10", "train.warmup=0.2"])
+    assert check_warmup(short, budget_steps(short)) is None  # a share of any budget fits it
+    assert warmup_steps_for(short.train, 10) == 2 and warmup_steps_for(short.train, 1000) == 200
+    assert [round(lr_at(s, 10, short.train) / short.train.lr, 3) for s in (0, 1, 2)] == [0.5, 1.0, 1.0]
+    assert warmup_steps_for(base.train, 10) == base.train.warmup_steps  # unset: the count of steps
+    assert config_hash(base) == config_hash(load_config(str(ROOT / "configs" / "base.yaml"),
+                                                        ["train.max_steps=10", "train.warmup=null"]))
+    assert config_hash(short) != config_hash(base)
+    with pytest.raises(ConfigError, match="train.warmup must be a fraction"):
+        load_config(str(ROOT / "configs" / "base.yaml"), ["train.warmup=5"])

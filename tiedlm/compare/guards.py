@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config import warmup_steps_for
 from ..formatting import fmt
 from ..perplexity import perplexity
 from .collect import LoadedRun
@@ -56,12 +57,15 @@ def unigram_warning(runs: list[LoadedRun], split: str) -> str | None:
 
 def warmup_warning(runs: list[LoadedRun]) -> str | None:
     """Runs whose warm-up took at least WARMUP_SHARE of their steps."""
-    short = [r for r in runs if r.report.steps and r.config.train.warmup_steps >= WARMUP_SHARE * r.report.steps]
+    def warm(r: LoadedRun) -> int:
+        return warmup_steps_for(r.config.train, r.report.total_steps or r.report.steps)
+
+    short = [r for r in runs if r.report.steps and warm(r) >= WARMUP_SHARE * r.report.steps]
     if not short:
         return None
     r = short[0]
     return (f"{len(short)} of {len(runs)} runs ({_names(short)}) spent at least half their steps warming up "
-            f"({r.name}: train.warmup_steps {r.config.train.warmup_steps} of {r.report.steps} steps): the learning "
+            f"({r.name}: {warm(r)} warm-up steps of {r.report.steps}): the learning "
             "rate barely reached its peak, so the verdict is about the warm-up as much as the models — lower "
             "train.warmup_steps (a tenth of the steps is usual) or train longer")
 

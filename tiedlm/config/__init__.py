@@ -155,6 +155,7 @@ class TrainConfig:
     min_lr: float = 1e-4  # cosine decay ends here (absolute)
     min_lr_ratio: float | None = None  # or here, as a fraction of lr (replaces min_lr); see effective_min_lr
     warmup_steps: int = 100  # linear warmup from 0
+    warmup: float | None = None  # or over this fraction of the steps (replaces warmup_steps); see warmup_steps_for
     weight_decay: float = 0.1  # on matrices; never on biases and LayerNorm gains
     decay_embeddings: bool = True  # whether E, W_out and the position embeddings are weight-decayed
     trainable: str = "all"  # all | head (W_out; E when tied) | embeddings (E and W_out): the rest frozen
@@ -459,6 +460,13 @@ def effective_min_lr(t: TrainConfig) -> float:
     return t.lr * t.min_lr_ratio if t.min_lr_ratio is not None else t.min_lr
 
 
+def warmup_steps_for(t: TrainConfig, total: int) -> int:
+    """The steps the learning rate warms up over: train.warmup x the budget's steps (rounded) when
+    the fraction is set, so that a change of budget keeps the warm-up's share; else
+    train.warmup_steps."""
+    return round(t.warmup * total) if t.warmup is not None else t.warmup_steps
+
+
 def budget_steps(cfg: Config) -> int:
     """The optimizer steps a run's budget gives: train.max_steps, or train.max_tokens over the tokens of a step."""
     t = cfg.train
@@ -475,7 +483,7 @@ def check_warmup(cfg: Config, total: int, verdict: bool = True) -> str | None:
     train.max_steps=10) it is the warning returned, and the run goes on. None when the budget is
     long enough."""
     t = cfg.train
-    if total >= t.warmup_steps:
+    if t.warmup is not None or total >= t.warmup_steps:  # a fraction of the steps always fits
         return None
     budget = (f"train.max_steps {t.max_steps}" if t.max_steps is not None else
               f"train.max_tokens {t.max_tokens:,} / ({t.batch_size} batch x {cfg.model.block_size} tokens x "
@@ -483,7 +491,8 @@ def check_warmup(cfg: Config, total: int, verdict: bool = True) -> str | None:
     per_step = t.batch_size * t.grad_accum * cfg.model.block_size
     more = (f"train.max_steps to at least {t.warmup_steps}" if t.max_steps is not None else
             f"train.max_tokens to at least {t.warmup_steps * per_step:,}")
-    fix = f"lower train.warmup_steps (a tenth of the steps: {max(1, total // 10)}) or raise {more}"
+    fix = (f"lower train.warmup_steps (a tenth of the steps: {max(1, total // 10)}), set train.warmup=0.1 (a tenth "
+           f"of any budget), or raise {more}")
     said = (f"train.warmup_steps {t.warmup_steps} is more than the {total} optimizer steps the budget gives "
             f"({budget}): the learning rate would never finish warming up")
     if verdict:

@@ -296,6 +296,9 @@ def _validate_train(t: TrainConfig) -> None:
     for key in ("warmup_steps", "weight_decay", "grad_clip", "eval_every", "checkpoint_every",
                 "max_skipped", "early_stop_patience", "early_stop_min_delta"):
         check_not_negative(getattr(t, key), f"train.{key}")
+    if t.warmup is not None and not 0 <= t.warmup < 1:
+        raise ConfigError(f"train.warmup must be a fraction of the steps, from 0 up to (not including) 1, got "
+                          f"{t.warmup} — e.g. train.warmup=0.05, or train.warmup_steps for a count of steps")
     _validate_selection(t)
     check_log_to(t.log_to)
     _validate_threads(t.threads)

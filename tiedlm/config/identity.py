@@ -44,7 +44,7 @@ ADDED_KEYS = {"train.keep_best": False, "train.early_stop_patience": 0, "train.e
               "model.multiple_of": 64, "model.rope_theta": 10000.0, "model.tie_strength": 0.0,
               "model.hf_config": None, "model.hf_overrides": None, "model.init_from": None, "model.tie_from": None,
               "model.vocab_size": None, "train.trainable": "all", "eval.also": None,
-              "tokenizer.add_tokens": None, "train.fsdp_init": "full"}
+              "tokenizer.add_tokens": None, "train.fsdp_init": "full", "train.warmup": None}
 
 
 def selects_checkpoints(cfg: Config) -> bool:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from .. import runs
+from ..config import effective_min_lr, warmup_steps_for
 from ..files import atomic_write_text
 
 if TYPE_CHECKING:
@@ -101,7 +102,8 @@ def card_text(run_dir: Path, report: runs.RunReport, result: ExportResult) -> st
              f"- Tokenizer: {cfg.tokenizer.kind}, {(report.params or {}).get('vocab_size', 'n/a')} tokens", "",
              "## Budget", "",
              f"- {report.steps or 0:,} steps, {report.tokens_seen or 0:,} tokens seen (batch {t.batch_size} × "
-             f"{t.grad_accum} × {m.block_size}); lr {t.lr}, min_lr {t.min_lr}, warmup {t.warmup_steps}, weight decay "
+             f"{t.grad_accum} × {m.block_size}); lr {t.lr}, min_lr {effective_min_lr(t):g}, warmup "
+             f"{warmup_steps_for(t, report.total_steps or report.steps or 0)} steps, weight decay "
              f"{t.weight_decay}; seed {report.seed}; {report.device}, {report.dtype}", "",
              "## Results", "", *_table([(f"{split} {name}", f"{res[name]:.4f}") for split, res in scores.items()
                                         for name in ("perplexity", "bits_per_byte") if isinstance(res, dict)

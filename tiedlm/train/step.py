@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .. import threads
-from ..config import Config, TrainConfig, effective_min_lr
+from ..config import Config, TrainConfig, effective_min_lr, warmup_steps_for
 from ..perplexity import representable
 
 if TYPE_CHECKING:
@@ -58,13 +58,15 @@ def build_optimizer(model, tcfg: TrainConfig) -> torch.optim.Optimizer:
 
 
 def lr_at(step: int, total: int, tcfg) -> float:
-    """Linear warmup from 0 to lr over warmup_steps, then cosine decay to the effective min_lr
-    (train.min_lr, or lr x train.min_lr_ratio) at `total`."""
-    if step < tcfg.warmup_steps:
-        return tcfg.lr * (step + 1) / tcfg.warmup_steps
-    if total <= tcfg.warmup_steps:
+    """Linear warmup from 0 to lr over the warm-up's steps (train.warmup_steps, or train.warmup of
+    `total`), then cosine decay to the effective min_lr (train.min_lr, or lr x train.min_lr_ratio)
+    at `total`."""
+    warm = warmup_steps_for(tcfg, total)
+    if step < warm:
+        return tcfg.lr * (step + 1) / warm
+    if total <= warm:
         return tcfg.lr
-    progress = min(1.0, (step - tcfg.warmup_steps) / (total - tcfg.warmup_steps))
+    progress = min(1.0, (step - warm) / (total - warm))
     low = effective_min_lr(tcfg)
     return low + 0.5 * (tcfg.lr - low) * (1.0 + math.cos(math.pi * progress))
 
