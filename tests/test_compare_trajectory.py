@@ -312,9 +312,38 @@ def test_the_summary_line_gives_the_path_and_whether_it_settled():
                    points=[point(100_000, 0.30), point(200_000, 0.20), point(300_000, 0.12), point(400_000, 0.10)],
                    still_moving=False, last_quarter_change=-0.02, final_half_width=0.02)
     line = summary_sentence(t)
-    assert "+30.0% at 100k, +20.0% at 200k, +10.0% at 400k tokens" in line
+    assert "over training, on validation: +30.0% at 100k, +20.0% at 200k, +10.0% at 400k tokens" in line
+    assert "The verdict" not in line  # on validation, the verdict is the line's own last point
     assert "keeps its sign" in line and "settled: -2.0 points" in line.replace("−", "-")
     t.still_moving = None
     assert "cannot be judged" in summary_sentence(t)
     t.points = t.points[:1]
     assert summary_sentence(t) is None
+
+
+def test_a_verdict_on_test_stands_beside_the_validation_line_in_words_and_on_the_figure(tmp_path):
+    """The trajectory is on validation; where the verdict is on test, the line gives the verdict's
+    own figure, and the figure draws it as a diamond with its interval at the end of the line."""
+    from types import SimpleNamespace
+
+    from tiedlm.compare.sections import summary_sentence
+    from tiedlm.compare.trajectory import Trajectory, TrajectoryPoint
+
+    t = Trajectory(variant="tied", reference="untied",
+                   points=[TrajectoryPoint(tokens=k * 100_000, step=None, effect=0.2, ci_low=0.1, ci_high=0.3,
+                                           n_seeds=3, test="paired", p_value=0.01) for k in (1, 2)],
+                   still_moving=False, last_quarter_change=0.0, final_half_width=0.1)
+    line = summary_sentence(t, ("test", SimpleNamespace(relative=0.0988)))
+    assert "on validation: +20.0% at 100k" in line and line.endswith("The verdict, on test, is +9.88%.")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from tiedlm.compare.plots import _draw_verdict
+
+    ax = Figure().add_subplot()
+    d = SimpleNamespace(relative=0.0988, relative_ci_low=0.05, relative_ci_high=0.15)
+    assert _draw_verdict(ax, d, t, "C0") == 1 and _draw_verdict(ax, None, t, "C0") == 0
+    x, y = ax.lines[0].get_data()
+    assert list(x) == [200_000] and abs(y[0] - 9.88) < 1e-9  # at the line's end, in percent

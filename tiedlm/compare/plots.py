@@ -314,6 +314,19 @@ def _draw(ax: Axes, t: Trajectory, color: str, label: str) -> None:
                     fontsize=7, color="0.25")
 
 
+def _draw_verdict(ax: Axes, d: Any, t: Trajectory, color: str) -> int:
+    """The verdict's effect (its split, its weights) with its 95% interval as a diamond at the end
+    of the contrast's validation line: 1 when drawn, 0 when the contrast has none."""
+    if d is None or d.relative is None or not t.points:
+        return 0
+    x = t.points[-1].tokens
+    low = None if d.relative_ci_low is None else (d.relative - d.relative_ci_low) * 100
+    high = None if d.relative_ci_high is None else (d.relative_ci_high - d.relative) * 100
+    ax.errorbar([x], [d.relative * 100], yerr=[[low], [high]] if low is not None and high is not None else None,
+                color=color, marker="D", markersize=6, markeredgecolor="black", capsize=3, zorder=5)
+    return 1
+
+
 def plot_trajectory(c: Comparison, path: Path) -> None:
     """tying_effect_vs_tokens.png: the effect (%) against tokens seen, a line and a 95% band per
     contrast, the zero line, each crossover marked."""
@@ -330,13 +343,21 @@ def plot_trajectory(c: Comparison, path: Path) -> None:
         colors = variant_colors(c)
         for v, t in shown:  # each contrast in its variant's colour
             _draw(ax, t, colors[v.label], matched.get(v.label) or f"{t.variant} vs {t.reference}")
+        verdicts = 0
+        if c.primary != SPLIT or c.select == "best":  # the verdict's own point, on its split, where it stands apart
+            for v, t in shown:
+                verdicts += _draw_verdict(ax, v.contrast(c.primary), t, colors[v.label])
+        if verdicts:
+            ax.errorbar([], [], yerr=[], color="0.4", marker="D", linestyle="none",
+                        label=f"the verdict: {c.primary}" + (", kept best weights" if c.select == "best" else "")
+                        + ", at the end (95% CI)")
         if any(t.crossover for _, t in shown):
             ax.scatter([], [], color="0.6", marker="X", edgecolors="black", linewidths=0.5,
                        label="crossover (the last change of sign)")
         ax.axhline(0.0, color="0.3", linewidth=1, linestyle="--")
         plain_ticks(ax, "x")
         ax.set_xlabel("tokens seen")
-        ax.set_ylabel(f"{what.lower()} on validation perplexity (%)")
+        ax.set_ylabel(f"{what.lower()} on perplexity (%): lines validation" + (f", ◆ {c.primary}" if verdicts else ""))
         notes = [ONE_SEED] if all(p.ci_low is None for _, t in shown for p in t.points) else []
         if c.select == "best" or c.primary != SPLIT:
             notes.append(f"the verdict is on {c.primary}; only validation is evaluated during training")

@@ -8,7 +8,7 @@ Pure functions of the Comparison; nothing here computes a statistic or reads a r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..formatting import MISSING, fmt_count, fmt_signed, markdown_table, percent
 from ..runs.ledger import FROM_CONFIG, differs_sentence, share_words, value_words
@@ -56,7 +56,7 @@ def still_moving_sentence(t: Trajectory) -> str | None:
             f"interval's half-width (±{half:.{digits}f}) — train longer before trusting the verdict.")
 
 
-def summary_sentence(t: Trajectory) -> str | None:
+def summary_sentence(t: Trajectory, verdict: tuple[str, Any] | None = None) -> str | None:
     """The effect at the first, middle and last evaluation, and whether it has settled: one line
     for every comparison, so the verdict is always read with how it got there."""
     pts = [p for p in t.points if p.effect is not None]
@@ -73,13 +73,22 @@ def summary_sentence(t: Trajectory) -> str | None:
         settled = "; one seed: whether it has settled cannot be judged"
     else:
         settled = ""
-    return (f"The effect of **{t.variant}** vs **{t.reference}** over training (validation): {path} tokens; it "
-            f"{sign}{settled}.")
+    end = ""
+    if verdict is not None and verdict[1] is not None and verdict[1].relative is not None:
+        split, d = verdict  # the verdict's own figure where it is on another split (or the kept best weights)
+        end = f" The verdict, on {split}, is {percent(d.relative)}."
+    return (f"The effect of **{t.variant}** vs **{t.reference}** over training, on validation: {path} tokens; it "
+            f"{sign}{settled}.{end}")
 
 
 def _sentences(c: Comparison) -> list[str]:
     ordered = [c.trajectories[v.label] for v in c.variants if v.label in c.trajectories]
-    return [s for t in ordered for s in (summary_sentence(t), crossover_sentence(t), still_moving_sentence(t)) if s]
+    apart = c.primary != SPLIT or c.select == "best"  # the verdict is not the line's last point
+    by_label = {v.label: v for v in c.variants}
+    return [s for t in ordered for s in (
+        summary_sentence(t, (c.primary + (", kept best weights" if c.select == "best" else ""),
+                             by_label[t.variant].contrast(c.primary)) if apart and t.variant in by_label else None),
+        crossover_sentence(t), still_moving_sentence(t)) if s]
 
 
 def trajectory_lines(c: Comparison) -> list[str]:
