@@ -264,3 +264,24 @@ def test_torch_s_flop_counter_gives_tiedlm_s_flops_for_its_own_llama_block():
                              "model.n_kv_head=2", "model.block_size=16", "train.max_steps=4", "train.warmup_steps=1"])
     model = build_model(cfg.model, V).eval()
     assert counted_forward_flops(model, V, 16) == flops_per_token(cfg.model, V)["forward"]
+
+
+@pytest.mark.parametrize("family, extra, message", [
+    ("bert", [], "bert is not a causal language model: its logits at a position change with the tokens after it"),
+    ("gemma3", [], "gemma3 keeps its language model in a nested config \\(text_config\\)"),
+    ("qwen2", ["model.hf_overrides={dtype: bfloat16}"], "dtype would set the weights' precision behind train.dtype"),
+    ("qwen2", ["model.hf_overrides={torch_dtype: float16}"], "torch_dtype would set the weights' precision"),
+    ("qwen2", ["model.hf_overrides={rms_norm_eps: abc}"], "qwen2 cannot be built with these settings"),
+    ("qwen2", ["model.hf_overrides={hidden_act: nonexistent}"], "qwen2 cannot be built with these settings"),
+    ("falcon", [], "falcon cannot be built with these settings \\(AttributeError: property 'head_dim'"),
+    ("gptj", [], "gptj cannot be built with these settings"),
+    ("t5", [], "t5 cannot be built with these settings"),
+])
+def test_a_family_or_override_that_cannot_train_here_is_one_line(family, extra, message, capfd):
+    """User errors that raised from inside transformers (exit 1, a traceback) or trained the wrong
+    thing (an encoder, a nested config's defaults, bf16 weights reported as fp32) are one line."""
+    cfg = load_config(ROOT / "configs" / "base.yaml", ["model.arch=hf", f"model.hf_config={family}", "model.n_layer=1",
+                                                       "model.n_embd=32", "model.n_head=2", "model.bias=false", *extra])
+    with pytest.raises(ConfigError, match=message):
+        build_model(cfg.model, 300)
+    assert "{" not in capfd.readouterr().err  # transformers' own log of the config stays quiet

@@ -344,6 +344,26 @@ def test_a_checkpoint_missing_weights_is_refused_rather_than_filled_at_random(ex
         build_model(start(folder, "model.tie_embeddings=false").model, 128)
 
 
+def test_a_checkpoint_with_a_nan_or_a_truncated_file_is_refused_before_training(exports, tmp_path):
+    """Not "training diverged at step 1 … lower train.lr": the start is what is wrong, said before training."""
+    from safetensors.torch import load_file, save_file
+
+    nan, cut = tmp_path / "nan", tmp_path / "cut"
+    for folder in (nan, cut):
+        folder.mkdir()
+        for f in exports["qwen2-untied"].iterdir():
+            (folder / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(str(nan / "model.safetensors"))
+    tensors["lm_head.weight"][3, 5] = float("nan")
+    save_file(tensors, str(nan / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=r"weights are not finite \(1 NaN or infinite value\(s\) in lm_head.weight\)"):
+        build_model(start(nan, "model.tie_embeddings=false").model, 128)
+    data = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ConfigError, match="its weights do not load .* the folder is damaged"):
+        build_model(start(cut, "model.tie_embeddings=false").model, 128)
+
+
 def test_new_words_are_counted_as_the_pre_tokenizer_cuts_them():
     """A byte-level BPE cuts " GLOUCESTER" only after a space: a name that always opens a line is
     counted without one, and the piece added is the one the text holds; a word it already holds

@@ -52,6 +52,15 @@ def test_too_few_settings_with_a_standard_error_fit_no_line():
     assert any("1 setting(s) left out" in n for n in line.notes)
 
 
+def test_a_setting_of_zero_is_left_out_for_its_log_axis_not_for_a_missing_standard_error():
+    """dropout 0 with three seeds has a standard error: the note says log2(0), not 'no standard error'."""
+    line = fit_line("model.dropout", [(0.0, 0.2, 0.01), (0.1, 0.1, 0.01), (0.2, 0.05, 0.01), (0.4, 0.0, 0.01)])
+    assert any("dropout=0 has no place on its log2 axis" in n for n in line.notes)
+    assert not any("standard error" in n for n in line.notes) and line.slope is not None
+    line = fit_line("model.dropout", [(0.0, 0.2, 0.01), (0.1, 0.1, None), (0.2, 0.05, 0.01), (0.4, 0.0, 0.01)])
+    assert any("1 setting(s) left out of the fit: no effect with a standard error" in n for n in line.notes)
+
+
 def test_a_one_key_grid_gets_its_line_and_a_two_key_grid_does_not():
     from types import SimpleNamespace
 

@@ -75,11 +75,15 @@ def fit_line(key: str, points: list[tuple[float, float, float]]) -> TyingLine:
     import numpy as np
 
     line = TyingLine(key=key, short=short_keys([key])[key], points=[])
+    off_axis = [x for x, _, _ in points if x is not None and x <= 0]
     usable = [(x, y, se) for x, y, se in points
               if x is not None and x > 0 and y is not None and math.isfinite(y) and se is not None and se > 0]
-    if len(usable) < len(points):
-        line.notes.append(f"{len(points) - len(usable)} setting(s) left out of the fit: no effect with a standard "
-                          "error (one seed, or no spread between seeds)")
+    if off_axis:
+        line.notes.append(f"{len(off_axis)} setting(s) left out of the fit: {line.short}="
+                          f"{', '.join(f'{x:g}' for x in off_axis)} has no place on its log2 axis (log2(0) is −∞)")
+    if len(usable) < len(points) - len(off_axis):
+        line.notes.append(f"{len(points) - len(off_axis) - len(usable)} setting(s) left out of the fit: no effect with "
+                          "a standard error (one seed, or no spread between seeds)")
     line.points = sorted(usable)
     if len(usable) < MIN_SETTINGS:
         line.notes.append(f"no line fitted: {len(usable)} setting(s) with an effect and a standard error, "

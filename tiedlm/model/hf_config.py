@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .arch import HF_SIZE_FIELDS
 from ..errors import ConfigError
@@ -90,6 +90,11 @@ def hf_model_config(m: ModelConfig, vocab_size: int) -> PretrainedConfig:
     if m.init_from:
         return _checkpoint_config(m, vocab_size)
     kind, data, probe = _base_config(m.hf_config)
+    if any(getattr(probe, k, None) is not None for k in NESTED):
+        raise ConfigError(f"model.hf_config {kind} keeps its language model in a nested config (text_config), which "
+                          "tiedlm's sizes and vocabulary would not reach — use the family's text-only model_type "
+                          f"(e.g. {kind}_text where transformers has one), or start from a checkpoint with "
+                          "model.init_from")
     fields: dict[str, Any] = {}
     for key, field in SIZE_FIELDS.items():
         if key in ("n_kv_head", "intermediate_size") and getattr(probe, field, None) is None:  # not every family's
@@ -106,14 +111,43 @@ def hf_model_config(m: ModelConfig, vocab_size: int) -> PretrainedConfig:
     fields.update(vocab_size=vocab_size, tie_word_embeddings=tied, use_cache=False,
                   **{t: None for t in TOKEN_FIELDS if hasattr(probe, t)})
     _check_overrides(m, kind, probe)
-    base = type(probe)(**{**data, **fields, **(m.hf_overrides or {})})
+    base = buildable(kind, lambda: type(probe)(**{**data, **fields, **(m.hf_overrides or {})}))
     for c in language_configs(base):
         c.tie_word_embeddings = tied
     return base
 
 
+def buildable(kind: str, build: Callable[[], Any]) -> Any:
+    """build(), transformers' own code run on the user's settings, with what it raises for settings
+    its family cannot take (a size it cannot divide, a field with no setter, an override of the
+    wrong type, a rotary size that does not fit the head) said in one line, and its log quiet
+    meanwhile (its warnings on such settings print whole configs). Out of memory passes through."""
+    transformers = require_transformers()
+    verbosity = transformers.utils.logging.get_verbosity()
+    transformers.utils.logging.set_verbosity(transformers.utils.logging.CRITICAL)  # its errors precede its raise
+    try:
+        return build()
+    except (ConfigError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        if type(exc).__name__ == "OutOfMemoryError":
+            raise
+        why = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ConfigError(f"model.hf_config {kind} cannot be built with these settings ({type(exc).__name__}: "
+                          f"{why}) — check model.hf_overrides and the sizes against transformers' config of "
+                          f"{kind}, or choose another family") from None
+    finally:
+        transformers.utils.logging.set_verbosity(verbosity)
+
+
+DTYPE_KEYS = ("dtype", "torch_dtype")  # the weights' precision, which train.dtype decides
+
+
 def _check_overrides(m: ModelConfig, kind: str, probe: PretrainedConfig) -> None:
     for key in (m.hf_overrides or {}):
+        if key in DTYPE_KEYS:
+            raise ConfigError(f"model.hf_overrides: {key} would set the weights' precision behind train.dtype, "
+                              "which the report states — drop it and use --set train.dtype=bf16 (or fp32)")
         if not hasattr(probe, key):
             raise ConfigError(f"model.hf_overrides: {key} is not a field of {kind}'s config — check its name in "
                               f"transformers' {type(probe).__name__}")

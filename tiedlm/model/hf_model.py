@@ -15,7 +15,7 @@ from torch import nn
 
 from .arch import HF_SIZE_FIELDS
 from ..errors import ConfigError
-from .hf_config import language_configs, config_flags_tied, hf_model_config, require_transformers
+from .hf_config import buildable, config_flags_tied, hf_model_config, language_configs, require_transformers
 from .pretrained import checkpoint_config, checkpoint_tied, describe_start
 from .tie_layer import TiedLM, count_params
 
@@ -39,7 +39,9 @@ class HFCausalLM(TiedLM):
         if cfg.init_from and not on_meta:
             self.hf = self._load_checkpoint(transformers, cfg, config)
         else:
-            self.hf = transformers.AutoModelForCausalLM.from_config(config)
+            self.hf = buildable(config.model_type, lambda: transformers.AutoModelForCausalLM.from_config(config))
+        if not on_meta:
+            self._check_causal(config.model_type)
         self.embed_scale = math.sqrt(cfg.n_embd) if cfg.embed_scale == "sqrt_d" else 1.0
         self.family_scale = self._family_scale(on_meta)
         if self.family_scale != 1.0 and self.embed_scale != 1.0:
@@ -60,8 +62,22 @@ class HFCausalLM(TiedLM):
         for c in language_configs(config):
             c.tie_word_embeddings = was_tied  # loaded as it was saved; the run's tie is set below
         transformers.utils.logging.disable_progress_bar()  # tiedlm says what it loads; no bar per run
-        model, info = transformers.AutoModelForCausalLM.from_pretrained(cfg.hf_config, config=config,
-                                                                         dtype=torch.float32, output_loading_info=True)
+        try:
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(
+                cfg.hf_config, config=config, dtype=torch.float32, output_loading_info=True)
+        except Exception as exc:  # a truncated or damaged weights file (safetensors' own error, OSError, …)
+            if isinstance(exc, (ConfigError, MemoryError)) or type(exc).__name__ == "OutOfMemoryError":
+                raise
+            raise ConfigError(f"model.init_from {cfg.init_from}: its weights do not load ({type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:160]}) — the folder is damaged; export or save it "
+                              "again") from None
+        bad = [(name, int((~torch.isfinite(w)).sum())) for name, w in model.named_parameters()
+               if not bool(torch.isfinite(w).all())]
+        if bad:
+            more = f" and {len(bad) - 1} more tensor(s)" if len(bad) > 1 else ""
+            raise ConfigError(f"model.init_from {cfg.init_from}: its weights are not finite ({bad[0][1]:,} NaN or "
+                              f"infinite value(s) in {bad[0][0]}{more}) — the checkpoint is damaged or its run "
+                              "diverged; start from another")
         missing = [k for k in info.get("missing_keys", []) if not (was_tied and k.endswith("lm_head.weight"))]
         if missing:  # transformers would fill them at random, and say so only in a log line
             raise ConfigError(f"model.init_from {cfg.init_from}: the checkpoint's weights lack {len(missing)} of the "
@@ -91,6 +107,23 @@ class HFCausalLM(TiedLM):
         self.start = {"init_from": cfg.init_from, "checkpoint_tied": was_tied,
                       "start": describe_start(was_tied, tied, cfg.tie_from)}
         return model
+
+    def _check_causal(self, kind: str) -> None:
+        """Refuse a family whose logits at a position see later tokens (an encoder such as bert,
+        which transformers also offers with a language-model head): two sequences that differ only
+        in their last token must give the same logits before it, on the built model."""
+        ids = torch.tensor([[1, 2, 3, 1], [1, 2, 3, 2]]) % max(2, self.vocab_size)
+        was = self.hf.training
+        self.hf.eval()
+        try:
+            with torch.no_grad():
+                logits = buildable(kind, lambda: self.hf(input_ids=ids).logits)
+        finally:
+            self.hf.train(was)
+        if not torch.allclose(logits[0, :-1], logits[1, :-1], rtol=1e-4, atol=1e-5):
+            raise ConfigError(f"model.hf_config {kind} is not a causal language model: its logits at a position "
+                              "change with the tokens after it, so it would be trained to copy the next token — "
+                              "choose a decoder family (gpt2, llama, qwen2, …)")
 
     def _family_scale(self, on_meta: bool) -> float | None:
         """How much the family's own input embedding scales E's rows (Gemma's embedding module
