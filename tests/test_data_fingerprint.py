@@ -73,6 +73,23 @@ def test_each_file_is_hashed_once_per_stat(tmp_path, monkeypatch):
     assert _fingerprint(text) == first and hashed == [text, text]  # another mtime: read again, same digest
 
 
+def test_an_in_place_edit_of_the_same_size_with_its_mtime_set_back_is_hashed_again(tmp_path):
+    """The memo keys on ctime too: `touch -d` can restore a file's mtime, not its ctime."""
+    import os
+    import time
+
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    first = _fingerprint(text)
+    st = text.stat()
+    time.sleep(0.01)
+    text.write_text(TEXT.replace("a", "b", 1))  # same size, other bytes
+    os.utime(text, ns=(st.st_atime_ns, st.st_mtime_ns))  # the mtime set back
+    assert text.stat().st_size == st.st_size and text.stat().st_mtime_ns == st.st_mtime_ns
+    assert text.stat().st_ctime_ns != st.st_ctime_ns
+    assert _fingerprint(text) != first  # not served from the memo: the new bytes' digest
+
+
 def test_a_memo_that_is_not_an_object_is_read_as_empty(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text(TEXT)

@@ -36,7 +36,7 @@ from .tokenizers import Tokenizer, load_tokenizer
 
 CACHE_FORMAT = 1  # bump when the layout of cache entries changes; old entries are then ignored
 HUB_MEMO = "hub-revisions.json"
-DIGEST_MEMO = "file-digests.json"  # a data file's content digest, by its path, size, mtime and inode
+DIGEST_MEMO = "file-digests.json"  # a data file's content digest, by its path, size, mtime, ctime, inode and device
 MANIFEST = "manifest.json"
 _KINDS = {"tokenizers": "tokenizer", "tokens": "tokens"}  # cache folder → the kind its manifests name
 

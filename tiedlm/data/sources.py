@@ -57,8 +57,11 @@ def file_stamps(paths: list[Path]) -> tuple[list[list], list[list]]:
     """[path, bytes, content digest] of each data file: what identifies it. The content, not the
     modification time, so that a copy, a checkout, an rsync or a touch of the same bytes keeps the
     fingerprint (and with it the runs' claim to the same tokens: their resume and their comparison).
-    Each file is hashed once per (size, mtime, inode, device) it shows: the memo in the cache
-    remembers it. A file that cannot be read is stamped by its mtime instead; loading it says what
+    Each file is hashed once per (size, mtime, ctime, inode, device) it shows: the memo in the
+    cache remembers it. The ctime is what an in-place edit of the same size with its mtime set back
+    (touch -d, rsync -t) cannot set back; what is still not caught is a change that restores the
+    ctime too (a clock set back, or a file system without one), which needs a re-hash
+    (tiedlm cache clear). A file that cannot be read is stamped by its mtime instead; loading it says what
     is wrong. Second, from the same stat, the stamps as tiedlm made them before it hashed the
     content, [path, bytes, mtime in ns] (Source.by_mtime)."""
     memo_file = cache_root() / DIGEST_MEMO
@@ -67,11 +70,11 @@ def file_stamps(paths: list[Path]) -> tuple[list[list], list[list]]:
     stamps, by_mtime, changed = [], [], False
     for path in paths:
         st = path.stat()
-        seen = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+        seen = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
         by_mtime.append([str(path), st.st_size, st.st_mtime_ns])
         known = memo.get(str(path))
-        if isinstance(known, list) and len(known) == 5 and known[:4] == seen:
-            digest = known[4]
+        if isinstance(known, list) and len(known) == len(seen) + 1 and known[:-1] == seen:  # an older memo: hashed again
+            digest = known[-1]
         else:
             try:
                 digest = _content_digest(path)
