@@ -166,3 +166,20 @@ def test_a_sweep_emits_each_sharded_run_as_one_torchrun_job(tmp_path):
     tasks = [line for line in script.splitlines() if line.startswith("  ") and ") " in line and "*)" not in line]
     assert len(tasks) == 4 and all("torchrun --standalone --nproc_per_node=gpu -m tiedlm train" in t for t in tasks)
     assert "#SBATCH --gpus-per-task=8" in script
+
+
+def test_compare_config_launches_each_sharded_run_as_one_torchrun_job(tmp_path, monkeypatch):
+    """compare --config on a train.parallel: fsdp config: each run one torchrun job of
+    train.processes processes (--jobs leaves them one after another), judged as any other."""
+    from tiedlm.cli import app
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    cfg = write_config(tmp_path, "f", {}, max_steps=6, warmup_steps=2, eval_every=0, checkpoint_every=0, processes=2)
+    r = CliRunner().invoke(app, ["compare", "-c", str(cfg), "--out", str(tmp_path / "runs"), "--jobs", "2"])
+    assert r.exit_code == 0, r.output
+    assert "launching torchrun with 2 processes" in r.output and "one after another" in r.output
+    found = {p.name: report(p) for p in (tmp_path / "runs").iterdir() if (p / runs.REPORT).is_file()}
+    assert len(found) == 2 and all(rep["status"] == "finished" and rep["world_size"] == 2 for rep in found.values())
+    assert {rep["config"]["model"]["tie_embeddings"] for rep in found.values()} == {True, False}
+    comparison = json.loads((tmp_path / "runs" / "compare" / "comparison.json").read_text())
+    assert [v["n_seeds"] for v in comparison["variants"]] == [1, 1]

@@ -173,6 +173,7 @@ class TrainConfig:
     log_to: list[str] = field(default_factory=list)  # loggers beside metrics.jsonl: tensorboard (<run>/tb/)
     parallel: str = "ddp"  # under torchrun: ddp (a whole model per rank) | fsdp (sharded, FSDP2; docs/fsdp.md)
     fsdp_init: str = "full"  # fsdp: full (built whole, then sharded: one process's weights) | meta (sharded as built)
+    processes: int | None = None  # fsdp runs compare --config launches: torchrun's processes (None: the GPUs, or 2)
 
 
 @dataclass

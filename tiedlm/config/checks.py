@@ -312,6 +312,8 @@ def _validate_train(t: TrainConfig) -> None:
                                      "(head: W_out alone, E when tied; embeddings: E and W_out)")
     _check(t.parallel in PARALLEL, f"train.parallel must be one of {', '.join(PARALLEL)}, got {t.parallel!r}")
     _check(t.fsdp_init in FSDP_INIT, f"train.fsdp_init must be one of {', '.join(FSDP_INIT)}, got {t.fsdp_init!r}")
+    if t.processes is not None:
+        check_positive(t.processes, "train.processes")
 
 
 def _validate_min_lr(t: TrainConfig) -> None:

@@ -29,7 +29,7 @@ _NO = object()
 # optimizer do change results, and are not here.
 OPERATIONAL_KEYS = ("train.threads", "train.compile", "train.checkpoint_every", "train.log_every",
                     "train.eval_every", "train.eval_tokens", "eval.batch_size", "train.log_to",
-                    "train.parallel")
+                    "train.parallel", "train.processes")
 # The periodic evaluation decides when early stopping ends a run and which weights keep_best keeps:
 # with either on, its interval and slice are part of what a run is.
 SELECTION_KEYS = ("train.eval_every", "train.eval_tokens")

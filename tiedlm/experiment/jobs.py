@@ -19,7 +19,7 @@ from ..files import check_writable, os_error_line
 from ..process import log
 from ..train import train_run
 from ..config.identity import config_hash
-from .parallel import Tally, WorkerPool, resolve_workers, train_parallel
+from .parallel import Tally, WorkerPool, resolve_workers, train_parallel, train_sharded
 
 if TYPE_CHECKING:
     from .plan import Stage
@@ -104,7 +104,10 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
     tally.expect([name for name, _ in jobs], finished)
     if len(finished) < len({name for name, _ in jobs}):
         check_writable(Path(out))  # a read-only or full --out: said once, before any run is trained
-    if parallel != 1 and train is train_run:
+    sharded = train is train_run and any(cfg.train.parallel == "fsdp" for _, cfg in jobs)
+    if sharded and parallel != 1 and progress:
+        log("train.parallel fsdp: the runs are trained one after another, each a torchrun job of its own processes")
+    if parallel != 1 and train is train_run and not sharded:
         workers = resolve_workers(parallel, [cfg for name, cfg in jobs if name not in finished])
         if workers > 1:
             return _train_parallel(jobs, out, progress, overwrite_other_config, workers, finished, tally, pool)
@@ -120,15 +123,16 @@ def train_jobs(jobs: list[tuple[str, Config]], out: Path, progress: bool = True,
         if progress:
             log(f"{tag}: training")
         started = time.monotonic()
+        trains = train_sharded if train is train_run and cfg.train.parallel == "fsdp" else train
         try:
             try:
-                train(cfg, out=out, name=name, progress=progress)
+                trains(cfg, out=out, name=name, progress=progress)
             except ConfigMismatchError:
                 if not overwrite_other_config:
                     raise
                 if progress:
                     log(f"{tag}: holds another config, retraining (--overwrite)")
-                train(cfg, out=out, name=name, progress=progress, overwrite=True)
+                trains(cfg, out=out, name=name, progress=progress, overwrite=True)
         except (Interrupted, KeyboardInterrupt):
             raise
         except TiedlmError as exc:

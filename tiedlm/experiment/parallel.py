@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import Config, to_yaml
-from ..errors import ConfigError, Interrupted
+from .. import runs
+from ..errors import ConfigError, Interrupted, RunError
 from ..files import HOST
 from ..process import PARENT_ENV, alive, log
 from ..config import load_config
@@ -139,6 +140,44 @@ def _last_error(log_path: Path, code: int) -> str:
     if errors:
         return errors[-1].removeprefix("tiedlm: error:").strip()
     return f"{lines[-1]} (exit code {code})" if lines else f"exit code {code}"
+
+
+def sharded_processes(cfg: Config) -> int:
+    """How many processes a sharded run that tiedlm launches itself gets: train.processes, else
+    one per visible GPU where the run uses them, else 2 (CPU, gloo)."""
+    if cfg.train.processes is not None:
+        return cfg.train.processes
+    gpus = visible_gpus([cfg])
+    return len(gpus) if gpus else 2
+
+
+def train_sharded(cfg: Config, out: Path, name: str, progress: bool = True, overwrite: bool = False) -> Path:
+    """A train.parallel: fsdp run of compare --config or a sweep (train_run's signature): one
+    torchrun job of sharded_processes(cfg) processes on this machine, this process waiting for it.
+    Its config goes to the job as a resolved YAML file; its one-line error comes back as this
+    process's RunError (ConfigMismatchError is met here first, as train_run meets it)."""
+    run_dir = runs.run_dir_for(Path(out), name)
+    if not overwrite:
+        runs.existing_state(run_dir, cfg)  # another config in the folder: the caller decides
+    n = sharded_processes(cfg)
+    with tempfile.TemporaryDirectory(prefix=_TMP_PREFIX + f"{HOST}-{os.getpid()}-") as tmp:
+        config = Path(tmp) / "config.yaml"
+        config.write_text(to_yaml(cfg), encoding="utf-8")
+        log_path = Path(tmp) / "torchrun.log"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "-m", "tiedlm",
+               "train", "-c", str(config), "--out", str(out), "--name", name, "-q",
+               *(["--overwrite"] if overwrite else [])]
+        if progress:
+            log(f"{name}: train.parallel fsdp, launching torchrun with {n} processes")
+        env = _child_env(None)
+        env.pop(PARENT_ENV, None)  # torchrun's ranks are its children, not this process's
+        with open(log_path, "w", encoding="utf-8") as sink:
+            code = subprocess.run(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env).returncode
+        if code in (130, 143, -signal.SIGINT, -signal.SIGTERM):
+            raise Interrupted(f"{name}: interrupted — run the same command again to resume it", exit_code=130)
+        if code != 0:
+            raise RunError(f"{_last_error(log_path, code)} (a torchrun job of {n} processes)")
+    return run_dir
 
 
 class _Signals:
