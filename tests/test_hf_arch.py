@@ -285,3 +285,17 @@ def test_a_family_or_override_that_cannot_train_here_is_one_line(family, extra, 
     with pytest.raises(ConfigError, match=message):
         build_model(cfg.model, 300)
     assert "{" not in capfd.readouterr().err  # transformers' own log of the config stays quiet
+
+
+def test_a_head_that_is_not_linear_is_found_on_the_built_model_when_its_fields_do_not_say_so():
+    """recurrent_gemma soft-caps its logits without the field the other families name it by: the
+    built model's logits against its final hidden state × W_out tell, and the modes that need a
+    plain linear head are refused for it as for Gemma 2."""
+    base = ["model.arch=hf", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.bias=false"]
+    found = build_model(load_config(ROOT / "configs" / "base.yaml", [*base, "model.hf_config=recurrent_gemma"]).model, 300)
+    assert found.head_kind.startswith("the family's own logits (measured on the built model")
+    plain = build_model(load_config(ROOT / "configs" / "base.yaml", [*base, "model.hf_config=qwen2"]).model, 300)
+    assert plain.head_kind == "linear" and plain.unlike_linear == 0.0
+    with pytest.raises(ConfigError, match="lowrank builds W_out from E for a plain linear head.*measured on the built"):
+        build_model(load_config(ROOT / "configs" / "base.yaml", [*base, "model.hf_config=recurrent_gemma",
+                                                               "model.tie_mode=lowrank", "model.untie_rank=4"]).model, 300)

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
 
 
+LINEAR_TOLERANCE = 1e-5  # the largest |logits − hidden·W_outᵀ| over 1 + the largest |logit| of a linear head
+
+
 class HFCausalLM(TiedLM):
     """A transformers causal LM under tiedlm's tie layer: E is the family's input embeddings,
     W_out its output embeddings, and every tying mode acts on them (tie_layer.TiedLM)."""
@@ -40,8 +43,7 @@ class HFCausalLM(TiedLM):
             self.hf = self._load_checkpoint(transformers, cfg, config)
         else:
             self.hf = buildable(config.model_type, lambda: transformers.AutoModelForCausalLM.from_config(config))
-        if not on_meta:
-            self._check_causal(config.model_type)
+        self.unlike_linear = None if on_meta else self._check_built(config.model_type)
         self.embed_scale = math.sqrt(cfg.n_embd) if cfg.embed_scale == "sqrt_d" else 1.0
         self.family_scale = self._family_scale(on_meta)
         if self.family_scale != 1.0 and self.embed_scale != 1.0:
@@ -108,22 +110,32 @@ class HFCausalLM(TiedLM):
                       "start": describe_start(was_tied, tied, cfg.tie_from)}
         return model
 
-    def _check_causal(self, kind: str) -> None:
-        """Refuse a family whose logits at a position see later tokens (an encoder such as bert,
-        which transformers also offers with a language-model head): two sequences that differ only
-        in their last token must give the same logits before it, on the built model."""
+    def _check_built(self, kind: str) -> float:
+        """Two checks on the built model, from one forward of two short sequences that differ only
+        in their last token. Refused: a family whose logits at a position see later tokens (an
+        encoder such as bert, which transformers also offers with a language-model head). Returned:
+        how far its logits are from the final hidden state times W_out (+ bias), which _head_kind
+        reads, so that a head the config's fields do not declare (recurrent_gemma's soft-cap, a
+        logit multiplier) is found on the model itself."""
         ids = torch.tensor([[1, 2, 3, 1], [1, 2, 3, 2]]) % max(2, self.vocab_size)
         was = self.hf.training
         self.hf.eval()
         try:
             with torch.no_grad():
-                logits = buildable(kind, lambda: self.hf(input_ids=ids).logits)
+                out = buildable(kind, lambda: self.hf(input_ids=ids, output_hidden_states=True))
         finally:
             self.hf.train(was)
+        logits = out.logits
         if not torch.allclose(logits[0, :-1], logits[1, :-1], rtol=1e-4, atol=1e-5):
             raise ConfigError(f"model.hf_config {kind} is not a causal language model: its logits at a position "
                               "change with the tokens after it, so it would be trained to copy the next token — "
                               "choose a decoder family (gpt2, llama, qwen2, …)")
+        head = self.hf.get_output_embeddings()
+        with torch.no_grad():
+            linear = out.hidden_states[-1] @ head.weight.T
+            if getattr(head, "bias", None) is not None:
+                linear = linear + head.bias
+            return float((linear - logits).abs().max() / (1.0 + logits.abs().max()))
 
     def _family_scale(self, on_meta: bool) -> float | None:
         """How much the family's own input embedding scales E's rows (Gemma's embedding module
@@ -149,6 +161,9 @@ class HFCausalLM(TiedLM):
         for field in ("logit_scale", "logits_scaling", "output_multiplier_scale"):
             if getattr(c, field, None) not in (None, 1, 1.0):
                 return f"the family's own logits ({field} {getattr(c, field)})"
+        if self.unlike_linear is not None and self.unlike_linear > LINEAR_TOLERANCE:
+            return (f"the family's own logits (measured on the built model: they differ from the final hidden state "
+                    f"× W_out by {self.unlike_linear:.2g}, relative)")
         return "linear"
 
     # ---------------------------------------------------------------- what the tie layer asks
