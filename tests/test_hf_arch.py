@@ -299,3 +299,20 @@ def test_a_head_that_is_not_linear_is_found_on_the_built_model_when_its_fields_d
     with pytest.raises(ConfigError, match="lowrank builds W_out from E for a plain linear head.*measured on the built"):
         build_model(load_config(ROOT / "configs" / "base.yaml", [*base, "model.hf_config=recurrent_gemma",
                                                                "model.tie_mode=lowrank", "model.untie_rank=4"]).model, 300)
+
+
+def test_a_mixture_of_experts_counts_the_flops_of_the_experts_a_token_is_routed_to():
+    """mixtral keeps its experts as 3-D tensors: a token multiplies by num_experts_per_tok of them
+    (2 of 8 by default), so its matmul weights per token are mistral's at the same sizes with the
+    MLP taken twice, plus the router (one d-vector per expert)."""
+    from tiedlm.model.counting import flops_per_token
+
+    def matmul(family):
+        cfg = load_config(ROOT / "configs" / "base.yaml", ["model.arch=hf", f"model.hf_config={family}",
+                                                           "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
+                                                           "model.bias=false"])
+        return flops_per_token(cfg.model, 512)["non_head_matmul_params"], cfg.model.mlp_size
+
+    dense, mlp = matmul("mistral")
+    mlp_weights = 3 * 32 * mlp  # gate, up and down
+    assert matmul("mixtral")[0] == dense - mlp_weights + 2 * mlp_weights + 8 * 32

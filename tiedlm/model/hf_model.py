@@ -212,12 +212,18 @@ class HFCausalLM(TiedLM):
 def count_on_meta(m: ModelConfig, vocab_size: int) -> dict:
     """The breakdown tie_layer.count_params gives, of the model built on the meta device (nothing
     is allocated), with the decoder's matmul weights for the FLOPs: its 2-D parameters but the
-    embedding tables (E, a learned position table), which are looked up, not multiplied."""
+    embedding tables (E, a learned position table), which are looked up, not multiplied, and of a
+    mixture of experts' 3-D expert weights the share of the experts each token is routed to."""
     with torch.device("meta"), warnings.catch_warnings():  # V = 0 (the memory check before a tokenizer
         warnings.filterwarnings("ignore", "Initializing zero-element tensors")  # exists): E has no rows
         model = HFCausalLM(m, vocab_size)
     tables = {id(mod.weight) for mod in model.modules() if isinstance(mod, nn.Embedding)}
-    matmul = sum(p.numel() for p in model.hf.get_decoder().parameters() if p.dim() == 2 and id(p) not in tables)
+    params = list(model.hf.get_decoder().parameters())
+    matmul = sum(p.numel() for p in params if p.dim() == 2 and id(p) not in tables)
+    # a mixture of experts keeps its experts' weights as one 3-D tensor (experts × in × out): a token
+    # multiplies by the num_experts_per_tok experts its router picks, not by all of them
+    active = getattr(language_configs(model.hf.config)[-1], "num_experts_per_tok", None)
+    matmul += sum(p.numel() // p.shape[0] * min(active or p.shape[0], p.shape[0]) for p in params if p.dim() == 3)
     # the size keys the family's config has (GPT-2's has no key/value heads nor an MLP width field)
     sizes = " ".join(f"{key}={value}" for key, value in (("n_kv_head", m.kv_heads), ("intermediate_size", m.mlp_size))
                      if getattr(model.hf.config, HF_SIZE_FIELDS[key], None) is not None)
