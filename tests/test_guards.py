@@ -76,8 +76,9 @@ def test_a_budget_shorter_than_its_warmup_is_refused_for_a_verdict_before_anythi
                             runs_dir=tmp_path / "runs")
     with pytest.raises(ConfigError, match=r"train\.warmup_steps 50 is more than the 49 optimizer steps the budget "
                                           r"gives \(train\.max_tokens 100,000 / \(32 batch x 64 tokens x 1 "
-                                          r"grad_accum\)\).*lower train\.warmup_steps \(a tenth of the steps: 4\) or "
-                                          r"raise train\.max_tokens to at least 102,400"):
+                                          r"grad_accum\)\).*lower train\.warmup_steps \(a tenth of the steps: 4\), set "
+                                          r"train\.warmup=0\.1 \(a tenth of any budget\), or raise train\.max_tokens to "
+                                          r"at least 102,400"):
         plan_comparison(req)
     assert not any(tmp_path.iterdir())
 
@@ -101,7 +102,7 @@ def test_runs_mostly_warming_up_are_said(tmp_path):
         make_run(runs, f"t-s{seed}", seed, ["model.tie_embeddings=true", "train.warmup_steps=60"], val=60 + seed)
         make_run(runs, f"u-s{seed}", seed, ["model.tie_embeddings=false", "train.warmup_steps=60"], val=61 + seed)
     w = [x for x in C.compare_runs(runs_dir=runs).warnings if "warming up" in x]
-    assert len(w) == 1 and w[0].startswith("4 of 4 runs") and "train.warmup_steps 60 of 100 steps" in w[0]
+    assert len(w) == 1 and w[0].startswith("4 of 4 runs") and "(t-s0: 60 warm-up steps of 100)" in w[0]
 
 
 def test_most_runs_still_improving_is_a_verdict_about_the_budget(tmp_path):
@@ -147,7 +148,12 @@ def test_a_few_lines_in_a_small_split_are_not_a_leak(tmp_path):
 def test_the_main_jobs_protocol_has_no_protocol_line(tmp_path):
     from tiedlm.compare.guards import protocol_differences, protocol_line
 
-    assert protocol_line(protocol_differences("best", "test", True, [3, 3])) is None
-    line = protocol_line(protocol_differences("final", "validation", False, [2, 3]))
+    assert protocol_line(protocol_differences("best", "test", ["train.lr"], [3, 3])) is None
+    line = protocol_line(protocol_differences("final", "validation", [], [2, 3]))
     assert line.startswith("Protocol: untuned (") and "final weights" in line and "the verdict on validation" in line
     assert "2 seeds per variant (not 3)" in line
+    # --tune train.lr=1e-2 (one point) and --tune model.dropout=0,0.1 (lr shared) are not the main job's
+    one = protocol_line(protocol_differences("best", "test", [], [3, 3], one_point=True))
+    assert one.startswith("Protocol: untuned (--tune gave one point")
+    shared = protocol_line(protocol_differences("best", "test", ["model.dropout"], [3, 3]))
+    assert shared.startswith("Protocol: the learning rate shared (tuned: model.dropout;")

@@ -197,8 +197,10 @@ def _judge_held(run_dirs: list[Path], left_out: list[LeftOut], req: Judging, fou
     c.trained = len(found.trained) if found.trained is not None else None
     c.warnings += guard_warnings(runs, c.primary)
     c.at_chance = {r.name for r in runs if r.at_unigram(c.primary)}  # a contrast of only these gets no verdict
-    c.protocol = protocol_line(protocol_differences(select, c.primary, tuning is not None or bool(tuned),
-                                                    [v.n_seeds for v in c.variants]))
+    one_point = tuning is not None and tuning.only_point is not None
+    chosen = [] if one_point else (tuning.keys if tuning is not None else record.keys if record is not None else [])
+    c.protocol = protocol_line(protocol_differences(select, c.primary, list(chosen), [v.n_seeds for v in c.variants],
+                                                    one_point))
     if record is not None:
         c.notes += record.notes()
         c.warnings += ignored_record_warning(record.ignored, primary)

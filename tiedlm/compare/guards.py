@@ -114,12 +114,19 @@ def guard_warnings(runs: list[LoadedRun], split: str) -> list[str]:
     return [w for w in found if w]
 
 
-def protocol_differences(select: str, primary: str, tuned: bool, seeds: list[int]) -> list[str]:
+def protocol_differences(select: str, primary: str, tuned: list[str], seeds: list[int],
+                         one_point: bool = False) -> list[str]:
     """How this comparison's protocol differs from the main job's (each variant at its own lr chosen
-    on validation, the kept best weights, the verdict on test, 3 seeds)."""
+    on validation, the kept best weights, the verdict on test, 3 seeds). `tuned`: the keys each
+    variant chose for itself among several values; `one_point`: --tune gave one value, so nothing
+    was chosen."""
     out = []
-    if not tuned:
+    if one_point:
+        out.append("untuned (--tune gave one point: every variant at it, nothing chosen)")
+    elif not tuned:
         out.append("untuned (every variant at the config's own settings)")
+    elif "train.lr" not in tuned:
+        out.append(f"the learning rate shared (tuned: {', '.join(tuned)}; each variant's lr at the config's)")
     if select != "best":
         out.append("final weights (not each run's best kept on validation)")
     if primary != "test":
