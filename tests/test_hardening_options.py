@@ -73,7 +73,8 @@ COMMANDS = {
                ["RUN", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed",
                 "--num-samples", "--device"]),
     "tensorboard": (["tensorboard", "{run}"], ["RUN"]),
-    "compare": (["compare", "{run}", "--out", "{tmp}/cmp"], ["RUN", "--baseline", "--primary", "--select", "--out"]),
+    "compare": (["compare", "{run}", "--out", "{tmp}/cmp"], ["RUN", "--baseline", "--primary", "--select", "--out",
+                                                              "--log-to"]),
     "compare-config": (["compare", "--config", "{cfg}", "--out", "{tmp}/runs", "-q"],
                        ["--config", "--set", "--seeds", "--match", "--tune", "--max-seeds", "--min-effect", "--jobs"]),
     # --max-seeds and --min-effect above are refused without --seeds auto; here their ranges are
