@@ -316,3 +316,21 @@ def test_a_mixture_of_experts_counts_the_flops_of_the_experts_a_token_is_routed_
     dense, mlp = matmul("mistral")
     mlp_weights = 3 * 32 * mlp  # gate, up and down
     assert matmul("mixtral")[0] == dense - mlp_weights + 2 * mlp_weights + 8 * 32
+
+
+def test_a_family_that_scales_e_itself_has_that_scale_in_its_count_ledger_and_report():
+    """Gemma multiplies E's rows by √d inside its embedding: the ledger says so (it said 1)."""
+    from tiedlm.model.tie_layer import count_params
+    from tiedlm.runs import RunReport, render_report_md
+    from tiedlm.runs.ledger import ledger_of
+
+    cfg = load_config(ROOT / "configs" / "base.yaml", ["model.arch=hf", "model.hf_config=gemma2", "model.n_layer=1",
+                                                       "model.n_embd=32", "model.n_head=2", "model.bias=false"])
+    params = count_params(build_model(cfg.model, 300))
+    assert params["family_embed_scale"] == pytest.approx(32 ** 0.5, rel=1e-5)
+    assert ledger_of(cfg, params).embed_scale == "×5.657, the family's own"
+    assert "embed_scale ×5.657 (the family's own)" in render_report_md(RunReport(config=cfg, params=params))
+    plain = load_config(ROOT / "configs" / "base.yaml", ["model.arch=hf", "model.hf_config=qwen2", "model.n_layer=1",
+                                                         "model.n_embd=32", "model.n_head=2", "model.bias=false"])
+    plain_params = count_params(build_model(plain.model, 300))
+    assert "family_embed_scale" not in plain_params and ledger_of(plain, plain_params).embed_scale == "1"

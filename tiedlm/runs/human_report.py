@@ -36,7 +36,9 @@ def render_report_md(r: RunReport) -> str:
     """report.json for people."""
     m = r.config.model if r.config is not None else None
     untie = f", untied at {m.untie_at} of training (step {r.untied_at_step or r.untie_step})" if m and m.untie_at else ""
-    tying = (f"Tying: **{m.tie.label}**{untie}; embed_scale {m.embed_scale}; lm_head_bias {m.lm_head_bias}; "
+    family_scale = (r.params or {}).get("family_embed_scale")
+    scale = f"×{family_scale:.4g} (the family's own)" if isinstance(family_scale, (int, float)) else m and m.embed_scale
+    tying = (f"Tying: **{m.tie.label}**{untie}; embed_scale {scale}; lm_head_bias {m.lm_head_bias}; "
              if m else "Tying: unknown (its config does not load); ")
     block = ""
     if m is not None and m.family.built_by_transformers:

@@ -78,7 +78,7 @@ class Ledger:
     weight_decay_other: float  # on every other matrix (biases and norm gains never)
     init_std_e: float | None  # None: not drawn by tiedlm (an arch: hf family's own rules, or a checkpoint)
     init_std_w_out: float | None
-    embed_scale: str  # "1" or "sqrt_d": the input side sees E or √d·E
+    embed_scale: str  # "1" or "sqrt_d": the input side sees E or √d·E; or the family's own ("×5.657, the family's own")
     lm_head_bias: bool
     vd: int | None  # V·d: E's parameters, what tying saves
     vd_share: float | None  # V·d / the model's parameters
@@ -150,6 +150,15 @@ def _decays(cfg: Config) -> tuple[float, float, float]:
     return embeddings, w_out, t.weight_decay
 
 
+def _embed_scale(cfg: Config, params: dict) -> str:
+    """What the input side multiplies E's rows by: tiedlm's model.embed_scale, or the family's own
+    (Gemma's √d), which the built model's count records."""
+    family = params.get("family_embed_scale")
+    if isinstance(family, (int, float)) and family != 1.0:
+        return f"×{family:.4g}, the family's own"
+    return str(cfg.model.embed_scale)
+
+
 def ledger_of(cfg: Config, params: dict | None, source: str = RECORDED) -> Ledger:
     """The ledger of a run of `cfg` whose parameter breakdown (model.count_params) is `params`."""
     hf = cfg.model.family.built_by_transformers
@@ -162,7 +171,7 @@ def ledger_of(cfg: Config, params: dict | None, source: str = RECORDED) -> Ledge
     return Ledger(tie=cfg.model.tie.label, init=_init(cfg, hf), head_init=_head_init(cfg, hf, p),
                   frozen=_frozen(cfg), lr=cfg.train.lr,
                   min_lr=effective_min_lr(cfg.train), weight_decay_e=e, weight_decay_w_out=w_out,
-                  weight_decay_other=other, init_std_e=std, init_std_w_out=std, embed_scale=str(cfg.model.embed_scale),
+                  weight_decay_other=other, init_std_e=std, init_std_w_out=std, embed_scale=_embed_scale(cfg, p),
                   lm_head_bias=bool(cfg.model.lm_head_bias), vd=vd, vd_share=share,
                   block_init=("the checkpoint's" if cfg.model.init_from else
                               cfg.model.family.init.words(cfg.model.n_layer)),
