@@ -318,19 +318,17 @@ def test_a_mixture_of_experts_counts_the_flops_of_the_experts_a_token_is_routed_
     assert matmul("mixtral")[0] == dense - mlp_weights + 2 * mlp_weights + 8 * 32
 
 
-def test_a_family_that_scales_e_itself_has_that_scale_in_its_count_ledger_and_report():
-    """Gemma multiplies E's rows by √d inside its embedding: the ledger says so (it said 1)."""
-    from tiedlm.model.tie_layer import count_params
-    from tiedlm.runs import RunReport, render_report_md
-    from tiedlm.runs.ledger import ledger_of
+def test_a_family_that_scales_e_itself_has_that_scale_in_its_record_ledger_and_report(tiny, tmp_path, monkeypatch):
+    """Gemma multiplies E's rows by √d inside its embedding: the run's params, ledger and report.md
+    say so (they said 1)."""
+    from tiedlm.train import train_run
 
-    cfg = load_config(ROOT / "configs" / "base.yaml", ["model.arch=hf", "model.hf_config=gemma2", "model.n_layer=1",
-                                                       "model.n_embd=32", "model.n_head=2", "model.bias=false"])
-    params = count_params(build_model(cfg.model, 300))
-    assert params["family_embed_scale"] == pytest.approx(32 ** 0.5, rel=1e-5)
-    assert ledger_of(cfg, params).embed_scale == "×5.657, the family's own"
-    assert "embed_scale ×5.657 (the family's own)" in render_report_md(RunReport(config=cfg, params=params))
-    plain = load_config(ROOT / "configs" / "base.yaml", ["model.arch=hf", "model.hf_config=qwen2", "model.n_layer=1",
-                                                         "model.n_embd=32", "model.n_head=2", "model.bias=false"])
-    plain_params = count_params(build_model(plain.model, 300))
-    assert "family_embed_scale" not in plain_params and ledger_of(plain, plain_params).embed_scale == "1"
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    cfg = tiny("model.arch=hf", "model.hf_config=gemma2", "model.bias=false", "train.max_steps=2",
+               "train.warmup_steps=1", "train.eval_every=0")
+    run = train_run(cfg, out=tmp_path / "runs", progress=False)
+    report = json.loads((run / "report.json").read_text())
+    assert report["params"]["family_embed_scale"] == pytest.approx(cfg.model.n_embd ** 0.5, rel=1e-5)
+    scale = f"{cfg.model.n_embd ** 0.5:.4g}"
+    assert report["ledger"]["embed_scale"] == f"×{scale}, the family's own"
+    assert f"embed_scale ×{scale} (the family's own)" in (run / "report.md").read_text()

@@ -366,7 +366,4 @@ def count_params(model: TiedLM) -> dict:
         "vocab_size": model.vocab_size,
         # a transformers family's: how its loss is taken (a plain linear head, or its own logits)
         **({"head_kind": model.head_kind} if model.family.built_by_transformers else {}),
-        # a family that scales E's rows itself (Gemma's √d), measured on the built model
-        **({"family_embed_scale": model.family_scale} if getattr(model, "family_scale", None) not in (None, 1.0)
-           else {}),
     }

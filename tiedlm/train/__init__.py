@@ -208,6 +208,8 @@ def _params(model, data) -> dict:
            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
     if getattr(model, "start", None):  # a pretrained start (model.init_from): the checkpoint and its tie
         out["start"] = model.start
+    if getattr(model, "family_scale", None) not in (None, 1.0):  # Gemma's √d on E's rows, measured on the model
+        out["family_embed_scale"] = model.family_scale
     return out
 
 
