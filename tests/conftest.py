@@ -111,3 +111,17 @@ def tiny_yaml(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(apply_overrides({}, TINY)))
     return path
+
+
+def train_tied_untied(root: Path) -> Path:
+    """The tiny config trained tied and untied into root/runs (runs `ttrue` and `tfalse`), with a
+    token cache of its own: a pair for the tests that read a comparison's or a run's files."""
+    from tiedlm.config import load_config
+    from tiedlm.train import train_run
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIEDLM_CACHE", str(root / "cache"))
+        for tie in ("true", "false"):
+            train_run(load_config(None, TINY + [f"model.tie_embeddings={tie}"]), out=root / "runs", name=f"t{tie}",
+                      progress=False)
+    return root / "runs"

@@ -15,14 +15,12 @@ from tiedlm.train import train_run
 def trained(tmp_path_factory):
     from tiedlm.config import load_config
 
-    from .conftest import TINY
+    from .conftest import TINY, train_tied_untied
 
     root = tmp_path_factory.mktemp("card")
+    train_tied_untied(root)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TIEDLM_CACHE", str(root / "cache"))
-        for tie in ("true", "false"):
-            train_run(load_config(None, TINY + [f"model.tie_embeddings={tie}"]), out=root / "runs", name=f"t{tie}",
-                      progress=False)
         lone = train_run(load_config(None, TINY), out=root / "alone", name="lone", progress=False)
     return root, lone
 

@@ -11,22 +11,17 @@ import tiedlm
 from tiedlm import runs
 from tiedlm.compare import compare_runs
 from tiedlm.errors import ConfigError, NotARunError
-from tiedlm.train import train_run
 
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
-    from tiedlm.config import load_config
-
-    from .conftest import TINY
+    from .conftest import train_tied_untied
 
     root = tmp_path_factory.mktemp("results")
+    pair = train_tied_untied(root)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TIEDLM_CACHE", str(root / "cache"))
-        for tie in ("true", "false"):
-            train_run(load_config(None, TINY + [f"model.tie_embeddings={tie}"]), out=root / "runs",
-                      name=f"t{tie}", progress=False)
-        compare_runs([root / "runs" / "ttrue", root / "runs" / "tfalse"], out=root / "cmp")
+        compare_runs([pair / "ttrue", pair / "tfalse"], out=root / "cmp")
     return root
 
 

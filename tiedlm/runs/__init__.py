@@ -1,32 +1,21 @@
 """The run folder, what is in it and who may write it:
 
-    layout.py        the names of its files, a run's folder, what to do with an existing one
-    record.py        report.json (`RunReport`, its one schema, older formats read as they meant)
+    layout.py        the names of its files, a run's folder, clearing it for --overwrite
+    record.py        report.json (`RunReport`, its one schema, older formats read as they meant),
+                     config.yaml read back, and what to do with an existing folder
     human_report.py  report.md, report.json for people
     metrics.py       metrics.jsonl, appended, read past a torn line, trimmed on resume
-    runs/checkpoints.py   checkpoints/step-N folders and the LATEST pointer
-    runs/sharded.py       a sharded run's checkpoints (train.parallel: fsdp), each rank its shards
-    runs/ledger.py        the confound ledger: what E and W_out received besides the tie
+    checkpoints.py   checkpoints/step-N folders and the LATEST pointer
+    sharded.py       a sharded run's checkpoints (train.parallel: fsdp), each rank its shards
+    ledger.py        the confound ledger: what E and W_out received besides the tie
     locks.py         a run's `.lock` and the lock on a folder compare or analyze writes into
     failures.py      a failed write, out of memory or a broken collective as one line
 
 The names below are those the rest of tiedlm reads (`from tiedlm import runs; runs.read_report`).
 
-The layout:
-
-    runs/<name>/
-      config.yaml          the resolved config
-      metrics.jsonl        one JSON object per log / evaluation step
-      report.json          status, parameters, final metrics, versions, config hash
-      report.md            the same for people
-      tokenizer/           the tokenizer the run used
-      checkpoints/LATEST   the name of the newest complete checkpoint
-      checkpoints/step-000500/{model.safetensors, state.pt, manifest.json}
-      tb/                  TensorBoard's event files, when they are written (trackers/tensorboard.py)
-      .lock                pid and host of the process that owns the run
-
-Every file is written to a temporary name, fsynced and renamed (tiedlm/files.py), so a killed process
-never leaves a half-written file; a failed write is one line saying what to do (write_failure).
+The folder's layout is in layout.py's docstring. Every file is written to a temporary name, fsynced
+and renamed (tiedlm/files.py), so a killed process never leaves a half-written file; a failed write
+is one line saying what to do (write_failure).
 """
 
 from .failures import AGAIN_HINT, RESUME_HINT, as_tiedlm_error, write_failure, writing
