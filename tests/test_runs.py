@@ -48,3 +48,26 @@ def test_report_md_of_a_0_1_report_shows_its_numbers():
     assert f"{original['final']['validation']['perplexity']:,.2f}" in md
     assert f"| total (unique) | {original['params']['total']:,} |" in md
     assert "not a bound on this split" in md  # the floor is an expectation, never called a bound
+
+
+def test_a_folder_written_before_keys_were_added_resumes(tiny, tmp_path):
+    """config.yaml as an older tiedlm wrote it lacks the keys added since (ADDED_KEYS): they read at
+    their "as before" values, so the folder resumes instead of holding "a different config"."""
+    import yaml
+
+    from tiedlm.config.identity import ADDED_KEYS
+    from tiedlm.errors import ConfigMismatchError, Interrupted
+    from tiedlm.train import train_run
+
+    cfg = tiny()
+    with pytest.raises(Interrupted):
+        train_run(cfg, out=tmp_path, name="old", progress=False, stop_after_step=4)
+    path = tmp_path / "old" / runs.CONFIG
+    stored = yaml.safe_load(path.read_text())
+    for key in ("train.warmup", "train.fsdp_init", "model.tie_strength", "eval.also"):
+        section, leaf = key.split(".")
+        assert stored[section].pop(leaf) == ADDED_KEYS[key]
+    path.write_text(yaml.safe_dump(stored))
+    assert runs.existing_state(tmp_path / "old", cfg) == "resume"
+    with pytest.raises(ConfigMismatchError, match="train.warmup"):
+        runs.existing_state(tmp_path / "old", tiny("train.warmup=0.1"))

@@ -83,6 +83,18 @@ def config_hash(cfg: Config) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def with_added_keys(stored: dict) -> dict:
+    """A stored config (a run folder's config.yaml, as written) with each key added since it was
+    written at its "as before" value (ADDED_KEYS), so that it compares equal to the same config
+    loaded today."""
+    out = json.loads(json.dumps(stored))
+    for key, value in ADDED_KEYS.items():
+        section, leaf = key.split(".")
+        if isinstance(out.get(section), dict):
+            out[section].setdefault(leaf, value)
+    return out
+
+
 def diff_keys(a: dict, b: dict) -> list[str]:
     """Dotted keys whose values differ between two (nested) config dicts."""
     fa, fb = flatten(a), flatten(b)

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import files
 from ..config import Config, from_dict, to_dict
-from ..config.identity import config_hash, diff_keys, operational_keys, variant_dict
+from ..config.identity import config_hash, diff_keys, operational_keys, variant_dict, with_added_keys
 from ..config.yamlsafe import load_yaml, read_yaml_text
 from ..errors import ConfigError, ConfigMismatchError, DamagedRunError, RunError
 from .failures import writing
@@ -236,7 +236,7 @@ def existing_state(run_dir: Path, cfg: Config) -> str:
         check_config_unedited(run_dir, stored, report)
     if old is not None:
         skip = operational_keys(cfg)
-        differ = [k for k in diff_keys(old, to_dict(cfg)) if k not in skip]
+        differ = [k for k in diff_keys(with_added_keys(old), to_dict(cfg)) if k not in skip]
         if differ:
             shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
             raise ConfigMismatchError(f"{run_dir} holds a run with a different config ({shown} differ) — "
