@@ -34,7 +34,7 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 # The modules whose tests start processes and take 5-25 s each: run first, so that under `-n 2` the
 # two workers' queues end with the short tests and neither waits for the other's long one at the end.
 PROCESS_MODULES = ("test_worker_pool", "test_jobs_lifecycle", "test_distributed", "test_parallel", "test_signals",
-                   "test_output_lock", "test_run_safety")
+                   "test_output_lock", "test_run_safety", "test_fsdp", "test_trackers")
 
 
 def pytest_collection_modifyitems(config, items):

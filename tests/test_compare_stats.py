@@ -172,6 +172,17 @@ def test_holm_matches_the_step_down_procedure():
     assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert holm([0.5, None, 0.01]) == [pytest.approx(0.5), None, pytest.approx(0.02)]
     assert holm([]) == [] and holm([0.9, 0.8]) == [1.0, 1.0]  # capped at 1
+
+
+def test_holm_is_statsmodels_multipletests_on_random_families():
+    import numpy as np
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(0)
+    for m in (1, 2, 3, 5, 8, 13):
+        for _ in range(20):
+            p = rng.uniform(0, 0.2, m).tolist()
+            assert holm(p) == pytest.approx(list(multipletests(p, method="holm")[1]), abs=1e-15)
     assert holm([0.3, 0.9]) == pytest.approx([0.6, 0.9])  # and never below an earlier adjusted p
     rng = random.Random(7)
     for _ in range(200):

@@ -74,6 +74,7 @@ VALID = {
     "train.min_lr": ("zero",),
     "train.min_lr_ratio": ("zero",),  # the decay ends at 0; min_lr stays at its default, so no conflict
     "train.warmup_steps": ("zero", "huge"),  # no warmup; warmup past the end of training
+    "train.warmup": ("zero",),  # a fraction of the steps: 0 is no warm-up
     "train.weight_decay": ("zero",),
     "train.beta1": ("zero",),
     "train.beta2": ("zero",),

@@ -122,7 +122,7 @@ def protocol_differences(select: str, primary: str, tuned: list[str], seeds: lis
     was chosen."""
     out = []
     if one_point:
-        out.append("untuned (--tune gave one point: every variant at it, nothing chosen)")
+        out.append("untuned (--tune gave one point: every variant at it, nothing compared)")
     elif not tuned:
         out.append("untuned (every variant at the config's own settings)")
     elif "train.lr" not in tuned:

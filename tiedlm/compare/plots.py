@@ -347,10 +347,7 @@ def plot_trajectory(c: Comparison, path: Path) -> None:
         if c.primary != SPLIT or c.select == "best":  # the verdict's own point, on its split, where it stands apart
             for v, t in shown:
                 verdicts += _draw_verdict(ax, v.contrast(c.primary), t, colors[v.label])
-        if verdicts:
-            ax.errorbar([], [], yerr=[], color="0.4", marker="D", linestyle="none",
-                        label=f"the verdict: {c.primary}" + (", kept best weights" if c.select == "best" else "")
-                        + ", at the end (95% CI)")
+
         if any(t.crossover for _, t in shown):
             ax.scatter([], [], color="0.6", marker="X", edgecolors="black", linewidths=0.5,
                        label="crossover (the last change of sign)")
@@ -360,7 +357,8 @@ def plot_trajectory(c: Comparison, path: Path) -> None:
         ax.set_ylabel(f"{what.lower()} on perplexity (%): lines validation" + (f", ◆ {c.primary}" if verdicts else ""))
         notes = [ONE_SEED] if all(p.ci_low is None for _, t in shown for p in t.points) else []
         if c.select == "best" or c.primary != SPLIT:
-            notes.append(f"the verdict is on {c.primary}; only validation is evaluated during training")
+            notes.append(f"◆ the verdict on {c.primary}" + (" (kept best weights)" if c.select == "best" else "")
+                         + " with its 95% CI, at the end of each line; only validation is evaluated during training")
         if notes:
             ax.text(0.01, 0.01, "; ".join(notes), transform=ax.transAxes, fontsize=7, color="0.35", va="bottom")
         ax.grid(True, alpha=0.3)

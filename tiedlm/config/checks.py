@@ -29,6 +29,7 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "fp32", "bf16")
 PARALLEL = ("ddp", "fsdp")  # train.parallel
 FSDP_INIT = ("full", "meta")  # train.fsdp_init
+PROCESSES_LIMIT = 1024  # train.processes: one machine's torchrun job; more is a typo
 EMBED_SCALES = ("1", "sqrt_d")
 SPLITS = ("train", "validation", "test")
 CARVES = ("random", "contiguous")  # data.carve: how validation/test are carved from the split they come from
@@ -314,6 +315,7 @@ def _validate_train(t: TrainConfig) -> None:
     _check(t.fsdp_init in FSDP_INIT, f"train.fsdp_init must be one of {', '.join(FSDP_INIT)}, got {t.fsdp_init!r}")
     if t.processes is not None:
         check_positive(t.processes, "train.processes")
+        check_at_most(t.processes, PROCESSES_LIMIT, "train.processes", "the processes of one machine's torchrun job")
 
 
 def _validate_min_lr(t: TrainConfig) -> None:
