@@ -41,6 +41,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from scipy import special
 
+from ..analyze.geometry import spearman
+
 from ..perplexity import perplexity, relative
 from ..formatting import MISSING, fmt_p
 
@@ -300,15 +302,17 @@ def spearman_test(x: Sequence[float], y: Sequence[float]) -> tuple[float | None,
     import numpy as np
     from scipy import stats
 
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if len(x) < 2 or not (np.isfinite(x).all() and np.isfinite(y).all()) or np.ptp(x) == 0 or np.ptp(y) == 0:
+    rho = spearman(x, y)  # nan where ρ is undefined, the one place that decides it
+    if not math.isfinite(rho):
         return None, None
-    rho, p = stats.spearmanr(x, y)
-    if len(x) <= EXACT_CELLS:  # ρ over the pairings: y's centred ranks against each ordering of x's
-        rx, ry = stats.rankdata(x), stats.rankdata(y) - (len(y) + 1) / 2
-        scale = math.sqrt(float(((rx - rx.mean()) ** 2).sum() * (ry ** 2).sum()))
-        p = stats.permutation_test((rx,), lambda a, axis: (a @ ry) / scale, vectorized=True,
-                                   permutation_type="pairings", n_resamples=math.inf).pvalue
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) > EXACT_CELLS:
+        return rho, float(stats.spearmanr(x, y).pvalue)
+    # ρ over the pairings: y's centred ranks against each ordering of x's
+    rx, ry = stats.rankdata(x), stats.rankdata(y) - (len(y) + 1) / 2
+    scale = math.sqrt(float(((rx - rx.mean()) ** 2).sum() * (ry ** 2).sum()))
+    p = stats.permutation_test((rx,), lambda a, axis: (a @ ry) / scale, vectorized=True,
+                               permutation_type="pairings", n_resamples=math.inf).pvalue
     return float(rho), float(p)
 
 
