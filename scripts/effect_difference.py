@@ -1,6 +1,7 @@
 """Does the tying effect differ between two comparisons (two blocks, corpora or scales)?
 
-    python scripts/effect_difference.py runs/compare/comparison.json runs/llama/compare/comparison.json \
+    python scripts/effect_difference.py runs/compare-shakespeare/comparison.json \
+        runs/compare-shakespeare-llama/comparison.json \
         --name-a gpt2 --name-b llama [--split test] [--variant tied] [--reference untied] [--json out.json]
 
 Welch's t-test on the two comparisons' per-seed loss differences (tiedlm/compare/effect_difference.py). The
@@ -21,7 +22,7 @@ from tiedlm.compare.effect_difference import describe, effect_difference  # noqa
 from tiedlm.files import json_text, os_error_line  # noqa: E402
 
 NAME = "comparison.json"
-FIX = "give the comparison.json that tiedlm compare wrote (OUT/compare/comparison.json)"
+FIX = "give the comparison.json that tiedlm compare wrote (OUT/compare-NAME/comparison.json)"
 
 
 class Refused(ValueError):
@@ -29,14 +30,19 @@ class Refused(ValueError):
 
 
 def comparison_path(path: Path) -> Path:
-    """The comparison.json a path stands for: the file itself, or the one in a folder (a runs
-    folder's compare/comparison.json, or the compare folder's own)."""
+    """The comparison.json a path stands for: the file itself, the one in a comparison's folder, or
+    a runs folder's one comparison (compare-NAME/comparison.json, or compare/ as it was before)."""
     if not path.is_dir():
         return path
-    found = next((p for p in (path / NAME, path / "compare" / NAME) if p.is_file()), None)
-    if found is None:
-        raise Refused(f"{path} is a folder without a {NAME} (nor compare/{NAME}) — {FIX}")
-    return found
+    if (path / NAME).is_file():
+        return path / NAME
+    found = sorted(p for p in path.glob(f"compare*/{NAME}") if p.is_file())
+    if not found:
+        raise Refused(f"{path} is a folder without a {NAME} (nor compare-NAME/{NAME}) — {FIX}")
+    if len(found) > 1:
+        names = ", ".join(str(p.parent) for p in found[:3]) + (", …" if len(found) > 3 else "")
+        raise Refused(f"{path} holds {len(found)} comparisons ({names}) — give the one you mean")
+    return found[0]
 
 
 def read_comparison(path: Path) -> dict:

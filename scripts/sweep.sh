@@ -30,7 +30,7 @@ for seed in $(seq 0 $((seeds - 1))); do
 done
 
 # the globs are quoted so that tiedlm expands them (and says so when nothing matches);
-# the comparison goes to $out/compare/
+# the comparison goes to $out/compare-NAME/, NAME the name its runs share
 tiedlm compare "$out/$stem-tied-s*" "$out/$stem-untied-s*" --out "$out" || failed+=(compare)
 
 if [ ${#failed[@]} -gt 0 ]; then

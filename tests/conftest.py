@@ -125,3 +125,10 @@ def train_tied_untied(root: Path) -> Path:
             train_run(load_config(None, TINY + [f"model.tie_embeddings={tie}"]), out=root / "runs", name=f"t{tie}",
                       progress=False)
     return root / "runs"
+
+
+def comparison_dir(runs: Path) -> Path:
+    """The one comparison folder compare wrote under `runs` (compare-NAME/, named for its runs)."""
+    found = [p for p in Path(runs).iterdir() if p.is_dir() and (p / "comparison.json").exists()]
+    assert len(found) == 1, f"expected one comparison folder in {runs}, found {[p.name for p in found]}"
+    return found[0]

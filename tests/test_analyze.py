@@ -20,6 +20,7 @@ from tiedlm.cli import app
 from tiedlm.config import load_config
 from tiedlm.errors import Interrupted
 from tiedlm.train import train_run
+from .conftest import comparison_dir
 
 TINY = ["data.path=builtin:synthetic", "data.synthetic.vocab_size=300", "data.synthetic.n_classes=12",
         "data.synthetic.train_tokens=20000", "data.synthetic.validation_tokens=3000", "data.synthetic.test_tokens=3000",
@@ -190,9 +191,9 @@ def test_compare_analyze_adds_the_section_and_ignores_stale_analyses(pair, tmp_p
         shutil.copytree(pair[tag], root / pair[tag].name)
     r = invoke("compare", "--out", root, "--analyze")
     assert r.exit_code == 0, r.output
-    md = (root / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(root) / "comparison.md").read_text()
     assert "## What the matrices show" in md
-    data = json.loads((root / "compare" / "comparison.json").read_text())
+    data = json.loads((comparison_dir(root) / "comparison.json").read_text())
     untied = next(v for v in data["variants"] if not v["tied"])
     own = json.loads((root / "a-untied-s0" / ANALYSIS_JSON).read_text())
     assert untied["matrices"]["cka"]["mean"] == own["pair"]["cka"]
@@ -201,18 +202,18 @@ def test_compare_analyze_adds_the_section_and_ignores_stale_analyses(pair, tmp_p
     own["checkpoint"] = "step-0000001"
     (root / "a-untied-s0" / ANALYSIS_JSON).write_text(json.dumps(own))
     r = invoke("compare", "--out", root)
-    data = json.loads((root / "compare" / "comparison.json").read_text())
+    data = json.loads((comparison_dir(root) / "comparison.json").read_text())
     assert next(v for v in data["variants"] if not v["tied"])["matrices"] == {}
     assert any("analysis.json is of step-0000001" in n for n in data["notes"])
     # analysed afresh: used, and no stale note left (the analysis.json edited above is no longer the one
     # tiedlm wrote, so replacing it takes --overwrite-output: test_hardening_writes.py)
     r = invoke("compare", "--out", root, "--analyze", "--overwrite-output")
     assert r.exit_code == 0, r.output
-    data = json.loads((root / "compare" / "comparison.json").read_text())
+    data = json.loads((comparison_dir(root) / "comparison.json").read_text())
     assert next(v for v in data["variants"] if not v["tied"])["matrices"]["cka"]["n"] == 1
     assert not any("analysis.json" in n for n in data["notes"])
     analyze_run(root / "a-untied-s0", split="test")  # another split than the comparison shows
-    data = json.loads((root / "compare" / "comparison.json").read_text()) if invoke(
+    data = json.loads((comparison_dir(root) / "comparison.json").read_text()) if invoke(
         "compare", "--out", root).exit_code == 0 else {}
     assert any("scored the direct path on test" in n for n in data["notes"])
     assert math.isclose(next(v for v in data["variants"] if v["tied"])["matrices"]["symmetric_share"]["mean"], 1.0,

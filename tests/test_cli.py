@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from tiedlm import __version__
 from tiedlm.cli import app
+from .conftest import comparison_dir
 
 runner = CliRunner()
 
@@ -134,7 +135,7 @@ def test_compare_and_sweep_through_the_cli(tiny_yaml, tmp_path):
     r = invoke("compare", "--config", tiny_yaml, "--seeds", 2, "--out", out, "--quiet")
     assert r.exit_code == 0, r.output
     assert "tied" in r.stdout and "untied" in r.stdout
-    data = json.loads((out / "compare" / "comparison.json").read_text())
+    data = json.loads((comparison_dir(out) / "comparison.json").read_text())
     contrast = next(v for v in data["variants"] if v["label"] == "tied")["vs_baseline"]["validation"]
     assert contrast["test"] == "paired" and contrast["n"] == 2
     # the tiny runs may not beat their unigram model: then the guard says so and no verdict is drawn

@@ -23,6 +23,7 @@ from tiedlm.config.identity import config_hash
 from tiedlm.errors import ConfigError, NotARunError, RunError
 from tiedlm.formatting import percent
 from tiedlm.config.naming import short_keys
+from .conftest import comparison_dir
 
 scipy_stats = pytest.importorskip("scipy.stats")  # the cross-check only; tiedlm itself needs no scipy
 
@@ -316,7 +317,7 @@ def test_unfinished_failed_and_corrupt_runs_are_left_out_with_reasons(tmp_path):
     hand_edit(nomodel, lambda rep: rep["config"].update(model="big"))
     (runs / "notes").mkdir()  # not a run folder: ignored silently
     (runs / "notes" / "todo.txt").write_text("x")
-    (runs / "compare").mkdir()  # earlier output: ignored
+    (runs / "compare").mkdir()  # the folder every comparison went to before compare-NAME/: ignored
     (runs / "compare" / run_folder.REPORT).write_text("{}")
     torn = runs / "base-tied-s0" / run_folder.METRICS
     torn.write_text(torn.read_text() + "not json\n" + '{"kind": "eval", "step": 1')
@@ -342,9 +343,9 @@ def test_unfinished_failed_and_corrupt_runs_are_left_out_with_reasons(tmp_path):
 
     table = C.format_terminal_table(result)
     assert "left out" in table and "badjson-s3" in table and "status running" in table
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     assert "## Left out" in md and "failed-s8" in md and "unreadable lines" in md
-    rows = list(csv.DictReader((runs / "compare" / "comparison.csv").open()))
+    rows = list(csv.DictReader((comparison_dir(runs) / "comparison.csv").open()))
     assert {r["run"] for r in rows if r["row_type"] == "skipped"} == set(reasons)
 
 
@@ -359,7 +360,7 @@ def test_no_runs_is_a_usage_error_and_no_finished_run_a_runtime_one(tmp_path):
         make_run(runs, f"{status}-s0", 0, TIED, status=status)
         with raises_exactly(RunError, match=rf"no finished runs.*status {status}.*none of the runs found finished"):
             C.compare_runs([runs / f"{status}-s0"], runs_dir=runs)
-    assert not (runs / "compare").exists()
+    assert not [p for p in runs.iterdir() if p.name.startswith("compare")]
 
 
 def test_paths_globs_and_parent_folders(tmp_path):
@@ -399,7 +400,7 @@ def test_end_to_end_writes_every_output_and_valid_pngs(tmp_path):
     make_pair(runs, [57.0, 58.1, 57.4], [59.2, 60.0, 60.1])
     make_run(runs, "stale-s5", 5, TIED, status="interrupted")
     result = C.compare_runs(runs_dir=runs)
-    out = runs / "compare"
+    out = comparison_dir(runs)
     names = {"comparison.md", "comparison.csv", "comparison.json", *C.PLOTS.values()}
     assert names <= {p.name for p in out.iterdir()}
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]  # atomic writes leave nothing behind
@@ -474,7 +475,7 @@ def test_comparison_json_keys(tmp_path):
     runs = tmp_path / "runs"
     make_pair(runs, [57.0, 58.1], [59.2, 60.0])
     C.compare_runs(runs_dir=runs)
-    data = _strict_json(runs / "compare" / "comparison.json")
+    data = _strict_json(comparison_dir(runs) / "comparison.json")
     assert list(data) == ["format", "tiedlm_version", "created", "out", "level", "alpha", "power", "interval",
                           "difference", "primary", "confirmation", "secondary", "select", "mode", "baseline", "differing_keys",
                           "adaptation", "variants", "runs", "skipped", "notes", "match", "match_contrasts", "verdicts", "data_sets", "not_compared",
@@ -541,7 +542,7 @@ def test_plots_leave_the_matplotlib_backend_and_pyplot_alone(tmp_path):
         assert plt.get_fignums() == []
     finally:
         matplotlib.use(before)
-    assert (runs / "compare" / C.PLOTS["curve"]).read_bytes()[:8] == PNG
+    assert (comparison_dir(runs) / C.PLOTS["curve"]).read_bytes()[:8] == PNG
 
 
 @pytest.mark.figures  # drawn for real: one seed, so no interval to draw
@@ -552,7 +553,7 @@ def test_single_seed_says_plainly_that_no_interval_can_be_given(tmp_path):
     d = result.variant("tied").contrast("validation")
     assert d.difference == pytest.approx(math.log(57 / 60)) and d.p_value is None and d.ci_low is None
     assert d.power.mde is None and d.power.seeds_needed is None
-    out = runs / "compare"
+    out = comparison_dir(runs)
     md = (out / "comparison.md").read_text()
     assert "one seed: no interval" in md and "no confidence interval or p-value can be given" in md
     assert "5.00% lower perplexity than **untied**" in md
@@ -576,9 +577,9 @@ def test_without_learning_curves_or_buckets_plots_still_written(tmp_path):
     assert len(result.variants) == 1 and result.variants[0].label == "tied"
     assert result.variants[0].curve == [] and result.bucket_names("validation") == []
     for plot in C.PLOTS.values():
-        png = (runs / "compare" / plot).read_bytes()
+        png = (comparison_dir(runs) / plot).read_bytes()
         assert png[:8] == PNG and min(struct.unpack(">II", png[16:24])) > 100  # width, height: drawn
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     assert "Only one variant" in md and "Loss by token frequency" not in md
     assert "a-s0: no metrics.jsonl, so no learning curve" in result.notes
 
@@ -613,5 +614,5 @@ def test_bucket_differences_are_tested_by_seed(tmp_path):
     assert test.test == "paired"
     assert test.difference == pytest.approx(sum(rare.values()) / 3 - sum(base.values()) / 3)
     assert test.p_value == pytest.approx(expected.pvalue, rel=1e-6)
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     assert f"p={expected.pvalue:.3f}" in md

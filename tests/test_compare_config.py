@@ -26,6 +26,7 @@ from tests.test_compare import (
 from tiedlm import runs as run_folder
 from tiedlm.config import load_config
 from tiedlm.errors import ConfigError, DivergedError, RunError
+from .conftest import comparison_dir
 
 # ------------------------------------------------------------------ compare --config
 
@@ -84,7 +85,7 @@ def test_compare_config_trains_both_variants_and_reuses_finished_runs(tmp_path, 
                                    "tiny-lr=2e-3-untied-s0", "tiny-lr=2e-3-untied-s1"]
     assert [v.label for v in result.variants] == ["untied", "tied"]
     assert result.variant("tied").config.train.lr == 2e-3  # --set applies to every variant
-    assert (runs / "compare" / "comparison.md").exists()
+    assert (comparison_dir(runs) / "comparison.md").exists()
     d = result.variant("tied").contrast("validation")
     assert d.test == "paired" and d.difference == pytest.approx(dloss([58.5, 58.9], [60.0, 60.4]))  # on the loss
 
@@ -180,7 +181,7 @@ def test_match_params_adds_a_tied_variant_within_one_layer_of_untied(tmp_path, f
     assert labels == ["tied, n_layer=2", f"tied, n_layer={m.matched_n_layer}", "untied, n_layer=2"]
     matched = result.variant(f"tied, n_layer={m.matched_n_layer}")
     assert matched.params["total"] == m.matched_total
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     assert "Parameter matching" in md
     assert f"{m.untied_total:,}" in md and f"{m.matched_total:,}" in md
 
@@ -230,7 +231,7 @@ train: {device: cpu, dtype: fp32, batch_size: 4, max_steps: 6, warmup_steps: 1, 
     assert tied.params["saved_by_tying"] == tied.params["wte"] > 0
     assert untied.params["total"] - tied.params["total"] == tied.params["wte"]
     assert len(tied.curve) == 2 and tied.buckets("validation")
-    out = runs / "compare"
+    out = comparison_dir(runs)
     for name in ("comparison.md", "comparison.csv", "comparison.json"):
         assert no_nan((out / name).read_text())
     for plot in C.PLOTS.values():

@@ -19,6 +19,7 @@ from tests.test_compare import (
     raises_exactly,
 )
 from tiedlm.errors import ConfigError, RunError
+from .conftest import comparison_dir
 
 
 def ident(fingerprint: str, tokenizer: str = "tok") -> dict:
@@ -57,7 +58,7 @@ def test_runs_on_different_data_without_twins_are_refused_with_how_the_data_diff
     assert "data.synthetic.vocab_size 1000 vs 4096" in msg and "tokenizer.vocab_size 8192 vs 4096" in msg
     assert f"tiedlm compare {runs / 'v1000-'}*" in msg and f"{runs / 'v4096-tied-s'}*: 2 runs" in msg
     assert "--baseline" in msg
-    assert not (runs / "compare").exists()  # nothing written, no verdict drawn
+    assert not [p for p in runs.iterdir() if p.name.startswith("compare")]  # nothing written, no verdict drawn
 
     r = CliRunner().invoke(app, ["compare", "--out", str(runs)])
     assert r.exit_code == 1 and "data.synthetic.vocab_size 1000 vs 4096" in r.output
@@ -111,7 +112,7 @@ def test_baseline_compares_within_its_data_set_and_lists_the_others(tmp_path):
     tied4096 = other["tied, synthetic.vocab_size=4096, tokenizer.vocab_size=4096"]
     assert tied4096.runs == ["v4096-tied-s0", "v4096-tied-s1"] and tied4096.data_set == 2
 
-    out = runs / "compare"
+    out = comparison_dir(runs)
     md = (out / "comparison.md").read_text()
     text = C.format_terminal_table(result)
     for line in result.verdicts + md.splitlines() + text.splitlines():
@@ -188,7 +189,7 @@ def test_same_data_everywhere_compares_as_before(tmp_path):
     result = C.compare_runs(runs_dir=runs)
     assert result.data_sets == 1 and result.not_compared == []
     assert sorted(v.label for v in result.variants) == ["tied, n_embd=128", "untied, n_embd=128", "untied, n_embd=64"]
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     assert "Not compared" not in md and "not compared" not in C.format_terminal_table(result)
 
 

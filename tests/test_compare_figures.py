@@ -20,6 +20,7 @@ from tests.test_compare_grid import make_grid
 from tests.test_compare_select import UNTIED_BEST, make_runs
 from tests.test_compare_tuning import run as tuned, stand_in  # noqa: F401 (stand_in: the fixture)
 from tiedlm.config.naming import scalar
+from .conftest import comparison_dir
 
 @pytest.fixture
 def drawn(monkeypatch):
@@ -129,7 +130,7 @@ def test_the_bucket_figure_is_on_the_verdicts_split(tmp_path, drawn):
         assert heights == pytest.approx([b.loss.mean for b in v.buckets("test")])
         assert heights != pytest.approx([b.loss.mean for b in v.buckets("validation")])
     assert [t.get_text() for t in ax.get_xticklabels()] == names
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     assert "## Loss by token frequency (test, secondary)" in md
     assert "![test loss by frequency bucket](bucket_loss.png)" in md
 
@@ -153,7 +154,7 @@ def test_the_parameters_figure_names_the_weights_compared(tmp_path, drawn, selec
     ys = sorted(float(y) for _, y in dots.get_offsets())
     if select == "best":
         assert ys == pytest.approx(sorted(UNTIED_BEST))  # the best weights' test scores, as the verdict's
-    caption = caption_after(tmp_path / "compare" / "comparison.md", "perplexity_vs_params.png")
+    caption = caption_after(comparison_dir(tmp_path) / "comparison.md", "perplexity_vs_params.png")
     assert f"Test perplexity of each run's {words}" in caption
 
 
@@ -200,7 +201,7 @@ def check_captioned(out: Path, c) -> dict[str, str]:
 
 def test_every_figure_in_comparison_md_has_a_caption(tmp_path, stand_in):  # noqa: F811
     c = tuned(tmp_path / "tuned", stand_in, ["train.lr=3e-4,1e-3,3e-3,1e-2"], seeds=2)
-    found = check_captioned(tmp_path / "tuned" / "runs" / "compare", c)
+    found = check_captioned(comparison_dir(tmp_path / "tuned" / "runs"), c)
     assert {"tune_curves.png", "tying_effect_vs_tokens.png", *C.PLOTS.values()} == set(found)
     assert "Test perplexity of each run's last weights" in found["perplexity_vs_params.png"]
     assert "Test loss (nats per token) of each run's last weights" in found["bucket_loss.png"]
@@ -211,7 +212,7 @@ def test_every_figure_in_comparison_md_has_a_caption(tmp_path, stand_in):  # noq
     runs = tmp_path / "grid"  # a grid's tying-effect figure
     make_grid(runs)
     g = C.compare_runs(runs_dir=runs)
-    found = check_captioned(runs / "compare", g)
+    found = check_captioned(comparison_dir(runs), g)
     assert "The tying effect on validation perplexity of each run's last weights" in found[C.MATCHED_PLOT]
     assert "against model.n_embd (left)" in found[C.MATCHED_PLOT]
 
@@ -225,7 +226,7 @@ def test_every_figure_in_comparison_md_has_a_caption(tmp_path, stand_in):  # noq
                      identity=same)
     m = C.compare_runs(runs_dir=runs)
     assert m.tying_map is not None
-    found = check_captioned(runs / "compare", m)
+    found = check_captioned(comparison_dir(runs), m)
     assert {C.TYING_MAP_PLOT, plots.TYING_MAP_BUCKETS_PLOT} <= set(found)
     assert "The tying effect on validation perplexity of each run's last weights in each cell" in \
         found[C.TYING_MAP_PLOT]
@@ -235,7 +236,7 @@ def test_best_weights_are_named_in_the_captions(tmp_path):
     make_runs(tmp_path)
     c = C.compare_runs(runs_dir=tmp_path)
     assert c.select == "best" and c.primary == "test"
-    found = check_captioned(tmp_path / "compare", c)
+    found = check_captioned(comparison_dir(tmp_path), c)
     for name in ("perplexity_vs_params.png", "bucket_loss.png"):
         assert "each run's best weights (its best validation evaluation)" in found[name]
 
@@ -244,7 +245,7 @@ def test_the_runs_line_says_how_many_were_compared_of_how_many_trained(tmp_path,
     """comparison.md said "4 finished runs" after the command had trained 10 (8 of them tuning runs)."""
     c = tuned(tmp_path, stand_in, ["train.lr=3e-4,1e-3,3e-3,1e-2"], seeds=2)
     trained = len(set(stand_in.calls))
-    md = (tmp_path / "runs" / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(tmp_path / "runs") / "comparison.md").read_text()
     line = md.splitlines()[2]
     assert line.startswith("4 runs compared of 10 trained (the other 6 are the tuning's: see *Each variant at its "
                            "own setting*), in 2 variants; baseline **untied**")
@@ -252,13 +253,13 @@ def test_the_runs_line_says_how_many_were_compared_of_how_many_trained(tmp_path,
     # run again: every run is found finished, and the count is the same
     again = tuned(tmp_path, stand_in, ["train.lr=3e-4,1e-3,3e-3,1e-2"], seeds=2)
     assert len(stand_in.calls) == trained and again.trained == trained
-    assert (tmp_path / "runs" / "compare" / "comparison.md").read_text().splitlines()[2].startswith(
+    assert (comparison_dir(tmp_path / "runs") / "comparison.md").read_text().splitlines()[2].startswith(
         "4 runs compared of 10 trained")
 
     untuned = E.compare_config(tmp_path / "tiny.yaml", [], seeds=3, runs_dir=tmp_path / "plain", progress=False,
                                train=stand_in.train)
     assert untuned.trained == 6
-    assert (tmp_path / "plain" / "compare" / "comparison.md").read_text().splitlines()[2].startswith(
+    assert (comparison_dir(tmp_path / "plain") / "comparison.md").read_text().splitlines()[2].startswith(
         "6 runs compared of 6 trained, in 2 variants")
 
     runs = tmp_path / "found"  # compare of finished runs: nothing trained, so no "of"
@@ -267,7 +268,7 @@ def test_the_runs_line_says_how_many_were_compared_of_how_many_trained(tmp_path,
         make_run(runs, f"f-untied-s{s}", s, UNTIED)
     found = C.compare_runs(runs_dir=runs)
     assert found.trained is None
-    assert (runs / "compare" / "comparison.md").read_text().splitlines()[2].startswith("4 finished runs compared, in 2")
+    assert (comparison_dir(runs) / "comparison.md").read_text().splitlines()[2].startswith("4 finished runs compared, in 2")
 
 
 def test_the_tuning_axis_is_labelled_at_its_top_point_and_at_each_value_tried(tmp_path, stand_in, drawn):  # noqa: F811

@@ -22,6 +22,7 @@ from tests.test_compare import (
     split_metrics,
 )
 from tiedlm.errors import ConfigError
+from .conftest import comparison_dir
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -47,8 +48,8 @@ def test_exactly_five_percent_better_on_every_seed_is_minus_five_with_a_point_in
     table = C.format_terminal_table(result)
     assert "−5.00%" in table and "−5.00% to −5.00%" in table
     for name in ("comparison.md", "comparison.csv", "comparison.json"):
-        assert no_nan((runs / "compare" / name).read_text())
-    data = _strict_json(runs / "compare" / "comparison.json")
+        assert no_nan((comparison_dir(runs) / name).read_text())
+    data = _strict_json(comparison_dir(runs) / "comparison.json")
     assert data["variants"][1]["vs_baseline"]["validation"]["t"] is None  # infinite: null in strict JSON
 
 
@@ -142,7 +143,7 @@ def test_bucket_contrasts_are_secondary_with_holm_adjusted_p_values(tmp_path):
     for k, n in enumerate(order):
         running = max(running, min(1.0, (3 - k) * p[n]))
         assert tests[n].p_holm == pytest.approx(running, rel=1e-8)
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     assert "## Loss by token frequency (validation, secondary)" in md and "| Holm p |" in md
     assert f"Holm p={tests['rare'].p_holm:.3f}" in md
 
@@ -183,7 +184,7 @@ def test_grid_gives_one_matched_contrast_per_setting(tmp_path):
     assert result.variant("untied, n_embd=64").vs_baseline is None
     assert result.variant("tied, n_embd=128").vs_baseline.baseline == "untied, n_embd=128"
 
-    out = runs / "compare"
+    out = comparison_dir(runs)
     assert (out / C.MATCHED_PLOT).read_bytes()[:8] == PNG
     assert result.files["plot_tying_effect"].endswith(C.MATCHED_PLOT)
     md = (out / "comparison.md").read_text()
@@ -239,7 +240,7 @@ def test_runs_that_resolved_to_another_device_or_dtype_are_another_variant(tmp_p
     assert stored == result.variant("tied (cuda, bf16)").config_hash  # the stored hashes stay valid
     assert result.variant("tied (cuda, bf16)").resolution == "cuda, bf16"
     assert any("resolved to different devices or dtypes" in n for n in result.notes)
-    assert "| cuda, bf16 |" in (runs / "compare" / "comparison.md").read_text()
+    assert "| cuda, bf16 |" in (comparison_dir(runs) / "comparison.md").read_text()
 
 
 def test_the_decay_line_appears_only_when_embeddings_are_decayed(tmp_path):
@@ -249,7 +250,7 @@ def test_the_decay_line_appears_only_when_embeddings_are_decayed(tmp_path):
             make_run(runs, f"t-s{seed}", seed, TIED + [f"train.decay_embeddings={decay}"], val=57.0 + seed)
             make_run(runs, f"u-s{seed}", seed, UNTIED + [f"train.decay_embeddings={decay}"], val=59.0 + seed)
         C.compare_runs(runs_dir=runs)
-        md = (runs / "compare" / "comparison.md").read_text()
+        md = (comparison_dir(runs) / "comparison.md").read_text()
         assert ("decay shrinks the rows of an untied E that get no gradient" in md) is expected
 
 
@@ -292,7 +293,7 @@ def test_grid_rows_of_two_tie_modes_at_one_setting_name_their_tie(tmp_path):
     labels = [m.label for m in result.matched]
     assert labels == ["lowrank r=4, n_embd=64", "projection, n_embd=64", "tied, n_embd=128"]
     assert len(set(labels)) == len(labels)
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     assert "| lowrank r=4, n_embd=64 |" in md and "| projection, n_embd=64 |" in md
 
 
@@ -315,9 +316,9 @@ def test_a_one_key_grid_gets_the_tying_line_from_its_settings(tmp_path):
     d = {m.setting["model.n_embd"]: m.split("validation").difference for m in result.matched}
     assert [p[1] for p in line.points] == pytest.approx([d[w] for w in (32, 64, 128, 256)])
     assert line.slope < 0 and 64 < line.crossing < 128
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     assert "### The tying line over n_embd" in md and "Tying starts to help where the line crosses zero" in md
-    data = json.loads((runs / "compare" / "comparison.json").read_text())
+    data = json.loads((comparison_dir(runs) / "comparison.json").read_text())
     assert data["tying_line"]["crossing"] == pytest.approx(line.crossing)
     from tiedlm.compare.report import format_terminal_table
 

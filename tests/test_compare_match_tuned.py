@@ -26,6 +26,7 @@ from tiedlm.compare.stats import holm
 from tiedlm.config import load_config
 from tiedlm.model.counting import count_params_config
 from tiedlm.errors import ConfigError
+from .conftest import comparison_dir
 
 BEST_LR = 2e-3  # every variant's best lr: interior to the grid, so no extension
 GRID = ["train.lr=1e-3,2e-3,4e-3"]
@@ -109,10 +110,10 @@ def test_match_params_with_tuning_tunes_the_matched_variant_and_judges_both_cont
     assert first.startswith("Tied vs untied at equal architecture (the primary contrast): **tied, n_layer=2**")
     assert "Holm-adjusted over the two contrasts p=" in first and "significant at 0.05 after Holm" in first
     assert any(line.startswith("Matched tied vs untied at equal parameters: **" + matched.label) for line in c.verdicts)
-    md = (tmp_path / "runs" / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(tmp_path / "runs") / "comparison.md").read_text()
     assert "### The two contrasts (test)" in md and "| Holm p |" in md
     assert "## Parameter matching (--match params)" in md and "| tied-matched | " in md  # its tuning row
-    data = json.loads((tmp_path / "runs" / "compare" / "comparison.json").read_text())
+    data = json.loads((comparison_dir(tmp_path / "runs") / "comparison.json").read_text())
     got = {x["role"]: x for x in data["match_contrasts"]["contrasts"]}
     assert got["primary"]["p_holm"] == pytest.approx(max(p1, 2 * p2)) and got["matched"]["significant"] is True
 
@@ -223,7 +224,7 @@ def test_match_params_width_grows_n_embd_by_the_head_size_and_is_tuned_too(tmp_p
     assert len(stand_in.calls) == 3 * 3  # one seed: the tuning seed's runs are the compared ones
     wide = next(v for v in c.variants if v.config.model.n_embd == m.matched_n_embd)
     assert wide.tied and wide.config.model.n_head == m.matched_n_head and wide.params["total"] == m.matched_total
-    md = (tmp_path / "runs" / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(tmp_path / "runs") / "comparison.md").read_text()
     assert "## Parameter matching (--match params:width)" in md
     assert f"n_embd={m.matched_n_embd} ({m.matched_n_head} heads of 32) instead of 64 (2 heads)" in md
 
@@ -278,7 +279,7 @@ def test_seeds_auto_with_match_decides_on_the_primary_contrast(tmp_path, stand_i
     assert fam.primary.level == S.threshold(n, 4) and fam.primary.half == S.threshold(n, 4, 0.025)
     assert fam.members[1].level == 0.05 and fam.members[1].half == 0.025
     assert all(x.p_holm is None for x in fam.members)
-    md = (tmp_path / "runs" / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(tmp_path / "runs") / "comparison.md").read_text()
     assert "looking at the primary contrast (tied vs untied at equal architecture: tied, n_layer=2 vs untied" in md
     assert "decided on the primary contrast, tied vs untied at equal architecture" in md
     assert "sequential design's adjusted level" in c.verdicts[0] or "not significant" in c.verdicts[0]

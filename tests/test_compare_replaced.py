@@ -22,4 +22,4 @@ def test_comparing_other_runs_into_the_same_folder_says_it_replaced_the_earlier_
     other = C.compare_runs([str(b)], out=out)
     last = C.format_terminal_table(other).splitlines()[-1]
     assert last == (f"replaced the comparison in {out}, which compared other runs (main-tied-s0, main-tied-s1, "
-                    "main-untied-s0 and 1 more) — give --out DIR to keep each comparison in a folder of its own")
+                    "main-untied-s0 and 1 more) — give --into DIR to keep each comparison in a folder of its own")

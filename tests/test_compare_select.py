@@ -15,6 +15,7 @@ from tests.test_compare import TIED, UNTIED, edit_report, make_run, split_metric
 from tiedlm.cli import app
 from tiedlm.errors import ConfigError, RunError
 from tiedlm.train.selection import OVERTRAINED_MARGIN
+from .conftest import comparison_dir
 
 SEEDS = (0, 1, 2)
 # Final (last weights) test perplexities: untied over-trained, tied not. Best weights: untied ahead.
@@ -51,10 +52,10 @@ def test_default_is_best_when_every_run_kept_it_and_the_verdict_moves_to_test(tm
     assert untied.metrics["test"].loss.mean == pytest.approx(mean_loss)  # the best weights' scores
     assert untied.metrics["validation"].loss.mean == pytest.approx(mean_loss + math.log(0.85))
     assert all(r.weights == "best" for r in c.runs)
-    md = (tmp_path / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(tmp_path) / "comparison.md").read_text()
     line = next(ln for ln in md.splitlines() if ln.startswith("Weights compared"))
     assert "best validation evaluation" in line and "biased low" in line and "**test**" in line
-    data = json.loads((tmp_path / "compare" / "comparison.json").read_text())
+    data = json.loads((comparison_dir(tmp_path) / "comparison.json").read_text())
     assert data["select"]["weights"] == "best" and data["primary"] == "test"
     assert data["confirmation"] == [] and not any("validation confirms" in v for v in c.verdicts)
     assert "Validation chose the compared weights" in md  # shown, biased, confirming nothing
@@ -116,12 +117,12 @@ def test_the_plot_data_and_csv_carry_each_runs_best_step(tmp_path):
     c = C.compare_runs(runs_dir=tmp_path)
     untied = next(v for v in c.variants if v.tied is False)
     assert untied.best_points == [((300 + s) * 2048, p * 0.9) for s, p in zip(SEEDS, UNTIED_BEST)]
-    assert (tmp_path / "compare" / C.PLOTS["curve"]).read_bytes().startswith(b"\x89PNG")
-    rows = list(csv.DictReader(io.StringIO((tmp_path / "compare" / "comparison.csv").read_text())))
+    assert (comparison_dir(tmp_path) / C.PLOTS["curve"]).read_bytes().startswith(b"\x89PNG")
+    rows = list(csv.DictReader(io.StringIO((comparison_dir(tmp_path) / "comparison.csv").read_text())))
     run = next(r for r in rows if r["run"] == "w-untied-s0")
     assert (run["weights"], run["best_step"]) == ("best", "300")
     assert float(run["last_above_best"]) == pytest.approx(UNTIED_LAST[0] / UNTIED_BEST[0] - 1)
-    md = (tmp_path / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(tmp_path) / "comparison.md").read_text()
     assert "| best (300; +41.3%) |" in md
 
 

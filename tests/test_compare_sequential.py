@@ -23,6 +23,7 @@ from tiedlm.compare import sequential as S
 from tiedlm.experiment import seeds
 from tiedlm.compare.stats import ALPHA, detectable_nc, norm_cdf, paired_test, power_analysis, t_two_sided_p
 from tiedlm.errors import ConfigError, DivergedError
+from .conftest import comparison_dir
 
 K = 10  # --max-seeds's default: the design simulated here
 
@@ -373,13 +374,13 @@ def test_a_huge_effect_stops_at_three_seeds_and_the_reports_say_so(tmp_path, sta
     assert f"significant at the sequential design's adjusted level (p < {thr} at 3 seeds" in verdict
     assert "at 0.05" not in verdict
 
-    data = json.loads((tmp_path / "runs" / "compare" / "comparison.json").read_text())["sequential"]
+    data = json.loads((comparison_dir(tmp_path / "runs") / "comparison.json").read_text())["sequential"]
     assert data["rule"] == S.RULE and data["max_seeds"] == 10 and data["min_effect"] == 0.02
     assert data["calibration"] == {"statistic": "paired t", "paths": 1_000_000, "seed": S.MC_SEED}
     assert data["stopped_because"] == "efficacy" and data["contrast"] == "tied vs untied on validation"
     assert [set(x) >= {"seeds", "p_value", "threshold", "mde_relative", "decision"} for x in data["looks"]] == [True]
     assert data["looks"][0]["decision"] == "efficacy" and data["looks"][0]["threshold"] == seq.threshold
-    md = (tmp_path / "runs" / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(tmp_path / "runs") / "comparison.md").read_text()
     assert "## Sequential design" in md and seq.summary() in md
     text = C.format_terminal_table(c)
     assert seq.summary() in text and "  3 seeds: " in text

@@ -14,6 +14,7 @@ from tests.test_compare_config import fake_training, write_config  # noqa: F401 
 from tiedlm import runs as run_folder
 from tiedlm.compare.trajectory import TrajectoryPoint, crossover, still_moving
 from tiedlm.errors import ConfigError
+from .conftest import comparison_dir
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -59,7 +60,7 @@ def test_paired_effect_and_interval_at_each_evaluation_match_scipy(tmp_path):
         fabricate(runs, "tied", TIED, seed, tied[seed])
         fabricate(runs, "untied", UNTIED, seed, untied[seed])
     c = C.compare_runs(runs_dir=runs)
-    points = trajectory_json(runs / "compare")["points"]
+    points = trajectory_json(comparison_dir(runs))["points"]
     assert [p["step"] for p in points] == list(STEPS)
     assert [p["tokens"] for p in points] == [s * TOKENS_PER_STEP for s in STEPS]
     for i, p in enumerate(points):
@@ -85,7 +86,7 @@ def test_welch_when_the_seeds_do_not_pair_matches_scipy(tmp_path):
     for seed, losses in untied.items():
         fabricate(runs, "untied", UNTIED, seed, losses, steps=(50, 100))
     C.compare_runs(runs_dir=runs)
-    for i, p in enumerate(trajectory_json(runs / "compare")["points"]):
+    for i, p in enumerate(trajectory_json(comparison_dir(runs))["points"]):
         a, b = [v[i] for v in tied.values()], [v[i] for v in untied.values()]
         va, vb = scipy_stats.tvar(a) / 3, scipy_stats.tvar(b) / 3
         df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 2)  # Welch–Satterthwaite
@@ -100,12 +101,12 @@ def test_one_seed_gives_point_estimates_only_and_says_so(tmp_path):
     runs = tmp_path / "runs"
     with_effects(runs, [0.02, 0.01, -0.01, -0.02], [0.0])
     c = C.compare_runs(runs_dir=runs)
-    t = trajectory_json(runs / "compare")
+    t = trajectory_json(comparison_dir(runs))
     assert all(p["ci_low"] is None and p["ci_high"] is None and p["n_seeds"] == 1 for p in t["points"])
     assert [p["effect"] for p in t["points"]] == pytest.approx([0.02, 0.01, -0.01, -0.02], abs=1e-12)
     assert t["still_moving"] is None and t["final_half_width"] is None and "point estimates only" in t["note"]
     assert t["last_quarter_change"] == pytest.approx(-0.01, abs=1e-12)  # 75% of 410k: the evaluation at 307k
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     assert "With one seed per variant there is no interval: the plot shows point estimates only." in md
     assert c.trajectories["tied"].crossover is not None  # a sign change needs no interval
 
@@ -135,14 +136,14 @@ def test_crossover_in_the_outputs(tmp_path):
     runs = tmp_path / "runs"
     with_effects(runs, [0.03, 0.01, -0.01, -0.02], [-0.002, 0.002])
     c = C.compare_runs(runs_dir=runs)
-    x = trajectory_json(runs / "compare")["crossover"]
+    x = trajectory_json(comparison_dir(runs))["crossover"]
     assert list(x) == ["tokens", "between", "direction", "leader", "text"]
     assert x["tokens"] == pytest.approx(256_000, rel=1e-6) and x["between"] == [204_800, 307_200]
     assert x["direction"] == "variant_ahead" and x["leader"] == "tied"
     line = ("Over training, tied pulls ahead of untied after 256k tokens (the last change of sign of the effect on "
             "validation, between the evaluations at 205k and 307k tokens).")
     assert line in C.format_terminal_table(c).splitlines()
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     assert "- Over training, **tied** pulls ahead of **untied** after 256k tokens" in md
 
 
@@ -150,7 +151,7 @@ def test_no_crossover_is_null(tmp_path):
     runs = tmp_path / "runs"
     with_effects(runs, [-0.01, -0.02, -0.03, -0.03], [-0.002, 0.002])
     c = C.compare_runs(runs_dir=runs)
-    assert trajectory_json(runs / "compare")["crossover"] is None
+    assert trajectory_json(comparison_dir(runs))["crossover"] is None
     assert "pulls ahead" not in C.format_terminal_table(c)
 
 
@@ -166,7 +167,7 @@ def test_still_moving_when_the_late_change_exceeds_the_half_width(tmp_path):
     effects = [-0.01] * 6 + [-0.03, -0.06]
     with_effects(runs, effects, JITTER, steps=EIGHT)
     c = C.compare_runs(runs_dir=runs)
-    t = trajectory_json(runs / "compare")
+    t = trajectory_json(comparison_dir(runs))
     last = [math.log1p(-0.06) + j for j in JITTER]
     h = scipy_stats.t.ppf(0.975, 2) * scipy_stats.sem(last)
     m = sum(last) / 3
@@ -178,7 +179,7 @@ def test_still_moving_when_the_late_change_exceeds_the_half_width(tmp_path):
     sentence = (f"is still moving: it changed by −5.0 points over the last quarter of training (246k to 328k tokens), "
                 f"more than its interval's half-width (±{half * 100:.1f}) — train longer before trusting the verdict.")
     assert f"The effect of tied vs untied {sentence}" in C.format_terminal_table(c).splitlines()
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     assert f"- The effect of **tied** vs **untied** {sentence}" in md
     assert "| yes |" in md
 
@@ -187,11 +188,11 @@ def test_flat_effect_is_not_still_moving(tmp_path):
     runs = tmp_path / "runs"
     with_effects(runs, [-0.03] * 8, JITTER, steps=EIGHT)
     c = C.compare_runs(runs_dir=runs)
-    t = trajectory_json(runs / "compare")
+    t = trajectory_json(comparison_dir(runs))
     assert t["still_moving"] is False and t["last_quarter_change"] == pytest.approx(0.0, abs=1e-9)
     assert t["crossover"] is None
     assert "still moving" not in C.format_terminal_table(c)
-    assert "still moving:" not in (runs / "compare" / "comparison.md").read_text()
+    assert "still moving:" not in (comparison_dir(runs) / "comparison.md").read_text()
 
 
 def test_still_moving_measures_from_the_evaluation_nearest_three_quarters():
@@ -210,7 +211,7 @@ def test_plot_written_recorded_and_the_json_fields(tmp_path):
     runs = tmp_path / "runs"
     with_effects(runs, [0.03, 0.01, -0.01, -0.02], [-0.002, 0.002])
     c = C.compare_runs(runs_dir=runs)
-    out = runs / "compare"
+    out = comparison_dir(runs)
     png = out / "tying_effect_vs_tokens.png"
     assert C.PLOTS["trajectory"] == png.name == C.TRAJECTORY_PLOT
     assert png.read_bytes()[:8] == PNG and c.files["plot_trajectory"] == str(png)
@@ -235,10 +236,10 @@ def test_with_the_best_weights_the_caption_says_the_trajectory_is_on_validation(
     make_runs(tmp_path)
     c = C.compare_runs(runs_dir=tmp_path)
     assert c.select == "best" and c.primary == "test"
-    md = (tmp_path / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(tmp_path) / "comparison.md").read_text()
     assert ("The verdict is on test (the kept best weights); this trajectory is on validation, the only split "
             "evaluated during training.") in md
-    assert (tmp_path / "compare" / C.TRAJECTORY_PLOT).read_bytes()[:8] == PNG
+    assert (comparison_dir(tmp_path) / C.TRAJECTORY_PLOT).read_bytes()[:8] == PNG
 
 
 def test_early_stopped_runs_end_the_trajectory_at_the_shared_evaluations(tmp_path):
@@ -260,14 +261,14 @@ def test_grid_has_a_trajectory_per_matched_contrast(tmp_path):
     c = C.compare_runs(runs_dir=runs)
     assert c.mode == "matched" and set(c.trajectories) == {m.tied for m in c.matched} and len(c.matched) == 2
     assert all(len(t.points) == 4 for t in c.trajectories.values())
-    assert (runs / "compare" / C.TRAJECTORY_PLOT).read_bytes()[:8] == PNG
+    assert (comparison_dir(runs) / C.TRAJECTORY_PLOT).read_bytes()[:8] == PNG
 
 
 def test_compare_config_writes_the_trajectory_too(tmp_path, fake_training):  # noqa: F811
     result = E.compare_config(write_config(tmp_path), [], seeds=2, runs_dir=tmp_path / "runs", progress=False,
                               train=fake_training.train)
     assert len(result.trajectories["tied"].points) == 4
-    assert (tmp_path / "runs" / "compare" / C.TRAJECTORY_PLOT).read_bytes()[:8] == PNG
+    assert (comparison_dir(tmp_path / "runs") / C.TRAJECTORY_PLOT).read_bytes()[:8] == PNG
 
 
 # ------------------------------------------------------------------ the FLOPs sentence

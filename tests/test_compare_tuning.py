@@ -17,6 +17,7 @@ from tests.test_compare import V, make_run
 from tiedlm import runs as run_folder
 from tiedlm.experiment.tuning_spec import extend_value, spec_from_block, spec_from_options
 from tiedlm.errors import ConfigError, Interrupted
+from .conftest import comparison_dir
 
 OPTIMUM = {True: 1e-3, False: 3e-3}  # tied, untied: each variant's own best lr
 
@@ -148,13 +149,13 @@ def test_the_schedule_keeps_its_shape_and_the_report_has_the_tuning(tmp_path, st
     assert c.tuning.schedule == ["train.min_lr_ratio=0.1", "train.min_lr=0.0001"]
     cfg = run_folder.read_config(tmp_path / "runs" / "tiny-tied-lr=0.001-s0")
     assert cfg.train.lr == 1e-3 and cfg.train.min_lr_ratio == 0.1
-    data = json.loads((tmp_path / "runs" / "compare" / "comparison.json").read_text())
+    data = json.loads((comparison_dir(tmp_path / "runs") / "comparison.json").read_text())
     assert data["tuning"]["selected_on"] == "validation" and data["tuning"]["keys"] == ["train.lr"]
     assert [v["chosen"]["point"]["train.lr"] for v in data["tuning"]["variants"]] == [1e-3, 3e-3]
     assert data["tuning"]["cost"]["runs"] == 8
-    png = (tmp_path / "runs" / "compare" / "tune_curves.png").read_bytes()
+    png = (comparison_dir(tmp_path / "runs") / "tune_curves.png").read_bytes()
     assert png[:4] == b"\x89PNG" and min(struct.unpack(">II", png[16:24])) > 100  # drawn: width, height
-    md = (tmp_path / "runs" / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(tmp_path / "runs") / "comparison.md").read_text()
     assert "## Each variant at its own setting" in md and "1.0e" not in md
 
 

@@ -112,13 +112,23 @@ def test_a_json_output_in_a_missing_folder_or_at_a_folder_is_refused_before_anyt
     assert not (tmp_path / "none").exists()
 
 
-def test_a_runs_folder_stands_for_its_comparison(tmp_path):
-    (tmp_path / "a" / "compare").mkdir(parents=True)
-    (tmp_path / "a" / "compare" / "comparison.json").write_text(json.dumps(A))
+@pytest.mark.parametrize("folder", ["compare-shakespeare", "compare"])  # compare/: before compare-NAME/
+def test_a_runs_folder_stands_for_its_comparison(tmp_path, folder):
+    (tmp_path / "a" / folder).mkdir(parents=True)
+    (tmp_path / "a" / folder / "comparison.json").write_text(json.dumps(A))
     (tmp_path / "b.json").write_text(json.dumps(B))
     r = script(tmp_path / "a", tmp_path / "b.json", "--json", tmp_path / "d.json")
     assert r.returncode == 0 and r.stdout.startswith("a: tied vs untied on test +10.15%"), r.stderr
     assert json.loads((tmp_path / "d.json").read_text())["difference"]["test"] == "welch"
+
+
+def test_a_runs_folder_of_several_comparisons_is_refused_naming_them(tmp_path):
+    for folder in ("compare-one", "compare-two"):
+        (tmp_path / "a" / folder).mkdir(parents=True)
+        (tmp_path / "a" / folder / "comparison.json").write_text(json.dumps(A))
+    (tmp_path / "b.json").write_text(json.dumps(B))
+    line = one_line(script(tmp_path / "a", tmp_path / "b.json"))
+    assert "holds 2 comparisons" in line and "compare-one" in line and "give the one you mean" in line
 
 
 def with_paths(comparison: dict, folder: str) -> dict:

@@ -74,12 +74,12 @@ def test_a_comparison_folder_that_is_a_file_is_refused_before_training(tmp_path,
     from tiedlm.errors import ConfigError
 
     (tmp_path / "runs").mkdir()
-    (tmp_path / "runs" / "compare").write_text("mine")
+    (tmp_path / "runs" / "compare-tiny").write_text("mine")  # the tiny config's comparison folder
     trained = []
     with pytest.raises(ConfigError, match="cannot be a folder"):
         compare_config(tiny_yaml, runs_dir=tmp_path / "runs", progress=False,
                        train=lambda cfg, **kw: trained.append(kw["name"]))
-    assert trained == [] and (tmp_path / "runs" / "compare").read_text() == "mine"
+    assert trained == [] and (tmp_path / "runs" / "compare-tiny").read_text() == "mine"
 
 
 def _small_disk(path: Path, size: str) -> bool:

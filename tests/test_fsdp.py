@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from tiedlm import runs
 from tiedlm.runs import checkpoints
+from .conftest import comparison_dir
 
 TINY = {"name": "f",
         "data": {"path": "builtin:synthetic", "synthetic": {"vocab_size": 300, "n_classes": 12, "train_tokens": 20000,
@@ -181,5 +182,5 @@ def test_compare_config_launches_each_sharded_run_as_one_torchrun_job(tmp_path, 
     found = {p.name: report(p) for p in (tmp_path / "runs").iterdir() if (p / runs.REPORT).is_file()}
     assert len(found) == 2 and all(rep["status"] == "finished" and rep["world_size"] == 2 for rep in found.values())
     assert {rep["config"]["model"]["tie_embeddings"] for rep in found.values()} == {True, False}
-    comparison = json.loads((tmp_path / "runs" / "compare" / "comparison.json").read_text())
+    comparison = json.loads((comparison_dir(tmp_path / "runs") / "comparison.json").read_text())
     assert [v["n_seeds"] for v in comparison["variants"]] == [1, 1]

@@ -18,6 +18,7 @@ from tiedlm.compare.guards import OVERLAP_WARN
 from tiedlm.config import load_config
 from tiedlm.errors import ConfigError
 from tiedlm.evaluate import summarize_nll, unigram_loss
+from .conftest import comparison_dir
 
 TIED, UNTIED = ["model.tie_embeddings=true", "train.warmup_steps=10"], ["model.tie_embeddings=false",
                                                                         "train.warmup_steps=10"]
@@ -52,9 +53,9 @@ def test_runs_that_do_not_beat_the_unigram_model_are_said_first(tmp_path):
     assert "nothing can be concluded about tying" in w[0]
     lines = C.format_terminal_table(c).splitlines()
     assert lines[1].startswith("warning: 4 of 4 runs")  # after the protocol line, before the table
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     assert md.index("**Warning:** 4 of 4 runs") < md.index("## Verdict")
-    assert json.loads((runs / "compare" / "comparison.json").read_text())["warnings"] == c.warnings
+    assert json.loads((comparison_dir(runs) / "comparison.json").read_text())["warnings"] == c.warnings
     said = "\n".join(c.verdicts)  # the guard says nothing can be concluded: no verdict is printed either
     assert "no verdict. None of their runs beats the unigram model" in said
     assert "significant" not in said and "confirms" not in said and "seeds per variant would" not in said

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from tiedlm.cli import app
 from tiedlm.config import load_config
 
-from .conftest import TINY
+from .conftest import TINY, comparison_dir
 
 runner = CliRunner()
 
@@ -237,7 +237,7 @@ def test_a_matched_setting_shows_each_keys_real_value_everywhere(tmp_path):
     assert m.setting == want and "null" not in m.label
     assert m.label == f"eval_every={default.eval_every}, eval_tokens={default.eval_tokens}, keep_best=false"
     assert "null" not in C.format_terminal_table(result)
-    out = runs_dir / "compare"
+    out = comparison_dir(runs_dir)
     data = json.loads((out / "comparison.json").read_text())
     assert data["matched"][0]["setting"] == want
     md = (out / "comparison.md").read_text()

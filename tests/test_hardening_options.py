@@ -54,7 +54,8 @@ VALID = {
     ("sample", "--temperature"): ("zero", "huge"),  # 0 is greedy; a huge temperature is near uniform
     ("sample", "--seed"): ("zero",),
     ("sample", "--top-k"): ("huge",),  # a cap: more than the vocabulary keeps every token
-    ("compare", "--out"): _TEXT_LIKE + ("negative", "missing"),  # a runs folder; compare/ is written in it
+    ("compare", "--out"): _TEXT_LIKE + ("negative", "missing"),  # a runs folder; compare-NAME/ is written in it
+    ("compare", "--into"): _TEXT_LIKE + ("negative", "missing"),  # the comparison's own folder, made if missing
     ("compare", "--baseline"): (),  # must name a compared variant
     ("sweep", "--partition"): _TEXT_LIKE + ("negative",),  # Slurm partition names: letters, digits, _ - .
     ("sweep", "--time"): ("zero",),  # Slurm time: minutes; 0 is sbatch's "no limit"
@@ -74,7 +75,7 @@ COMMANDS = {
                 "--num-samples", "--device"]),
     "tensorboard": (["tensorboard", "{run}"], ["RUN"]),
     "compare": (["compare", "{run}", "--out", "{tmp}/cmp"], ["RUN", "--baseline", "--primary", "--select", "--out",
-                                                              "--log-to"]),
+                                                              "--into", "--log-to"]),
     "compare-config": (["compare", "--config", "{cfg}", "--out", "{tmp}/runs", "-q"],
                        ["--config", "--set", "--seeds", "--match", "--tune", "--max-seeds", "--min-effect", "--jobs"]),
     # --max-seeds and --min-effect above are refused without --seeds auto; here their ranges are

@@ -105,7 +105,7 @@ def test_a_plot_of_the_analysis_name_that_tiedlm_did_not_write_is_the_users(trai
 def test_compare_refuses_the_users_own_files_and_replaces_them_with_overwrite_output(tmp_path):
     root = tmp_path / "runs"
     make_pair(root, [57.0, 58.0], [59.0, 60.0])
-    out = root / "compare"
+    out = root / "compare-base"  # the folder of the runs base-tied-s0, base-untied-s0, ...
     out.mkdir()
     for name in ("comparison.md", "comparison.csv", "comparison.json", "bucket_loss.png"):
         (out / name).write_bytes(MINE)

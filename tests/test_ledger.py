@@ -11,6 +11,7 @@ import tiedlm.compare as C
 from tests.test_compare import TIED, UNTIED, make_run
 from tiedlm import runs as run_folder
 from tiedlm.runs.ledger import FROM_CONFIG, INIT_STD, RECORDED, Ledger, differences, differs_sentence, ledger_of
+from .conftest import comparison_dir
 
 V = 64
 MODES = {  # overrides -> (W_out is E, W_out's values equal E's at the start)
@@ -154,12 +155,12 @@ def test_a_comparison_renders_the_ledger_and_says_what_else_differs(tmp_path):
     assert tied.ledger.source == RECORDED and untied.ledger.source == FROM_CONFIG
     assert tied.vs_baseline.confounds == ["learning rate 0.003 vs 0.01"]
     assert "Besides the tie, it also differs from untied, lr=0.01 in: learning rate 0.003 vs 0.01" in tied.verdicts[0]
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     assert "## Confound ledger" in md
     assert "- tied, lr=0.003 vs untied, lr=0.01: they also differ in: learning rate 0.003 vs 0.01." in md
     assert "| E itself (one matrix) | 0.003 → 0.0001 | 0.1 / 0.1 / 0.1 | 0.02 / 0.02 |" in md
     assert "Not recorded by the runs of untied, lr=0.01 (written before the ledger)" in md
-    data = json.loads((runs / "compare" / "comparison.json").read_text())
+    data = json.loads((comparison_dir(runs) / "comparison.json").read_text())
     assert data["variants"][1]["vs_baseline"]["confounds"] == ["learning rate 0.003 vs 0.01"]
     assert math.isclose(data["variants"][1]["ledger"]["vd_share"], tied.ledger.vd_share)
 

@@ -12,6 +12,7 @@ from tests.test_compare import TIED, UNTIED, make_run
 from tiedlm.compare.map_measures import MEASURES, cell_measures, correlations, measure_lines, spearman_test
 from tiedlm.compare.plots import TYING_MAP_BUCKETS_PLOT
 from tiedlm.compare.stats import summarize
+from .conftest import comparison_dir
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -65,7 +66,7 @@ def test_a_grid_of_runs_gets_its_map_and_the_matrices_beside_each_cell(tmp_path)
         running = max(running, min(1.0, (len(ps) - k) * p))
         assert t.cells[at].p_holm == pytest.approx(running, rel=1e-12)
     assert any(line.startswith("After Holm's correction over the 4 cells") for line in t.summary_lines())
-    out = runs / "compare"
+    out = comparison_dir(runs)
     assert (out / C.TYING_MAP_PLOT).stat().st_size > 10_000 and c.files["plot_tying_map"].endswith("tying_map.png")
     data = json.loads((out / "comparison.json").read_text())
     assert data["tying_map"]["row_key"] == "data.train_fraction" and len(data["tying_map"]["cells"]) == 4

@@ -19,6 +19,7 @@ from tiedlm.config import load_config
 from tiedlm.model.counting import count_params_config
 from tiedlm.errors import ConfigError
 from tiedlm.model.tie import Tie
+from .conftest import comparison_dir
 
 
 def _config(tmp_path, n_layer: int, n_embd: int, n_head: int = 2):
@@ -47,7 +48,7 @@ def test_a_match_outside_the_band_is_not_called_equal_parameters(tmp_path, fake_
     m = result.match
     assert m.matched_n_layer == 2 and m.matched_total - m.untied_total == 789_760 - V * 256
     assert m.gap == pytest.approx(265_472 / m.untied_total) and m.gap > PARAM_MATCH and not m.within
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     verdict = result.variant("tied, n_layer=2").verdicts[0]
     for text in (verdict, md):
         assert "at equal parameters" not in text
@@ -62,7 +63,7 @@ def test_a_match_within_the_band_keeps_its_name(tmp_path, fake_training):  # noq
     result = E.compare_config(_config(tmp_path, 2, 64), [], seeds=2, match="params", runs_dir=tmp_path / "runs",
                               progress=False, train=fake_training.train)
     assert result.match.within and abs(result.match.gap) <= PARAM_MATCH
-    md = (tmp_path / "runs" / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(tmp_path / "runs") / "comparison.md").read_text()
     assert "matched tied vs untied at equal parameters" in md and "nearest parameter count" not in md
 
 
@@ -72,7 +73,7 @@ def test_no_third_variant_gets_no_matched_variant_sentence(tmp_path, fake_traini
     result = E.compare_config(_config(tmp_path, 1, 512), [], seeds=2, match="params", runs_dir=runs,
                               progress=False, train=fake_training.train)
     assert not result.match.adds_a_variant and len(result.variants) == 2
-    md = (runs / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(runs) / "comparison.md").read_text()
     section = md.split("## Parameter matching", 1)[1].split("\n## ", 1)[0]
     assert "The matched variant is tied with" not in section and "instead of" not in section
     assert "no third variant was trained" in section

@@ -6,6 +6,8 @@ import pytest
 
 from tiedlm import runs
 from tiedlm.compare import compare_runs
+
+from .conftest import comparison_dir
 from tiedlm.export import export_run
 from tiedlm.export.card import CARD
 from tiedlm.train import train_run
@@ -29,7 +31,7 @@ def test_the_card_holds_the_tie_the_scores_and_the_comparison(trained, tmp_path)
     from huggingface_hub import ModelCard
 
     root, _ = trained
-    compare_runs([root / "runs" / "ttrue", root / "runs" / "tfalse"], out=root / "runs" / "compare")
+    compare_runs([root / "runs" / "ttrue", root / "runs" / "tfalse"], runs_dir=root / "runs")
     result = export_run(root / "runs" / "ttrue", tmp_path / "hf")
     card = ModelCard.load(tmp_path / "hf" / CARD)
     report = runs.read_report(root / "runs" / "ttrue")
@@ -41,7 +43,7 @@ def test_the_card_holds_the_tie_the_scores_and_the_comparison(trained, tmp_path)
     assert "**tied** (`model.tie_mode: tied`), written as one matrix" in text
     assert result.verified and f"max |logit difference| {result.max_abs_diff:.2e}" in text
     assert f"| total | {report.params['total']:,} |" in text and f"{report.steps:,} steps" in text
-    assert f"`{root / 'runs' / 'compare' / 'comparison.json'}`" in text and "untied (1 seeds), tied (1 seeds)" in text
+    assert f"`{comparison_dir(root / 'runs') / 'comparison.json'}`" in text and "untied (1 seed), tied (1 seed)" in text
 
 
 def test_an_untied_export_and_a_run_never_compared_say_so(trained, tmp_path):

@@ -17,7 +17,7 @@ from tiedlm.errors import ConfigError
 from tiedlm.runs import OUTPUT_LOCK, FolderLock
 from tiedlm.train import train_run
 
-from .conftest import ROOT, TINY
+from .conftest import ROOT, TINY, comparison_dir
 from .test_compare import make_pair
 
 HOLD_S = 1.5
@@ -121,7 +121,7 @@ def test_two_compare_config_on_one_out_both_compare_every_run(tmp_path):
     assert first.returncode == 0 and second.returncode == 0, outs
     assert f"in use by process {first.pid}" in outs[1][1] and "waiting" in outs[1][1], outs[1][1]
     assert "failed" not in outs[0][1] + outs[1][1], outs
-    data = json.loads((tmp_path / "runs" / "compare" / "comparison.json").read_text())
+    data = json.loads((comparison_dir(tmp_path / "runs") / "comparison.json").read_text())
     assert sorted(r["name"] for r in data["runs"]) == sorted(f"tiny-{v}-s{s}" for v in ("tied", "untied")
                                                              for s in (0, 1))
     assert not data.get("train_failures")

@@ -86,8 +86,8 @@ def test_parallel_runs_end_as_sequential_ones(tiny_yaml, tmp_path):
     one = compare_config(tiny_yaml, [], seeds=1, runs_dir=tmp_path / "one", progress=False, jobs=1)
     two = compare_config(tiny_yaml, [], seeds=1, runs_dir=tmp_path / "two", progress=False, jobs=2)
     assert not one.train_failures and not two.train_failures
-    names = sorted(p.name for p in (tmp_path / "one").iterdir() if p.name != "compare")
-    assert names == sorted(p.name for p in (tmp_path / "two").iterdir() if p.name != "compare") and len(names) == 2
+    names = sorted(p.name for p in (tmp_path / "one").iterdir() if not p.name.startswith("compare"))
+    assert names == sorted(p.name for p in (tmp_path / "two").iterdir() if not p.name.startswith("compare")) and len(names) == 2
     for name in names:
         a, b = tmp_path / "one" / name, tmp_path / "two" / name
         ra, rb = (json.loads((d / "report.json").read_text()) for d in (a, b))

@@ -20,6 +20,7 @@ from tiedlm.experiment.tuning_spec import extend_value, spec_from_block, spec_fr
 
 from .test_compare_tuning import run, stand_in  # noqa: F401 (a fixture)
 from .test_hardening_resources import SHELL, files_under, refused, write_grid
+from .conftest import comparison_dir
 
 runner = CliRunner()
 
@@ -152,7 +153,7 @@ def test_a_single_tuning_value_says_nothing_was_compared(tmp_path, stand_in):  #
     assert "Tuned on validation" not in text and "chosen" not in text.replace("nor chosen", "").replace(
         "or chosen", "")
     assert not any("at its own" in n for n in c.notes) and any("nothing was compared" in n for n in c.notes)
-    md = (tmp_path / "runs" / "compare" / "comparison.md").read_text()
+    md = (comparison_dir(tmp_path / "runs") / "comparison.md").read_text()
     assert "## Tuning: one point, nothing compared" in md and "Each variant at its own setting" not in md
     assert "* marks" not in md and "at its own" not in md and "0.001*" not in md and "chosen:" not in md
     two = run(tmp_path / "two", stand_in, ["train.lr=1e-3,3e-3"])

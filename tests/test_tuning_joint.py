@@ -18,6 +18,7 @@ from tests.test_compare import V, make_run
 from tiedlm import runs as run_folder
 from tiedlm.experiment.tuning_spec import extend_value
 from tiedlm.experiment.tuning_spec import BOUNDS
+from .conftest import comparison_dir
 
 # each variant's own optimum: lr, and the other key (dropout or weight decay)
 OPTIMUM = {True: {"lr": 1e-3, "reg": 0.0}, False: {"lr": 3e-3, "reg": 0.1}}
@@ -96,7 +97,7 @@ def test_two_keys_tune_their_product_and_the_choice_is_read_per_key(tmp_path, tr
     assert j.lr_alone.labels == {"tied": "lr=0.001,dropout=0.1", "untied": "lr=0.003,dropout=0.1"}
     assert j.moved_by == "train.lr"  # the parabola in log lr is the steeper one here
     # the record in comparison.json, the text on the terminal and in comparison.md
-    out = tmp_path / "runs" / "compare"
+    out = comparison_dir(tmp_path / "runs")
     record = json.loads((out / "comparison.json").read_text())["tuning"]
     assert record["joint"]["split"] == "validation" and record["joint"]["interval"] is None
     assert record["joint"]["lr_alone"]["relative"] == pytest.approx(j.lr_alone.effect)
@@ -146,7 +147,7 @@ def test_a_held_value_outside_the_grid_is_said(tmp_path, trainer):
     text = C.format_terminal_table(c)
     assert ("The config's model.dropout 0.05 is not in every variant's grid (0, 0.2), so the tied/untied effect at "
             "each variant's best lr with model.dropout held at the config's value cannot be read") in text
-    assert "| the config's own point | not in every variant's grid |" in (tmp_path / "runs/compare/comparison.md").read_text()
+    assert "| the config's own point | not in every variant's grid |" in (tmp_path / "runs/compare-tiny/comparison.md").read_text()
 
 
 def test_dropout_grows_up_to_its_open_bound_never_onto_it(tmp_path, trainer, monkeypatch):
@@ -174,8 +175,8 @@ def test_lr_with_weight_decay_a_block_of_two_keys(tmp_path, trainer):
 def test_one_key_has_no_decomposition(tmp_path, trainer):
     c = compare(tmp_path, trainer, ["train.lr=1e-3,3e-3,1e-2"])
     assert c.tuning.joint is None
-    assert "Which key moved" not in (tmp_path / "runs/compare/comparison.md").read_text()
-    assert json.loads((tmp_path / "runs/compare/comparison.json").read_text())["tuning"]["joint"] is None
+    assert "Which key moved" not in (tmp_path / "runs/compare-tiny/comparison.md").read_text()
+    assert json.loads((tmp_path / "runs/compare-tiny/comparison.json").read_text())["tuning"]["joint"] is None
 
 
 def test_extend_value_keeps_to_the_keys_range():

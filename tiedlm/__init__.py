@@ -6,7 +6,7 @@ The library is usable without the CLI:
     cfg = load_config("configs/base.yaml", ["model.tie_embeddings=false"], seed=1)
     run_dir = train_run(cfg)
     result = compare_runs(["runs/*"])
-    table = load_results("runs/compare")  # a pandas DataFrame, one row per run (tiedlm[pandas])
+    table = load_results("runs/compare-shakespeare")  # a pandas DataFrame, one row per run (tiedlm[pandas])
 
 Names are resolved lazily, so `import tiedlm` (and `tiedlm --help`) does not import torch.
 """

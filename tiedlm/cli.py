@@ -225,16 +225,17 @@ def compare(
     select: Optional[str] = typer.Option(None, "--select", help="Whose scores to compare: 'best' (the weights "
                                          "each run kept at its best validation evaluation, train.keep_best) or "
                                          "'final' (the last weights). Default: best when every run kept them."),
-    out_: str = typer.Option("runs", "--out", help="Runs folder; the comparison goes to OUT/compare/."),
+    out_: str = typer.Option("runs", "--out", help="Runs folder; the comparison goes to OUT/compare-NAME/, NAME "
+                             "the name its runs share (the config's name, with its --set overrides)."),
+    into: Optional[str] = typer.Option(None, "--into", help="Write the comparison into this folder instead."),
     overwrite: bool = Flag("--overwrite", help="With --config: retrain runs whose folders hold "
                                    "another config (say, after editing it) instead of refusing them."),
-    overwrite_output: bool = Flag("--overwrite-output", help="Replace files in OUT/compare/ (and, "
+    overwrite_output: bool = Flag("--overwrite-output", help="Replace files in the comparison's folder (and, "
                                           "with --analyze, analysis files in the run folders) that tiedlm did not "
                                           "write, instead of refusing them."),
     analyze: bool = Flag("--analyze", help="First analyse each run's two matrices (tiedlm "
                                  "analyze) and add what they show to the report."),
-    tensorboard: bool = Flag("--tensorboard", help="Write TensorBoard event files (tb/) for the "
-                                     "compared runs, from their metrics."),
+    tensorboard: bool = Flag("--tensorboard", help="Write TensorBoard event files (tb/) for the compared runs."),
     log_to: Optional[List[str]] = typer.Option(None, "--log-to", help="Log the comparison as a summary run to "
                                                "this tracker (wandb, mlflow or trackio; repeatable). Default: the "
                                                "trackers its runs logged to (train.log_to)."),
@@ -253,6 +254,7 @@ def compare(
     def compare_runs_or_config():  # the values are checked by CompareRequest.check; here, which options go together
 
         out = check_folder_option(out_, "--out")
+        into_dir = None if into is None else check_folder_option(into, "--into")
         if config is None:
             given = [opt for opt, value in (("--set", set_), ("--seeds", seeds is not None), ("--match", match),
                                             ("--overwrite", overwrite), ("--tune", tune),
@@ -267,8 +269,8 @@ def compare(
         n_seeds = _seeds_option(seeds)
         from .compare import Judging, format_terminal_table, judge_runs
 
-        judging = Judging(paths=runs_ or None, runs_dir=out, baseline=baseline, primary=primary, select=select,
-                          analyze=analyze, overwrite_output=overwrite_output, log_to=log_to or None)
+        judging = Judging(paths=runs_ or None, runs_dir=out, out=into_dir, baseline=baseline, primary=primary,
+                          select=select, analyze=analyze, overwrite_output=overwrite_output, log_to=log_to or None)
         if config is not None:  # run the experiment, then judge its runs
             from .experiment import CompareRequest, compare
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.checks import check_log_to, check_split
+from ..config.naming import comparison_folder, common_name
 from ..errors import ConfigError, TiedlmError
 from ..process import log
 from ..runs import FolderLock
@@ -61,7 +62,7 @@ from .comparison import Comparison, TrainFailure, build_comparison
 from .grid import MatchedContrast
 from .guards import guard_warnings, ignored_record_warning, protocol_differences, protocol_line
 from .matching import ParamMatch
-from .outputs import OVERWRITE_OPTION, check_outputs, replaced_note, write_outputs
+from .outputs import OVERWRITE_OPTION, check_outputs, own_name, replaced_note, write_outputs
 from .plots import MATCHED_PLOT, PLOTS, TRAJECTORY_PLOT, TYING_MAP_PLOT
 from .report import format_terminal_table
 from .sections import tuning_note
@@ -84,7 +85,8 @@ __all__ = [
 @dataclass
 class Judging:
     """How finished runs are judged: which weights (`select`), on which split (`primary`), against
-    which variant (`baseline`), and where the comparison goes (`out`, default runs_dir/compare);
+    which variant (`baseline`), and where the comparison goes (`out`, default
+    runs_dir/compare-EXPERIMENT, `experiment` the name its runs share);
     `paths` are the runs to compare (run folders, folders of runs, or globs; None: every run under
     `runs_dir`). `analyze` analyses each run's two matrices first; `overwrite_output` replaces
     files of the outputs' names that tiedlm did not write."""
@@ -98,11 +100,24 @@ class Judging:
     analyze: bool = False
     overwrite_output: bool = False
     log_to: list[str] | None = None  # trackers for the summary run; None: those the runs logged to
+    experiment: str | None = None  # the name the runs share (naming.common_name), for the default folder
 
     @property
     def folder(self) -> Path:
-        """Where the comparison is written."""
-        return Path(self.out) if self.out is not None else Path(self.runs_dir) / COMPARE_DIR
+        """Where the comparison is written: `out`, else runs_dir/compare-EXPERIMENT, a folder of
+        each experiment's own, so that one comparison never replaces another's by default."""
+        if self.out is not None:
+            return Path(self.out)
+        return Path(self.runs_dir) / comparison_folder(self.experiment or common_name([]))
+
+    def of_runs(self, run_dirs: list[Path]) -> tuple[Judging, str | None]:
+        """This judging with its experiment named after the runs found (unless it has a folder
+        already: `out`, or a config's `experiment`), and the line saying where it went when the
+        folder of that name holds another comparison (outputs.own_name)."""
+        if self.experiment is not None or self.out is not None:
+            return self, None
+        name, note = own_name(self.runs_dir, [Path(d).name for d in run_dirs])
+        return dataclasses.replace(self, experiment=name), note
 
     def check(self) -> Judging:
         """Refuse (ConfigError) what cannot be judged, before any file is read; returns self."""
@@ -123,7 +138,8 @@ class Judging:
 class Found:
     """What training and tuning found, for the judging of their runs: the parameter match (--match
     params), the runs that failed to train (name -> error), the tuning, the sequential design's
-    record, a tuned sweep's record (tuning.json) and every run trained or found finished."""
+    record, a tuned sweep's record (tuning.json), every run trained or found finished, and why the
+    comparison's folder is not the one its runs' name gives."""
 
     match: ParamMatch | None = None
     failed: dict[str, str] = field(default_factory=dict)
@@ -132,13 +148,15 @@ class Found:
     record: TuningRecord | None = None
     record_note: str | None = None  # why a tuned compare --config left no tuning.json
     trained: list[str] | None = None  # every run it trained or found finished, compared or not (tuning's too)
+    folder_note: str | None = None  # why the comparison went to a folder of its own (outputs.own_name)
 
 
 def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("runs"),
                  out: Path | None = None, baseline: str | None = None, primary: str | None = None,
                  select: str | None = None, analyze: bool = False, overwrite_output: bool = False) -> Comparison:
     """Compare finished runs (run folders, folders of runs, or globs; default: every run under
-    runs_dir). Writes comparison.md/.csv/.json and plots to `out` (default runs_dir/compare) and
+    runs_dir). Writes comparison.md/.csv/.json and plots to `out` (default runs_dir/compare-NAME, NAME
+    the name the runs share) and
     returns the comparison. Unfinished or unreadable runs are listed in its `skipped`. `primary`
     is the split whose loss carries the verdict (train, validation or test; default validation, or
     test when the best weights are compared). `select` is "best" (the weights each run kept at its
@@ -153,7 +171,8 @@ def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("r
 def judge_runs(judging: Judging) -> Comparison:
     """compare_runs: the runs found, a tuned sweep's folder compared at each point's chosen values."""
     judging.check()
-    run_dirs, missing = discover(judging.paths, judging.runs_dir, judging.folder)
+    run_dirs, missing = discover(judging.paths, judging.runs_dir, judging.out)
+    judging, kept = judging.of_runs(run_dirs)
     paths = judging.paths
     # a tuned sweep's folder, compared whole: each grid point at its chosen values (tuning.json)
     folder = judging.runs_dir if not paths else Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else None
@@ -171,7 +190,7 @@ def judge_runs(judging: Judging) -> Comparison:
                     for n in record.chosen if n not in found]
         run_dirs = [d for d in run_dirs if d.name in chosen]
     judging = dataclasses.replace(judging, primary=judging.primary or ("test" if tuned else None))
-    return judge(run_dirs, missing, judging, Found(record=record))
+    return judge(run_dirs, missing, judging, Found(record=record, folder_note=kept))
 
 
 def judge(run_dirs: list[Path], left_out: list[LeftOut], judging: Judging, found: Found) -> Comparison:
@@ -215,7 +234,7 @@ def _judge_held(run_dirs: list[Path], left_out: list[LeftOut], req: Judging, fou
         v.verdicts = verdicts_for(v, c)
     if found.sequential is not None:  # --seeds auto: the primary contrast judged at the design's adjusted level
         found.sequential.apply(c)
-    c.replaced = replaced_note(c, out)
+    c.replaced = replaced_note(c, out) or found.folder_note
     write_outputs(c, out, req.overwrite_output)
     _log_summary(c, runs, req.log_to)
     return c

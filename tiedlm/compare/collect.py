@@ -22,7 +22,8 @@ from ..perplexity import perplexity
 from .stats import number
 from ..errors import ConfigError
 
-COMPARE_DIR = "compare"  # the comparison's own folder under the runs folder, never a run
+COMPARE_DIR = "compare"  # the folder every comparison went to before compare-NAME/ (naming.comparison_folder)
+COMPARISON_JSON = "comparison.json"  # report.FILES["json"], which imports this module
 
 
 @dataclass
@@ -328,11 +329,18 @@ def _dedupe(paths: list[Path]) -> list[Path]:
     return unique
 
 
-def discover(paths: list[str | Path] | None, runs_dir: Path, out: Path) -> tuple[list[Path], list[LeftOut]]:
-    """Run folders to read, and entries left out before reading (paths that match nothing)."""
+def is_comparison_folder(path: Path) -> bool:
+    """A folder compare wrote (compare/, compare-NAME/, or any holding a comparison.json), not a run."""
+    path = Path(path)
+    return not _is_run_folder(path) and (path.name == COMPARE_DIR or (path / COMPARISON_JSON).exists())
+
+
+def discover(paths: list[str | Path] | None, runs_dir: Path, out: Path | None) -> tuple[list[Path], list[LeftOut]]:
+    """Run folders to read, and entries left out before reading (paths that match nothing); the
+    comparison's own folder `out` and every other comparison's folder are never taken for runs."""
     found: list[Path] = []
     missing: list[LeftOut] = []
-    skip = {Path(out).resolve()}
+    skip = {Path(out).resolve()} if out is not None else set()
 
     def children(parent: Path) -> list[Path]:
         return [c for c in sorted(parent.iterdir())
@@ -348,7 +356,7 @@ def discover(paths: list[str | Path] | None, runs_dir: Path, out: Path) -> tuple
     for item in paths:
         text = str(item)
         matches = sorted(Path(p) for p in glob.glob(text)) if _has_glob(text) else [Path(text)]
-        matches = [m for m in matches if m.resolve() not in skip]
+        matches = [m for m in matches if m.resolve() not in skip and not (_has_glob(text) and is_comparison_folder(m))]
         if not matches:
             missing.append(LeftOut(text, Path(text).name,
                                    "no run folder matches" if _has_glob(text) else "does not exist"))

@@ -4,6 +4,7 @@ the folder may take them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Iterable
@@ -22,6 +23,7 @@ from .plots import (
     write_plots,
 )
 from .report import FILES, to_csv, to_json_text, to_markdown
+from ..config.naming import comparison_folder, common_name
 from ..files import atomic_write_text, check_foreign, recording
 from ..runs import AGAIN_HINT, writing
 
@@ -60,21 +62,47 @@ def write_outputs(c: Comparison, out: Path, overwrite: bool = False) -> None:
                 atomic_write_text(out / FILES[kind], text)
 
 
+def compared_names(out: Path, skipped: bool = False) -> set | None:
+    """The names of the runs the comparison in `out` compared (with `skipped`, and those it left
+    out), None when it holds none tiedlm can read."""
+    try:
+        data = json.loads((Path(out) / FILES["json"]).read_text(encoding="utf-8"))
+        entries = data.get("runs", []) + (data.get("skipped", []) if skipped else [])
+        return {r.get("name") for r in entries if isinstance(r, dict)}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None  # none there, or not one tiedlm can read: check_outputs has refused what is not tiedlm's
+
+
+def own_name(runs_dir: Path, names: list[str]) -> tuple[str, str | None]:
+    """The experiment name of a comparison of the runs `names` that was not given a folder: the
+    name they share (naming.common_name), so that it goes to runs_dir/compare-NAME; but where
+    that folder holds a comparison of another set of runs (another experiment's, or more or fewer
+    of these), that one is kept and this goes to compare-NAME-HASH, HASH of its runs' names, with
+    the line that says so."""
+    name = common_name(names)
+    folder = Path(runs_dir) / comparison_folder(name)
+    before = compared_names(folder, skipped=True)
+    if before is None or before == set(names):
+        return name, None
+    own = f"{name}-{hashlib.sha256(' '.join(sorted(names)).encode()).hexdigest()[:8]}"
+    if compared_names(Path(runs_dir) / comparison_folder(own), skipped=True) == set(names):
+        return own, None  # said when it was first written there
+    return own, (f"{folder} holds a comparison of other runs, left as it is: this one is in "
+                 f"{Path(runs_dir) / comparison_folder(own)} — give --into DIR to name its folder")
+
+
 def replaced_note(c: Comparison, out: Path) -> str | None:
     """What an earlier comparison in `out` compared, when it was of other runs: the line that says
     it is replaced (never silently), naming a few of them and how to keep comparisons apart."""
-    path = Path(out) / FILES["json"]
-    try:
-        before = {r.get("name") for r in json.loads(path.read_text(encoding="utf-8")).get("runs", [])
-                  if isinstance(r, dict)}
-    except (OSError, ValueError, AttributeError):
-        return None  # none there, or not one tiedlm can read: check_outputs has refused what is not tiedlm's
+    before = compared_names(out)
+    if before is None:
+        return None
     now = {r.name for r in c.runs}
     gone = sorted(n for n in before - now if isinstance(n, str))
     if not gone:
         return None
     shown = ", ".join(gone[:3]) + (f" and {len(gone) - 3} more" if len(gone) > 3 else "")
-    return (f"replaced the comparison in {out}, which compared other runs ({shown}) — give --out DIR to keep "
+    return (f"replaced the comparison in {out}, which compared other runs ({shown}) — give --into DIR to keep "
             "each comparison in a folder of its own")
 
 

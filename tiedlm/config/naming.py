@@ -117,3 +117,37 @@ def yaml_value(value: Any) -> str:
     if text.endswith("\n...\n"):
         text = text[: -len("\n...\n")]
     return text.strip()
+
+
+# A comparison's default folder under the runs folder: compare-NAME, NAME the experiment its runs
+# share (the config's name with its overrides, as their run names begin). `compare/` alone is the
+# folder every comparison went to before, still read (results, model cards) and never taken for a run.
+COMPARISON_PREFIX = "compare"
+_SEED_SUFFIX = re.compile(r"-s\d+$")
+
+
+def common_name(run_names: list[str]) -> str:
+    """The name a set of runs shares: the leading `-`-separated parts common to every run's name,
+    its seed left off (shakespeare-tied-s0, shakespeare-untied-lr=0.01-s1 → shakespeare). Runs of
+    several experiments with no part in common: their first parts joined by `+` (gpt2+llama), a hash
+    of the names when that would be long."""
+    if not run_names:
+        return "runs"
+    parts = [_SEED_SUFFIX.sub("", name).split("-") for name in run_names]
+    common: list[str] = []
+    for column in zip(*parts):
+        if len(set(column)) > 1:
+            break
+        common.append(column[0])
+    name = sanitize("-".join(common)).strip("-") if common else ""
+    if not name:
+        firsts = sorted({p[0] for p in parts if p and p[0]})
+        name = sanitize("+".join(firsts))
+        if len(name) > 48:
+            name = f"{len(run_names)}-runs-" + hashlib.sha256(" ".join(sorted(run_names)).encode()).hexdigest()[:8]
+    return name
+
+
+def comparison_folder(experiment: str) -> str:
+    """The default folder name of a comparison of `experiment`'s runs: compare-shakespeare."""
+    return f"{COMPARISON_PREFIX}-{experiment}"

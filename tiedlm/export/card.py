@@ -118,7 +118,8 @@ def comparison_lines(run_dir: Path) -> list[str]:
         return ["## Comparison", "", "No comparison naming this run was found beside it (`tiedlm compare` writes "
                 "one; its comparison.json names the runs it compared).", ""]
     data = json.loads(path.read_text(encoding="utf-8"))
-    variants = ", ".join(f"{v.get('label')} ({v.get('n_seeds')} seeds)" for v in data.get("variants") or [])
+    variants = ", ".join(f"{v.get('label')} ({v.get('n_seeds')} seed{'' if v.get('n_seeds') == 1 else 's'})"
+                         for v in data.get("variants") or [])
     return ["## Comparison", "", f"This run was compared in `{path}`: {variants}; the verdict on "
             f"{data.get('primary')}:", "", *[f"> {s}" for s in data.get("verdicts") or []], ""]
 

@@ -60,7 +60,7 @@ def comparison_summary(data: dict, files: dict[str, str], group: str) -> Compari
     rows = verdict_rows(data)
     figures = [Path(p) for k, p in sorted(files.items()) if str(p).endswith(".png") and Path(p).is_file()]
     md = Path(files["markdown"]) if files.get("markdown") and Path(files["markdown"]).is_file() else None
-    name = f"{group}-compare" if folder.name == "compare" else folder.name  # compare's default folder: by group
+    name = f"{group}-compare" if folder.name == "compare" else folder.name  # compare/, the folder of earlier versions: by group
     return ComparisonSummary(name=name, group=group, folder=folder, table=rows,
                              verdicts=[str(s) for s in data.get("verdicts") or []],
                              interval=str(data.get("interval") or ""), tuning=tuning_rows(data), figures=figures,

@@ -1,0 +1,83 @@
+"""Where a comparison goes by default: a folder of its own per experiment (compare-NAME, NAME the
+name its runs share), so that comparing one experiment never replaces another's comparison; the
+folder compare wrote before (compare/) is neither a run nor replaced."""
+
+import json
+
+from typer.testing import CliRunner
+
+import tiedlm.compare as C
+from tiedlm.cli import app
+from tiedlm.config.naming import common_name
+from tests.test_compare import TIED, UNTIED, make_pair, make_run
+from tests.test_compare_config import fake_training  # noqa: F401  (a fixture)
+
+
+def compared(folder) -> set:
+    return {r["name"] for r in json.loads((folder / "comparison.json").read_text())["runs"]}
+
+
+def test_the_name_runs_share_is_their_common_leading_parts_without_the_seed():
+    assert common_name(["shakespeare-tied-s0", "shakespeare-untied-lr=0.01-s1"]) == "shakespeare"
+    assert common_name(["shakespeare-my-1a2b3c4d-tied-s0", "shakespeare-my-1a2b3c4d-untied-s2"]) \
+        == "shakespeare-my-1a2b3c4d"
+    assert common_name(["x-tied-s0", "x-tied-s1"]) == "x-tied"  # only tied runs: a comparison of its own
+    assert common_name(["gpt2-tied-s0", "llama-untied-s0"]) == "gpt2+llama"  # nothing in common
+    assert common_name(["a" * 30 + "-s0", "b" * 30 + "-s0"]).startswith("2-runs-")
+
+
+def test_two_experiments_in_one_runs_folder_keep_their_own_comparisons(tmp_path, fake_training, tiny_yaml):
+    import tiedlm.experiment as E
+
+    runs = tmp_path / "runs"
+    main = E.compare_config(tiny_yaml, [], seeds=2, runs_dir=runs, progress=False, train=fake_training.train)
+    own = E.compare_config(tiny_yaml, ["model.n_embd=24"], seeds=2, runs_dir=runs, progress=False,
+                           train=fake_training.train)
+    assert main.out == str(runs / "compare-tiny") and own.out == str(runs / "compare-tiny-n_embd=24")
+    assert compared(runs / "compare-tiny") == {"tiny-tied-s0", "tiny-tied-s1", "tiny-untied-s0", "tiny-untied-s1"}
+    assert compared(runs / "compare-tiny-n_embd=24") == {f"tiny-n_embd=24-{v}-s{s}" for v in ("tied", "untied")
+                                                         for s in (0, 1)}
+    # every run of the folder, judged: their shared name is tiny, whose folder holds the first
+    # experiment's comparison; it is kept, and this one goes to a folder named for its runs
+    r = CliRunner().invoke(app, ["compare", "--out", str(runs)])
+    assert r.exit_code == 0, r.output
+    assert compared(runs / "compare-tiny") == {"tiny-tied-s0", "tiny-tied-s1", "tiny-untied-s0", "tiny-untied-s1"}
+    (everything,) = [p for p in runs.glob("compare-tiny-*") if p.name != "compare-tiny-n_embd=24"]
+    assert len(compared(everything)) == 8
+    assert f"{runs / 'compare-tiny'} holds a comparison of other runs, left as it is: this one is in {everything}" \
+        in r.output and "give --into DIR" in r.output
+    # the same runs again go to the same folder, and the config's own comparison back to its own
+    again = CliRunner().invoke(app, ["compare", "--out", str(runs)])
+    assert f"wrote {everything}/comparison.md" in again.output and "holds a comparison" not in again.output
+    assert E.compare_config(tiny_yaml, [], seeds=2, runs_dir=runs, progress=False,
+                            train=fake_training.train).out == str(runs / "compare-tiny")
+
+
+def test_into_names_the_folder_and_the_old_compare_folder_is_left_alone(tmp_path):
+    runs = tmp_path / "runs"
+    make_pair(runs, [57.0, 58.0], [59.0, 60.0])
+    old = runs / "compare"  # where every comparison went before compare-NAME/
+    old.mkdir()
+    (old / "comparison.json").write_text('{"runs": [{"name": "earlier-s0"}]}')
+    r = CliRunner().invoke(app, ["compare", "--out", str(runs), "--into", str(tmp_path / "mine")])
+    assert r.exit_code == 0, r.output
+    assert compared(tmp_path / "mine") == {"base-tied-s0", "base-tied-s1", "base-untied-s0", "base-untied-s1"}
+    assert not (runs / "compare-base").exists()
+    c = C.compare_runs(runs_dir=runs)  # the folder's runs: compare/ is not one of them
+    assert c.out == str(runs / "compare-base") and {r.name for r in c.runs} == compared(tmp_path / "mine")
+    assert (old / "comparison.json").read_text() == '{"runs": [{"name": "earlier-s0"}]}'
+    # a glob over the runs folder takes no comparison folder for a run
+    c = C.compare_runs([str(runs / "*")], runs_dir=runs)
+    assert not [s for s in c.skipped if s.name.startswith("compare")], c.skipped
+
+
+def test_a_subset_of_an_experiments_runs_does_not_replace_its_comparison(tmp_path):
+    runs = tmp_path / "runs"
+    make_pair(runs, [57.0, 58.0, 57.5], [59.0, 60.0, 60.5])
+    make_run(runs, "base-tied-s9", 9, TIED, val=57.0)
+    make_run(runs, "base-untied-s9", 9, UNTIED, val=59.5)
+    whole = C.compare_runs(runs_dir=runs)
+    part = C.compare_runs([runs / "base-tied-s0", runs / "base-untied-s0", runs / "base-tied-s1",
+                           runs / "base-untied-s1"], runs_dir=runs)
+    assert whole.out == str(runs / "compare-base") and part.out != whole.out
+    assert part.out.startswith(str(runs / "compare-base-")) and len(compared(runs / "compare-base")) == 8
