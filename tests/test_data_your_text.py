@@ -120,14 +120,15 @@ def test_override_tag_names_the_data_and_keeps_other_names():
     others = ["model.n_layer=3", "model.n_head=2", "model.n_embd=64", "train.lr=0.001", "train.min_lr=0.0001"]
     long = override_tag(["data.path=/a/very/long/path/to/the/corpus2.txt", *others])
     assert long == (f"-corpus2-{hashlib.sha256(b'data.path=/a/very/long/path/to/the/corpus2.txt').hexdigest()[:8]}"
-                    f"-set-{hashlib.sha256(' '.join(others).encode()).hexdigest()[:10]}")
+                    f"-n_layer=3_n_head=2_n_embd=64+2-{hashlib.sha256(' '.join(others).encode()).hexdigest()[:8]}")
     for t in (tag, long):
         check_run_name(f"shakespeare{t}-untied-s0")
     # without a data override, the names are those of before (finished runs are found by them)
     assert override_tag([]) == "" and override_tag(["seed=1"]) == ""
     assert override_tag(["model.n_embd=256", "train.lr=2e-3"]) == "-n_embd=256_lr=2e-3"
-    many = [f"model.n_embd={i}" for i in range(20)]
-    assert override_tag(many) == "-set-" + hashlib.sha256(" ".join(many).encode()).hexdigest()[:10]
+    many = [f"model.n_embd={i}" for i in range(20)]  # a long list: what fits, how many more, a hash of all
+    assert override_tag(many) == "-n_embd=0_n_embd=1_n_embd=2_n_embd=3+16-" \
+        + hashlib.sha256(" ".join(many).encode()).hexdigest()[:8]
 
 
 def test_compare_runs_are_named_after_the_data(tmp_path, monkeypatch):

@@ -82,12 +82,80 @@ def _data_tag(items: list[tuple[str, Any, str]]) -> str:
     return f"{data_name(named)}-{digest}"
 
 
+# The override keys that say which model family a run is, named first in its runs' names.
+FAMILY_KEYS = ("model.arch", "model.hf_config", "model.init_from")
+_TAG_LIMIT = 48  # the longest the settings' part of a name gets before it is cut, with a hash
+
+
+def _digest(items: list[str]) -> str:
+    return hashlib.sha256(" ".join(items).encode()).hexdigest()[:8]
+
+
+def _family_tag(items: list[tuple[str, Any, str]]) -> str:
+    """The family a run's overrides choose, in words: hf-qwen2 for model.arch=hf with
+    model.hf_config=qwen2 (transformers' qwen2, never confused with tiedlm's own llama), llama for
+    model.arch=llama, from-NAME-HASH for model.init_from=PATH and NAME-HASH for an hf_config file
+    (a path's last part, with a hash of what was written: two files of one name never share a
+    folder)."""
+    last = {key: value for key, value, _ in items}  # the last of each counts, as in the config
+    start, family, arch = last.get("model.init_from"), last.get("model.hf_config"), last.get("model.arch")
+    words = []
+    if start is not None:
+        words.append(f"from-{data_name(start)}-{_digest([scalar(start)])}")
+    if family is not None:
+        text = scalar(family).strip()
+        is_file = bool(re.search(r"[\\/]|\.json$", text))
+        words.append(f"{data_name(text)}-{_digest([text])}" if is_file else f"hf-{sanitize(text)}")
+    elif arch is not None and not (start is not None and scalar(arch) == "hf"):
+        words.append(sanitize(scalar(arch)))
+    return "-".join(words)
+
+
+def _settings_tag(items: list[str], parts: list[str]) -> str:
+    """'n_embd=256_lr=0.002' for the other overrides; past _TAG_LIMIT characters, as many as fit,
+    then how many more and a hash of them all: 'n_kv_head=2_n_layer=4+3-c120b06a'."""
+    tag = sanitize(",".join(parts))
+    if len(tag) <= _TAG_LIMIT:
+        return tag
+    kept: list[str] = []
+    for part in parts:
+        if len(sanitize(",".join(kept + [part]))) > _TAG_LIMIT - 12:
+            break
+        kept.append(part)
+    return sanitize(",".join(kept)) + f"+{len(parts) - len(kept)}-{_digest(items)}"
+
+
 def override_tag(overrides: list[str]) -> str:
-    """'-n_embd=256,lr=0.002' for --set model.n_embd=256 --set train.lr=2e-3, so that runs of the
-    config with other overrides get folders of their own instead of clashing with the plain runs
-    (a hash when that would be long). Seed and name overrides name nothing new. An override of the
-    data (data.path, data.data_files) comes first, as the data's short name and a hash of what was
-    written: '-corpus2-1a2b3c4d' for --set data.path=corpus2.txt, then the others as above."""
+    """'-n_embd=256_lr=0.002' for --set model.n_embd=256 --set train.lr=2e-3, so that runs of the
+    config with other overrides get folders of their own instead of clashing with the plain runs.
+    Seed and name overrides name nothing new. The family comes first, in words (_family_tag:
+    '-hf-qwen2-…'), then the data (data.path, data.data_files: its short name and a hash of what
+    was written, '-corpus2-1a2b3c4d'), then the other settings (_settings_tag), each read as
+    written: a long list is cut and hashed, never replaced by a hash alone."""
+
+    family, data, rest, parts = [], [], [], []
+    for item in overrides:
+        keys, value = parse_override(item)
+        key = ".".join(keys)
+        if keys[0] in ("seed", "name"):
+            continue
+        if key in FAMILY_KEYS:
+            family.append((key, value, item.strip()))
+        elif key in DATA_KEYS:
+            data.append((key, value, item.strip()))
+        else:
+            rest.append(item)
+            parts.append(f"{keys[-1]}={scalar(value)}")
+    tags = [_family_tag(family) if family else "", _data_tag(data) if data else "",
+            _settings_tag(rest, parts) if parts else ""]
+    tag = "-".join(t for t in tags if t)
+    return "-" + tag if tag else ""
+
+
+def legacy_override_tag(overrides: list[str]) -> str:
+    """override_tag as it was before the family was named in words and a long list was cut
+    (a hash alone, 'set-c120b06adb'): the names of runs trained then, so that an experiment of
+    those runs carries on under their names (experiment/plan.py)."""
 
     parts, data, rest = [], [], []
     for item in overrides:

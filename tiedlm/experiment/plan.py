@@ -14,6 +14,7 @@ a run.
 
 from __future__ import annotations
 
+import glob
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +27,9 @@ from ..config.naming import sanitize, scalar, short_keys, yaml_value
 from .request import CompareRequest
 from ..config import Config, budget_steps, check_warmup, load_config
 from ..model.counting import count_params_config
-from ..config.naming import override_tag
-from ..runs import run_dir_for
+from ..config.naming import legacy_override_tag, override_tag
+from ..process import log
+from ..runs import CONFIG, run_dir_for
 
 
 @dataclass(frozen=True)
@@ -191,8 +193,25 @@ def plan_comparison(req: CompareRequest) -> ComparisonPlan:
         cfg = load_config(req.config, req.overrides + extra)  # a budget shorter than its warm-up (no verdict)
         count_params_config(cfg.model, base.model.vocab_size or 0)
         check_warmup(cfg, budget_steps(cfg))
-    source = RunSource(req.config, tuple(req.overrides), base.name + override_tag(req.overrides))
+    source = RunSource(req.config, tuple(req.overrides), run_prefix(base.name, req.overrides, req.runs_dir))
     return ComparisonPlan(base=base, variants=variants, source=source, match=matched)
+
+
+def run_prefix(name: str, overrides: list[str], runs_dir: Path) -> str:
+    """What a config's runs' names begin with: its name and its overrides in words (naming.override_tag);
+    or, where runs_dir holds runs of these overrides named as before (naming.legacy_override_tag) and
+    none named the new way, the old prefix, said once: the experiment carries on under its runs'
+    names instead of training them all again."""
+    prefix, old = name + override_tag(overrides), name + legacy_override_tag(overrides)
+    if old == prefix or _has_runs(runs_dir, prefix) or not _has_runs(runs_dir, old):
+        return prefix
+    log(f"runs of these overrides are named {old}-… (as tiedlm named them before {prefix}-…): carrying on "
+        "under that name")
+    return old
+
+
+def _has_runs(runs_dir: Path, prefix: str) -> bool:
+    return any((d / CONFIG).is_file() for d in Path(runs_dir).glob(f"{glob.escape(prefix)}-*s[0-9]*"))
 
 
 def check_match_tuning(req: CompareRequest, plan: ComparisonPlan, spec: TuneSpec) -> None:
