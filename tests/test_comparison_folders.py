@@ -26,7 +26,7 @@ def test_the_name_runs_share_is_their_common_leading_parts_without_the_seed():
     assert common_name(["a" * 30 + "-s0", "b" * 30 + "-s0"]).startswith("2-runs-")
 
 
-def test_two_experiments_in_one_runs_folder_keep_their_own_comparisons(tmp_path, fake_training, tiny_yaml):
+def test_two_experiments_in_one_runs_folder_keep_their_own_comparisons(tmp_path, fake_training, tiny_yaml):  # noqa: F811
     import tiedlm.experiment as E
 
     runs = tmp_path / "runs"

@@ -38,7 +38,7 @@ def test_a_long_list_keeps_what_fits_and_two_lists_never_share_a_name():
 @pytest.mark.parametrize("overrides", [QWEN2[:1] + ["model.hf_config=gpt_neox", "model.n_embd=32"],
                                        ["model.n_embd=24", "model.n_head=2", "model.n_layer=1", "train.lr=3e-3",
                                         "train.weight_decay=0.05", "model.dropout=0.05"]])
-def test_runs_named_the_old_way_are_carried_on_under_their_names(tmp_path, fake_training, tiny_yaml, overrides,
+def test_runs_named_the_old_way_are_carried_on_under_their_names(tmp_path, fake_training, tiny_yaml, overrides,  # noqa: F811
                                                                  capfd):
     runs = tmp_path / "runs"
     old, new = "tiny" + legacy_override_tag(overrides), "tiny" + override_tag(overrides)
