@@ -97,6 +97,8 @@ def test_base_cycle_is_an_error(tmp_path):
     (["model.n_emb=3"], "unknown key model.n_emb — did you mean model.n_embd?"),
     (["data.n_embd=3"], "did you mean model.n_embd?"),
     (["model.n_embd=abc"], "model.n_embd must be an integer, got 'abc'"),
+    (["model.hf_overrides=3"], "model.hf_overrides must be a mapping such as {rms_norm_eps: 1.0e-6} or null, got 3"),
+    (["eval.also=[1]"], "eval.also must be a mapping such as {path: builtin:shakespeare} or null, got [1]"),
     (["model.tie_embeddings=yes please"], "model.tie_embeddings must be true/false"),
     (["model.n_embd=100", "model.n_head=3"], "divisible by model.n_head"),
     (["train.lr=-0.1"], "train.lr must be positive"),

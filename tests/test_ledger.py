@@ -121,6 +121,14 @@ def test_differences_name_what_is_not_the_tie(tiny):
     assert differences(ledger_of(head, None), b, head, untied) == ["train.trainable head vs all"]
 
 
+def test_a_mapping_value_is_said_as_yaml(tiny):
+    """model.hf_overrides in a difference reads as a config writes it, not as a Python dict."""
+    a, b = tiny("model.arch=hf", "model.hf_config=gpt2", "model.hf_overrides={layer_norm_epsilon: 1.0e-6}"), \
+        tiny("model.arch=hf", "model.hf_config=gpt2")
+    assert differences(ledger_of(a, None), ledger_of(b, None), a, b) == [
+        "model.hf_overrides {layer_norm_epsilon: 1.0e-06} vs null"]
+
+
 def test_a_ledger_survives_report_json_and_an_unreadable_one_is_recomputed(tiny):
     g = ledger_of(tiny(), {"wte": 960, "total": 5000})
     back = Ledger.from_json(json.loads(json.dumps(g.to_json())))

@@ -225,15 +225,22 @@ def _unknown_key(key: str) -> ConfigError:
     return ConfigError(f"unknown key {key}{hint}")
 
 
-def _type_name(tp: Any) -> str:
+# what a mapping-valued key's type error shows as an example (YAML's inline form, as --set takes it)
+_MAPPING_EXAMPLES = {"model.hf_overrides": "{rms_norm_eps: 1.0e-6}", "eval.also": "{path: builtin:shakespeare}"}
+
+
+def _type_name(tp: Any, key: str = "") -> str:
+    """A type as a config error says it: an integer, true/false, a mapping such as {rms_norm_eps: 1.0e-6}."""
     if tp is type(None):
         return "null"
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+        return " or ".join(_type_name(a, key) for a in typing.get_args(tp))
     if origin is list:
         (arg,) = typing.get_args(tp)
-        return f"a list of {_type_name(arg)}"
+        return f"a list of {_type_name(arg, key)}"
+    if tp is dict:
+        return f"a mapping such as {_MAPPING_EXAMPLES.get(key, '{key: value}')}"
     return {int: "an integer", float: "a number", bool: "true/false", str: "a string"}.get(tp, str(tp))
 
 
@@ -317,7 +324,7 @@ def _build(cls: type, data: dict, prefix: str = "") -> Any:
             continue
         out = _coerce(value, tp)
         if out is _NO:
-            raise ConfigError(f"{key} must be {_type_name(tp)}, got {value!r}")
+            raise ConfigError(f"{key} must be {_type_name(tp, key)}, got {value!r}")
         kwargs[name] = _ALIASES[key].get(out, out) if key in _ALIASES else out
     return cls(**kwargs)
 

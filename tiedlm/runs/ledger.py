@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..config import effective_min_lr
 from ..config.identity import ADDED_KEYS, flat
+from ..config.naming import yaml_value
 from ..model.tie import STORED_KEYS
 
 if TYPE_CHECKING:
@@ -192,6 +193,8 @@ def value_words(field: str, value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:g}"
+    if isinstance(value, (dict, list)):
+        return yaml_value(value)  # {rms_norm_eps: 1.0e-06}, as a config writes it
     return str(value)
 
 
