@@ -490,7 +490,7 @@ def test_comparison_json_keys(tmp_path):
     assert list(tied["ledger"]) == ["tie", "init", "head_init", "frozen", "lr", "min_lr", "weight_decay_e",
                                     "weight_decay_w_out",
                                     "weight_decay_other", "init_std_e", "init_std_w_out", "embed_scale", "lm_head_bias",
-                                    "vd", "vd_share", "block_init", "source"]
+                                    "vd", "vd_share", "block_init", "block_biases", "source"]
     assert tied["vs_baseline"]["confounds"] == []  # the pair differs only in the tie
     assert tied["resolution"] == "cpu, fp32" and tied["train_flops"] == pytest.approx(3e7 * 409_600)
     assert list(tied["metrics"]["validation"]) == ["perplexity", "bits_per_byte", "loss", "word_perplexity",

@@ -201,6 +201,26 @@ def test_the_run_report_names_the_family_and_how_its_loss_is_taken(tmp_path, mon
     assert "Block: **transformers' gemma2** as published" in md and "the loss over the family's own logits" in md
 
 
+def test_the_run_report_gives_only_the_sizes_the_family_has(tmp_path, monkeypatch):
+    """report.md said '2 key/value heads for 2 query heads, MLP 128' for GPT-2, whose config has
+    neither field (its MLP is 4·d: 192 here), printed model.hf_overrides as a Python dict, and
+    'lm_head_bias False' for Phi, whose head has a bias of its own."""
+    from tiedlm.train import train_run
+
+    monkeypatch.setenv("TIEDLM_CACHE", str(tmp_path / "cache"))
+    run = train_run(run_config("gpt2", "model.n_embd=48", "model.hf_overrides={layer_norm_epsilon: 1.0e-6}"),
+                    out=tmp_path / "runs", name="gpt2", progress=False)
+    md = (run / "report.md").read_text()
+    assert ("Block: **transformers' gpt2** as published (its norms, MLP, positions and head), at tiedlm's size "
+            "(hf_overrides {layer_norm_epsilon: 1.0e-06}); the loss over") in md
+    assert json.loads((run / "report.json").read_text())["params"]["family_sizes"] == {}
+    run = train_run(run_config("gpt_neox", "model.n_embd=48"), out=tmp_path / "runs", name="neox", progress=False)
+    assert "at tiedlm's size (MLP 128); the loss over" in (run / "report.md").read_text()  # its intermediate_size
+    run = train_run(run_config("phi", "model.tie_embeddings=false"), out=tmp_path / "runs", name="phi", progress=False)
+    md = (run / "report.md").read_text()
+    assert "lm_head_bias True (the family's own)" in md and "head bias yes" in md
+
+
 def test_analyze_and_sample_read_a_family_s_run(tmp_path, monkeypatch):
     """analyze measures E and W_out (the family's input and output embeddings) and says why the
     direct path is not measured; sample generates from the run."""

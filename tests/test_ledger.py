@@ -87,6 +87,34 @@ def test_the_ledger_says_what_train_trainable_froze(tiny, overrides, trainable, 
     assert model.transformer.h[0].attn.c_attn.weight.requires_grad == (frozen == "nothing")
 
 
+def _recorded(cfg):
+    """The parameters a training run records of the model it built (train._params)."""
+    import types
+
+    from tiedlm.model.blocks import build_model
+    from tiedlm.train import _params
+
+    return _params(build_model(cfg.model, V), types.SimpleNamespace(model_vocab_size=V, vocab_size=V))
+
+
+def test_the_ledger_reads_biases_from_the_built_model_not_model_bias(tiny):
+    """model.bias is tiedlm's own blocks' key: a transformers GPT-2 has biases although its config
+    leaves model.bias false, and the ledger said 'model.bias yes vs no' between the two GPT-2s."""
+    pytest.importorskip("transformers")
+    ours, theirs = tiny(), tiny("model.arch=hf", "model.hf_config=gpt2")
+    a, b = ledger_of(ours, _recorded(ours)), ledger_of(theirs, _recorded(theirs))
+    assert a.block_biases == b.block_biases == "yes" and a.lm_head_bias is b.lm_head_bias is False
+    found = differences(a, b, ours, theirs)
+    assert not any("bias" in f for f in found), found
+    bare = tiny("model.bias=false")
+    assert "biases of the blocks' matrices no vs yes" in differences(ledger_of(bare, _recorded(bare)), b, bare, theirs)
+    phi = tiny("model.arch=hf", "model.hf_config=phi", "model.tie_embeddings=false")
+    assert ledger_of(phi, _recorded(phi)).lm_head_bias is True  # Phi's head has a bias of its own
+    qwen = tiny("model.arch=hf", "model.hf_config=qwen2")
+    assert ledger_of(qwen, _recorded(qwen)).block_biases == "6 of 14 matrices"  # q, k and v of 2 blocks
+    assert ledger_of(theirs, None).block_biases is None  # not recorded: not guessed from model.bias
+
+
 def test_a_pretrained_start_is_the_checkpoint_s_initialisation(tiny):
     import dataclasses
 

@@ -443,7 +443,7 @@ def _ledger_row(v: Variant) -> list[str]:
     return [v.name, g.init, g.head_init, f"{w('lr', g.lr)} → {w('min_lr', g.min_lr)}",
             " / ".join(w(k, getattr(g, k)) for k in ("weight_decay_e", "weight_decay_w_out", "weight_decay_other")),
             f"{w('init_std_e', g.init_std_e)} / {w('init_std_w_out', g.init_std_w_out)}", g.frozen, g.embed_scale,
-            w("lm_head_bias", g.lm_head_bias), share_words(g)]
+            w("lm_head_bias", g.lm_head_bias), w("block_biases", g.block_biases), share_words(g)]
 
 
 def confound_lines(c: Comparison) -> list[str]:
@@ -474,9 +474,12 @@ def ledger_markdown(c: Comparison) -> list[str]:
           "What each variant's embedding matrices received besides the tie: where the weights come from, W_out at "
           "the start, the learning rate (→ where the cosine ends), AdamW weight decay on E / W_out's own parameters / "
           "the other matrices, the init std of E / W_out (— where tiedlm did not draw them), what `train.trainable` "
-          "froze, the input embedding scale, a head bias, and V·d with its share of the variant's parameters.", "",
+          "froze, the input embedding scale, a head bias, "
+          "biases of the blocks' matrices (as the built model has them), and V·d with its share of the variant's "
+          "parameters.", "",
           markdown_table(["variant", "init", "W_out at the start", "lr", "weight decay E / W_out / other",
-                          "init std E / W_out", "frozen", "embed scale", "head bias", "V·d"], rows, "lllllllrll")]
+                          "init std E / W_out", "frozen", "embed scale", "head bias", "block biases", "V·d"], rows,
+                         "lllllllrlll")]
     lines = confound_lines(c)
     md += ["", *(f"- {line}" for line in lines)] if lines else []
     old = [v.label for v in shown if v.ledger.source == FROM_CONFIG]

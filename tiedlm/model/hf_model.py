@@ -168,6 +168,15 @@ class HFCausalLM(TiedLM):
 
     # ---------------------------------------------------------------- what the tie layer asks
 
+    def family_sizes(self) -> dict[str, int]:
+        """tiedlm's size keys beyond n_layer, n_embd and n_head that the family's config has, with
+        the values the built model has: {"n_kv_head": 2, "intermediate_size": 192} for Qwen2,
+        {"intermediate_size": 128} for GPT-NeoX, {} for GPT-2 and OPT, whose configs have neither
+        field (their MLP width is the family's own: GPT-2's 4·d, OPT's ffn_dim)."""
+        c = language_configs(self.hf.config)[-1]
+        return {key: getattr(c, HF_SIZE_FIELDS[key]) for key in ("n_kv_head", "intermediate_size")
+                if getattr(c, HF_SIZE_FIELDS[key], None) is not None}
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.hf.get_input_embeddings()
 
@@ -224,8 +233,5 @@ def count_on_meta(m: ModelConfig, vocab_size: int) -> dict:
     # multiplies by the num_experts_per_tok experts its router picks, not by all of them
     active = getattr(language_configs(model.hf.config)[-1], "num_experts_per_tok", None)
     matmul += sum(p.numel() // p.shape[0] * min(active or p.shape[0], p.shape[0]) for p in params if p.dim() == 3)
-    # the size keys the family's config has (GPT-2's has no key/value heads nor an MLP width field)
-    sizes = " ".join(f"{key}={value}" for key, value in (("n_kv_head", m.kv_heads), ("intermediate_size", m.mlp_size))
-                     if getattr(model.hf.config, HF_SIZE_FIELDS[key], None) is not None)
     return {**count_params(model), "non_head_matmul_params": matmul, "head_kind": model.head_kind,
-            "family_sizes": sizes}
+            "family_sizes": model.family_sizes()}

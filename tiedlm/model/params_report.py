@@ -67,7 +67,7 @@ def params_report(cfg: Config, vocab_size: int | None = None, use_data: bool = F
              if m.family.rotary else "")
     if m.family.built_by_transformers:  # counted on the meta device, as transformers builds it
         head = t.get("head_kind", "linear")
-        sizes = t.get("family_sizes", "")
+        sizes = " ".join(f"{key}={value}" for key, value in t.get("family_sizes", {}).items())
         llama = (f" arch=hf hf_config={m.hf_config}{' ' + sizes if sizes else ''} (built by transformers on the meta "
                  f"device; biases, norms and positions the family's own; head: "
                  f"{'a plain linear map' if head == 'linear' else head})")

@@ -334,6 +334,19 @@ def _whole(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def block_biases(model: TiedLM) -> str:
+    """Whether the blocks' matrices (every module with a 2-D weight inside model.blocks(): nn.Linear,
+    GPT-2's Conv1D) have a bias, read from the built model: "yes" (all), "no" (none), or "K of N
+    matrices" (Qwen2's q, k and v only). The config's model.bias says it only for tiedlm's own blocks."""
+    mats = [m for block in model.blocks() for m in block.modules()
+            if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2
+            and not isinstance(m, nn.Embedding)]
+    with_bias = sum(isinstance(getattr(m, "bias", None), torch.Tensor) for m in mats)
+    if with_bias == 0:
+        return "no"
+    return "yes" if with_bias == len(mats) else f"{with_bias} of {len(mats)} matrices"
+
+
 def count_params(model: TiedLM) -> dict:
     """The one place parameters are counted, for every family and mode. Every piece is reported so
     that no convention is ambiguous: nanoGPT's count is `total`; transformers'

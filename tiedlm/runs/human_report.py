@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..config.naming import yaml_value
 from ..formatting import fmt, markdown_table, params_markdown
 from .ledger import run_lines, stored_ledger
 
@@ -32,21 +33,37 @@ def _start_lines(r: RunReport) -> list[str]:
     return out
 
 
+def _family_sizes(m: Any, params: dict) -> str:
+    """What a transformers family's block is at tiedlm's size, as the built model has it: its key/value
+    heads and MLP width only where its config has those fields (GPT-2's and OPT's have neither), and
+    model.hf_overrides as YAML writes it."""
+    sizes = params.get("family_sizes")
+    sizes = sizes if isinstance(sizes, dict) else {}  # not recorded (a run of an older tiedlm): not said
+    parts = ([f"{sizes['n_kv_head']} key/value heads for {m.n_head} query heads"] if "n_kv_head" in sizes else []) + \
+        ([f"MLP {sizes['intermediate_size']}"] if "intermediate_size" in sizes else []) + \
+        ([f"hf_overrides {yaml_value(m.hf_overrides)}"] if m.hf_overrides else [])
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def render_report_md(r: RunReport) -> str:
     """report.json for people."""
     m = r.config.model if r.config is not None else None
+    params = r.params or {}
     untie = f", untied at {m.untie_at} of training (step {r.untied_at_step or r.untie_step})" if m and m.untie_at else ""
-    family_scale = (r.params or {}).get("family_embed_scale")
+    family_scale = params.get("family_embed_scale")
     scale = f"×{family_scale:.4g} (the family's own)" if isinstance(family_scale, (int, float)) else m and m.embed_scale
-    tying = (f"Tying: **{m.tie.label}**{untie}; embed_scale {scale}; lm_head_bias {m.lm_head_bias}; "
+    # a family whose head has a bias of its own (Phi's) has one although model.lm_head_bias is false
+    bias = params.get("lm_head_bias")
+    own_bias = m is not None and not m.lm_head_bias and isinstance(bias, int) and bias > 0
+    head_bias = "True (the family's own)" if own_bias else m and m.lm_head_bias
+    tying = (f"Tying: **{m.tie.label}**{untie}; embed_scale {scale}; lm_head_bias {head_bias}; "
              if m else "Tying: unknown (its config does not load); ")
     block = ""
     if m is not None and m.family.built_by_transformers:
         block = (f"Block: **transformers' {m.hf_config}** as published (its norms, MLP, positions and head), at "
-                 f"tiedlm's size ({m.kv_heads} key/value heads for {m.n_head} query heads, MLP {m.mlp_size}"
-                 + (f"; hf_overrides {m.hf_overrides}" if m.hf_overrides else "") + "); the loss over "
+                 f"tiedlm's size{_family_sizes(m, params)}; the loss over "
                  + ("its head as a plain linear map (tiedlm's fused cross-entropy)"
-                    if (r.params or {}).get("head_kind", "linear") == "linear" else (r.params or {})["head_kind"]))
+                    if params.get("head_kind", "linear") == "linear" else params["head_kind"]))
     elif m is not None and m.family.summary:  # the default family's (gpt2) reports read as before
         block = (f"Block: **Llama-style** (RMSNorm, SwiGLU of {m.mlp_size}, rotary θ {m.rope_theta:g}, "
                  f"{m.kv_heads} key/value heads for {m.n_head} query heads, biases {str(m.bias).lower()})")

@@ -18,6 +18,9 @@ variant, what E and W_out received:
   untie_at at its split), or built from E (projection, lowrank, split: W_out starts as E); from a
   checkpoint, what the run's tie did to the checkpoint's (pretrained.describe_start);
 - what train.trainable freezes (E, when only an untied head trains; the blocks);
+- whether the blocks' matrices and the head have biases, as the built model has them (the run's
+  parameter breakdown: `block_biases`, `lm_head_bias`), since model.bias is tiedlm's own blocks' key
+  and a transformers family has its own (GPT-2's biases, Phi's head bias);
 - V·d and its share of the model's parameters (the run's parameter breakdown).
 
 `differences` names what two variants differ in beyond the tie: the ledger's fields and any other
@@ -52,15 +55,17 @@ COMPARED = (("init", "initialisation"), ("block_init", "block initialisation"), 
             ("weight_decay_w_out", "weight decay on W_out"),
             ("weight_decay_other", "weight decay on the other matrices"),
             ("init_std_e", "init std of E"), ("init_std_w_out", "init std of W_out"),
-            ("embed_scale", "input embedding scale"), ("lm_head_bias", "head bias"))
+            ("embed_scale", "input embedding scale"), ("lm_head_bias", "head bias"),
+            ("block_biases", "biases of the blocks' matrices"))
 # a tuned key -> the ledger's fields it sets (the cosine's end follows a tuned lr through min_lr_ratio)
 TUNED_FIELDS = {"train.lr": ("lr", "min_lr"), "train.min_lr": ("min_lr",), "train.min_lr_ratio": ("min_lr",),
                 "train.weight_decay": ("weight_decay_e", "weight_decay_w_out", "weight_decay_other"),
                 "train.decay_embeddings": ("weight_decay_e", "weight_decay_w_out"),
                 "model.embed_scale": ("embed_scale",), "model.lm_head_bias": ("lm_head_bias",)}
 # config keys the ledger's fields already say: not repeated as "other keys"
+# (model.bias: block_biases says it from the built model, where the key applies only to tiedlm's blocks)
 COVERED_KEYS = ("train.lr", "train.min_lr", "train.min_lr_ratio", "train.weight_decay", "train.decay_embeddings",
-                "model.embed_scale", "model.lm_head_bias", "model.init_from")
+                "model.embed_scale", "model.lm_head_bias", "model.init_from", "model.bias")
 
 
 @dataclass(frozen=True)
@@ -80,10 +85,11 @@ class Ledger:
     init_std_e: float | None  # None: not drawn by tiedlm (an arch: hf family's own rules, or a checkpoint)
     init_std_w_out: float | None
     embed_scale: str  # "1" or "sqrt_d": the input side sees E or √d·E; or the family's own ("×5.657, the family's own")
-    lm_head_bias: bool
+    lm_head_bias: bool  # the built model's head has a bias (model.lm_head_bias, or the family's own)
     vd: int | None  # V·d: E's parameters, what tying saves
     vd_share: float | None  # V·d / the model's parameters
     block_init: str | None = None  # the blocks' own initialisation (arch.Init.words); None: not recorded
+    block_biases: str | None = None  # yes, no, "K of N matrices" (tie_layer.block_biases); None: not recorded
     source: str = RECORDED
 
     def to_json(self) -> dict:
@@ -160,6 +166,17 @@ def _embed_scale(cfg: Config, params: dict) -> str:
     return str(cfg.model.embed_scale)
 
 
+def _biases(cfg: Config, p: dict) -> tuple[bool, str | None]:
+    """(the head has a bias, the blocks' matrices' biases): the built model's, where the run's
+    parameters record them; else the config's, which says them for tiedlm's own blocks only."""
+    head = p.get("lm_head_bias")
+    head = head > 0 if isinstance(head, int) else bool(cfg.model.lm_head_bias)
+    blocks = p.get("block_biases")
+    if not isinstance(blocks, str):
+        blocks = None if cfg.model.family.built_by_transformers else "yes" if cfg.model.bias else "no"
+    return head, blocks
+
+
 def ledger_of(cfg: Config, params: dict | None, source: str = RECORDED) -> Ledger:
     """The ledger of a run of `cfg` whose parameter breakdown (model.count_params) is `params`."""
     hf = cfg.model.family.built_by_transformers
@@ -169,19 +186,28 @@ def ledger_of(cfg: Config, params: dict | None, source: str = RECORDED) -> Ledge
     vd, total = p.get("wte"), p.get("total")
     vd = vd if isinstance(vd, int) else None
     share = vd / total if vd is not None and isinstance(total, int) and total > 0 else None
+    head_bias, block_biases = _biases(cfg, p)
     return Ledger(tie=cfg.model.tie.label, init=_init(cfg, hf), head_init=_head_init(cfg, hf, p),
                   frozen=_frozen(cfg), lr=cfg.train.lr,
                   min_lr=effective_min_lr(cfg.train), weight_decay_e=e, weight_decay_w_out=w_out,
                   weight_decay_other=other, init_std_e=std, init_std_w_out=std, embed_scale=_embed_scale(cfg, p),
-                  lm_head_bias=bool(cfg.model.lm_head_bias), vd=vd, vd_share=share,
+                  lm_head_bias=head_bias, vd=vd, vd_share=share, block_biases=block_biases,
                   block_init=("the checkpoint's" if cfg.model.init_from else
                               cfg.model.family.init.words(cfg.model.n_layer)),
                   source=source)
 
 
 def stored_ledger(recorded: Any, cfg: Config, params: dict | None) -> Ledger:
-    """A run's ledger: the one its report.json recorded, else computed from its stored config."""
-    return Ledger.from_json(recorded) or ledger_of(cfg, params, FROM_CONFIG)
+    """A run's ledger: the one its report.json recorded, else computed from its stored config. A
+    ledger recorded before the biases were read from the built model takes them from its run's
+    parameters (or, for tiedlm's own blocks, its config)."""
+    found = Ledger.from_json(recorded)
+    if found is None:
+        return ledger_of(cfg, params, FROM_CONFIG)
+    if found.block_biases is None:
+        head, blocks = _biases(cfg, params if isinstance(params, dict) else {})
+        found = dataclasses.replace(found, block_biases=blocks, lm_head_bias=found.lm_head_bias or head)
+    return found
 
 
 def value_words(field: str, value: Any) -> str:
@@ -243,5 +269,6 @@ def run_lines(ledger: Ledger) -> list[str]:
             f"{w('weight_decay_w_out', ledger.weight_decay_w_out)}, other matrices "
             f"{w('weight_decay_other', ledger.weight_decay_other)}",
             f"- init std: E {w('init_std_e', ledger.init_std_e)}, W_out {w('init_std_w_out', ledger.init_std_w_out)}; "
-            f"input embedding scale {ledger.embed_scale}; head bias {w('lm_head_bias', ledger.lm_head_bias)}",
+            f"input embedding scale {ledger.embed_scale}; head bias {w('lm_head_bias', ledger.lm_head_bias)}; "
+            f"biases of the blocks' matrices {w('block_biases', ledger.block_biases)}",
             f"- V·d {share_words(ledger)}", ""]

@@ -202,10 +202,14 @@ def _start_record(cfg: Config, run_dir: Path, pre: Preflight) -> runs.RunRecord:
 def _params(model, data) -> dict:
     """The model's parameter breakdown, with the tokenizer's and the padded vocabulary."""
     from ..model.blocks import count_params
+    from ..model.tie_layer import block_biases
 
     out = {**count_params(model), "model_vocab_size": data.model_vocab_size, "vocab_size": data.vocab_size,
            "vocab_padding": data.model_vocab_size - data.vocab_size,
-           "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+           "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+           "block_biases": block_biases(model)}  # the built model's, which the ledger compares
+    if model.family.built_by_transformers:  # the size fields its config has, as the model has them
+        out["family_sizes"] = model.family_sizes()
     if getattr(model, "start", None):  # a pretrained start (model.init_from): the checkpoint and its tie
         out["start"] = model.start
     if getattr(model, "family_scale", None) not in (None, 1.0):  # Gemma's √d on E's rows, measured on the model
