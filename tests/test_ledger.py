@@ -87,6 +87,35 @@ def test_the_ledger_says_what_train_trainable_froze(tiny, overrides, trainable, 
     assert model.transformer.h[0].attn.c_attn.weight.requires_grad == (frozen == "nothing")
 
 
+@pytest.mark.parametrize("overrides, trainable", [
+    (["model.tie_embeddings=false"], "head"),  # E and the blocks frozen
+    ([], "head"),  # tied: E is W_out and trains; the blocks frozen
+    (["model.tie_embeddings=false"], "embeddings"),
+    (["model.tie_mode=projection"], "embeddings"),  # P is not an embedding matrix: frozen
+    (["model.tie_mode=projection"], "head"),
+])
+def test_the_ledger_gives_no_weight_decay_to_what_train_trainable_froze(tiny, overrides, trainable):
+    """A frozen matrix is not in the optimizer, so the ledger gives it no decay (it listed
+    train.weight_decay on a frozen E and frozen blocks)."""
+    from tiedlm.model.blocks import freeze_all_but
+    from tiedlm.runs.ledger import run_lines
+    from tiedlm.train.step import build_optimizer
+
+    cfg = tiny(*overrides, f"train.trainable={trainable}", "train.weight_decay=0.05")
+    model, _, params = _built(cfg)
+    freeze_all_but(model, trainable)
+    optimizer = build_optimizer(model, cfg.train)
+    g = ledger_of(cfg, params)
+    trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    w_out = model.head_proj.weight if cfg.model.tie.mode == "projection" else model.lm_head.weight
+    for field, p in (("weight_decay_e", model.transformer.wte.weight), ("weight_decay_w_out", w_out),
+                     ("weight_decay_other", model.transformer.h[0].attn.c_attn.weight)):
+        decay = getattr(g, field)
+        assert (decay is None) == (id(p) not in trained), field
+        assert decay is None or decay == _decay_of(optimizer, p)
+    assert "— (frozen)" in "\n".join(run_lines(g))
+
+
 def _recorded(cfg):
     """The parameters a training run records of the model it built (train._params)."""
     import types

@@ -474,7 +474,7 @@ def ledger_markdown(c: Comparison) -> list[str]:
           "What each variant's embedding matrices received besides the tie: where the weights come from, W_out at "
           "the start, the learning rate (→ where the cosine ends), AdamW weight decay on E / W_out's own parameters / "
           "the other matrices, the init std of E / W_out (— where tiedlm did not draw them), what `train.trainable` "
-          "froze, the input embedding scale, a head bias, "
+          "froze (its weight decay — (frozen): it is not in the optimizer), the input embedding scale, a head bias, "
           "biases of the blocks' matrices (as the built model has them), and V·d with its share of the variant's "
           "parameters.", "",
           markdown_table(["variant", "init", "W_out at the start", "lr", "weight decay E / W_out / other",

@@ -8,7 +8,8 @@ variant, what E and W_out received:
 - the learning rate (train.lr, and where the cosine ends: config.effective_min_lr);
 - the AdamW weight decay on E, on W_out's own parameters (E's when W_out is E: one matrix, decayed
   once) and on the other matrices (train/step.py: the embedding matrices, model.embedding_parameters,
-  follow train.decay_embeddings; every other matrix is decayed at train.weight_decay);
+  follow train.decay_embeddings; every other matrix is decayed at train.weight_decay); none on what
+  train.trainable froze, which is not in the optimizer;
 - the initialisation and the initial scale: a fresh draw (model.GPT.init_weights draws E and
   W_out from normal(0, 0.02); an `arch: hf` family initialises by its own rules) or a pretrained
   start (model.init_from: the checkpoint's weights), the std of E and of W_out where tiedlm draws
@@ -79,9 +80,9 @@ class Ledger:
     frozen: str  # what train.trainable freezes: nothing, the blocks, or E and the blocks
     lr: float
     min_lr: float
-    weight_decay_e: float
-    weight_decay_w_out: float  # on W_out's own parameters; E's when W_out is E
-    weight_decay_other: float  # on every other matrix (biases and norm gains never)
+    weight_decay_e: float | None  # None: frozen (train.trainable), not in the optimizer
+    weight_decay_w_out: float | None  # on W_out's own parameters; E's when W_out is E
+    weight_decay_other: float | None  # on every other matrix (biases and norm gains never)
     init_std_e: float | None  # None: not drawn by tiedlm (an arch: hf family's own rules, or a checkpoint)
     init_std_w_out: float | None
     embed_scale: str  # "1" or "sqrt_d": the input side sees E or √d·E; or the family's own ("×5.657, the family's own")
@@ -144,8 +145,9 @@ def _frozen(cfg: Config) -> str:
     return "the blocks"  # head of a tied model (E is W_out), or the embeddings
 
 
-def _decays(cfg: Config) -> tuple[float, float, float]:
-    """(on E, on W_out's own parameters, on the other matrices): train/step.py's groups."""
+def _decays(cfg: Config) -> tuple[float | None, float | None, float | None]:
+    """(on E, on W_out's own parameters, on the other matrices): train/step.py's groups; None for
+    what train.trainable froze (model.freeze_all_but), which the optimizer never sees."""
     t, tie = cfg.train, cfg.model.tie
     embeddings = t.weight_decay if t.decay_embeddings else 0.0
     if tie.w_out_is_e:
@@ -154,7 +156,11 @@ def _decays(cfg: Config) -> tuple[float, float, float]:
         w_out = t.weight_decay  # P is a d×d matrix like the blocks'
     else:  # untied, soft, pull: W_out; lowrank's A and B, split's columns: with the embeddings
         w_out = embeddings
-    return embeddings, w_out, t.weight_decay
+    if t.trainable == "all":
+        return embeddings, w_out, t.weight_decay
+    e_trains = t.trainable == "embeddings" or not tie.two_matrices  # head: E trains only as W_out
+    w_out_trains = t.trainable == "head" or tie.mode != "projection"  # embeddings: P is not among them
+    return embeddings if e_trains else None, w_out if w_out_trains else None, None
 
 
 def _embed_scale(cfg: Config, params: dict) -> str:
@@ -211,9 +217,12 @@ def stored_ledger(recorded: Any, cfg: Config, params: dict | None) -> Ledger:
 
 
 def value_words(field: str, value: Any) -> str:
-    """A ledger value (or a config key's) as the reports write it: 0.003, 0.1, sqrt_d, yes; an
-    init std tiedlm did not draw (see `init`) is "—"."""
+    """A ledger value (or a config key's) as the reports write it: 0.003, 0.1, sqrt_d, yes, a
+    mapping as YAML; an init std tiedlm did not draw (see `init`) is "—", the decay of what
+    train.trainable froze "— (frozen)"."""
     if value is None:
+        if field.startswith("weight_decay"):
+            return "— (frozen)"
         return "—" if field.startswith("init_std") else "null" if "." in field else "not recorded"
     if isinstance(value, bool):
         return "yes" if value else "no"
@@ -232,8 +241,10 @@ def differences(a: Ledger, b: Ledger, cfg_a: Config | None = None, cfg_b: Config
     follow them (TUNED_FIELDS): left out, or with `chosen`, the only ones given — a difference the
     protocol makes on purpose, not a confound."""
     own = {f for k in tuned for f in TUNED_FIELDS.get(k, ())}
+    # a frozen matrix has no decay: that difference is train.trainable's, said once as that key
+    frozen = {k for k, _ in COMPARED if k.startswith("weight_decay") and None in (getattr(a, k), getattr(b, k))}
     out = [f"{words} {value_words(k, getattr(a, k))} vs {value_words(k, getattr(b, k))}"
-           for k, words in COMPARED if getattr(a, k) != getattr(b, k) and (k in own) == chosen]
+           for k, words in COMPARED if getattr(a, k) != getattr(b, k) and (k in own) == chosen and k not in frozen]
     if cfg_a is not None and cfg_b is not None:
         fa, fb = ({**ADDED_KEYS, **flat(c, variant=True)} for c in (cfg_a, cfg_b))  # a key left out: its default
         keys = sorted(k for k in set(fa) | set(fb)
