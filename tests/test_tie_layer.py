@@ -284,3 +284,38 @@ def test_a_transformers_position_table_is_counted_and_grouped_as_tiedlm_s():
     assert a["wpe"] == b["wpe"] == 16 * D and a["total"] == b["total"] and a["non_embedding"] == b["non_embedding"]
     assert theirs.position_parameters()[0] is theirs.hf.transformer.wpe.weight
     assert any(p is theirs.hf.transformer.wpe.weight for p in theirs.embedding_parameters())
+
+
+@pytest.mark.parametrize("extra", [
+    ["model.tie_embeddings=false", "model.lm_head_bias=true"],  # tiedlm's head bias
+    ["model.arch=hf", "model.hf_config=phi", "model.tie_embeddings=false"],  # Phi's own head bias
+    ["model.arch=hf", "model.hf_config=phi"],  # tied: E is W_out, and the bias is the head's still
+])
+def test_train_trainable_head_trains_the_head_s_bias(extra):
+    """train.trainable: head is the output projection and its bias, for every family (Phi's bias,
+    and tiedlm's model.lm_head_bias, were frozen)."""
+    from tiedlm.model.blocks import freeze_all_but
+
+    cfg = load_config(None, ["model.n_layer=1", f"model.n_embd={D}", "model.n_head=2", "model.block_size=16",
+                             "train.max_steps=1", "train.trainable=head", *extra])
+    model = build_model(cfg.model, V)
+    freeze_all_but(model, "head")
+    head = model.get_output_embeddings()
+    assert head.bias is not None and head.weight.requires_grad and head.bias.requires_grad
+    trained = {id(p) for p in model.parameters() if p.requires_grad}
+    assert trained == {id(head.weight), id(head.bias)}  # E among them only as W_out, when tied
+
+
+def test_train_trainable_embeddings_is_one_set_on_tiedlm_s_gpt2_and_transformers_gpt2():
+    """embeddings: E, W_out (untied) and the learned position table, on either GPT-2 alike."""
+    from tiedlm.model.blocks import freeze_all_but
+
+    sizes = ["model.n_layer=1", f"model.n_embd={D}", "model.n_head=2", "model.block_size=16", "train.max_steps=1",
+             "model.tie_embeddings=false", "train.trainable=embeddings"]
+    ours, theirs = (build_model(load_config(None, sizes + extra).model, V)
+                    for extra in ([], ["model.arch=hf", "model.hf_config=gpt2"]))
+    for model in (ours, theirs):
+        freeze_all_but(model, "embeddings")
+    ours_names = sorted(n.split(".")[-2] for n, p in ours.named_parameters() if p.requires_grad)
+    theirs_names = sorted(n.split(".")[-2] for n, p in theirs.named_parameters() if p.requires_grad)
+    assert ours_names == theirs_names == ["lm_head", "wpe", "wte"]

@@ -158,7 +158,7 @@ class TrainConfig:
     warmup: float | None = None  # or over this fraction of the steps (replaces warmup_steps); see warmup_steps_for
     weight_decay: float = 0.1  # on matrices; never on biases and LayerNorm gains
     decay_embeddings: bool = True  # whether E, W_out and the position embeddings are weight-decayed
-    trainable: str = "all"  # all | head (W_out; E when tied) | embeddings (E and W_out): the rest frozen
+    trainable: str = "all"  # all | head (W_out and its bias; E when tied) | embeddings (E, W_out, positions)
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping

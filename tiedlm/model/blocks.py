@@ -269,11 +269,14 @@ def build_model(cfg: ModelConfig, vocab_size: int) -> nn.Module:
 
 
 def freeze_all_but(model: nn.Module, trainable: str) -> None:
-    """train.trainable: leave the head's parameters (W_out and a tie mode's own; E when tied, as it
-    is W_out), the embedding matrices, or all of them trainable, and freeze the rest. Returns the
-    number of trainable values (a shared matrix once)."""
+    """train.trainable: leave the head's parameters (W_out, its bias where it has one — tiedlm's
+    model.lm_head_bias or the family's own, as Phi's — and a tie mode's own; E when tied, as it is
+    W_out), the embedding matrices (model.embedding_parameters: E, W_out, a learned position table),
+    or all of them trainable, and freeze the rest."""
     if trainable != "all":
-        keep = ([model.get_output_embeddings().weight, *(p for _, p in model.head_parameters())] if trainable == "head"
+        head = model.get_output_embeddings()
+        keep = ([head.weight, *([head.bias] if head.bias is not None else []),
+                 *(p for _, p in model.head_parameters())] if trainable == "head"
                 else model.embedding_parameters())
         kept = {id(p) for p in keep}
         for p in model.parameters():

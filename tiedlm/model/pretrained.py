@@ -12,8 +12,9 @@ The run's tie is set against the checkpoint as it comes (hf_model.HFCausalLM app
 - an untied checkpoint tied: the one matrix starts from E (`model.tie_from: e`, as transformers'
   own tie_weights does), from W_out (`w_out`), or from their mean (`mean`).
 
-`train.trainable` trains all parameters (default), the head alone (W_out; E when tied, since it
-is W_out), or the embeddings alone (E and W_out); the rest are frozen.
+`train.trainable` trains all parameters (default), the head alone (W_out and its bias; E when
+tied, since it is W_out), or the embeddings alone (E, W_out and a learned position table); the rest
+are frozen (model.freeze_all_but).
 
 No torch here; transformers is imported only to read a checkpoint's config.
 """
