@@ -397,6 +397,17 @@ def frequent_split_words(tok: HFTokenizer, batches: Iterator[list[str]], n: int)
     return out
 
 
+def fewer_added(tcfg: TokenizerConfig, tok: Tokenizer) -> str | None:
+    """tokenizer.add_tokens: N where the training text had fewer pieces to add (frequent_split_words
+    takes what there is): the warning that says how many were added; None otherwise."""
+    n, added = tcfg.add_tokens, getattr(tok, "added", None)
+    if not isinstance(n, int) or isinstance(n, bool) or added is None or len(added) >= n:
+        return None
+    return (f"tokenizer.add_tokens: {n:,} added {len(added):,} new tokens, every piece of the training text (its "
+            f"first {tcfg.max_train_bytes:,} bytes, tokenizer.max_train_bytes) that the tokenizer splits or reads "
+            f"as <unk> — set tokenizer.add_tokens: {len(added)} to ask for what there is")
+
+
 def tokenizer_fingerprint(tcfg: TokenizerConfig) -> dict:
     """What the trained tokenizer depends on (besides the training split)."""
     if tcfg.kind == "byte":
