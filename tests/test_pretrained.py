@@ -154,6 +154,8 @@ def test_a_pretrained_start_resumes_bit_for_bit_and_exports_with_its_tie(exports
     (["model.n_embd=64"], "model.n_embd is 64, but the checkpoint in .* has 32 — remove model.n_embd"),
     (["model.block_size=64"], "model.block_size is 64, but the checkpoint in .* holds positions up to 16"),
     (["model.hf_config=llama"], "model.hf_config is 'llama', but model.init_from gives the family"),
+    (["model.arch=gpt2"], (r"model.arch is 'gpt2', but model.init_from builds the checkpoint's own family \(model.arch: "
+                           r"hf\) — remove model.arch, or set it to hf \(--set model.arch=hf\)")),  # was overridden
     (["model.tie_mode=projection"], "model.tie_mode projection and model.untie_at are not built for it"),
     (["model.untie_at=0.5"], "model.untie_at are not built for it"),
     (["model.tie_from=both"], "model.tie_from must be one of e, w_out, mean"),
@@ -161,7 +163,8 @@ def test_a_pretrained_start_resumes_bit_for_bit_and_exports_with_its_tie(exports
 def test_what_a_pretrained_start_cannot_take_is_refused_in_one_line(exports, extra, message):
     with pytest.raises(ConfigError, match=message) as info:
         start(exports["qwen2-tied"], *extra)
-    assert "\n" not in str(info.value)
+    assert "\n" not in str(info.value) and info.value.exit_code == 2
+    assert start(exports["qwen2-tied"], "model.arch=hf").model.arch == "hf"  # the fix, as the message types it
 
 
 def test_a_missing_folder_tokenizer_or_hub_id_offline_is_one_line(exports, tmp_path, monkeypatch):

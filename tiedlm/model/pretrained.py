@@ -16,6 +16,8 @@ The run's tie is set against the checkpoint as it comes (hf_model.HFCausalLM app
 tied, since it is W_out), or the embeddings alone (E, W_out and a learned position table); the rest
 are frozen (model.freeze_all_but).
 
+`model.arch` beside `init_from` is refused unless it is `hf`: the checkpoint's own family is built.
+
 No torch here; transformers is imported only to read a checkpoint's config.
 """
 
@@ -107,6 +109,9 @@ def resolve(data: dict) -> dict:
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"model.init_from must be a model folder or hub id, got {name!r} — e.g. runs/export "
                           "(tiedlm export RUN --out runs/export)")
+    if model.get("arch") not in (None, "hf"):  # the checkpoint's own class is built, through transformers
+        raise ConfigError(f"model.arch is {model['arch']!r}, but model.init_from builds the checkpoint's own family "
+                          "(model.arch: hf) — remove model.arch, or set it to hf (--set model.arch=hf)")
     folder = checkpoint_folder(name)
     if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
         raise ConfigError(f"model.init_from {name}: the folder has a config.json but no weights (*.safetensors or "
