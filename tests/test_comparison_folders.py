@@ -81,3 +81,16 @@ def test_a_subset_of_an_experiments_runs_does_not_replace_its_comparison(tmp_pat
                            runs / "base-untied-s1"], runs_dir=runs)
     assert whole.out == str(runs / "compare-base") and part.out != whole.out
     assert part.out.startswith(str(runs / "compare-base-")) and len(compared(runs / "compare-base")) == 8
+
+
+def test_a_run_folder_is_no_comparison_folder_and_a_comparison_no_run(tmp_path):
+    runs = tmp_path / "runs"
+    make_pair(runs, [57.0, 58.0], [59.0, 60.0])
+    before = sorted(p.name for p in (runs / "base-tied-s0").iterdir())
+    r = CliRunner().invoke(app, ["compare", "--out", str(runs), "--into", str(runs / "base-tied-s0")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert f"{runs / 'base-tied-s0'} is the folder of the run base-tied-s0" in r.output and "--into" in r.output
+    assert sorted(p.name for p in (runs / "base-tied-s0").iterdir()) == before
+    C.compare_runs(runs_dir=runs)
+    r = CliRunner().invoke(app, ["compare", str(runs / "compare-base")])
+    assert r.exit_code == 1 and "compare-base: a comparison's folder (comparison.json), not a run" in r.output

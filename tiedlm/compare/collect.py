@@ -151,6 +151,8 @@ def _read(run_dir: Path) -> tuple[run_folder.RunReport | None, str | None]:
     if report is None:
         if (run_dir / config_file).exists():
             return None, f"no {report_file} yet (training has not finished its first report, or crashed early)"
+        if is_comparison_folder(run_dir):
+            return None, f"a comparison's folder ({COMPARISON_JSON}), not a run: compare the runs it compared"
         return None, f"not a run folder (no {report_file} or {config_file})"
     if report.status != "finished":
         return None, _reason_from_report(report)

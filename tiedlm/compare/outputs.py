@@ -24,6 +24,7 @@ from .plots import (
 )
 from .report import FILES, to_csv, to_json_text, to_markdown
 from ..config.naming import comparison_folder, common_name
+from ..errors import ConfigError
 from ..files import atomic_write_text, check_foreign, recording
 from ..runs import AGAIN_HINT, writing
 
@@ -112,9 +113,12 @@ def check_outputs(out: Path, run_dirs: Iterable[Path] = (), analyze: bool = Fals
     files of the analysis' names in the run folders (a grid's tying-effect plot, and an untied
     run's pair-cosine plot, are checked again when they are written)."""
     from ..analyze import check_target
-    from ..runs.checkpoints import check_outside_runs
+    from ..runs.checkpoints import check_outside_runs, is_run_folder
 
     check_outside_runs(out, "--out")
+    if is_run_folder(Path(out)):
+        raise ConfigError(f"{out} is the folder of the run {Path(out).name}, and a comparison goes into a folder of its "
+                          f"own — give --into another folder (--into {Path(out).parent / 'compare-mine'})")
     check_foreign(out, FILES.values(), OVERWRITE_OPTION, overwrite)
     for d in run_dirs if analyze else ():
         check_target(Path(d), overwrite, OVERWRITE_OPTION, is_out=False)
