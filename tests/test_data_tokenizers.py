@@ -133,7 +133,8 @@ def test_vocab_size_too_small_for_the_kind():
 
 def test_add_tokens_beyond_what_the_text_has_says_how_many_were_added(tmp_path, capfd):
     """tokenizer.add_tokens: N takes the N most frequent pieces the tokenizer splits; a text with
-    fewer gives fewer, and the run says so in one warning line with the number added (it was silent)."""
+    fewer gives fewer, and the tokenizer's making says so in one warning line with the number added
+    (it was silent), once: the runs that read it from the token cache do not say it again."""
     import torch
 
     from tiedlm.data.tokenizers import fewer_added
@@ -142,14 +143,16 @@ def test_add_tokens_beyond_what_the_text_has_says_how_many_were_added(tmp_path, 
     text_file = write_corpus(tmp_path)
     path = _pretrained_file(tmp_path)
     sets = ("data.path=text", f"data.data_files={text_file}", "tokenizer.kind=pretrained", f"tokenizer.path={path}")
+    capfd.readouterr()
     p = prepare(*sets, "tokenizer.add_tokens=100000")
+    made = capfd.readouterr().err
     added = len(p.tokenizer.added)
     assert 0 < added < 100_000
     said = fewer_added(cfg_for(*sets, "tokenizer.add_tokens=100000").tokenizer, p.tokenizer)
     assert said.startswith(f"tokenizer.add_tokens: 100,000 added {added:,} new tokens, every piece of the training "
                            "text") and said.endswith(f"set tokenizer.add_tokens: {added} to ask for what there is")
     assert fewer_added(cfg_for(*sets, f"tokenizer.add_tokens={added}").tokenizer, p.tokenizer) is None
-    capfd.readouterr()
+    assert made.count(f"warning: {said}\n") == 1
     preflight(cfg_for(*sets, "tokenizer.add_tokens=100000", "model.n_embd=16", "model.n_head=2", "model.n_layer=1"),
               tmp_path / "run", torch.device("cpu"), fresh=True, progress=False)
-    assert f"warning: {said}\n" in capfd.readouterr().err
+    assert "add_tokens" not in capfd.readouterr().err  # the run reads the tokenizer made above

@@ -54,7 +54,6 @@ def preflight(cfg: Config, run_dir: Path, device: torch.device, fresh: bool, pro
     budget, a verified checkpoint (resuming), the data and its identity, and whether the model
     fits: any of them refuses the run while its folder is still untouched."""
     from ..data import identity_fits, prepare_data
-    from ..data.tokenizers import fewer_added
 
     if cfg.train.log_to:
         require(cfg.train.log_to)  # a logger's missing package, before anything is written
@@ -81,9 +80,6 @@ def preflight(cfg: Config, run_dir: Path, device: torch.device, fresh: bool, pro
         checkpoints.verify_checkpoint(run_dir / runs.CHECKPOINTS / best)
     old = None if fresh else runs.read_report(run_dir)
     data = main_first(d, lambda: prepare_data(cfg, progress=progress))  # rank 0 fills the token cache
-    fewer = fewer_added(cfg.tokenizer, data.tokenizer)
-    if fewer and d.main:
-        log(f"warning: {fewer}")
     missing = [s for s in cfg.eval.splits if s not in data.splits]
     if missing:
         raise ConfigError(f"eval.splits names {missing[0]!r} but the data has no such split (it has "
