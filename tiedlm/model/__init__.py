@@ -4,7 +4,8 @@
     model/arch.py          the block family as one value: its keys, sizes and initialisation
     model/tie_layer.py     every tying mode over any model's input embedding and output head
     blocks.py        tiedlm's own decoder blocks, GPT-2-style and Llama-style
-    hf_config.py     model.arch: hf: a transformers configuration from the config's keys
+    hf_config.py     model.arch: hf: a transformers configuration from the config's keys; the files a run
+                     starts from, known by their content (start_identity) and kept in the run (start_files)
     model/hf_model.py      model.arch: hf: a transformers causal LM under the tie layer
     model/norms.py, model/loss.py   LayerNorm with a thread-count-free backward; the fused cross-entropy
     model/counting.py      parameter counts, memory and FLOPs per token of a config

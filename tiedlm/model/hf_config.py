@@ -14,6 +14,11 @@ a plain linear map of the final hidden state (checked on the built model), the l
 fused one over it; where it is not (Gemma 2's final-logit soft-capping, a logit scale), the
 family's own logits are used, and the report says so (`HFCausalLM.head_kind`).
 
+A file model.hf_config names (a local config.json, or a pretrained start's folder: model.init_from)
+is named by its path in the config, so a run also knows it by content: `start_identity` (the file's
+digest, and a start's weight files') is recorded in report.json, checked on a resume and compared
+by compare, and `start_files` is what the run keeps a copy of, to be rebuilt from (runs/layout.py).
+
 transformers is an optional extra: without it this arch says which extra to install.
 """
 
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .arch import HF_SIZE_FIELDS
+from ..data.sources import file_stamps
 from ..errors import ConfigError
 from .pretrained import checkpoint_config
 
@@ -49,18 +55,28 @@ def require_transformers() -> ModuleType:
     return transformers
 
 
+def config_file(name: str) -> Path | None:
+    """The file a model.hf_config names: a local config.json, or the one in a model folder (a
+    pretrained start's); None for a transformers model_type, which names no file. One that is not
+    there is refused in one line."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not (path.suffix == ".json" or path.exists() or "/" in name):
+        return None
+    if not path.is_file():
+        raise ConfigError(f"model.hf_config {name}: no such config.json — give a transformers model_type "
+                          "(qwen2, gemma2, olmo2, ...) or a local config.json or model folder")
+    return path
+
+
 def _base_config(name: str) -> tuple[str, dict, Any]:
     """(model_type, the fields a local config.json gives, the family's config built from them):
     a model_type names the family at its defaults; a config.json or a folder holding one, at its own."""
     transformers = require_transformers()
-    path = Path(name).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
+    path = config_file(name)
     data: dict = {}
-    if path.suffix == ".json" or path.exists() or "/" in name:
-        if not path.is_file():
-            raise ConfigError(f"model.hf_config {name}: no such config.json — give a transformers model_type "
-                              "(qwen2, gemma2, olmo2, ...) or a local config.json or model folder")
+    if path is not None:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
@@ -181,3 +197,56 @@ def _own_key(field: str) -> str:
 def config_flags_tied(cfg: PretrainedConfig) -> list[bool]:
     """tie_word_embeddings of the config and of each nested language config."""
     return [bool(getattr(c, "tie_word_embeddings", False)) for c in language_configs(cfg)]
+
+
+# ------------------------------------------------------------------ a run's start, known by its content
+
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")  # what transformers loads
+
+
+def start_files(m: ModelConfig) -> dict[str, Path]:
+    """What a run keeps of its start (runs/layout.py START), by the name the copy takes: model.hf_config's
+    file as config.json (a pretrained start's config.json, or a local config.json), and a pretrained
+    start's tokenizer.json where it has one. Nothing for a transformers model_type or tiedlm's own
+    blocks, which name no file."""
+    path = config_file(m.hf_config) if m.family.built_by_transformers and m.hf_config else None
+    if path is None:
+        return {}
+    tokenizer = path.parent / "tokenizer.json"
+    return {"config.json": path, **({"tokenizer.json": tokenizer} if m.init_from and tokenizer.is_file() else {})}
+
+
+def start_identity(m: ModelConfig) -> dict | None:
+    """What a run starts from, by content: `config`, the digest of model.hf_config's file, and for
+    a pretrained start (model.init_from) `weights`, each weight file's digest by its name
+    (safetensors, bin and their sharded indexes). None where the start names no file (a model_type:
+    the family's defaults, which the transformers version in the report fixes; tiedlm's own blocks).
+    Training records it in report.json beside the data's identity; a resume refuses a start that
+    changed, and compare never pools runs of different starts. Each file is hashed once per size,
+    mtime, ctime and inode it shows (the data files' digest memo), so a start's gigabytes are read
+    once, not at every run."""
+    files = start_files(m)
+    if not files:
+        return None
+    config = files["config.json"].resolve()
+    weights = sorted({p.resolve() for pattern in WEIGHT_FILES for p in config.parent.glob(pattern)}) \
+        if m.init_from else []
+    stamps, _ = file_stamps([config, *weights])
+    ident: dict = {"config": stamps[0][2]}
+    if m.init_from:
+        ident["weights"] = {Path(path).name: digest for path, _, digest in stamps[1:]}
+    return ident
+
+
+def start_change(m: ModelConfig, before: dict, after: dict | None) -> str:
+    """How a start differs from the one a run recorded, in words: 'model.init_from runs/export: its
+    model.safetensors differs' (the files whose digests differ), or 'model.hf_config my.json: its
+    content differs'."""
+    after = after or {}
+    if not m.init_from:
+        return f"model.hf_config {m.hf_config}: its content differs"
+    w0, w1 = before.get("weights") or {}, after.get("weights") or {}
+    names = (["config.json"] if before.get("config") != after.get("config") else []) + \
+        sorted(n for n in set(w0) | set(w1) if w0.get(n) != w1.get(n))
+    shown = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names) or "files"
+    return f"model.init_from {m.init_from}: its {shown} differ{'s' if len(names) == 1 else ''}"

@@ -29,12 +29,15 @@ from .layout import (
     METRICS,
     REPORT,
     REPORT_MD,
+    START,
     STATUSES,
     TB,
     TOKENIZER,
     clean_temporary_files,
     clear_run_dir,
     expand_runs,
+    keep_start,
+    kept_start,
     run_dir_for,
 )
 from .locks import OUTPUT_LOCK, FolderLock, RunLock
@@ -51,8 +54,9 @@ from .record import (
 
 __all__ = [
     "AGAIN_HINT", "CHECKPOINTS", "CONFIG", "FORMAT", "LOCK", "MANAGED", "METRICS", "OUTPUT_LOCK", "REPORT",
-    "REPORT_MD", "RESUME_HINT", "STATUSES", "TB", "TOKENIZER", "FolderLock", "RunLock", "RunRecord", "RunReport",
-    "append_metrics", "as_tiedlm_error", "check_config_unedited", "check_format", "clean_temporary_files",
-    "clear_run_dir", "existing_state", "expand_runs", "read_config", "read_metrics", "read_metrics_counted",
-    "read_report", "render_report_md", "run_dir_for", "trim_metrics", "write_failure", "writing",
+    "REPORT_MD", "RESUME_HINT", "START", "STATUSES", "TB", "TOKENIZER", "FolderLock", "RunLock", "RunRecord",
+    "RunReport", "append_metrics", "as_tiedlm_error", "check_config_unedited", "check_format",
+    "clean_temporary_files", "clear_run_dir", "existing_state", "expand_runs", "keep_start", "kept_start",
+    "read_config", "read_metrics", "read_metrics_counted", "read_report", "render_report_md", "run_dir_for",
+    "trim_metrics", "write_failure", "writing",
 ]

@@ -9,6 +9,9 @@ The layout:
       report.json          status, parameters, final metrics, versions, config hash
       report.md            the same for people
       tokenizer/           the tokenizer the run used
+      start/               a copy of what the run was built from (a pretrained start's config.json and
+                           tokenizer.json, or model.hf_config's file as config.json), so that it is
+                           rebuilt after its start is moved, replaced or deleted (kept_start)
       checkpoints/LATEST   the name of the newest complete checkpoint
       checkpoints/step-000500/{model.safetensors, state.pt, manifest.json}
       tb/                  TensorBoard's event files, when they are written (trackers/tensorboard.py)
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from ..config.checks import check_run_name
 from ..errors import NotARunError
+from ..files import replace_atomically
 
 FORMAT = 1  # bumped when the run folder changes incompatibly
 STATUSES = ("running", "finished", "interrupted", "diverged", "failed")
@@ -36,7 +40,9 @@ TOKENIZER = "tokenizer"
 CHECKPOINTS = "checkpoints"
 LOCK = ".lock"
 TB = "tb"  # TensorBoard's event files (trackers/tensorboard.py)
-MANAGED = (CONFIG, METRICS, REPORT, REPORT_MD, TOKENIZER, CHECKPOINTS, LOCK, TB)  # checkpoints.check_outside_runs
+START = "start"  # the copy of the run's start (model/hf_config.py start_files)
+# the parts training writes: checkpoints.check_outside_runs refuses an --out inside them
+MANAGED = (CONFIG, METRICS, REPORT, REPORT_MD, TOKENIZER, CHECKPOINTS, LOCK, TB, START)
 
 
 
@@ -45,6 +51,24 @@ def run_dir_for(out: Path, name: str) -> Path:
     would escape `out`, hide itself or read as an option) is a ConfigError (checks.check_run_name)."""
     check_run_name(name)
     return Path(out) / name
+
+
+def keep_start(run_dir: Path, files: dict[str, Path]) -> None:
+    """Copy into START what the run keeps of its start (model/hf_config.py start_files: the copy's
+    name -> the file), each file written whole or not at all."""
+    if not files:
+        return
+    folder = Path(run_dir) / START
+    folder.mkdir(exist_ok=True)
+    for name, source in files.items():
+        replace_atomically(folder / name, lambda tmp, source=source: shutil.copyfile(source, tmp))
+
+
+def kept_start(run_dir: Path) -> Path | None:
+    """The copy a run keeps of its start (START), None for a run without one (its model is built by
+    tiedlm or from a transformers model_type, or it was trained before runs kept one)."""
+    folder = Path(run_dir) / START
+    return folder if (folder / "config.json").is_file() else None
 
 
 def expand_runs(items: list[str]) -> list[Path]:
@@ -68,11 +92,12 @@ def clear_run_dir(run_dir: Path) -> None:
 
 
 def clean_temporary_files(run_dir: Path) -> list[str]:
-    """Remove what a killed writer left: `.NAME.*.tmp` files (files.replace_atomically) in the run folder
-    and its checkpoints folder, and `.tmp-step-*` / `.tmp-best-step-*` folders (runs/checkpoints.py). Only called by the
-    process holding the run's lock, so no other writer can own them. Returns what was removed."""
+    """Remove what a killed writer left: `.NAME.*.tmp` files (files.replace_atomically) in the run folder,
+    its checkpoints folder and its start folder, and `.tmp-step-*` / `.tmp-best-step-*` folders
+    (runs/checkpoints.py). Only called by the process holding the run's lock, so no other writer can
+    own them. Returns what was removed."""
     removed = []
-    for folder in (Path(run_dir), Path(run_dir) / CHECKPOINTS):
+    for folder in (Path(run_dir), Path(run_dir) / CHECKPOINTS, Path(run_dir) / START):
         for child in folder.iterdir() if folder.is_dir() else []:
             stray_file = child.name.startswith(".") and child.name.endswith(".tmp") and child.is_file()
             stray_dir = child.name.startswith((".tmp-step-", ".tmp-best-step-")) and child.is_dir()

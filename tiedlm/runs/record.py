@@ -47,6 +47,7 @@ class RunReport:
     git_commit: str | None = None
     command: str | None = None
     data_identity: dict | None = None  # data.data_identity: what the tokens depend on
+    start_identity: dict | None = None  # model.hf_config.start_identity: the files the model starts from, by content
     # known once the model is built
     params: dict | None = None  # model.count_params, with the tokenizer's and the padded vocabulary
     flops_per_token: dict | None = None

@@ -39,6 +39,7 @@ from .old_domain import also_record, score_also
 from .preflight import Preflight, preflight
 from ..trackers.live import TrainingTrackers
 from ..model.counting import check_fits, flops_per_token
+from ..model.hf_config import start_files
 from ..device import autocast_ctx, cpu_threads, peak_memory, resolve_device, tf32_matmuls, threads_used
 from ..distributed import all_mean, allreduce_bytes, any_rank, barrier, from_env, stop, sum_arrays, wrap
 from .. import fsdp
@@ -184,11 +185,13 @@ def _start_record(cfg: Config, run_dir: Path, pre: Preflight) -> runs.RunRecord:
     text = to_yaml(cfg)
     with runs.writing(run_dir / runs.CONFIG):
         atomic_write_text(run_dir / runs.CONFIG, text)
+    with runs.writing(run_dir / runs.START):  # what eval, sample and export rebuild the model from
+        runs.keep_start(run_dir, start_files(cfg.model))
     report = runs.RunReport(
         name=run_dir.name, status="running", seed=cfg.seed, config_hash=config_hash(cfg), config=cfg,
         tiedlm_version=__version__, started_at=now(), device=str(pre.device), dtype=pre.dtype,
         versions=versions(), git_commit=git_commit(), command=" ".join(sys.argv),
-        data_identity=data_identity(pre.data))
+        data_identity=data_identity(pre.data), start_identity=pre.start)
     if pre.old_report is not None and pre.loaded is not None:
         report.update(also=pre.old_report.also,
                       started_at=pre.old_report.started_at or report.started_at,

@@ -1,6 +1,6 @@
 """Everything that can refuse a run, found before anything is written to its folder: the
-device and its rank, the budget, a verified checkpoint to resume from, the data and its identity,
-the splits to score, and whether the model fits (train_run calls `preflight` first).
+device and its rank, the budget, a verified checkpoint to resume from, the start and the data and
+their identities, the splits to score, and whether the model fits (train_run calls `preflight` first).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ..trackers.live import TrainingTrackers, require
 from .step import untie_step
 from .old_domain import prepare_also
 from ..model.counting import check_fits
+from ..model.hf_config import start_change, start_identity
 from ..device import resolve_dtype
 from ..distributed import check_batch, main_first, start
 from ..fsdp import check_launch
@@ -46,13 +47,14 @@ class Preflight:
     dist: Dist | None = None  # this process's rank among the run's processes (one by default)
     also: PreparedData | None = None  # eval.also's data
     fsdp: bool = False  # train.parallel: fsdp under torchrun: the model sharded (fsdp.py), its checkpoints too
+    start: dict | None = None  # model/hf_config.start_identity: the files the model starts from, by content
 
 
 def preflight(cfg: Config, run_dir: Path, device: torch.device, fresh: bool, progress: bool,
               d: Dist | None = None) -> Preflight:
     """The device this process uses (`device`, train.device resolved, or its rank's GPU), the
-    budget, a verified checkpoint (resuming), the data and its identity, and whether the model
-    fits: any of them refuses the run while its folder is still untouched."""
+    budget, a verified checkpoint (resuming), the start and the data and their identities, and
+    whether the model fits: any of them refuses the run while its folder is still untouched."""
     from ..data import identity_fits, prepare_data
 
     if cfg.train.log_to:
@@ -79,6 +81,8 @@ def preflight(cfg: Config, run_dir: Path, device: torch.device, fresh: bool, pro
     if best and cfg.train.keep_best:  # the kept best weights the checkpoint names must be intact
         checkpoints.verify_checkpoint(run_dir / runs.CHECKPOINTS / best)
     old = None if fresh else runs.read_report(run_dir)
+    begun = main_first(d, lambda: start_identity(cfg.model))  # rank 0 fills the digest memo
+    _check_start(cfg, run_dir, old if loaded is not None else None, begun)
     data = main_first(d, lambda: prepare_data(cfg, progress=progress))  # rank 0 fills the token cache
     missing = [s for s in cfg.eval.splits if s not in data.splits]
     if missing:
@@ -93,4 +97,18 @@ def preflight(cfg: Config, run_dir: Path, device: torch.device, fresh: bool, pro
         check_fits(cfg.model, data.model_vocab_size, max(cfg.train.batch_size, cfg.eval.batch_size), device)
     also = prepare_also(cfg, data, d, progress) if cfg.eval.also is not None else None
     return Preflight(device, resolve_dtype(cfg.train.dtype, device), total, untie_step(cfg, total), data,
-                     ckpt, note, loaded, old, dist=d, also=also, fsdp=fsdp)
+                     ckpt, note, loaded, old, dist=d, also=also, fsdp=fsdp, start=begun)
+
+
+def _check_start(cfg: Config, run_dir: Path, old: runs.RunReport | None, start: dict | None) -> None:
+    """A run resumed from its checkpoint must go on from the start it recorded (model.init_from's
+    config and weights, or model.hf_config's file, by content): replaced or edited since, the run
+    would go on as another model's, and its seeds would pool with runs of the other. A run that
+    recorded none (trained before runs recorded it) is taken as it is."""
+    recorded = old.start_identity if old is not None else None
+    if recorded is None or recorded == start:
+        return
+    how = start_change(cfg.model, recorded if isinstance(recorded, dict) else {}, start)
+    raise RunError(f"the start of {run_dir} changed since the run started ({how}), so its checkpoint would go on "
+                   "as another model's run — put the start back as it was, or use --overwrite to train the run "
+                   "afresh from the new one")
