@@ -257,11 +257,12 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
     """Rebuild a run's model from its latest checkpoint (with `best`, the weights it kept at its best
     validation evaluation), never loading the optimizer state. The data are prepared from the
     run's own config (a token-cache hit when nothing changed); they must be the tokens it was
-    trained on. `chooser`: the command's option that chooses other weights of the run (--best,
+    trained on. The model is built from the copy the run keeps of its start, never from the start's
+    weights, so a run whose start was moved, replaced or deleted is rebuilt as it was trained. `chooser`: the command's option that chooses other weights of the run (--best,
     --checkpoint), named when these are not finite; None for a command that has none."""
     from .runs import checkpoints
     from .data import identity_fits, prepare_data
-    from .model.blocks import build_model
+    from .model.blocks import rebuild_model
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -280,7 +281,8 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
     # nan weights: one line, not a crash or a nan score
     checkpoints.check_finite_weights(tensors, ckpt, lambda: _other_weights(run_dir, ckpt, chooser))
     tied = checkpoints.stored_tied(manifest)
-    data = prepare_data(cfg, progress=False)
+    kept = _kept_start(run_dir, cfg)
+    data = prepare_data(cfg, progress=False, tokenizer_copy=_kept_tokenizer(cfg, kept))
     report = runs.read_report(run_dir)
     recorded = report.data_identity if report is not None else None
     if not identity_fits(recorded, data):
@@ -290,9 +292,30 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
     if vocab != data.model_vocab_size:
         raise RunError(f"the checkpoint has a vocabulary of {vocab} but the data prepared from the run's config "
                        f"gives {data.model_vocab_size} — the tokenizer changed; re-train the run")
-    model = build_model(cfg.model, vocab)
+    model = rebuild_model(cfg.model, vocab, kept)  # from the run's copy of its start, without the start's weights
     checkpoints.load_weights(model, tensors, manifest)  # a run untied late (untie_at) is stored as two matrices
     return RunModel(run_dir, cfg, data, model, ckpt, tied, report)
+
+
+def _kept_start(run_dir: Path, cfg: Config) -> Path | None:
+    """The copy the run keeps of its start (runs/layout.py START), which its model is rebuilt from.
+    A pretrained start's run without one (trained before runs kept one) needs the start where it was:
+    gone, that is one line here, before its config or tokenizer is missed there."""
+    kept, m = runs.kept_start(run_dir), cfg.model
+    if kept is None and m.init_from and not Path(m.hf_config or "").is_dir():
+        raise RunError(f"{run_dir} was trained from model.init_from {m.init_from}, which is no longer at "
+                       f"{m.hf_config}, and the run keeps no copy of its start (it was trained before runs kept "
+                       f"one) — put the start back at {m.hf_config}")
+    return kept
+
+
+def _kept_tokenizer(cfg: Config, kept: Path | None) -> Path | None:
+    """The run's copy of its pretrained start's tokenizer.json, where that file is its tokenizer
+    (tokenizer.path is the start's own, as model.init_from sets it): its tokens are then prepared
+    from the copy, wherever the start went."""
+    copy, own = (kept or Path()) / "tokenizer.json", Path(cfg.model.hf_config or "") / "tokenizer.json"
+    mine = cfg.model.init_from and cfg.tokenizer.kind == "pretrained" and Path(cfg.tokenizer.path or "") == own
+    return copy if mine and kept is not None and copy.is_file() else None
 
 
 def evaluate_run(run_dir, splits: list[str] | None = None, stride: int | None = None,

@@ -132,6 +132,7 @@ class _Plan:
     tok_key: str
     limits: dict[str, int | None]  # tokens per split
     by_mtime: dict | None = None  # local files: data_key and tok_key from Source.by_mtime (data_identity)
+    tokenizer: TokenizerConfig | None = None  # what the tokenizer is read from, where not the config's (a copy)
 
     def split_key(self, name: str) -> str:
         return key_of({"tokenizer": self.tok_key, "split": name, "limit": self.limits[name]})
@@ -174,12 +175,17 @@ def _split_settings(d: DataConfig, source: Source) -> dict:
     return settings
 
 
-def _plan(d: DataConfig, tcfg: TokenizerConfig) -> _Plan:
+def _plan(d: DataConfig, tcfg: TokenizerConfig, tokenizer_copy: Path | None = None) -> _Plan:
     source = resolve_source(d)
-    splits, tok_by_mtime = _split_settings(d, source), tokenizer_fingerprint(tcfg)
+    read = tcfg if tokenizer_copy is None else dataclasses.replace(tcfg, path=str(tokenizer_copy))
+    splits, tok_by_mtime = _split_settings(d, source), tokenizer_fingerprint(read)
     tok = tok_by_mtime
     if "file" in tok_by_mtime:  # a pretrained tokenizer file: known by its content too, as data files are
-        [[_, _, digest]], _ = file_stamps([Path(tok_by_mtime["file"][0])])
+        real = Path(tok_by_mtime["file"][0])
+        if read is not tcfg:  # a copy: its size and content, under the path of the file it stands for
+            tok_by_mtime = {**tok_by_mtime, "file": [str(Path(tcfg.path or "").expanduser().resolve()),
+                                                     *tok_by_mtime["file"][1:]]}
+        [[_, _, digest]], _ = file_stamps([real])
         tok = {**tok_by_mtime, "file": [*tok_by_mtime["file"][:2], digest]}
 
     def keys(fingerprint: dict, tokenizer: dict) -> tuple[str, str]:
@@ -192,7 +198,7 @@ def _plan(d: DataConfig, tcfg: TokenizerConfig) -> _Plan:
     if source.by_mtime or tok is not tok_by_mtime:
         old = keys(source.by_mtime or source.fingerprint, tok_by_mtime)
         by_mtime = dict(zip(("fingerprint", "tokenizer"), old))
-    return _Plan(source, data_key, tok_key, limits, by_mtime)
+    return _Plan(source, data_key, tok_key, limits, by_mtime, None if read is tcfg else read)
 
 
 def _read_split(key: str) -> tuple[SplitData, np.ndarray | None, Path] | None:
@@ -272,7 +278,7 @@ def _build_missing(plan: _Plan, cfg: Config, entries: _Entries, progress: bool) 
             entries.timings["overlap_s"] = time.perf_counter() - t
     if entries.tokenizer is None:
         t = time.perf_counter()
-        _train_tokenizer(plan, cfg.tokenizer, docs["train"], layout, entries, progress)
+        _train_tokenizer(plan, plan.tokenizer or cfg.tokenizer, docs["train"], layout, entries, progress)
         entries.timings["tokenizer_s"] = time.perf_counter() - t
     if streamed:
         entries.found = {}  # a stream is read once, in order: encode every split again
@@ -346,10 +352,13 @@ def _info(plan: _Plan, cfg: Config, entries: _Entries, model_vocab: int) -> dict
     }
 
 
-def prepare_data(cfg: Config, progress: bool = True) -> PreparedData:
-    """Load, split, tokenize and cache the data that cfg.data and cfg.tokenizer describe."""
+def prepare_data(cfg: Config, progress: bool = True, tokenizer_copy: Path | None = None) -> PreparedData:
+    """Load, split, tokenize and cache the data that cfg.data and cfg.tokenizer describe.
+    `tokenizer_copy`: a copy of tokenizer.path's file, read in its place and keyed as that file, so
+    that the same bytes give the same tokens and identity wherever the file went (the copy a run
+    keeps of its pretrained start's tokenizer.json: runs/layout.py START)."""
     t_start = time.perf_counter()
-    plan = _plan(cfg.data, cfg.tokenizer)
+    plan = _plan(cfg.data, cfg.tokenizer, tokenizer_copy)
     entries = _read_cached(plan)
     if not entries.complete:
         _build_missing(plan, cfg, entries, progress)

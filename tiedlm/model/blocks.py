@@ -17,7 +17,9 @@ one and a transformers family (model/hf_model.py) alike.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -266,6 +268,21 @@ def build_model(cfg: ModelConfig, vocab_size: int) -> nn.Module:
 
         return HFCausalLM(cfg, vocab_size)
     return GPT(cfg, vocab_size)
+
+
+def rebuild_model(cfg: ModelConfig, vocab_size: int, kept: Path | None = None) -> nn.Module:
+    """A run's model, to take its own checkpoint's weights (evaluate.load_run_model): built as
+    training built it, except that a pretrained start's weights are not read (the checkpoint holds
+    every weight), and model.hf_config's file (a start's config.json, or a local config.json) is
+    read from `kept`, the copy the run keeps of it (runs/layout.py START), where it has one: so that
+    the run is rebuilt as it was trained after its start was moved, replaced, edited or deleted."""
+    if not cfg.family.built_by_transformers:
+        return GPT(cfg, vocab_size)
+    from .hf_model import HFCausalLM
+
+    if kept is not None:
+        cfg = dataclasses.replace(cfg, hf_config=str(kept))
+    return HFCausalLM(cfg, vocab_size, start_weights=False)
 
 
 def freeze_all_but(model: nn.Module, trainable: str) -> None:

@@ -32,15 +32,21 @@ class HFCausalLM(TiedLM):
     """A transformers causal LM under tiedlm's tie layer: E is the family's input embeddings,
     W_out its output embeddings, and every tying mode acts on them (tie_layer.TiedLM)."""
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, start_weights: bool = True):
+        """`start_weights`: load a pretrained start's weights (model.init_from); False for a run's
+        model rebuilt to take its own checkpoint's, which hold every weight (blocks.rebuild_model):
+        the checkpoint's config alone then shapes it, in float32 as a load would."""
         super().__init__()
         transformers = require_transformers()
         self.cfg, self.vocab_size, self.family = cfg, vocab_size, cfg.family
         config = hf_model_config(cfg, vocab_size)
         self.start = None  # a pretrained start: what the run's tie did to the checkpoint's (model/pretrained.py)
         on_meta = torch.empty(0).device.type == "meta"  # counting: the shape, no weights
-        if cfg.init_from and not on_meta:
+        if cfg.init_from and not on_meta and start_weights:
             self.hf = self._load_checkpoint(transformers, cfg, config)
+        elif cfg.init_from and not on_meta:  # its config may name another dtype (bf16): loaded, it is float32
+            self.hf = buildable(config.model_type, lambda: transformers.AutoModelForCausalLM.from_config(
+                config, dtype=torch.float32))
         else:
             self.hf = buildable(config.model_type, lambda: transformers.AutoModelForCausalLM.from_config(config))
         self.unlike_linear = None if on_meta else self._check_built(config.model_type)
