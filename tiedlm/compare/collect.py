@@ -56,6 +56,7 @@ class LoadedRun:
     analysis: dict | None = None  # analysis.json (tiedlm analyze) of the final checkpoint, where there is one
     analysis_note: str | None = None  # why an analysis.json there is not used (compare --analyze replaces it)
     data_alias: dict | None = None  # the same two keys by the files' modification times (data.data_identity)
+    start_identity: dict | None = None  # report.json's start_identity: the files the model started from, by content
 
     def metric(self, split: str, key: str) -> float | None:
         section = self.final.get(split)
@@ -193,7 +194,8 @@ def load_run(run_dir: str | Path) -> tuple[LoadedRun | None, str | None]:
                      best=report.best if isinstance(report.best, dict) else None,
                      final_best=_final_section(report.final_best) or None, analysis=analysis,
                      analysis_note=analysis_note,
-                     data_alias=_recorded_identity(recorded.get("by_mtime"))), None
+                     data_alias=_recorded_identity(recorded.get("by_mtime")),
+                     start_identity=report.start_identity if isinstance(report.start_identity, dict) else None), None
 
 
 def current_analysis(run_dir: Path, report: run_folder.RunReport) -> tuple[dict | None, str | None]:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..errors import ConfigError, RunError
 from .adaptation import adaptation_rows
 from .collect import LeftOut, LoadedRun
-from .datasets import DataSet, data_difference, data_sets, mixed_data_message
+from .datasets import OTHER_DATA, OTHER_START, DataSet, data_difference, data_sets, mixed_data_message, \
+    only_start_differs
 from .grid import MatchedContrast, matched_contrasts
 from .matching import MatchFamily, ParamMatch, found_match, match_family
 from .stats import ALPHA, LEVEL, POWER, number
@@ -281,8 +282,9 @@ def pick_data_set(groups: list[DataSet], kept_by_group: list[dict[str, list[Load
     entries = [(gi, h) for gi, kept in enumerate(kept_by_group) for h in kept]
     labels, _ = label_variants([kept_by_group[gi][h][0].config for gi, h in entries])
     labels = _resolved(labels, [kept_by_group[gi][h][0] for gi, h in entries])
-    if len(set(labels)) != len(labels):  # the same config on other data (the data files changed)
-        labels = [f"{lab} [data set {gi + 1}]" for lab, (gi, _h) in zip(labels, entries)]
+    if len(set(labels)) != len(labels):  # the same config on other data (the data files changed), or another start
+        noun = "start" if all(only_start_differs(groups[0], g) for g in groups[1:]) else "data set"
+        labels = [f"{lab} [{noun} {gi + 1}]" for lab, (gi, _h) in zip(labels, entries)]
     candidates = []
     for lab, (gi, h) in zip(labels, entries):
         runs = kept_by_group[gi][h]
@@ -295,9 +297,10 @@ def pick_data_set(groups: list[DataSet], kept_by_group: list[dict[str, list[Load
         if c.data_set == base.data_set:
             continue
         how = data_difference(groups[c.data_set], home, sep=" instead of ")
+        other = OTHER_START if only_start_differs(groups[c.data_set], home) else OTHER_DATA
         not_compared.append(NotCompared(
             variant=c.label, runs=c.runs, paths=[r.path for r in kept_by_group[c.data_set][c.config_hash]],
-            seeds=c.seeds, data_set=c.data_set + 1, difference=how, reason=f"trained on other data ({how})"))
+            seeds=c.seeds, data_set=c.data_set + 1, difference=how, reason=f"{other} ({how})"))
     return base.data_set, base.config_hash, why, not_compared
 
 

@@ -1,11 +1,15 @@
-"""Data sets: runs are contrasted only with runs trained and evaluated on the same tokens.
+"""Data sets: runs are contrasted only with runs trained and evaluated on the same tokens, from the
+same start.
 
 A run's data is named by report.json's data_identity (written by training: the source
 fingerprint, which covers the splits, and the tokenizer key) plus data.max_eval_tokens (how much
 of each evaluation split is scored, which the identity leaves out). A report without
 data_identity (hand-made, or older than the field) is named by its config's data and tokenizer
-sections instead. Runs from several data sets are refused with a line saying how the data
-differ, unless --baseline picks one (variants.pick_data_set).
+sections instead. Its start is report.json's start_identity (model.init_from's config and weights,
+or model.hf_config's file, by content), so that seeds trained before and after a start was replaced
+or edited are never pooled as one variant; a report without one (trained before runs recorded it)
+is taken to share its data's start where that is one. Runs from several data sets are refused with
+a line saying how the data (or the start) differ, unless --baseline picks one (variants.pick_data_set).
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from ..config import Config
 from ..config.naming import scalar
 from .collect import LoadedRun
 from ..config.identity import flat
+from ..model.hf_config import start_change
 
 DATA_SECTIONS = ("data", "tokenizer")
+OTHER_DATA, OTHER_START = "trained on other data", "trained from another start"  # why a variant is not compared
 
 
 @dataclass
@@ -31,6 +37,7 @@ class DataSet:
     config: Config  # its first run's config (the data and tokenizer sections are what matter here)
     identity: dict | None  # its first run's recorded data identity
     runs: list[LoadedRun] = field(default_factory=list)
+    start: dict | None = None  # the start identity its runs recorded (None: none recorded)
 
 
 def data_view(cfg: Config) -> dict[str, Any]:
@@ -48,13 +55,33 @@ def _run_order(run: LoadedRun) -> tuple[str, str]:
 
 
 def data_sets(runs: list[LoadedRun]) -> list[DataSet]:
-    """The runs grouped by the data they were trained and evaluated on, in order of their first run name."""
+    """The runs grouped by the data they were trained and evaluated on and the start they were
+    trained from, in order of their first run name."""
     ordered = sorted(runs, key=_run_order)
-    groups: dict[str, DataSet] = {}
+    data_key = _data_keys(ordered)
+    # in the order the data keys were found: recorded identities first, then the configs' views
+    seq = sorted(ordered, key=lambda r: r.data_identity is None)
+    starts: dict[str, dict[str, dict]] = {}  # data key -> the starts recorded on it, by their blob
+    for run in seq:
+        if run.start_identity is not None:
+            starts.setdefault(data_key[id(run)], {}).setdefault(_blob(run.start_identity), run.start_identity)
+    groups: dict[tuple, DataSet] = {}
+    for run in seq:
+        known = starts.get(data_key[id(run)], {})
+        if run.start_identity is not None:
+            start = _blob(run.start_identity)
+        else:  # none recorded (trained before runs recorded it): its data's start, where that is one
+            start = next(iter(known)) if len(known) == 1 else None
+        key = (data_key[id(run)], start)
+        groups.setdefault(key, DataSet(run.config, run.data_identity, start=known.get(start))).runs.append(run)
+    out = sorted(groups.values(), key=lambda g: min(_run_order(r) for r in g.runs))
+    for group in out:
+        group.runs.sort(key=_run_order)
+    return out
 
-    def add(key: str, run: LoadedRun) -> None:
-        groups.setdefault(key, DataSet(run.config, run.data_identity)).runs.append(run)
 
+def _data_keys(ordered: list[LoadedRun]) -> dict[int, str]:
+    """id(run) -> the key of the tokens it was trained and evaluated on."""
     # A run recorded since local files are known by their content carries its identity by the
     # files' modification times too (data.data_identity): a run recorded before, under that older
     # identity, is on the same tokens as long as the files were not touched between them.
@@ -75,22 +102,27 @@ def data_sets(runs: list[LoadedRun]) -> list[DataSet]:
                 if alias != root(key):
                     merged[alias] = root(key)
             keyed.append((key, run))
+    members: dict[str, list[LoadedRun]] = {}  # key -> its runs, in the order the keys were found
     for key, run in keyed:
-        add(root(key), run)
-    for run in ordered:  # no recorded identity: join a group whose runs have the same data config
+        members.setdefault(root(key), []).append(run)
+    for run in ordered:  # no recorded identity: join a key whose runs have the same data config
         if run.data_identity is None:
             view = data_view(run.config)
-            twin = next((k for k, g in groups.items() if any(data_view(r.config) == view for r in g.runs)), None)
-            add(twin or _blob({"config": view}), run)
-    out = sorted(groups.values(), key=lambda g: min(_run_order(r) for r in g.runs))
-    for group in out:
-        group.runs.sort(key=_run_order)
-    return out
+            twin = next((k for k, rs in members.items() if any(data_view(r.config) == view for r in rs)), None)
+            members.setdefault(twin or _blob({"config": view}), []).append(run)
+    return {id(run): key for key, rs in members.items() for run in rs}
+
+
+def only_start_differs(a: DataSet, b: DataSet) -> bool:
+    """Whether two groups hold the same data and differ in their start alone."""
+    return data_view(a.config) == data_view(b.config) and (a.identity or {}) == (b.identity or {}) \
+        and a.start != b.start
 
 
 def data_difference(a: DataSet, b: DataSet, sep: str = " vs ") -> str:
     """How the data of two groups differ, in config keys: 'data.synthetic.vocab_size 1000 vs 4096'
-    (a's value first); or which recorded identity differs when their configs do not."""
+    (a's value first); or which recorded identity differs when their configs do not; or, on the
+    same data, how their start differs."""
     fa, fb = data_view(a.config), data_view(b.config)
     keys = sorted(k for k in fa if fa[k] != fb[k])
     if keys:
@@ -98,6 +130,11 @@ def data_difference(a: DataSet, b: DataSet, sep: str = " vs ") -> str:
     ia, ib = a.identity or {}, b.identity or {}
     if ia.get("fingerprint") != ib.get("fingerprint"):
         return "the data files changed between runs (source fingerprint differs)"
+    if ia.get("tokenizer") == ib.get("tokenizer") and a.start != b.start:
+        if a.start is None or b.start is None:
+            return ("their start: the runs of one recorded none (trained before runs recorded their start), and "
+                    "their data's other runs were trained from several starts")
+        return f"their start, which changed between runs ({start_change(b.config.model, a.start, b.start)})"
     return ("the tokenizer changed between runs (tokenizer key differs: another tokenizer file, "
             "or a tiedlm with another cache format)")
 
@@ -116,20 +153,27 @@ def _run_pattern(group: DataSet, others: list[DataSet]) -> str:
 
 
 def mixed_data_message(groups: list[DataSet]) -> str:
-    """The one-line refusal when runs on different data are given without --baseline."""
+    """The one-line refusal when runs on different data (or from different starts) are given
+    without --baseline."""
     n = sum(len(g.runs) for g in groups)
     patterns = [_run_pattern(g, [o for o in groups if o is not g]) for g in groups]
+    starts = [only_start_differs(groups[0], g) for g in groups[1:]]
+    noun, kinds, never, theirs = (("start", "starts", "from different starts", "from that variant's start")
+                                  if all(starts) else
+                                  ("data set", "data sets or starts", "on different data or from different starts",
+                                   "on that variant's data, from its start") if any(starts) else
+                                  ("data set", "data sets", "on different data", "on that variant's data"))
 
     def named(i: int) -> str:
         k = len(groups[i].runs)
-        return f"data set {i + 1} ({patterns[i]}: {k} run{'s' if k != 1 else ''})"
+        return f"{noun} {i + 1} ({patterns[i]}: {k} run{'s' if k != 1 else ''})"
 
     if len(groups) == 2:
         how = f"{named(0)} and {named(1)} differ in {data_difference(groups[0], groups[1])}"
     else:
         how = f"{named(0)} differs from " + "; from ".join(
             f"{named(i)} in {data_difference(groups[0], groups[i])}" for i in range(1, len(groups)))
-    return (f"these {n} runs were trained on {len(groups)} different data sets, and runs on different data are "
-            f"never compared: {how} — compare the runs of one data set at a time "
-            f"(tiedlm compare {patterns[0]}), or pass --baseline VARIANT (a label or a run name) to compare "
-            "the variants trained on that variant's data")
+    trained = f"from {len(groups)} different {kinds}" if all(starts) else f"on {len(groups)} different {kinds}"
+    return (f"these {n} runs were trained {trained}, and runs {never} are never compared: {how} — compare the "
+            f"runs of one {noun} at a time (tiedlm compare {patterns[0]}), or pass --baseline VARIANT (a label or "
+            f"a run name) to compare the variants trained {theirs}")

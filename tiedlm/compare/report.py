@@ -24,6 +24,7 @@ from ..formatting import (
     text_table,
 )
 from .comparison import Comparison, RunRow
+from .datasets import OTHER_DATA, OTHER_START
 from .matching import PARAM_MATCH
 from .plots import (
     MATCHED_PLOT,
@@ -130,9 +131,10 @@ def _md_intro(c: Comparison) -> list[str]:
     if c.differing_keys:
         md += ["", "The variants differ in: " + ", ".join(f"`{k}`" for k in c.differing_keys) + "."]
     if c.not_compared:
-        n_other = len(c.not_compared)
-        md += ["", f"Only variants trained on the baseline's data are compared: the runs came from "
-                   f"{c.data_sets} data sets, and {plural(n_other, 'variant')} trained on other data "
+        n_other, start = len(c.not_compared), _from_other_start(c)
+        md += ["", f"Only variants trained on the baseline's data{', from its start,' if start else ''} are "
+                   f"compared: the runs came from {c.data_sets} data sets{' or starts' if start else ''}, and "
+                   f"{plural(n_other, 'variant')} {OTHER_DATA}{' or from another start' if start else ''} "
                    f"{'are' if n_other != 1 else 'is'} listed under *Not compared*."]
     return md
 
@@ -419,13 +421,22 @@ def _best_cell(r: RunRow) -> str:
     return f"{r.weights} ({fmt_int(r.best_step)}{above})"
 
 
+def _from_other_start(c: Comparison) -> bool:
+    """Whether a variant is not compared because it was trained from another start than the baseline's."""
+    return any(n.reason.startswith(OTHER_START) for n in c.not_compared)
+
+
 def _md_left_aside(c: Comparison) -> list[str]:
     """Not compared (other data), left out, and notes."""
     md = []
     if c.not_compared:
-        md += ["", "## Not compared (trained on other data)", "",
+        start = _from_other_start(c)
+        md += ["", f"## Not compared ({OTHER_DATA}{' or from another start' if start else ''})", "",
                "Runs trained or evaluated on other tokens than the baseline's (another data source, split, "
-               "tokenizer or evaluation set) are never contrasted with it. Compare them among themselves, "
+               "tokenizer or evaluation set)" + (", or trained from another start (model.init_from's weights or "
+                                                  "config, or model.hf_config's file, replaced or edited between "
+                                                  "runs)," if start else "") +
+               " are never contrasted with it. Compare them among themselves, "
                "for example with `--baseline` set to one of them.", ""]
         md += [f"- **{n.variant}** ({', '.join(f'`{r}`' for r in n.runs)}): {n.reason}" for n in c.not_compared]
     if c.skipped:
