@@ -97,8 +97,10 @@ def _family_tag(items: list[tuple[str, Any, str]]) -> str:
     model.arch=llama, from-NAME-HASH for model.init_from=PATH and NAME-HASH for an hf_config file
     (a path's last part, with a hash of what was written: two files of one name never share a
     folder)."""
-    last = {key: value for key, value, _ in items}  # the last of each counts, as in the config
-    start, family, arch = last.get("model.init_from"), last.get("model.hf_config"), last.get("model.arch")
+    chosen = dict.fromkeys(FAMILY_KEYS)
+    for key, value, _ in items:  # the last of each counts, as in the config
+        chosen[key] = value
+    arch, family, start = chosen.values()  # in FAMILY_KEYS' order
     words = []
     if start is not None:
         words.append(f"from-{data_name(start)}-{_digest([scalar(start)])}")

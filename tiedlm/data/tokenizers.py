@@ -366,9 +366,7 @@ def train_tokenizer(tcfg: TokenizerConfig, docs: Texts, progress: bool = False) 
         tok = tok.with_added(new)
         fewer = fewer_added(tcfg, tok)
         if fewer:  # said once, where the tokenizer is made: the runs that read it from the cache share it
-            from ..process import log
-
-            log(f"warning: {fewer}")
+            sys.stderr.write(f"warning: {fewer}\n")
         return tok
     train = {"char": CharTokenizer.train, "word": _train_word, "bpe": _train_bpe}[tcfg.kind]
     return train(_training_batches(docs, tcfg.max_train_bytes, progress), tcfg.vocab_size)
