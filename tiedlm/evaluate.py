@@ -258,8 +258,9 @@ def load_run_model(run_dir, best: bool = False, checkpoint: str | None = None,
     validation evaluation), never loading the optimizer state. The data are prepared from the
     run's own config (a token-cache hit when nothing changed); they must be the tokens it was
     trained on. The model is built from the copy the run keeps of its start, never from the start's
-    weights, so a run whose start was moved, replaced or deleted is rebuilt as it was trained. `chooser`: the command's option that chooses other weights of the run (--best,
-    --checkpoint), named when these are not finite; None for a command that has none."""
+    weights, so a run whose start was moved, replaced or deleted is rebuilt as it was trained.
+    `chooser`: the command's option that chooses other weights of the run (--best, --checkpoint),
+    named when these are not finite; None for a command that has none."""
     from .runs import checkpoints
     from .data import identity_fits, prepare_data
     from .model.blocks import rebuild_model
