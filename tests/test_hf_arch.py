@@ -189,6 +189,17 @@ def test_a_local_config_json_names_the_family(tmp_path):
     assert type(model.hf).__name__ == "Qwen2ForCausalLM" and model.hf.config.rms_norm_eps == 1e-6
 
 
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+def test_a_config_json_s_dtype_does_not_set_the_weights_precision(tmp_path, key):
+    """A published config.json names the checkpoint's dtype (Llama 3.2's says bfloat16): built from
+    it, the weights are float32 as for a model_type, and train.dtype alone decides the precision,
+    as the report states (they were bf16 while it said fp32)."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", key: "bfloat16"}))
+    cfg = load_config(None, ["model.arch=hf", f"model.hf_config={tmp_path}", "model.n_layer=1", "model.n_embd=32",
+                             "model.n_head=2", "train.max_steps=2"])
+    assert {p.dtype for p in build_model(cfg.model, V).parameters()} == {torch.float32}
+
+
 def test_the_run_report_names_the_family_and_how_its_loss_is_taken(tmp_path, monkeypatch):
     from tiedlm.train import train_run
 

@@ -44,11 +44,9 @@ class HFCausalLM(TiedLM):
         on_meta = torch.empty(0).device.type == "meta"  # counting: the shape, no weights
         if cfg.init_from and not on_meta and start_weights:
             self.hf = self._load_checkpoint(transformers, cfg, config)
-        elif cfg.init_from and not on_meta:  # its config may name another dtype (bf16): loaded, it is float32
+        else:  # float32 whatever dtype a config.json names (bf16, a checkpoint's): train.dtype decides the precision
             self.hf = buildable(config.model_type, lambda: transformers.AutoModelForCausalLM.from_config(
                 config, dtype=torch.float32))
-        else:
-            self.hf = buildable(config.model_type, lambda: transformers.AutoModelForCausalLM.from_config(config))
         self.unlike_linear = None if on_meta else self._check_built(config.model_type)
         self.embed_scale = math.sqrt(cfg.n_embd) if cfg.embed_scale == "sqrt_d" else 1.0
         self.family_scale = self._family_scale(on_meta)
