@@ -363,3 +363,21 @@ def test_a_family_that_scales_e_itself_has_that_scale_in_its_record_ledger_and_r
     scale = f"{cfg.model.n_embd ** 0.5:.4g}"
     assert report["ledger"]["embed_scale"] == f"×{scale}, the family's own"
     assert f"embed_scale ×{scale} (the family's own)" in (run / "report.md").read_text()
+
+
+@pytest.mark.parametrize("family, field, weight", [("opt", "ffn_dim", "fc1"), ("gpt2", "n_inner", "c_fc")])
+def test_the_mlp_width_follows_tiedlm_s_size_where_a_family_names_it_otherwise(family, field, weight):
+    """OPT's ffn_dim is 3072 at any width: a d = 32 model had a 96·d MLP while tiedlm's sizes said
+    otherwise. It is 4·d (OPT's published ratio) unless model.intermediate_size sets it, as GPT-2's
+    n_inner is (None: the family's own 4·d)."""
+    base = ["model.arch=hf", f"model.hf_config={family}", "model.n_layer=1", "model.n_embd=32", "model.n_head=2"]
+
+    def width(*extra):
+        model = build_model(load_config(ROOT / "configs" / "base.yaml", [*base, *extra]).model, V)
+        (w,) = [p for n, p in model.named_parameters() if f"{weight}.weight" in n]
+        assert count_params(model)["total"] == count_params_config(model.cfg, V)["total"]  # the count follows
+        return max(w.shape), model.hf.config
+
+    assert width()[0] == 4 * 32
+    wide, config = width("model.intermediate_size=48")
+    assert wide == 48 and getattr(config, field) == 48

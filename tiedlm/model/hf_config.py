@@ -41,6 +41,11 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
 
 SIZE_FIELDS = HF_SIZE_FIELDS  # tiedlm's size keys -> transformers' config fields (model/arch.py)
+# The MLP's width where a family names it otherwise than intermediate_size, set from
+# model.intermediate_size, else at the multiple of n_embd the family publishes: OPT's and XGLM's
+# ffn_dim and Falcon's ffn_hidden_size are absolute (3072 at any width), so a d = 32 model had a
+# 96·d MLP; GPT-2's n_inner is None for 4·d, kept unless set.
+OTHER_MLP_FIELDS = {"ffn_dim": 4, "ffn_hidden_size": 4, "n_inner": None}
 TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")  # None: no row of E is a frozen padding row
 NESTED = ("text_config",)  # multimodal configs keep the language model's fields here
 EXTRA = "pip install -e '.[hf]' (transformers)"
@@ -112,8 +117,13 @@ def hf_model_config(m: ModelConfig, vocab_size: int) -> PretrainedConfig:
                           f"(e.g. {kind}_text where transformers has one), or start from a checkpoint with "
                           "model.init_from")
     fields: dict[str, Any] = {}
+    other_mlp = {f: ratio for f, ratio in OTHER_MLP_FIELDS.items() if hasattr(probe, f)}
+    for field, ratio in other_mlp.items():  # OPT's ffn_dim: 3072 at any width unless set
+        fields[field] = m.intermediate_size or (ratio * m.n_embd if ratio else None)
     for key, field in SIZE_FIELDS.items():
         if key in ("n_kv_head", "intermediate_size") and getattr(probe, field, None) is None:  # not every family's
+            if key == "intermediate_size" and other_mlp:
+                continue  # set above, under the family's own name
             if getattr(m, key) is not None:
                 raise ConfigError(f"model.{key} does not apply to {kind} (its config has no {field}) — remove "
                                   f"model.{key}")
