@@ -381,3 +381,17 @@ def test_the_mlp_width_follows_tiedlm_s_size_where_a_family_names_it_otherwise(f
     assert width()[0] == 4 * 32
     wide, config = width("model.intermediate_size=48")
     assert wide == 48 and getattr(config, field) == 48
+
+
+def test_an_override_written_as_published_configs_write_it_is_a_number(tmp_path):
+    """rms_norm_eps: 1e-6, as published configs write it: PyYAML reads an exponent without a dot as
+    the string '1e-6', which transformers kept, and the first forward pass failed on it."""
+    (tmp_path / "c.yaml").write_text("model:\n  arch: hf\n  hf_config: qwen2\n  hf_overrides: {rms_norm_eps: 1e-6}\n"
+                                     "  n_layer: 1\n  n_embd: 32\n  n_head: 2\ntrain:\n  max_steps: 2\n")
+    for cfg in (load_config(tmp_path / "c.yaml", []),
+                load_config(None, ["model.arch=hf", "model.hf_config=qwen2", "model.n_layer=1", "model.n_embd=32",
+                                   "model.n_head=2", "train.max_steps=2",
+                                   "model.hf_overrides={rms_norm_eps: 1e-6, hidden_act: silu}"])):
+        assert cfg.model.hf_overrides["rms_norm_eps"] == 1e-6
+        model = build_model(cfg.model, V)
+        assert model.hf.config.rms_norm_eps == 1e-6 and torch.isfinite(model(torch.zeros(1, 4, dtype=torch.long))[0]).all()

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import difflib
 import json
+import re
 import math
 import types
 import typing
@@ -250,6 +251,9 @@ _ALIASES = {"model.embed_scale": {"1.0": "1", "none": "1", "None": "1",
                                   "sqrt": "sqrt_d", "sqrt(d)": "sqrt_d", "sqrt_n_embd": "sqrt_d"}}
 
 
+_EXPONENT = re.compile(r"^[-+]?([0-9][0-9_]*\.?[0-9_]*|\.[0-9_]+)[eE][-+]?[0-9]+$")  # 1e-6, 2.5E+3
+
+
 def _coerce(value: Any, tp: Any) -> Any:
     """Return value as type tp, or _NO. Accepts ints for floats and '1e-3' strings for numbers."""
     if tp is Any:
@@ -269,8 +273,12 @@ def _coerce(value: Any, tp: Any) -> Any:
             return _NO
         items = [_coerce(v, arg) for v in value]
         return _NO if any(i is _NO for i in items) else items
-    if tp is dict:  # model.hf_overrides: a mapping with string keys, its values as YAML gives them
-        return dict(value) if isinstance(value, dict) and all(isinstance(k, str) for k in value) else _NO
+    if tp is dict:  # model.hf_overrides: a mapping with string keys, its values as YAML gives them, but
+        # 1e-6 as the number it is: PyYAML (YAML 1.1) reads an exponent without a dot as a string, which
+        # transformers would keep as the string '1e-6' (rms_norm_eps: 1e-6, as published configs write it)
+        if not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+            return _NO
+        return {k: float(v) if isinstance(v, str) and _EXPONENT.match(v.strip()) else v for k, v in value.items()}
     if tp is bool:
         return value if isinstance(value, bool) else _NO
     if tp is int:
