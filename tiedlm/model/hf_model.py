@@ -15,6 +15,7 @@ from torch import nn
 
 from .arch import HF_SIZE_FIELDS
 from ..errors import ConfigError
+from .finite import not_finite
 from .hf_config import buildable, config_flags_tied, hf_model_config, language_configs, require_transformers
 from .pretrained import checkpoint_config, checkpoint_tied, describe_start
 from .tie_layer import TiedLM, count_params
@@ -77,11 +78,10 @@ class HFCausalLM(TiedLM):
             raise ConfigError(f"model.init_from {cfg.init_from}: its weights do not load ({type(exc).__name__}: "
                               f"{' '.join(str(exc).split())[:160]}) — the folder is damaged; export or save it "
                               "again") from None
-        bad = [(name, int((~torch.isfinite(w)).sum())) for name, w in model.named_parameters()
-               if not bool(torch.isfinite(w).all())]
+        bad = not_finite(model.named_parameters())
         if bad:
             more = f" and {len(bad) - 1} more tensor(s)" if len(bad) > 1 else ""
-            raise ConfigError(f"model.init_from {cfg.init_from}: its weights are not finite ({bad[0][1]:,} NaN or "
+            raise ConfigError(f"model.init_from {cfg.init_from}: its weights are not finite ({bad[0][2]:,} NaN or "
                               f"infinite value(s) in {bad[0][0]}{more}) — the checkpoint is damaged or its run "
                               "diverged; start from another")
         missing = [k for k in info.get("missing_keys", []) if not (was_tied and k.endswith("lm_head.weight"))]

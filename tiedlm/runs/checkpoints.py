@@ -289,17 +289,16 @@ def check_finite_weights(tensors: dict, ckpt: Path, other_weights: Callable[[], 
     the one check behind sample, eval, analyze and export, which would otherwise crash, score nan
     or blame the export. Names the first tensor found and what it holds; `other_weights()`: how
     the command at hand reads other weights of the run (its own option), None when it cannot."""
-    import torch
+    from ..model.finite import not_finite
 
-    bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = not_finite(tensors.items())
     if not bad:
         return
-    first = tensors[bad[0]]
-    what = "nan" if bool(torch.isnan(first).any()) else "inf"
+    (first, what, _) = bad[0]
     more = f" and {len(bad) - 1} more tensor{'s' * (len(bad) > 2)}" if len(bad) > 1 else ""
     other = other_weights() if other_weights is not None else None
     fix = f"{other}, or retrain with a lower train.lr" if other else "retrain it with a lower train.lr"
-    raise RunError(f"the weights in {ckpt} are not finite ({what} in {bad[0]}{more}) — the run diverged before this "
+    raise RunError(f"the weights in {ckpt} are not finite ({what} in {first}{more}) — the run diverged before this "
                    f"checkpoint was written; {fix}")
 
 
