@@ -79,11 +79,13 @@ ADD_TOKENS_LIMIT = 100_000  # tokenizer.add_tokens: N
 MAPPING_VALUES = ("data_files", "hf_overrides", "also")  # keys whose value is a mapping of their own: one leaf
 
 
-def flatten(data: dict, prefix: str = "") -> dict:
+def flatten(data: dict, prefix: str = "", leaves: tuple[str, ...] = MAPPING_VALUES) -> dict:
+    """A nested config as dotted keys (model.n_embd); a key of `leaves` (a mapping of its own, as
+    model.hf_overrides) is one leaf, unless `leaves` is empty (a tracker's scalar params)."""
     out = {}
     for key, value in data.items():
-        if isinstance(value, dict) and value and not key.endswith(MAPPING_VALUES):
-            out.update(flatten(value, f"{prefix}{key}."))
+        if isinstance(value, dict) and value and not (leaves and key.endswith(leaves)):
+            out.update(flatten(value, f"{prefix}{key}.", leaves))
         else:
             out[f"{prefix}{key}"] = value
     return out

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import to_dict
+from ..config.checks import flatten
 from ..errors import ConfigError
 from ..files import atomic_write_text, json_text
 from ..runs import RunReport
@@ -52,19 +53,9 @@ class RunInfo:
 
     def flat_config(self) -> dict[str, Any]:
         """The config as dotted keys (model.n_embd), with the counts as params.<name>."""
-        out = flatten(self.config)
+        out = flatten(self.config, leaves=())  # every value a scalar: model.hf_overrides.rms_norm_eps
         out.update({f"params.{k}": v for k, v in self.params.items() if not isinstance(v, dict)})
         return out
-
-
-def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def run_info(run_dir: Path, report: RunReport) -> RunInfo:
