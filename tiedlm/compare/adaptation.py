@@ -34,7 +34,9 @@ def _ppl(loss: float | None) -> float | None:
 
 def adapted_variant(label: str, runs: list[Any], primary: str) -> Adapted | None:
     """One variant's row, or None when none of its runs started from a checkpoint, scored eval.also
-    or added tokens."""
+    or added tokens (collect.LoadedRun.adapted, which decides whether a comparison has this table)."""
+    if not any(r.adapted for r in runs):
+        return None
     starts = {(r.params.get("start") or {}).get("start") for r in runs} - {None}
     before, after = [], []
     for r in runs:
@@ -45,8 +47,6 @@ def adapted_variant(label: str, runs: list[Any], primary: str) -> Adapted | None
             after.append(judged["loss"])
     new = [r.final.get(primary, {}).get("new_tokens") for r in runs]
     new = [n for n in new if n and n.get("loss") is not None]
-    if not (starts or before or new):
-        return None
     return Adapted(label, len(runs), ", ".join(sorted(starts)) or None, _ppl(_mean(before)), _ppl(_mean(after)),
                    _mean([n["loss"] for n in new]), _mean([n["share"] for n in new]))
 
