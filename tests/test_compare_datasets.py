@@ -56,7 +56,7 @@ def test_runs_on_different_data_without_twins_are_refused_with_how_the_data_diff
     msg = str(err.value)
     assert "\n" not in msg and "2 different data sets" in msg and "never compared" in msg
     assert "data.synthetic.vocab_size 1000 vs 4096" in msg and "tokenizer.vocab_size 8192 vs 4096" in msg
-    assert f"tiedlm compare {runs / 'v1000-'}*" in msg and f"{runs / 'v4096-tied-s'}*: 2 runs" in msg
+    assert f"tiedlm compare '{runs / 'v1000-'}*'" in msg and f"{runs / 'v4096-tied-s'}*: 2 runs" in msg  # quoted: typed as is
     assert "--baseline" in msg
     assert not [p for p in runs.iterdir() if p.name.startswith("compare")]  # nothing written, no verdict drawn
 

@@ -93,4 +93,52 @@ def test_a_run_folder_is_no_comparison_folder_and_a_comparison_no_run(tmp_path):
     assert sorted(p.name for p in (runs / "base-tied-s0").iterdir()) == before
     C.compare_runs(runs_dir=runs)
     r = CliRunner().invoke(app, ["compare", str(runs / "compare-base")])
-    assert r.exit_code == 1 and "compare-base: a comparison's folder (comparison.json), not a run" in r.output
+    assert r.exit_code == 2 and "compare-base: a comparison's folder (comparison.json), not a run" in r.output
+
+
+def test_into_a_run_s_managed_part_names_into(tmp_path):
+    runs = tmp_path / "runs"
+    make_pair(runs, [57.0, 58.0], [59.0, 60.0])
+    (runs / "base-tied-s0" / "checkpoints").mkdir(exist_ok=True)
+    r = CliRunner().invoke(app, ["compare", "--out", str(runs), "--into", str(runs / "base-tied-s0" / "checkpoints" / "x")])
+    assert r.exit_code == 2 and r.output.startswith(f"tiedlm: error: --into {runs / 'base-tied-s0' / 'checkpoints' / 'x'}")
+
+
+def test_a_comparison_written_while_waiting_for_the_folder_is_kept(tmp_path, monkeypatch):
+    """Two compares of different runs with one shared name, at once: the second chose its folder,
+    waited for the first to write it, and replaced it. The folder is chosen again once held."""
+    import contextlib
+
+    runs = tmp_path / "runs"
+    make_pair(runs, [57.0, 58.0], [59.0, 60.0])
+    held = []
+
+    @contextlib.contextmanager
+    def lock(folder):
+        if not held:  # the other command wrote its comparison of other runs while this one waited
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "comparison.json").write_text('{"runs": [{"name": "base-tied-s0"}]}')
+        held.append(folder)
+        yield
+
+    monkeypatch.setattr(C, "FolderLock", lock)
+    c = C.compare_runs(runs_dir=runs)
+    assert held[0] == runs / "compare-base" and c.out == str(held[-1]) != str(held[0])
+    assert (runs / "compare-base" / "comparison.json").read_text() == '{"runs": [{"name": "base-tied-s0"}]}'
+
+
+def test_compare_config_keeps_a_comparison_of_other_runs_in_its_folder(tmp_path, fake_training, tiny_yaml):  # noqa: F811
+    import tiedlm.experiment as E
+
+    runs = tmp_path / "runs"
+    make_run(runs, "tiny-tie_embeddings=true-arch=llama-s0", 0, TIED, val=57.0)  # a sweep's runs, compared by name
+    make_run(runs, "tiny-tie_embeddings=false-arch=llama-s0", 0, UNTIED, val=59.0)
+    swept = C.compare_runs(runs_dir=runs)
+    assert swept.out == str(runs / "compare-tiny")
+    mine = E.compare_config(tiny_yaml, [], seeds=1, runs_dir=runs, progress=False, train=fake_training.train)
+    assert mine.out != swept.out and mine.out.startswith(str(runs / "compare-tiny-"))
+    assert compared(runs / "compare-tiny") == {"tiny-tie_embeddings=true-arch=llama-s0",
+                                               "tiny-tie_embeddings=false-arch=llama-s0"}
+    assert mine.replaced.startswith(f"{runs / 'compare-tiny'} holds a comparison of other runs, left as it is")
+    again = E.compare_config(tiny_yaml, [], seeds=2, runs_dir=runs, progress=False, train=fake_training.train)
+    assert again.out == mine.out and again.replaced is None

@@ -55,3 +55,19 @@ def test_runs_named_the_old_way_are_carried_on_under_their_names(tmp_path, fake_
     assert again.out == str(runs / f"compare-{old}")
     err = capfd.readouterr().err
     assert err.count(f"runs of these overrides are named {old}-… (as tiedlm named them before {new}-…)") == 1
+
+
+def test_another_experiment_whose_names_begin_alike_does_not_hide_the_old_names(tmp_path, fake_training,  # noqa: F811
+                                                                                  tiny_yaml):
+    """The old runs of --set model.arch=llama (tiny-arch=llama-*) beside another experiment's new
+    ones (tiny-llama-lr=0.01-*, whose names begin with this one's new prefix): carried on under the
+    old names, not retrained under new ones."""
+    runs = tmp_path / "runs"
+    E.compare_config(tiny_yaml, ["model.arch=llama"], seeds=1, runs_dir=runs, progress=False, train=fake_training.train)
+    for d in runs.glob("tiny-llama-*"):
+        d.rename(runs / d.name.replace("tiny-llama", "tiny-arch=llama"))
+    E.compare_config(tiny_yaml, ["model.arch=llama", "train.lr=0.01"], seeds=1, runs_dir=runs, progress=False,
+                     train=fake_training.train)
+    fake_training.calls.clear()
+    E.compare_config(tiny_yaml, ["model.arch=llama"], seeds=2, runs_dir=runs, progress=False, train=fake_training.train)
+    assert fake_training.calls == ["tiny-arch=llama-tied-s1", "tiny-arch=llama-untied-s1"]

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_compare import make_run, raises_exactly
+from tests.test_compare import TIED, UNTIED, edit_report, make_run, raises_exactly
+
+TIED_KEYS = (TIED[0], UNTIED[0])
 from tiedlm import runs
 from tiedlm.config import load_config
 from tiedlm.data import core_identity
@@ -94,7 +96,12 @@ def test_a_replaced_start_then_an_added_seed_is_not_pooled_into_one_variant(tmp_
     msg = str(err.value)
     assert "\n" not in msg and "6 runs were trained from 2 different starts" in msg
     assert f"model.init_from {start}: its model.safetensors differs" in msg and "never compared" in msg
-    assert not (out / "compare").exists()
+    assert not [p for p in out.iterdir() if p.name.startswith("compare")]
+    # its fix is typed as written: the first start's runs, quoted, all of them (no "…")
+    import shlex
+
+    typed = shlex.split(msg.split("at a time (tiedlm compare ", 1)[1].split("), or pass", 1)[0])
+    assert len(typed) == 4 and C.compare_runs(typed, runs_dir=out).variant("tied").seeds == [0, 1]
     first, second = reports["true-s0"].start_identity, reports["true-s2"].start_identity
     assert set(first) == {"config", "weights"} and set(first["weights"]) == {"model.safetensors"}
     assert first["config"] == second["config"] and first["weights"] != second["weights"]
@@ -114,12 +121,14 @@ def test_runs_that_recorded_no_start_compare_as_before(tmp_path):
     data's start: they compare with each other, and with the runs of the one start recorded since;
     where their data had two starts since, they are not put with either."""
     import tiedlm.compare as C
-    from tests.test_compare import TIED, UNTIED, edit_report
 
     out = tmp_path / "runs"
+    (tmp_path / "fam.json").write_text(json.dumps({"model_type": "qwen2"}))
+    family = ["model.arch=hf", f"model.hf_config={tmp_path / 'fam.json'}", "model.bias=false"]
     for s in (0, 1):
-        make_run(out, f"tied-s{s}", s, TIED, val=57.0 + s, identity={"fingerprint": "fp", "tokenizer": "tok"})
-        make_run(out, f"untied-s{s}", s, UNTIED, val=59.0 + s, identity={"fingerprint": "fp", "tokenizer": "tok"})
+        make_run(out, f"tied-s{s}", s, TIED + family, val=57.0 + s, identity={"fingerprint": "fp", "tokenizer": "tok"})
+        make_run(out, f"untied-s{s}", s, UNTIED + family, val=59.0 + s,
+                 identity={"fingerprint": "fp", "tokenizer": "tok"})
     assert C.compare_runs(runs_dir=out).variant("tied").seeds == [0, 1]
     a = {"config": "sha256:a", "weights": {"model.safetensors": "sha256:1"}}
     for name in ("tied-s1", "untied-s1"):
@@ -214,3 +223,55 @@ def test_eval_sample_and_export_rebuild_a_run_whose_start_is_gone(tmp_path, gone
         assert (tmp_path / "export-after" / name).read_bytes() == (tmp_path / "export-before" / name).read_bytes()
     assert sorted(p.name for p in (run / runs.START).iterdir()) == ["config.json", "tokenizer.json"]
     assert (run / runs.START / "tokenizer.json").read_bytes() == tokenizer
+
+
+def test_a_start_whose_files_are_links_to_the_same_bytes_is_the_same_start(tmp_path):
+    """A hub cache's snapshot links each file name to a blob named by its hash: the identity keys a
+    weight file by the name the start's folder gives it, its content read through the link, so the
+    same bytes behind a link are the same start (it was refused as changed, naming the blob)."""
+    from tiedlm.model.hf_config import start_identity
+
+    start = save_start(tmp_path / "start", seed=0)
+    cfg = load_config(None, [f"model.init_from={start}", *TRAIN])
+    before = start_identity(cfg.model)
+    (tmp_path / "blobs").mkdir()
+    shutil.move(start / "model.safetensors", tmp_path / "blobs" / "3f2a9c")
+    (start / "model.safetensors").symlink_to(tmp_path / "blobs" / "3f2a9c")
+    assert start_identity(cfg.model) == before and set(before["weights"]) == {"model.safetensors"}
+
+
+def test_runs_of_different_start_files_or_none_are_variants_of_one_data_set(tmp_path):
+    """Two config files (famA.json, famB.json), and tiedlm's own GPT-2 naming no file: different
+    configs, so different variants, compared as such. A start splits runs only where one path held
+    files of other content (it refused these as 'changed between runs', and the GPT-2 run as one
+    that 'recorded none')."""
+    import tiedlm.compare as C
+
+    out, ident = tmp_path / "runs", {"fingerprint": "fp", "tokenizer": "tok"}
+    for fam, content in (("famA", 1e-6), ("famB", 1e-5)):
+        (tmp_path / f"{fam}.json").write_text(json.dumps({"model_type": "qwen2", "rms_norm_eps": content}))
+        family = ["model.arch=hf", f"model.hf_config={tmp_path / f'{fam}.json'}", "model.bias=false"]
+        for s in (0, 1):
+            for tie, extra in (("tied", TIED_KEYS[0]), ("untied", TIED_KEYS[1])):
+                run = make_run(out, f"{fam}-{tie}-s{s}", s, [extra, *family], val=57.0 + s, identity=ident)
+                edit_report(run, start_identity={"config": f"sha256:{fam}"})
+    for s in (0, 1):
+        make_run(out, f"gpt2-untied-s{s}", s, [TIED_KEYS[1]], val=60.0 + s, identity=ident)
+    result = C.compare_runs(runs_dir=out, baseline="gpt2-untied-s0")
+    assert result.data_sets == 1 and not result.not_compared and len(result.variants) == 5
+
+
+def test_the_copy_of_a_start_is_never_written_through_a_link(tmp_path):
+    """start/ replaced by a link to another folder: keeping the start's files replaces the link
+    with a folder of the run's own, and the other folder keeps its files."""
+    from tiedlm.runs import keep_start
+
+    other, run = tmp_path / "other", tmp_path / "run"
+    other.mkdir()
+    run.mkdir()
+    (other / "config.json").write_text("mine")
+    (run / "start").symlink_to(other)
+    (tmp_path / "c.json").write_text('{"model_type": "qwen2"}')
+    keep_start(run, {"config.json": tmp_path / "c.json"})
+    assert (other / "config.json").read_text() == "mine" and not (run / "start").is_symlink()
+    assert (run / "start" / "config.json").read_text() == '{"model_type": "qwen2"}'

@@ -110,7 +110,7 @@ class Judging:
             return Path(self.out)
         return Path(self.runs_dir) / comparison_folder(self.experiment or common_name([]))
 
-    def of_runs(self, run_dirs: list[Path]) -> tuple[Judging, str | None]:
+    def of_runs(self, run_dirs: list) -> tuple[Judging, str | None]:
         """This judging with its experiment named after the runs found (unless it has a folder
         already: `out`, or a config's `experiment`), and the line saying where it went when the
         folder of that name holds another comparison (outputs.own_name)."""
@@ -118,6 +118,11 @@ class Judging:
             return self, None
         name, note = own_name(self.runs_dir, [Path(d).name for d in run_dirs])
         return dataclasses.replace(self, experiment=name), note
+
+    @property
+    def option(self) -> str:
+        """The command-line option that chose the folder: --into, else --out (the runs folder it is in)."""
+        return "--into" if self.out is not None else "--out"
 
     def check(self) -> Judging:
         """Refuse (ConfigError) what cannot be judged, before any file is read; returns self."""
@@ -172,7 +177,7 @@ def judge_runs(judging: Judging) -> Comparison:
     """compare_runs: the runs found, a tuned sweep's folder compared at each point's chosen values."""
     judging.check()
     run_dirs, missing = discover(judging.paths, judging.runs_dir, judging.out)
-    judging, kept = judging.of_runs(run_dirs)
+    named = [d.name for d in run_dirs]  # the runs that name the comparison's folder (Judging.of_runs)
     paths = judging.paths
     # a tuned sweep's folder, compared whole: each grid point at its chosen values (tuning.json)
     folder = judging.runs_dir if not paths else Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else None
@@ -190,7 +195,11 @@ def judge_runs(judging: Judging) -> Comparison:
                     for n in record.chosen if n not in found]
         run_dirs = [d for d in run_dirs if d.name in chosen]
     judging = dataclasses.replace(judging, primary=judging.primary or ("test" if tuned else None))
-    return judge(run_dirs, missing, judging, Found(record=record, folder_note=kept))
+    while True:  # the folder is chosen again once held: another command may have written it meanwhile
+        chosen, kept = judging.of_runs(named)
+        with FolderLock(chosen.folder):
+            if chosen.folder == judging.of_runs(named)[0].folder:
+                return _judge_held(run_dirs, missing, chosen, Found(record=record, folder_note=kept))
 
 
 def judge(run_dirs: list[Path], left_out: list[LeftOut], judging: Judging, found: Found) -> Comparison:
@@ -203,7 +212,7 @@ def judge(run_dirs: list[Path], left_out: list[LeftOut], judging: Judging, found
 def _judge_held(run_dirs: list[Path], left_out: list[LeftOut], req: Judging, found: Found) -> Comparison:
     out, tuning, record = req.folder, found.tuning, found.record
     runs, skipped = load_runs(run_dirs, left_out, found.failed)
-    check_outputs(out, [Path(r.path) for r in runs], req.analyze, req.overwrite_output)  # before the first write
+    check_outputs(out, [Path(r.path) for r in runs], req.analyze, req.overwrite_output, req.option)  # before any write
     if req.analyze:
         runs = [_analyzed(r, req.overwrite_output) for r in runs]
     runs, left, select, why, primary = choose_weights(runs, req.select, req.primary)

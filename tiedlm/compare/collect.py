@@ -294,7 +294,7 @@ def load_runs(run_dirs: list[Path], left_out: list[LeftOut],
 
 
 # the reasons a path given or found is no run at all (the user's argument), not a run that ended badly
-NOT_A_RUN = ("does not exist", "is not a folder", "not a run folder", "no run folder matches")
+NOT_A_RUN = ("does not exist", "is not a folder", "not a run folder", "no run folder matches", "a comparison's folder")
 
 
 def no_runs_error(run_dirs: list[Path], skipped: list[LeftOut], runs_dir: Path) -> RunError:

@@ -23,7 +23,7 @@ from .plots import (
     write_plots,
 )
 from .report import FILES, to_csv, to_json_text, to_markdown
-from ..config.naming import comparison_folder, common_name
+from ..config.naming import common_name, comparison_folder, is_run_of
 from ..errors import ConfigError
 from ..files import atomic_write_text, check_foreign, recording
 from ..runs import AGAIN_HINT, writing
@@ -92,6 +92,22 @@ def own_name(runs_dir: Path, names: list[str]) -> tuple[str, str | None]:
                  f"{Path(runs_dir) / comparison_folder(own)} — give --into DIR to name its folder")
 
 
+def config_folder_name(runs_dir: Path, prefix: str, tags: list[str]) -> tuple[str, str | None]:
+    """compare --config's folder name: its runs' prefix, so that it goes to runs_dir/compare-PREFIX,
+    where it replaces an earlier comparison of its own runs (fewer seeds, say); but where that
+    folder holds a comparison of runs not all of this experiment (naming.is_run_of: a sweep's, runs
+    compared by name), that one is kept and this goes to compare-PREFIX-HASH, with the line that says so."""
+    folder = Path(runs_dir) / comparison_folder(prefix)
+    before = compared_names(folder, skipped=True)
+    if before is None or all(isinstance(n, str) and is_run_of(n, prefix, tags) for n in before):
+        return prefix, None
+    own = f"{prefix}-{hashlib.sha256(' '.join([prefix, *tags]).encode()).hexdigest()[:8]}"
+    if compared_names(Path(runs_dir) / comparison_folder(own), skipped=True) is not None:
+        return own, None  # said when it was first written there
+    return own, (f"{folder} holds a comparison of other runs, left as it is: this one is in "
+                 f"{Path(runs_dir) / comparison_folder(own)} — give --into DIR to name its folder")
+
+
 def replaced_note(c: Comparison, out: Path) -> str | None:
     """What an earlier comparison in `out` compared, when it was of other runs: the line that says
     it is replaced (never silently), naming a few of them and how to keep comparisons apart."""
@@ -107,18 +123,20 @@ def replaced_note(c: Comparison, out: Path) -> str | None:
             "each comparison in a folder of its own")
 
 
-def check_outputs(out: Path, run_dirs: Iterable[Path] = (), analyze: bool = False, overwrite: bool = False) -> None:
+def check_outputs(out: Path, run_dirs: Iterable[Path] = (), analyze: bool = False, overwrite: bool = False,
+                  option: str = "--out") -> None:
     """Refuse, before anything is trained or written, a comparison folder inside a run's managed
     parts, files there of the comparison's names that tiedlm did not write, and with `analyze` such
     files of the analysis' names in the run folders (a grid's tying-effect plot, and an untied
-    run's pair-cosine plot, are checked again when they are written)."""
+    run's pair-cosine plot, are checked again when they are written). `option`: the one that chose
+    the folder, named in the refusal."""
     from ..analyze import check_target
     from ..runs.checkpoints import check_outside_runs, is_run_folder
 
-    check_outside_runs(out, "--out")
+    check_outside_runs(out, option)  # --into where the folder was given, else --out, which it lies in
     if is_run_folder(Path(out)):
-        raise ConfigError(f"{out} is the folder of the run {Path(out).name}, and a comparison goes into a folder of its "
-                          f"own — give --into another folder (--into {Path(out).parent / 'compare-mine'})")
+        raise ConfigError(f"{out} is the folder of the run {Path(out).name}, and a comparison goes into a folder of "
+                          f"its own — give --into another folder (--into {Path(out).parent / 'compare-mine'})")
     check_foreign(out, FILES.values(), OVERWRITE_OPTION, overwrite)
     for d in run_dirs if analyze else ():
         check_target(Path(d), overwrite, OVERWRITE_OPTION, is_out=False)

@@ -218,6 +218,14 @@ def common_name(run_names: list[str]) -> str:
     return name
 
 
+def is_run_of(run_name: str, prefix: str, tags: list[str]) -> bool:
+    """Whether a run's name is one compare --config gives the runs of `prefix` with these variant
+    tags: PREFIX-TAG-s0, or PREFIX-TAG-POINT-s0 for a tuning point; never another experiment's
+    whose prefix merely begins alike (PREFIX-lr=0.01-tied-s0 is not of PREFIX)."""
+    alternatives = "|".join(re.escape(t) for t in tags)
+    return re.fullmatch(rf"{re.escape(prefix)}-({alternatives})(-.+)?-s\d+", run_name) is not None
+
+
 def comparison_folder(experiment: str) -> str:
     """The default folder name of a comparison of `experiment`'s runs: compare-shakespeare."""
     return f"{COMPARISON_PREFIX}-{experiment}"

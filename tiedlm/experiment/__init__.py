@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compare import Comparison, TrainFailure, judge, judge_runs
+from ..compare.outputs import config_folder_name
 from ..config.naming import sanitize
 from ..runs import FolderLock
 from .driver import run
@@ -64,13 +65,16 @@ def compare(req: CompareRequest) -> Comparison:
         return judge_runs(req.judging)
     spec = spec_from_options(req.tune, read_tune_block(req.config))
     plan = plan_comparison(req)  # a config that cannot be run is refused before the folder's lock is waited on
-    if req.judging.experiment is None:  # its own folder by default: compare-NAME, as its runs are named
-        req.judging = dataclasses.replace(req.judging, experiment=sanitize(plan.source.prefix))
+    note = None
+    if req.judging.experiment is None and req.judging.out is None:  # its own folder: compare-PREFIX, as its runs
+        name, note = config_folder_name(req.runs_dir, sanitize(plan.source.prefix), [t for t, _ in plan.variants])
+        req.judging = dataclasses.replace(req.judging, experiment=name)
     # Held from before the first run is trained until the comparison is written: a second command
     # comparing into the same folder waits, then finds every run trained (skipped) and compares the
     # whole set, instead of failing on the runs this one is training and comparing the rest.
     with FolderLock(req.folder):
         dirs, found = run(req, spec, plan)
+        found.folder_note = note
         judging = req.judging
         if spec is not None:
             judging = dataclasses.replace(judging, primary=judging.primary or "test")

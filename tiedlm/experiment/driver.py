@@ -64,7 +64,8 @@ def run(req: CompareRequest, spec: TuneSpec | None, plan: ComparisonPlan | None 
             if shared is not None and found.tuning.spec.shared_seeds:
                 runs += plan.runs(*span, point=shared)
             new = [run_dir_for(req.runs_dir, r.name) for r in runs]
-            check_outputs(req.folder, [d for d in new if d.is_dir()], req.judging.analyze, req.judging.overwrite_output)
+            check_outputs(req.folder, [d for d in new if d.is_dir()], req.judging.analyze, req.judging.overwrite_output,
+                          req.judging.option)
             trained = executor.run(Stage(f"seeds {span[0] + 1} to {span[1]}", runs))
             look = glance(plan.dirs(req.runs_dir, 0, seeds.seeds), req.judging, found, primary) if seeds.auto else None
             span = seeds.after(trained, look.contrast if look is not None else None)
@@ -110,7 +111,8 @@ def _tune(req: CompareRequest, plan: ComparisonPlan, spec: TuneSpec, executor: E
     if req.judging.primary == "validation":
         raise ConfigError("with tuning, validation chose each variant's value, so the verdict is on test — drop "
                           "--primary validation")
-    check_outputs(req.folder, [], req.judging.analyze, req.judging.overwrite_output)  # refused: nothing trained
+    check_outputs(req.folder, [], req.judging.analyze, req.judging.overwrite_output,  # refused: nothing trained
+                  req.judging.option)
     check_record_target(req.runs_dir, remove=False)  # a record tiedlm did not write: refused
     tuning = tune(executor, spec, plan.variants, plan.source, req.runs_dir, plan.base.seed, plan.base)
     missing = [v.tag for v in tuning.variants if v.chosen is None]

@@ -27,7 +27,7 @@ from ..config.naming import sanitize, scalar, short_keys, yaml_value
 from .request import CompareRequest
 from ..config import Config, budget_steps, check_warmup, load_config
 from ..model.counting import count_params_config
-from ..config.naming import legacy_override_tag, override_tag
+from ..config.naming import legacy_override_tag, is_run_of, override_tag
 from ..process import log
 from ..runs import CONFIG, run_dir_for
 
@@ -189,29 +189,32 @@ def plan_comparison(req: CompareRequest) -> ComparisonPlan:
 
     check_source(base.data)  # a local-looking data.path that is not there: one line, before any run
     variants, matched = variants_of(req, base)
+    tags = [tag for tag, _ in variants]
     for _, extra in variants:  # refused once, not once per planned run: a model its family cannot build, and
         cfg = load_config(req.config, req.overrides + extra)  # a budget shorter than its warm-up (no verdict)
         count_params_config(cfg.model, base.model.vocab_size or 0)
         check_warmup(cfg, budget_steps(cfg))
-    source = RunSource(req.config, tuple(req.overrides), run_prefix(base.name, req.overrides, req.runs_dir))
+    source = RunSource(req.config, tuple(req.overrides), run_prefix(base.name, req.overrides, req.runs_dir, tags))
     return ComparisonPlan(base=base, variants=variants, source=source, match=matched)
 
 
-def run_prefix(name: str, overrides: list[str], runs_dir: Path) -> str:
+def run_prefix(name: str, overrides: list[str], runs_dir: Path, tags: list[str]) -> str:
     """What a config's runs' names begin with: its name and its overrides in words (naming.override_tag);
     or, where runs_dir holds runs of these overrides named as before (naming.legacy_override_tag) and
     none named the new way, the old prefix, said once: the experiment carries on under its runs'
     names instead of training them all again."""
     prefix, old = name + override_tag(overrides), name + legacy_override_tag(overrides)
-    if old == prefix or _has_runs(runs_dir, prefix) or not _has_runs(runs_dir, old):
+    if old == prefix or _has_runs(runs_dir, prefix, tags) or not _has_runs(runs_dir, old, tags):
         return prefix
     log(f"runs of these overrides are named {old}-… (as tiedlm named them before {prefix}-…): carrying on "
         "under that name")
     return old
 
 
-def _has_runs(runs_dir: Path, prefix: str) -> bool:
-    return any((d / CONFIG).is_file() for d in Path(runs_dir).glob(f"{glob.escape(prefix)}-*s[0-9]*"))
+def _has_runs(runs_dir: Path, prefix: str, tags: list[str]) -> bool:
+    """Whether runs_dir holds a run of this experiment (naming.is_run_of: its prefix and variant tags)."""
+    return any(is_run_of(d.name, prefix, tags) and (d / CONFIG).is_file()
+               for d in Path(runs_dir).glob(f"{glob.escape(prefix)}-*"))
 
 
 def check_match_tuning(req: CompareRequest, plan: ComparisonPlan, spec: TuneSpec) -> None:

@@ -248,7 +248,8 @@ def _verify(folder: Path, rm: RunModel, model: torch.nn.Module, result: ExportRe
 
         hf_ids = PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)(
             text, add_special_tokens=False)
-        result.note = (f"AutoTokenizer reads this folder's tokenizer as {rm.cfg.model.hf_config}'s own class, which "
+        family = rm.model.hf.config.model_type  # a start's path names no family: its config's model_type does
+        result.note = (f"AutoTokenizer reads this folder's tokenizer as {family}'s own class, which "
                        "encodes otherwise: load it with transformers.PreTrainedTokenizerFast.from_pretrained(folder)")
     if hf_ids["input_ids"] != tok.encode(text):
         raise RunError("the exported tokenizer encodes the run's text to other ids than tiedlm's — the export "

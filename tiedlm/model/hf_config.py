@@ -238,13 +238,14 @@ def start_identity(m: ModelConfig) -> dict | None:
     files = start_files(m)
     if not files:
         return None
-    config = files["config.json"].resolve()
-    weights = sorted({p.resolve() for pattern in WEIGHT_FILES for p in config.parent.glob(pattern)}) \
-        if m.init_from else []
-    stamps, _ = file_stamps([config, *weights])
+    config = files["config.json"]
+    # by the name the start's folder gives each file, its content read through any link (a hub
+    # cache's snapshot links each name to a blob named by its hash)
+    weights = sorted({p for pattern in WEIGHT_FILES for p in config.parent.glob(pattern)}) if m.init_from else []
+    stamps, _ = file_stamps([config.resolve(), *(p.resolve() for p in weights)])
     ident: dict = {"config": stamps[0][2]}
     if m.init_from:
-        ident["weights"] = {Path(path).name: digest for path, _, digest in stamps[1:]}
+        ident["weights"] = {p.name: digest for p, (_, _, digest) in zip(weights, stamps[1:])}
     return ident
 
 

@@ -59,6 +59,8 @@ def keep_start(run_dir: Path, files: dict[str, Path]) -> None:
     if not files:
         return
     folder = Path(run_dir) / START
+    if folder.is_symlink():  # the run's own copy, never written through a link into another folder
+        folder.unlink()
     folder.mkdir(exist_ok=True)
     for name, source in files.items():
         replace_atomically(folder / name, lambda tmp, source=source: shutil.copyfile(source, tmp))
