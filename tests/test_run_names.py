@@ -71,3 +71,15 @@ def test_another_experiment_whose_names_begin_alike_does_not_hide_the_old_names(
     fake_training.calls.clear()
     E.compare_config(tiny_yaml, ["model.arch=llama"], seeds=2, runs_dir=runs, progress=False, train=fake_training.train)
     assert fake_training.calls == ["tiny-arch=llama-tied-s1", "tiny-arch=llama-untied-s1"]
+
+
+def test_a_config_name_that_makes_the_run_names_too_long_is_refused_naming_the_fix(tmp_path, tiny_yaml):
+    from typer.testing import CliRunner
+
+    from tiedlm.cli import app
+
+    long = ["--set", "name=" + "x" * 190, "--set", "model.arch=llama", "--set", "train.lr=0.001"]
+    r = CliRunner().invoke(app, ["compare", "--config", str(tiny_yaml), *long, "--out", str(tmp_path / "runs")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "most of them the config's name" in r.output
+    assert r.output.rstrip().endswith("give the config a shorter name: --set name=NAME")
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())

@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from ..config.naming import sanitize, scalar, short_keys, yaml_value
 from .request import CompareRequest
 from ..config import Config, budget_steps, check_warmup, load_config
+from ..config.checks import RUN_NAME_LIMIT
 from ..model.counting import count_params_config
 from ..config.naming import legacy_override_tag, is_run_of, override_tag
 from ..process import log
@@ -61,8 +62,15 @@ class RunSource:
     where: str | None = None
 
     def name(self, tag: str, seed: int) -> str:
-        """The run's folder name, `<prefix>-<tag>-s<seed>`: known without resolving its config."""
-        return sanitize(f"{self.prefix}-{tag}-s{seed}")
+        """The run's folder name, `<prefix>-<tag>-s<seed>`: known without resolving its config. One
+        longer than a run name may be is refused, naming what makes it long: the config's name."""
+        name = sanitize(f"{self.prefix}-{tag}-s{seed}")
+        if len(name) > RUN_NAME_LIMIT:
+            fix = ("shorten the grid's name: or its axes' values" if self.where is not None else
+                   "give the config a shorter name: --set name=NAME")
+            raise ConfigError(f"the run name {name[:48]}… would be {len(name)} characters, more than the "
+                              f"{RUN_NAME_LIMIT} a run name may have, most of them the config's name — {fix}")
+        return name
 
     def run(self, tag: str, extra: list[str], seed: int) -> PlannedRun:
         """The run named `name(tag, seed)`, with the overrides and `extra`; a ConfigError when the
