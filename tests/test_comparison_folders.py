@@ -142,3 +142,18 @@ def test_compare_config_keeps_a_comparison_of_other_runs_in_its_folder(tmp_path,
     assert mine.replaced.startswith(f"{runs / 'compare-tiny'} holds a comparison of other runs, left as it is")
     again = E.compare_config(tiny_yaml, [], seeds=2, runs_dir=runs, progress=False, train=fake_training.train)
     assert again.out == mine.out and again.replaced is None
+
+
+def test_runs_named_elsewhere_are_compared_beside_themselves(tmp_path, monkeypatch):
+    """Runs given by path, with no --out: the comparison goes to the folder they lie in, not to a
+    runs/ of the working directory; runs of several folders, and an --out, go where they did."""
+    runs = tmp_path / "my runs"
+    make_pair(runs, [57.0, 58.0], [59.0, 60.0])
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    r = CliRunner().invoke(app, ["compare", str(runs / "base-*")])
+    assert r.exit_code == 0 and f"wrote {runs / 'compare-base'}/comparison.md" in r.output, r.output
+    assert not (work / "runs").exists()
+    r = CliRunner().invoke(app, ["compare", str(runs / "base-*"), "--out", str(work / "mine")])
+    assert r.exit_code == 0 and (work / "mine" / "compare-base" / "comparison.json").is_file()

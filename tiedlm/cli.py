@@ -225,8 +225,8 @@ def compare(
     select: Optional[str] = typer.Option(None, "--select", help="Whose scores to compare: 'best' (the weights "
                                          "each run kept at its best validation evaluation, train.keep_best) or "
                                          "'final' (the last weights). Default: best when every run kept them."),
-    out_: str = typer.Option("runs", "--out", help="Runs folder; the comparison goes to OUT/compare-NAME/, NAME "
-                             "the name its runs share (the config's name, with its --set overrides)."),
+    out_: Optional[str] = typer.Option(None, "--out", help="Runs folder (default runs, or the one the runs given lie "
+                                       "in); the comparison goes to OUT/compare-NAME/, NAME the name its runs share."),
     into: Optional[str] = typer.Option(None, "--into", help="Write the comparison into this folder instead."),
     overwrite: bool = Flag("--overwrite", help="With --config: retrain runs whose folders hold "
                                    "another config (say, after editing it) instead of refusing them."),
@@ -253,7 +253,7 @@ def compare(
 
     def compare_runs_or_config():  # the values are checked by CompareRequest.check; here, which options go together
 
-        out = check_folder_option(out_, "--out")
+        out = None if out_ is None else check_folder_option(out_, "--out")
         into_dir = None if into is None else check_folder_option(into, "--into")
         if config is None:
             given = [opt for opt, value in (("--set", set_), ("--seeds", seeds is not None), ("--match", match),

@@ -82,6 +82,9 @@ __all__ = [
 ]
 
 
+DEFAULT_RUNS = Path("runs")  # the runs folder where none is given (--out)
+
+
 @dataclass
 class Judging:
     """How finished runs are judged: which weights (`select`), on which split (`primary`), against
@@ -95,7 +98,7 @@ class Judging:
     select: str | None = None
     primary: str | None = None
     baseline: str | None = None
-    runs_dir: Path = Path("runs")
+    runs_dir: Path | None = None  # None: runs/, or with `paths`, the folder every run found lies in
     out: Path | None = None
     analyze: bool = False
     overwrite_output: bool = False
@@ -108,7 +111,7 @@ class Judging:
         each experiment's own, so that one comparison never replaces another's by default."""
         if self.out is not None:
             return Path(self.out)
-        return Path(self.runs_dir) / comparison_folder(self.experiment or common_name([]))
+        return Path(self.runs_dir or DEFAULT_RUNS) / comparison_folder(self.experiment or common_name([]))
 
     def of_runs(self, run_dirs: list) -> tuple[Judging, str | None]:
         """This judging with its experiment named after the runs found (unless it has a folder
@@ -126,7 +129,7 @@ class Judging:
 
     def check(self) -> Judging:
         """Refuse (ConfigError) what cannot be judged, before any file is read; returns self."""
-        self.runs_dir = Path(self.runs_dir)
+        self.runs_dir = Path(self.runs_dir) if self.runs_dir is not None else None
         if self.primary is not None:
             check_split(self.primary, "--primary")
         if self.log_to is not None:
@@ -156,7 +159,7 @@ class Found:
     folder_note: str | None = None  # why the comparison went to a folder of its own (outputs.own_name)
 
 
-def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("runs"),
+def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path | None = None,
                  out: Path | None = None, baseline: str | None = None, primary: str | None = None,
                  select: str | None = None, analyze: bool = False, overwrite_output: bool = False) -> Comparison:
     """Compare finished runs (run folders, folders of runs, or globs; default: every run under
@@ -176,7 +179,10 @@ def compare_runs(paths: list[str | Path] | None = None, runs_dir: Path = Path("r
 def judge_runs(judging: Judging) -> Comparison:
     """compare_runs: the runs found, a tuned sweep's folder compared at each point's chosen values."""
     judging.check()
-    run_dirs, missing = discover(judging.paths, judging.runs_dir, judging.out)
+    run_dirs, missing = discover(judging.paths, judging.runs_dir or DEFAULT_RUNS, judging.out)
+    if judging.runs_dir is None:  # beside the runs compared, where they share a folder; else runs/
+        parents = {Path(d).parent for d in run_dirs} if judging.paths else set()
+        judging = dataclasses.replace(judging, runs_dir=parents.pop() if len(parents) == 1 else DEFAULT_RUNS)
     named = [d.name for d in run_dirs]  # the runs that name the comparison's folder (Judging.of_runs)
     paths = judging.paths
     # a tuned sweep's folder, compared whole: each grid point at its chosen values (tuning.json)

@@ -52,7 +52,7 @@ class CompareRequest:
     @property
     def runs_dir(self) -> Path:
         """Where the runs are trained (the judging side's runs_dir)."""
-        return Path(self.judging.runs_dir)
+        return Path(self.judging.runs_dir or "runs")
 
     @property
     def folder(self) -> Path:
@@ -63,6 +63,7 @@ class CompareRequest:
         """Refuse (ConfigError) what cannot be asked, before any file is read; returns self."""
         if self.config is not None:
             self._check_training()
+            self.judging.runs_dir = self.runs_dir  # trained into runs/ unless --out names another
         self.judging.check()
         if self.config is not None:
             self.jobs = parse_jobs(self.jobs)
