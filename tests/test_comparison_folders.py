@@ -157,3 +157,12 @@ def test_runs_named_elsewhere_are_compared_beside_themselves(tmp_path, monkeypat
     assert not (work / "runs").exists()
     r = CliRunner().invoke(app, ["compare", str(runs / "base-*"), "--out", str(work / "mine")])
     assert r.exit_code == 0 and (work / "mine" / "compare-base" / "comparison.json").is_file()
+
+
+def test_a_run_named_compare_is_compared(tmp_path):
+    """compare/ was every comparison's folder before compare-NAME/, and was skipped by its name; a
+    run of that name (tiedlm train --name compare) was left out without a word."""
+    runs = tmp_path / "runs"
+    make_pair(runs, [57.0, 58.0], [59.0, 60.0])
+    make_run(runs, "compare", 2, TIED, val=57.5)
+    assert "compare" in {r.name for r in C.compare_runs(runs_dir=runs).runs}

@@ -348,8 +348,8 @@ def discover(paths: list[str | Path] | None, runs_dir: Path, out: Path | None) -
 
     def children(parent: Path) -> list[Path]:
         return [c for c in sorted(parent.iterdir())
-                if c.is_dir() and not c.name.startswith(".") and c.name != COMPARE_DIR
-                and c.resolve() not in skip and _is_run_folder(c)]
+                if c.is_dir() and not c.name.startswith(".") and c.resolve() not in skip and _is_run_folder(c)
+                and not (c.name == COMPARE_DIR and not (c / run_folder.CONFIG).exists())]  # a run may be named compare
 
     if not paths:
         runs_dir = Path(runs_dir)
