@@ -49,7 +49,8 @@ def checkpoint_folder(name: str) -> Path:
         return path.resolve()
     if not _HUB_ID.match(name) or path.exists():
         raise ConfigError(f"model.init_from {name}: no such model folder — give a tiedlm export, a folder saved "
-                          "with save_pretrained, or a hub id (owner/name)")
+                          "with save_pretrained, or a hub id (owner/name); a run trained from a folder that was "
+                          "moved resumes once it is back at this path (eval, sample and export read its start/ copy)")
     try:
         from huggingface_hub import snapshot_download
 
