@@ -12,8 +12,8 @@ import copy
 import dataclasses
 import difflib
 import json
-import re
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
