@@ -3,6 +3,7 @@ name its runs share), so that comparing one experiment never replaces another's 
 folder compare wrote before (compare/) is neither a run nor replaced."""
 
 import json
+import shlex
 
 from typer.testing import CliRunner
 
@@ -93,7 +94,10 @@ def test_a_run_folder_is_no_comparison_folder_and_a_comparison_no_run(tmp_path):
     assert sorted(p.name for p in (runs / "base-tied-s0").iterdir()) == before
     C.compare_runs(runs_dir=runs)
     r = CliRunner().invoke(app, ["compare", str(runs / "compare-base")])
-    assert r.exit_code == 2 and "compare-base: a comparison's folder (comparison.json), not a run" in r.output
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert f"{runs / 'compare-base'} is a comparison's folder, not a run — compare its runs instead" in r.output
+    fix = r.output.split("(tiedlm compare ", 1)[1].split(")", 1)[0]  # typed as written: the runs it compared
+    assert CliRunner().invoke(app, ["compare", *shlex.split(fix)]).exit_code == 0
 
 
 def test_into_a_run_s_managed_part_names_into(tmp_path):

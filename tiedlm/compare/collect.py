@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -304,6 +305,11 @@ def no_runs_error(run_dirs: list[Path], skipped: list[LeftOut], runs_dir: Path) 
             + ("; ..." if len(skipped) > 3 else "") + ")") if skipped else ""
     # One rule for the exit code: 2 for what the user typed (paths that hold no run at all), 1 for
     # what happened (runs found that failed, diverged, were interrupted, are still running or damaged).
+    folders = [Path(s.path) for s in skipped if s.reason.startswith("a comparison's folder")]
+    if folders and len(folders) == len(skipped):  # a comparison given as runs: its runs, by their shared name
+        runs = shlex.quote(str(folders[0].parent / f"{folders[0].name.removeprefix('compare-')}-*"))
+        return NotARunError(f"{folders[0]} is a comparison's folder, not a run — compare its runs instead "
+                            f"(tiedlm compare {runs}), or read it with tiedlm.load_results")
     if any(not s.reason.startswith(NOT_A_RUN) for s in skipped):
         return RunError(f"no finished runs to compare in {where}{left} — none of the runs found finished: resume "
                         "or retrain them as their reasons say, then compare again")
