@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .comparison import Comparison
 from .plots import (
@@ -74,38 +74,36 @@ def compared_names(out: Path, skipped: bool = False) -> set | None:
         return None  # none there, or not one tiedlm can read: check_outputs has refused what is not tiedlm's
 
 
-def own_name(runs_dir: Path, names: list[str]) -> tuple[str, str | None]:
-    """The experiment name of a comparison of the runs `names` that was not given a folder: the
-    name they share (naming.common_name), so that it goes to runs_dir/compare-NAME; but where
-    that folder holds a comparison of another set of runs (another experiment's, or more or fewer
-    of these), that one is kept and this goes to compare-NAME-HASH, HASH of its runs' names, with
-    the line that says so."""
-    name = common_name(names)
+def _kept_apart(runs_dir: Path, name: str, ours: Callable[[set], bool], key: list[str]) -> tuple[str, str | None]:
+    """(the name of a comparison's folder, the line saying why it is not the one asked for):
+    `name`, so that it goes to runs_dir/compare-NAME, where that folder holds no comparison or one
+    that `ours` claims (its run names); else compare-NAME-HASH, HASH of `key`, so that the other
+    comparison is kept, said once (not again once the folder of its own holds this one)."""
     folder = Path(runs_dir) / comparison_folder(name)
     before = compared_names(folder, skipped=True)
-    if before is None or before == set(names):
+    if before is None or ours(before):
         return name, None
-    own = f"{name}-{hashlib.sha256(' '.join(sorted(names)).encode()).hexdigest()[:8]}"
-    if compared_names(Path(runs_dir) / comparison_folder(own), skipped=True) == set(names):
-        return own, None  # said when it was first written there
+    own = f"{name}-{hashlib.sha256(' '.join(key).encode()).hexdigest()[:8]}"
+    there = compared_names(Path(runs_dir) / comparison_folder(own), skipped=True)
+    if there is not None and ours(there):
+        return own, None
     return own, (f"{folder} holds a comparison of other runs, left as it is: this one is in "
                  f"{Path(runs_dir) / comparison_folder(own)} — give --into DIR to name its folder")
+
+
+def own_name(runs_dir: Path, names: list[str]) -> tuple[str, str | None]:
+    """The folder name of a comparison of the runs `names` that was not given a folder: the name
+    they share (naming.common_name), unless its folder holds a comparison of another set of runs
+    (another experiment's, or more or fewer of these): then that name and a hash of these names."""
+    return _kept_apart(runs_dir, common_name(names), lambda before: before == set(names), sorted(names))
 
 
 def config_folder_name(runs_dir: Path, prefix: str, tags: list[str]) -> tuple[str, str | None]:
-    """compare --config's folder name: its runs' prefix, so that it goes to runs_dir/compare-PREFIX,
-    where it replaces an earlier comparison of its own runs (fewer seeds, say); but where that
-    folder holds a comparison of runs not all of this experiment (naming.is_run_of: a sweep's, runs
-    compared by name), that one is kept and this goes to compare-PREFIX-HASH, with the line that says so."""
-    folder = Path(runs_dir) / comparison_folder(prefix)
-    before = compared_names(folder, skipped=True)
-    if before is None or all(isinstance(n, str) and is_run_of(n, prefix, tags) for n in before):
-        return prefix, None
-    own = f"{prefix}-{hashlib.sha256(' '.join([prefix, *tags]).encode()).hexdigest()[:8]}"
-    if compared_names(Path(runs_dir) / comparison_folder(own), skipped=True) is not None:
-        return own, None  # said when it was first written there
-    return own, (f"{folder} holds a comparison of other runs, left as it is: this one is in "
-                 f"{Path(runs_dir) / comparison_folder(own)} — give --into DIR to name its folder")
+    """compare --config's folder name: its runs' prefix, where it replaces an earlier comparison of
+    its own runs (fewer seeds, say), unless that folder holds a comparison of runs not all of this
+    experiment (naming.is_run_of: a sweep's, runs compared by name): then the prefix and a hash."""
+    return _kept_apart(runs_dir, prefix, lambda before: all(isinstance(n, str) and is_run_of(n, prefix, tags)
+                                                            for n in before), [prefix, *tags])
 
 
 def replaced_note(c: Comparison, out: Path) -> str | None:
