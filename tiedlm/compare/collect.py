@@ -24,7 +24,7 @@ from .stats import number
 from ..errors import ConfigError
 
 COMPARE_DIR = "compare"  # the folder every comparison went to before compare-NAME/ (naming.comparison_folder)
-COMPARISON_JSON = "comparison.json"  # report.FILES["json"], which imports this module
+COMPARISON_JSON = "comparison.json"  # the comparison in its folder (report.FILES["json"] is this)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from ..formatting import (
     percent,
     text_table,
 )
+from .collect import COMPARISON_JSON
 from .comparison import Comparison, RunRow
 from .datasets import OTHER_DATA, OTHER_START
 from .matching import PARAM_MATCH
@@ -51,7 +52,7 @@ from .variants import SPLITS, SplitContrast, Variant
 from .verdicts import decay_line, family_markdown, fmt_flops, plural, roles, test_words
 from ..files import json_text
 
-FILES = {"markdown": "comparison.md", "csv": "comparison.csv", "json": "comparison.json",
+FILES = {"markdown": "comparison.md", "csv": "comparison.csv", "json": COMPARISON_JSON,
          **{f"plot_{k}": v for k, v in PLOTS.items()}}
 TITLE = "# tiedlm comparison"  # comparison.md's first line
 
