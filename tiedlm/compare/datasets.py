@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from ..config.naming import scalar
+from ..config.naming import names_file, scalar
 from .collect import LoadedRun
 from ..config.identity import flat
 from ..model.hf_config import start_change
@@ -49,7 +49,7 @@ def start_path(cfg: Config) -> str | None:
     if m.init_from:
         return str(m.init_from)
     named = m.family.built_by_transformers and m.hf_config
-    return str(m.hf_config) if named and ("/" in m.hf_config or m.hf_config.endswith(".json")) else None
+    return str(m.hf_config) if named and names_file(m.hf_config) else None
 
 
 def data_view(cfg: Config) -> dict[str, Any]:

@@ -91,6 +91,12 @@ def _digest(items: list[str]) -> str:
     return hashlib.sha256(" ".join(items).encode()).hexdigest()[:8]
 
 
+def names_file(value: str) -> bool:
+    """Whether a model.hf_config value names a file (a path separator in it, or .json at its end),
+    not a transformers model_type (qwen2): the one rule for run names, the model's build and compare."""
+    return bool(re.search(r"[\\/]|\.json$", value.strip()))
+
+
 def _family_tag(items: list[tuple[str, Any, str]]) -> str:
     """The family a run's overrides choose, in words: hf-qwen2 for model.arch=hf with
     model.hf_config=qwen2 (transformers' qwen2, never confused with tiedlm's own llama), llama for
@@ -106,8 +112,7 @@ def _family_tag(items: list[tuple[str, Any, str]]) -> str:
         words.append(f"from-{data_name(start)}-{_digest([scalar(start)])}")
     if family is not None:
         text = scalar(family).strip()
-        is_file = bool(re.search(r"[\\/]|\.json$", text))
-        words.append(f"{data_name(text)}-{_digest([text])}" if is_file else f"hf-{sanitize(text)}")
+        words.append(f"{data_name(text)}-{_digest([text])}" if names_file(text) else f"hf-{sanitize(text)}")
     elif arch is not None and not (start is not None and scalar(arch) == "hf"):
         words.append(sanitize(scalar(arch)))
     return "-".join(words)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .arch import HF_SIZE_FIELDS
+from ..config.naming import names_file
 from ..data.sources import file_stamps
 from ..errors import ConfigError
 from .pretrained import checkpoint_config
@@ -67,7 +68,7 @@ def config_file(name: str) -> Path | None:
     path = Path(name).expanduser()
     if path.is_dir():
         path = path / "config.json"
-    if not (path.suffix == ".json" or path.exists() or "/" in name):
+    if not (names_file(name) or path.exists()):
         return None
     if not path.is_file():
         raise ConfigError(f"model.hf_config {name}: no such config.json — give a transformers model_type "
