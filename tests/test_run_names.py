@@ -83,3 +83,21 @@ def test_a_config_name_that_makes_the_run_names_too_long_is_refused_naming_the_f
     assert r.exit_code == 2 and r.output.count("\n") == 1 and "most of them the config's name" in r.output
     assert r.output.rstrip().endswith("give the config a shorter name: --set name=NAME")
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
+def test_the_old_names_are_the_names_an_earlier_version_gave():
+    """legacy_override_tag must keep giving the names runs were trained under: a hash alone of
+    every override as typed (seed too) for a long list without data, the data's name first."""
+    import hashlib
+
+    def sha(text: str, n: int) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+    assert legacy_override_tag(QWEN2) == "-set-" + sha(" ".join(QWEN2), 10)
+    assert legacy_override_tag(["seed=3", *QWEN2]) == "-set-" + sha(" ".join(["seed=3", *QWEN2]), 10)
+    assert legacy_override_tag(["seed=1", "data.path=my.txt", "model.arch=llama", "train.lr=1e-3"]) \
+        == f"-my-{sha('data.path=my.txt', 8)}-arch=llama_lr=1e-3"
+    assert legacy_override_tag(["data.path=my.txt", *QWEN2]) == f"-my-{sha('data.path=my.txt', 8)}-set-" \
+        + sha(" ".join(QWEN2), 10)
+    assert legacy_override_tag(["model.arch=hf", "model.hf_config=gpt_neox", "model.n_kv_head=2"]) \
+        == "-arch=hf_hf_config=gpt_neox_n_kv_head=2"

@@ -132,6 +132,22 @@ def _settings_tag(items: list[str], parts: list[str]) -> str:
     return sanitize(",".join(kept)) + f"+{len(parts) - len(kept)}-{_digest(items)}"
 
 
+def _named(overrides: list[str]) -> list[tuple[str, Any, str]]:
+    """(dotted key, value, the override as typed) of each override that names something in a run's
+    name: seed and name overrides name nothing new."""
+    out = []
+    for item in overrides:
+        keys, value = parse_override(item)
+        if keys[0] not in ("seed", "name"):
+            out.append((".".join(keys), value, item))
+    return out
+
+
+def _parts(items: list[tuple[str, Any, str]]) -> list[str]:
+    """'n_embd=256' for each override: its key's last part and its value as YAML writes it."""
+    return [f"{key.rsplit('.', 1)[-1]}={scalar(value)}" for key, value, _ in items]
+
+
 def override_tag(overrides: list[str]) -> str:
     """'-n_embd=256_lr=0.002' for --set model.n_embd=256 --set train.lr=2e-3, so that runs of the
     config with other overrides get folders of their own instead of clashing with the plain runs.
@@ -140,45 +156,28 @@ def override_tag(overrides: list[str]) -> str:
     was written, '-corpus2-1a2b3c4d'), then the other settings (_settings_tag), each read as
     written: a long list is cut and hashed, never replaced by a hash alone."""
 
-    family, data, rest, parts = [], [], [], []
-    for item in overrides:
-        keys, value = parse_override(item)
-        key = ".".join(keys)
-        if keys[0] in ("seed", "name"):
-            continue
-        if key in FAMILY_KEYS:
-            family.append((key, value, item.strip()))
-        elif key in DATA_KEYS:
-            data.append((key, value, item.strip()))
-        else:
-            rest.append(item)
-            parts.append(f"{keys[-1]}={scalar(value)}")
+    items = _named(overrides)
+    family = [(k, v, i.strip()) for k, v, i in items if k in FAMILY_KEYS]
+    data = [(k, v, i.strip()) for k, v, i in items if k in DATA_KEYS]
+    rest = [item for item in items if item[0] not in FAMILY_KEYS + DATA_KEYS]
     tags = [_family_tag(family) if family else "", _data_tag(data) if data else "",
-            _settings_tag(rest, parts) if parts else ""]
+            _settings_tag([i for *_, i in rest], _parts(rest)) if rest else ""]
     tag = "-".join(t for t in tags if t)
     return "-" + tag if tag else ""
 
 
 def legacy_override_tag(overrides: list[str]) -> str:
     """override_tag as it was before the family was named in words and a long list was cut
-    (a hash alone, 'set-c120b06adb'): the names of runs trained then, so that an experiment of
-    those runs carries on under their names (experiment/plan.py)."""
+    (a hash alone, 'set-c120b06adb', of every override as typed where there is no data override):
+    the names of runs trained then, so that an experiment of those runs carries on under their
+    names (experiment/plan.py)."""
 
-    parts, data, rest = [], [], []
-    for item in overrides:
-        keys, value = parse_override(item)
-        if keys[0] in ("seed", "name"):
-            continue
-        if ".".join(keys) in DATA_KEYS:
-            data.append((".".join(keys), value, item.strip()))
-            continue
-        rest.append(item)
-        parts.append(f"{keys[-1]}={scalar(value)}")
-    tag = ""
-    if parts:
-        tag = sanitize(",".join(parts))
-        if len(tag) > 48:
-            tag = "set-" + hashlib.sha256(" ".join(rest if data else overrides).encode()).hexdigest()[:10]
+    items = _named(overrides)
+    data = [(k, v, i.strip()) for k, v, i in items if k in DATA_KEYS]
+    rest = [item for item in items if item[0] not in DATA_KEYS]
+    tag = sanitize(",".join(_parts(rest))) if rest else ""
+    if len(tag) > 48:
+        tag = "set-" + hashlib.sha256(" ".join([i for *_, i in rest] if data else overrides).encode()).hexdigest()[:10]
     if data:
         tag = _data_tag(data) + ("-" + tag if tag else "")
     return "-" + tag if tag else ""
