@@ -14,7 +14,6 @@ import codecs
 import contextlib
 import dataclasses
 import glob as globlib
-import hashlib
 import os
 import re
 import stat
@@ -26,7 +25,7 @@ from typing import Any
 from . import builtin
 from ..config import DataConfig
 from ..errors import ConfigError, DataError, TiedlmError
-from ..files import NO_ROOM, atomic_write_json, errno_of, exception_chain, first_line, read_json
+from ..files import NO_ROOM, atomic_write_json, errno_of, exception_chain, first_line, read_json, sha256_file
 from .cache import DIGEST_MEMO, HUB_MEMO, cache_root, cache_write_failure, marking
 
 BUILDERS = {"text": "text", "json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}
@@ -91,11 +90,7 @@ def file_stamps(paths: list[Path]) -> tuple[list[list], list[list]]:
 
 
 def _content_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
+    return "sha256:" + sha256_file(path)
 
 
 _SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
